@@ -1,3 +1,12 @@
 """Every module that adds subcommands to ``bastion``; each exposes ``register(subparsers)``."""
 
-REGISTRARS: list = []
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+MODULES: tuple[str, ...] = ()
+
+
+def registrars() -> list[Callable[[Any], None]]:
+    return [importlib.import_module(name).register for name in MODULES]

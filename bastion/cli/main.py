@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     from bastion.cli import commands
 
-    for register in commands.REGISTRARS:
+    for register in commands.registrars():
         register(sub)
     args = parser.parse_args(argv)
     return int(args.handler(args) or 0)
