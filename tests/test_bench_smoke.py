@@ -1,0 +1,126 @@
+"""The data-plane benchmark runs at all and prints sane figures (never timing thresholds: the machine is noisy).
+
+Real processes over real pipes: the benchmark itself, the fixture echo server and the relay.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench" / "dataplane.py"
+FIXTURES = REPO / "bench" / "fixtures"
+RUN_TIMEOUT_S = 180
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, cwd=REPO)
+
+
+def assert_sane_mode(figures: dict[str, float], calls: int) -> None:
+    assert figures["calls"] == calls
+    assert 0 < figures["p50_ms"] <= figures["p99_ms"]
+    assert figures["p50_ms"] < 1000, "an echo round trip over local pipes cannot take a second"
+    assert figures["calls_per_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def quick_report() -> dict:
+    result = run_bench("--quick", "--paths", "direct,relay", "--json")
+    assert result.returncode == 0, result.stderr
+    return orjson.loads(result.stdout)
+
+
+def test_quick_json_reports_both_paths(quick_report: dict) -> None:
+    assert list(quick_report["paths"]) == ["direct", "relay"]
+    for entry in quick_report["paths"].values():
+        assert entry["status"] == "ok"
+        assert entry["tool"] == "echo"
+        assert_sane_mode(entry["sequential"], quick_report["calls"])
+        assert_sane_mode(entry["inflight"], quick_report["calls"])
+        assert entry["rss_mb"] > 1
+
+
+def test_targets_that_need_absent_paths_are_skipped_not_guessed(quick_report: dict) -> None:
+    assert [row["status"] for row in quick_report["targets"]] == ["SKIP"] * 4
+    assert quick_report["bastion_idle_rss"] is None
+    assert quick_report["context"]["relay_added_p50_ms"] is not None
+    assert quick_report["context"]["bastion_added_p50_ms"] is None
+
+
+def test_table_output_lists_paths_and_targets() -> None:
+    result = run_bench("--quick", "--calls", "64", "--paths", "direct,relay")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.strip()}
+    for path in ("direct", "relay"):
+        figures = [float(value) for value in rows[path][1:7]]
+        assert all(value > 0 for value in figures), rows[path]
+    assert "target" in rows
+    assert "[bench]" not in result.stdout, "progress belongs on stderr, out of the table"
+
+
+def test_a_bastion_that_cannot_start_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-bastion"
+    result = run_bench("--quick", "--calls", "32", "--paths", "direct,bastion", "--bastion", str(missing), "--json")
+    assert result.returncode == 0, result.stderr
+    report = orjson.loads(result.stdout)
+    assert report["paths"]["direct"]["status"] == "ok"
+    assert report["paths"]["bastion"]["status"] == "skipped"
+    assert "no-such-bastion" in report["paths"]["bastion"]["reason"] or "FileNotFound" in report["paths"]["bastion"]["reason"]
+    assert report["bastion_idle_rss"]["status"] == "skipped"
+    assert "bastion: SKIPPED" in result.stderr
+
+
+def test_unknown_path_is_rejected_by_name() -> None:
+    result = run_bench("--paths", "direct,warp")
+    assert result.returncode == 2
+    assert "warp" in result.stderr
+
+
+def exchange(argv: list[str], messages: list[dict]) -> list[dict]:
+    payload = b"".join(orjson.dumps(message) + b"\n" for message in messages)
+    result = subprocess.run(argv, input=payload, capture_output=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return [orjson.loads(line) for line in result.stdout.splitlines()]
+
+
+LEGACY_SESSION = [
+    {"jsonrpc": "2.0", "id": "probe", "method": "server/discover", "params": {}},
+    {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+     "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+    *({"jsonrpc": "2.0", "id": 100 + n, "method": "tools/call",
+       "params": {"name": "echo", "arguments": {"text": f"t{n}"}}} for n in range(32)),
+    {"jsonrpc": "2.0", "id": 3, "method": "ping"},
+]
+
+
+@pytest.mark.parametrize("through_relay", [False, True], ids=["echo-server", "relay"])
+def test_echo_fixture_speaks_the_legacy_lifecycle(through_relay: bool) -> None:
+    echo = [sys.executable, str(FIXTURES / "echo_server.py")]
+    argv = [sys.executable, str(FIXTURES / "relay.py"), *echo] if through_relay else echo
+    answers = {answer["id"]: answer for answer in exchange(argv, LEGACY_SESSION)}
+    assert len(answers) == 36, "one answer per request, none for the notification"
+    assert answers["probe"]["error"]["code"] == -32601
+    assert answers[1]["result"]["protocolVersion"] == "2025-06-18"
+    assert answers[1]["result"]["capabilities"] == {"tools": {}}
+    assert [tool["name"] for tool in answers[2]["result"]["tools"]] == ["echo"]
+    assert answers[2]["result"]["tools"][0]["inputSchema"]["properties"]["text"]["type"] == "string"
+    for n in range(32):
+        assert answers[100 + n]["result"]["content"] == [{"type": "text", "text": f"t{n}"}]
+    assert answers[3]["result"] == {}
+
+
+def test_echo_fixture_answers_its_latest_version_to_an_unknown_offer() -> None:
+    answers = exchange([sys.executable, str(FIXTURES / "echo_server.py")], [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "1999-01-01", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+    ])
+    assert answers[0]["result"]["protocolVersion"] == "2025-11-25"
