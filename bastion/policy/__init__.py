@@ -1,0 +1,1 @@
+"""Policy gateway: authorization, argument guards, approval, rate limits and audit."""

@@ -1,0 +1,148 @@
+"""Path guard: canonicalize a path the way the server may read it, then require it inside the roots.
+
+Every reading of the value is checked (as written, decoded, with backslashes as separators, with the
+Tomcat ``;param`` and Windows trailing-dot quirks applied), so a value is admitted only when no
+interpretation leaves the allowed roots. The literal reading is then resolved on the real file system so a
+symbolic link inside a root cannot lead out of it.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+
+from bastion.policy.decision import PASS, GuardResult, refuse
+from bastion.policy.guards.decoding import (
+    compatibility_form,
+    decode_fully,
+    decode_hex_literals,
+    has_control_characters,
+)
+
+# Characters whose encoded form in a path is an attack, never a file name: a client that means "." writes ".".
+_PATH_SYNTAX = "./\\%:;~"
+_DRIVE_OR_UNC = re.compile(r"^[A-Za-z]:[\\/]")
+_SEGMENT_PARAMS = re.compile(r";[^/]*")
+_DOT_RUN = re.compile(r"(?<![^/])\.{3,}(?![^/])")
+_TRAILING_DOTS_SPACES = re.compile(r"(?<=[^/.])[. ]+(?=/|$)|(?<=\.\.)[ ]+(?=/|$)")
+_PATH_MAX = 4096
+_NAME_MAX = 255
+_FAST_PATH_SAFE = re.compile(r"[^%\\;~:\x00-\x1f\x7f-\U0010ffff]*")
+# Spellings that only some servers treat as traversal: hex literals, dot runs, trailing dots or spaces.
+_QUIRKY = re.compile(r"0[xX]|\.\.\.|[. ](?:/|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class PathRules:
+    """Allowed roots (absolute), the directory relative paths are taken from, and symlink policy."""
+
+    roots: tuple[str, ...]
+    base: str
+    resolved_roots: tuple[str, ...]
+    resolve_symlinks: bool = True
+    allow_hidden: bool = False
+    allow_backslash: bool = False
+
+    @staticmethod
+    def build(
+        roots: list[str] | tuple[str, ...],
+        base: str | None = None,
+        resolve_symlinks: bool = True,
+        allow_hidden: bool = False,
+        allow_backslash: bool = False,
+    ) -> "PathRules":
+        lexical = tuple(posixpath.normpath(os.path.abspath(os.path.expanduser(r))) for r in roots)
+        if not lexical:
+            raise ValueError("a path guard needs at least one root")
+        base_dir = posixpath.normpath(os.path.abspath(os.path.expanduser(base))) if base else lexical[0]
+        resolved = tuple(os.path.realpath(r) for r in lexical)
+        return PathRules(lexical, base_dir, resolved, resolve_symlinks, allow_hidden, allow_backslash)
+
+
+def _root_of(path: str, roots: tuple[str, ...]) -> str | None:
+    # Compare whole segments: "/data" admits "/data/x" but never "/data-evil".
+    for root in roots:
+        if root == "/" or path == root or path.startswith(root + "/"):
+            return root
+    return None
+
+
+def _absolute(path: str, base: str) -> str:
+    if path.startswith("~"):
+        expanded = os.path.expanduser(path)
+        path = expanded
+    joined = path if path.startswith("/") else base + "/" + path
+    normal = posixpath.normpath(joined)
+    # POSIX keeps a leading "//" as implementation-defined; Linux treats it as "/".
+    return "/" + normal.lstrip("/")
+
+
+def _readings(value: str) -> set[str]:
+    """Every way a server might interpret ``value`` as a path."""
+    decoded = decode_fully(value)
+    readings = {value, decoded}
+    for text in (value, decoded):
+        folded = compatibility_form(text)
+        hexed = decode_fully(decode_hex_literals(folded))
+        if hexed.lower().startswith("file:"):
+            hexed = re.sub(r"^file:(//[^/]*)?", "", hexed, flags=re.IGNORECASE)
+        unescaped = re.sub(r"\\(.)", r"\1", hexed)
+        readings.add(unescaped)
+        slashed = hexed.replace("\\", "/")
+        quirks = _SEGMENT_PARAMS.sub("", slashed)
+        quirks = _TRAILING_DOTS_SPACES.sub("", quirks)
+        quirks = _DOT_RUN.sub("..", quirks)
+        readings.update((folded, hexed, slashed, quirks))
+    return readings
+
+
+def _encoded_syntax(value: str) -> bool:
+    decoded = compatibility_form(decode_fully(value))
+    return any(decoded.count(c) > value.count(c) for c in _PATH_SYNTAX)
+
+
+def _hidden(absolute: str, root: str) -> bool:
+    inside = absolute[len(root) :] if root != "/" else absolute
+    return any(seg.startswith(".") for seg in inside.split("/") if seg)
+
+
+def _too_long(value: str) -> bool:
+    # Over-long names are truncated or rejected differently by each layer: a classic filter bypass.
+    encoded = value.encode("utf-8", "surrogatepass")
+    return len(encoded) > _PATH_MAX or any(len(seg) > _NAME_MAX for seg in encoded.split(b"/"))
+
+
+def check_path(value: object, rules: PathRules) -> GuardResult:
+    if not isinstance(value, str):
+        return refuse("a path must be a string")
+    if _too_long(value):
+        return refuse("the path or one of its names is too long")
+    if not rules.allow_backslash and "\\" in value:
+        return refuse("the path contains a backslash")
+    if _FAST_PATH_SAFE.fullmatch(value) and not _QUIRKY.search(value):
+        readings = {value}
+    else:
+        if "\x00" in value or has_control_characters(value) or has_control_characters(decode_fully(value)):
+            return refuse("the path contains NUL or control characters")
+        if _encoded_syntax(value):
+            return refuse("the path contains encoded path syntax")
+        readings = _readings(value)
+    for reading in readings:
+        if not rules.allow_backslash and "\\" in reading:
+            return refuse("the path contains a backslash")
+        if _DRIVE_OR_UNC.match(reading) or _DOT_RUN.search(reading.replace("\\", "/")):
+            return refuse("the path is outside the allowed directories")
+        absolute = _absolute(reading, rules.base)
+        root = _root_of(absolute, rules.roots)
+        if root is None:
+            return refuse("the path is outside the allowed directories")
+        if not rules.allow_hidden and _hidden(absolute, root):
+            return refuse("the path names a hidden file or directory")
+    if rules.resolve_symlinks:
+        for reading in readings:
+            resolved = os.path.realpath(_absolute(reading, rules.base))
+            if _root_of(resolved, rules.resolved_roots) is None:
+                return refuse("the path leads outside the allowed directories through a symbolic link")
+    return PASS

@@ -1,0 +1,79 @@
+"""JSON Schema validation of ``tools/call`` arguments against the tool's ``inputSchema``.
+
+Validators are compiled once per distinct schema (keyed by a hash of its canonical JSON) with
+jsonschema-rs, offline: a ``$ref`` to the network is never fetched, and a schema that needs one fails to
+compile, which refuses the call (fail closed). MCP input schemas default to draft 2020-12.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Any, Mapping
+
+import jsonschema_rs
+import orjson
+
+from bastion.policy.decision import PASS, GuardResult, refuse
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    raise ValueError(f"remote schema references are not fetched: {uri}")
+
+
+def compile_schema(schema: Mapping[str, Any]) -> Any:
+    """A validator for ``schema``; raises ValueError when it cannot be compiled offline."""
+    options = {"offline": True, "retriever": _refuse_retrieval}
+    try:
+        if isinstance(schema, Mapping) and "$schema" in schema:
+            return jsonschema_rs.validator_for(dict(schema), **options)
+        return jsonschema_rs.Draft202012Validator(dict(schema), **options)
+    except (jsonschema_rs.ValidationError, ValueError, TypeError) as error:
+        raise ValueError(str(error).splitlines()[0]) from error
+
+
+class SchemaCache:
+    """Compiled validators by schema hash, bounded so a server churning definitions cannot grow it."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._capacity = capacity
+        self._by_hash: OrderedDict[bytes, Any] = OrderedDict()
+        # The catalog hands out the same definition object on every call; skip re-hashing it.
+        self._by_identity: dict[int, tuple[Mapping[str, Any], Any]] = {}
+
+    def validator(self, schema: Mapping[str, Any]) -> Any:
+        known = self._by_identity.get(id(schema))
+        if known is not None and known[0] is schema:
+            return known[1]
+        digest = hashlib.blake2b(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+        compiled = self._by_hash.get(digest)
+        if compiled is None:
+            try:
+                compiled = compile_schema(schema)
+            except ValueError as error:
+                compiled = error
+            self._by_hash[digest] = compiled
+            if len(self._by_hash) > self._capacity:
+                self._by_hash.popitem(last=False)
+        if len(self._by_identity) > self._capacity:
+            self._by_identity.clear()
+        self._by_identity[id(schema)] = (schema, compiled)
+        return compiled
+
+
+def _describe(error: Any) -> str:
+    where = "/" + "/".join(str(p) for p in error.instance_path)
+    keyword = error.schema_path[-1] if error.schema_path else "schema"
+    return f"argument {where} fails the '{keyword}' rule of the tool's input schema"
+
+
+def check_schema(arguments: Any, schema: Mapping[str, Any] | None, cache: SchemaCache) -> GuardResult:
+    if schema is None:
+        return PASS
+    validator = cache.validator(schema)
+    if isinstance(validator, ValueError):
+        return refuse("the tool's input schema cannot be compiled offline")
+    if validator.is_valid(arguments):
+        return PASS
+    first = next(iter(validator.iter_errors(arguments)), None)
+    return refuse(_describe(first) if first is not None else "the arguments do not match the input schema")

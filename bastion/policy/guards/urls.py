@@ -1,0 +1,197 @@
+"""URL guard: scheme allowlist, host allow/deny lists, and no internal addresses in any spelling.
+
+The URL is parsed strictly and refused when browsers (WHATWG) and Python would disagree about its host:
+backslashes, whitespace, control characters and missing ``//`` after a special scheme are refused outright.
+The host is percent-decoded and Unicode-folded (fullwidth digits, ideographic dots), then read as an IP
+address the way ``inet_aton`` does (``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1``). Addresses that
+are not globally routable — private, loopback, link-local, multicast, reserved, unspecified, shared, and the
+cloud metadata endpoints — are refused, including IPv4 embedded in IPv6 (mapped, compatible, 6to4, NAT64,
+Teredo). Names that are internal by convention (``localhost``, ``*.internal``…) are refused too. DNS is never
+queried: a public name that resolves to a private address must be stopped by an allowlist.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from urllib.parse import urlsplit
+
+from bastion.policy.decision import PASS, GuardResult, refuse
+from bastion.policy.guards.decoding import compatibility_form, decode_fully, has_control_characters
+
+_SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp"})
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_IDEOGRAPHIC_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
+_METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a)
+    for a in ("169.254.169.254", "169.254.170.2", "100.100.100.200", "192.0.0.192", "fd00:ec2::254")
+)
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+INTERNAL_HOST_PATTERNS: tuple[str, ...] = (
+    "localhost",
+    "*.localhost",
+    "localhost.localdomain",
+    "ip6-localhost",
+    "ip6-loopback",
+    "*.local",
+    "*.internal",
+    "*.intranet",
+    "*.lan",
+    "*.home.arpa",
+    "metadata",
+    "instance-data",
+    "*.in-addr.arpa",
+    "*.ip6.arpa",
+    # Wildcard DNS services that answer any embedded address, e.g. 127.0.0.1.nip.io.
+    "*.nip.io",
+    "*.sslip.io",
+    "*.xip.io",
+    "*.localtest.me",
+    "localtest.me",
+    "*.lvh.me",
+    "lvh.me",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UrlRules:
+    schemes: tuple[str, ...] = ("https", "http")
+    allow_hosts: tuple[str, ...] = ()  # empty: any public host
+    deny_hosts: tuple[str, ...] = ()
+    allow_private: bool = False
+    allow_userinfo: bool = False
+    allowed_ports: tuple[int, ...] = ()
+    internal_hosts: tuple[str, ...] = field(default=INTERNAL_HOST_PATTERNS)
+
+
+def parse_ipv4_loose(host: str) -> ipaddress.IPv4Address | None:
+    """Read ``host`` as IPv4 the way inet_aton and browsers do; None when it is not numeric."""
+    parts = host.split(".")
+    if not 1 <= len(parts) <= 4:
+        return None
+    numbers: list[int] = []
+    for part in parts:
+        if not part:
+            return None
+        try:
+            if part[:2].lower() == "0x":
+                number = int(part[2:] or "0", 16)
+            elif len(part) > 1 and part[0] == "0":
+                number = int(part[1:], 8)
+            else:
+                if not part.isdigit():
+                    return None
+                number = int(part, 10)
+        except ValueError:
+            return None
+        numbers.append(number)
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (5 - len(numbers)):
+        return None
+    value = last
+    for index, n in enumerate(head):
+        value += n << (8 * (3 - index))
+    return ipaddress.IPv4Address(value)
+
+
+def _looks_numeric(host: str) -> bool:
+    # WHATWG: a host whose last label is a number must be an IPv4 address (or the URL is invalid).
+    last = host.rsplit(".", 1)[-1]
+    return bool(re.fullmatch(r"(?:0[xX][0-9a-fA-F]*|[0-9]+)", last))
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    found = [a for a in (address.ipv4_mapped, address.sixtofour) if a is not None]
+    if address.teredo:
+        found.extend(address.teredo)
+    if address in _NAT64 or address in _NAT64_LOCAL or int(address) >> 32 == 0:
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return found
+
+
+def _internal_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if address in _METADATA_ADDRESSES or not address.is_global or address.is_multicast:
+        return True
+    if isinstance(address, ipaddress.IPv6Address):
+        return any(_internal_address(inner) for inner in _embedded_ipv4(address))
+    return False
+
+
+def _host_matches(host: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatchcase(host, p.lower().rstrip(".")) for p in patterns)
+
+
+def _normal_host(raw: str) -> str:
+    host = compatibility_form(decode_fully(raw)).translate(_IDEOGRAPHIC_DOTS).lower()
+    return host.rstrip(".")
+
+
+def check_url(value: object, rules: UrlRules) -> GuardResult:
+    if not isinstance(value, str):
+        return refuse("a URL must be a string")
+    if has_control_characters(value) or any(c.isspace() for c in value) or "\\" in value:
+        return refuse("the URL contains characters that parsers read differently")
+    scheme_match = _SCHEME.match(value)
+    if not scheme_match:
+        return refuse("the URL has no scheme")
+    scheme = scheme_match.group(1).lower()
+    if scheme not in rules.schemes:
+        return refuse("the URL scheme is not allowed")
+    rest = value[scheme_match.end() :]
+    if scheme in _SPECIAL_SCHEMES and (not rest.startswith("//") or rest.startswith("///")):
+        return refuse("the URL is malformed")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return refuse("the URL is malformed")
+    netloc = parts.netloc
+    if "@" in netloc and not rules.allow_userinfo:
+        return refuse("the URL carries credentials")
+    raw_host = netloc.rsplit("@", 1)[-1]
+    if raw_host.startswith("["):
+        raw_host = raw_host[1 : raw_host.find("]")] if "]" in raw_host else raw_host
+    else:
+        raw_host = raw_host.split(":", 1)[0]
+    host = _normal_host(raw_host)
+    if not host:
+        return refuse("the URL has no host")
+    if rules.allowed_ports and (port or _default_port(scheme)) not in rules.allowed_ports:
+        return refuse("the URL port is not allowed")
+    if "%" in host or "@" in host or "/" in host or any(c.isspace() for c in host):
+        return refuse("the URL host is malformed")
+    if _host_matches(host, rules.deny_hosts):
+        return refuse("the URL host is denied")
+    address = _as_address(host)
+    if address is False:
+        return refuse("the URL host is malformed")
+    if not rules.allow_private:
+        if address is not None and _internal_address(address):
+            return refuse("the URL points at an internal address")
+        if address is None and _host_matches(host, rules.internal_hosts):
+            return refuse("the URL points at an internal host")
+    if rules.allow_hosts and not _host_matches(host, rules.allow_hosts):
+        return refuse("the URL host is not in the allowed list")
+    return PASS
+
+
+def _default_port(scheme: str) -> int | None:
+    return {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}.get(scheme)
+
+
+def _as_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None | bool:
+    """The IP address ``host`` spells, None for a DNS name, False for a malformed numeric host."""
+    if ":" in host:
+        try:
+            return ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            return False
+    if _looks_numeric(host):
+        address = parse_ipv4_loose(host)
+        return address if address is not None else False
+    if not re.fullmatch(r"[a-z0-9._\-\u0080-\U0010ffff]+", host):
+        return False
+    return None
