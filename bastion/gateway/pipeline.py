@@ -72,6 +72,8 @@ class GatewayRequest:
     params: dict[str, Any]
     session: Session
     catalog: CatalogView
+    request_id: Any = None  # the id the client used
+    log_level: str | None = None  # modern clients opt in to log messages per request
 
 
 class GatewayError(Exception):

@@ -1,0 +1,156 @@
+"""``bastion run``, ``bastion check``, ``bastion tools`` and ``bastion call``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+import orjson
+
+from bastion.config import ConfigError, GatewayConfig, load_config
+from bastion.gateway.core import Gateway
+from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Session
+
+log = logging.getLogger("bastion")
+
+LOCAL_IDENTITY = Identity(os.environ.get("USER") or "local", ("local",))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="serve the federated servers to one MCP client on stdio")
+    run.add_argument("config", nargs="?", help="configuration file (default: the built-in demo configuration)")
+    _verbosity(run)
+    run.set_defaults(handler=_run)
+
+    check = sub.add_parser("check", help="validate a configuration without starting anything")
+    check.add_argument("config", nargs="?")
+    check.set_defaults(handler=_check)
+
+    tools = sub.add_parser("tools", help="the federated tool catalog as a table (also: tools stats, tools eval)")
+    tools.add_argument("config", nargs="?")
+    _verbosity(tools)
+    tools.set_defaults(handler=_tools)
+
+    call = sub.add_parser("call", help="call one tool through Bastion and print the result")
+    call.add_argument("config", nargs="?")
+    call.add_argument("name", help="the federated tool name, e.g. time__get_current_time")
+    call.add_argument("--args", default="{}", help="the arguments as a JSON object")
+    _verbosity(call)
+    call.set_defaults(handler=_call)
+
+
+def _verbosity(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail and servers' stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log only warnings and errors")
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    level = logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING if getattr(args, "quiet", False) else logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("bastion %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _load(args: argparse.Namespace) -> GatewayConfig | None:
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        print(f"bastion: {exc}", file=sys.stderr)
+        return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from bastion.gateway.serve import serve_stdio
+    from bastion.transport.stdio import protect_stdout
+
+    protocol_fd = protect_stdout()
+    setup_logging(args)
+    config = _load(args)
+    if config is None:
+        return 2
+    log.info("serving %d server(s) on stdio: %s", len(config.servers), ", ".join(config.servers) or "none")
+    asyncio.run(serve_stdio(Gateway(config), protocol_fd, LOCAL_IDENTITY))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 2
+    for name, server in config.servers.items():
+        state = "" if server.enabled else " (disabled)"
+        print(f"{name}: {server.command} {' '.join(server.args)}{state}", file=sys.stderr)
+    print(f"bastion: configuration OK, {len(config.servers)} server(s)", file=sys.stderr)
+    return 0
+
+
+async def with_gateway(config: GatewayConfig, work) -> Any:
+    """Start the servers, wait for them, run ``work(gateway, session)``, shut down."""
+    gateway = Gateway(config)
+    session = Session(LOCAL_IDENTITY, "legacy", "2025-11-25", {}, None, "cli")
+    try:
+        gateway.start({})
+        await gateway.wait_ready()
+        return await work(gateway, session)
+    finally:
+        await gateway.close()
+
+
+def _tools(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    config = _load(args)
+    if config is None:
+        return 2
+
+    async def work(gateway: Gateway, session: Session) -> int:
+        result = await gateway.handle(GatewayRequest("tools/list", {}, session, gateway.catalog))
+        rows = []
+        for tool in result["tools"]:
+            entry = gateway.catalog.tool(tool["name"])
+            description = " ".join((tool.get("description") or "").split())
+            rows.append((tool["name"], entry.server if entry else "?", description[:80]))
+        width = max((len(r[0]) for r in rows), default=4)
+        swidth = max((len(r[1]) for r in rows), default=6)
+        print(f"{'TOOL'.ljust(width)}  {'SERVER'.ljust(swidth)}  DESCRIPTION")
+        for name, server, description in rows:
+            print(f"{name.ljust(width)}  {server.ljust(swidth)}  {description}")
+        down = [n for n, u in gateway.upstreams.items() if not u.ready.is_set()]
+        print(f"{len(rows)} tool(s) from {len(gateway.upstreams) - len(down)} server(s)"
+              + (f"; not available: {', '.join(down)}" if down else ""), file=sys.stderr)
+        return 0 if not down else 1
+
+    return asyncio.run(with_gateway(config, work))
+
+
+def _call(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    try:
+        arguments = orjson.loads(args.args)
+    except orjson.JSONDecodeError as exc:
+        print(f"bastion: --args is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(arguments, dict):
+        print("bastion: --args must be a JSON object", file=sys.stderr)
+        return 2
+    config = _load(args)
+    if config is None:
+        return 2
+
+    async def work(gateway: Gateway, session: Session) -> int:
+        request = GatewayRequest("tools/call", {"name": args.name, "arguments": arguments}, session, gateway.catalog,
+                                 request_id="cli-call")
+        try:
+            result = await gateway.handle(request)
+        except GatewayError as exc:
+            print(f"bastion: error {exc.code}: {exc.message}", file=sys.stderr)
+            return 1
+        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 1 if result.get("isError") else 0
+
+    return asyncio.run(with_gateway(config, work))

@@ -1,0 +1,187 @@
+"""The federated catalog: every server's tools, prompts, resources and templates under client-facing names."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import orjson
+
+from bastion.gateway.naming import Named, assign_names
+from bastion.gateway.pipeline import ToolEntry
+
+log = logging.getLogger("bastion.catalog")
+
+KINDS = ("tools", "prompts", "resources", "resourceTemplates")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFacts:
+    name: str
+    prefix: str
+    trust: str
+
+
+@dataclass(slots=True)
+class _ServerItems:
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[dict[str, Any]] = field(default_factory=list)
+    resources: list[dict[str, Any]] = field(default_factory=list)
+    resourceTemplates: list[dict[str, Any]] = field(default_factory=list)
+
+
+class BadCursor(ValueError):
+    pass
+
+
+class Catalog:
+    """Implements ``CatalogView`` for the pipeline; rebuilt whenever a server's lists change."""
+
+    def __init__(self, servers: Sequence[ServerFacts]) -> None:
+        self._servers = {s.name: s for s in servers}
+        self._order = [s.name for s in servers]
+        self._items = {s.name: _ServerItems() for s in servers}
+        self.version = 0
+        self._tools: dict[str, ToolEntry] = {}
+        self._tool_list: list[ToolEntry] = []
+        self._prompts: dict[str, Named] = {}
+        self._prompt_list: list[dict[str, Any]] = []
+        self._resource_owner: dict[str, str] = {}
+        self._template_owners: list[tuple[re.Pattern[str], str, str]] = []
+
+    # ------------------------------------------------------------------------------------------ updates
+    def update(self, server: str, kind: str, items: list[dict[str, Any]]) -> bool:
+        """Replace one server's list of one kind; returns whether anything the client sees changed."""
+        current = getattr(self._items[server], kind)
+        if current == items:
+            return False
+        setattr(self._items[server], kind, items)
+        self._rebuild()
+        return True
+
+    def _rebuild(self) -> None:
+        self.version += 1
+        self._rebuild_tools()
+        self._rebuild_prompts()
+        self._rebuild_resources()
+
+    def _rebuild_tools(self) -> None:
+        entries = [(s, self._servers[s].prefix, t.get("name", "")) for s in self._order for t in self._items[s].tools]
+        names, collisions = assign_names(entries)
+        for c in collisions:
+            log.warning("tool name %r is offered by %s; %s", c.exposed, " and ".join(c.servers), c.resolution)
+        by_origin = {(n.server, n.original): n.exposed for n in names.values()}
+        tools: dict[str, ToolEntry] = {}
+        for server in self._order:
+            for tool in self._items[server].tools:
+                exposed = by_origin[(server, tool.get("name", ""))]
+                definition = {**tool, "name": exposed}
+                tools[exposed] = ToolEntry(exposed, server, tool.get("name", ""), definition, self._servers[server].trust)
+        self._tools = tools
+        self._tool_list = [tools[name] for name in sorted(tools)]
+
+    def _rebuild_prompts(self) -> None:
+        entries = [(s, self._servers[s].prefix, p.get("name", "")) for s in self._order for p in self._items[s].prompts]
+        names, collisions = assign_names(entries)
+        for c in collisions:
+            log.warning("prompt name %r is offered by %s; %s", c.exposed, " and ".join(c.servers), c.resolution)
+        by_origin = {(n.server, n.original): n.exposed for n in names.values()}
+        prompts = []
+        for server in self._order:
+            for prompt in self._items[server].prompts:
+                prompts.append({**prompt, "name": by_origin[(server, prompt.get("name", ""))]})
+        self._prompts = names
+        self._prompt_list = sorted(prompts, key=lambda p: p["name"])
+
+    def _rebuild_resources(self) -> None:
+        owners: dict[str, str] = {}
+        for server in self._order:
+            for resource in self._items[server].resources:
+                uri = resource.get("uri")
+                if not isinstance(uri, str):
+                    continue
+                if uri in owners and owners[uri] != server:
+                    log.warning("resource %s is offered by %s and %s; reads go to %s (listed first in the configuration)",
+                                uri, owners[uri], server, owners[uri])
+                    continue
+                owners[uri] = server
+        self._resource_owner = owners
+        self._template_owners = [
+            (_template_pattern(t["uriTemplate"]), t["uriTemplate"], server)
+            for server in self._order
+            for t in self._items[server].resourceTemplates
+            if isinstance(t.get("uriTemplate"), str)
+        ]
+
+    # ------------------------------------------------------------------------------------------ lookups
+    def tool(self, exposed_name: str) -> ToolEntry | None:
+        return self._tools.get(exposed_name)
+
+    def tools(self) -> Sequence[ToolEntry]:
+        return self._tool_list
+
+    def prompt(self, exposed_name: str) -> Named | None:
+        return self._prompts.get(exposed_name)
+
+    def resource_owner(self, uri: str) -> str | None:
+        owner = self._resource_owner.get(uri)
+        if owner is not None:
+            return owner
+        for pattern, _, server in self._template_owners:
+            if pattern.fullmatch(uri):
+                return server
+        return None
+
+    def template_owner(self, uri_template: str) -> str | None:
+        for _, template, server in self._template_owners:
+            if template == uri_template:
+                return server
+        return self.resource_owner(uri_template)
+
+    def listing(self, kind: str) -> list[dict[str, Any]]:
+        if kind == "tools":
+            return [dict(entry.definition) for entry in self._tool_list]
+        if kind == "prompts":
+            return self._prompt_list
+        return [item for server in self._order for item in getattr(self._items[server], kind)]
+
+    def server_items(self, server: str, kind: str) -> list[dict[str, Any]]:
+        return getattr(self._items[server], kind)
+
+
+def _template_pattern(template: str) -> re.Pattern[str]:
+    """A matcher for the URIs an RFC 6570 template can expand to (any expression matches any text)."""
+    parts = re.split(r"\{[^}]*\}", template)
+    return re.compile(".*".join(re.escape(p) for p in parts), re.DOTALL)
+
+
+def paginate(items: list[Any], cursor: Any, page_size: int) -> tuple[list[Any], str | None]:
+    """One page of ``items`` from an opaque cursor; ``page_size`` 0 means everything at once."""
+    offset = 0
+    if cursor is not None:
+        offset = decode_cursor(cursor)
+    if page_size <= 0:
+        return items[offset:], None
+    end = offset + page_size
+    return items[offset:end], (encode_cursor(end) if end < len(items) else None)
+
+
+def encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps({"o": offset})).decode().rstrip("=")
+
+
+def decode_cursor(cursor: Any) -> int:
+    if not isinstance(cursor, str):
+        raise BadCursor("cursor must be a string")
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        offset = data["o"]
+    except (binascii.Error, ValueError, orjson.JSONDecodeError, KeyError, TypeError):
+        raise BadCursor(f"invalid cursor {cursor!r}") from None
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise BadCursor(f"invalid cursor {cursor!r}")
+    return offset

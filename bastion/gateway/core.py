@@ -1,0 +1,330 @@
+"""The gateway core: many upstream servers federated into one, with every client request sent through the pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Sequence
+
+from bastion import __version__
+from bastion.config import GatewayConfig
+from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
+from bastion.gateway.pipeline import GatewayError, GatewayRequest, Interceptor, build_pipeline
+from bastion.gateway.upstream import Launcher, Upstream
+from bastion.protocol import jsonrpc
+from bastion.protocol.correlation import Pending
+from bastion.transport.process import spawn_plain
+
+if TYPE_CHECKING:
+    from bastion.gateway.frontend import ClientConnection
+
+log = logging.getLogger("bastion.gateway")
+
+SERVER_INFO = {"name": "bastion", "version": __version__}
+RELAYABLE_CLIENT_CAPABILITIES = ("sampling", "elicitation", "roots")
+
+# list method -> (catalog kind, result key, capability that says the server has them)
+_LISTS = {
+    "tools/list": ("tools", "tools", "tools"),
+    "prompts/list": ("prompts", "prompts", "prompts"),
+    "resources/list": ("resources", "resources", "resources"),
+    "resources/templates/list": ("resourceTemplates", "resourceTemplates", "resources"),
+}
+_LIST_CHANGED = {
+    "notifications/tools/list_changed": ("tools/list",),
+    "notifications/prompts/list_changed": ("prompts/list",),
+    "notifications/resources/list_changed": ("resources/list", "resources/templates/list"),
+}
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        interceptors: Sequence[Interceptor] = (),
+        launcher: Launcher = spawn_plain,
+    ) -> None:
+        self.config = config
+        enabled = {name: cfg for name, cfg in config.servers.items() if cfg.enabled}
+        self.catalog = Catalog([
+            ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust) for name, cfg in enabled.items()
+        ])
+        self.upstreams = {
+            name: Upstream(name, cfg, self, launcher, config.max_message_bytes) for name, cfg in enabled.items()
+        }
+        self.handle = build_pipeline(list(interceptors), self._route)
+        self._connections: dict[str, ClientConnection] = {}
+        self._started = False
+        self._refreshes: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._subscriptions: dict[str, set[str]] = {}  # uri -> connection ids
+
+    # ------------------------------------------------------------------------------------------ running
+    def start(self, client_capabilities: dict[str, Any]) -> None:
+        """Start every server, declaring to each only the client capabilities Bastion can relay."""
+        if self._started:
+            return
+        self._started = True
+        relayed = {k: v for k, v in client_capabilities.items() if k in RELAYABLE_CLIENT_CAPABILITIES}
+        for upstream in self.upstreams.values():
+            upstream.client_capabilities = relayed
+            upstream.start()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until every server is ready and its lists are fetched, or ``timeout`` passes."""
+        async def one(upstream: Upstream) -> None:
+            await upstream.ready.wait()
+            await self._wait_refreshes(upstream.name)
+
+        waits = [asyncio.create_task(one(u)) for u in self.upstreams.values()]
+        if not waits:
+            return
+        done, pending = await asyncio.wait(waits, timeout=timeout or self.config.ready_timeout)
+        for task in pending:
+            task.cancel()
+        for name, upstream in self.upstreams.items():
+            if not upstream.ready.is_set():
+                log.warning("server %s is not ready yet (%s); it joins when it is", name, upstream.failure or "starting")
+
+    async def _wait_refreshes(self, server: str) -> None:
+        while True:
+            tasks = [t for (s, _), t in self._refreshes.items() if s == server and not t.done()]
+            if not tasks:
+                return
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in self._refreshes.values():
+            task.cancel()
+        await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
+
+    def attach(self, connection: ClientConnection) -> None:
+        self._connections[connection.id] = connection
+
+    def detach(self, connection: ClientConnection) -> None:
+        self._connections.pop(connection.id, None)
+        for uri in list(self._subscriptions):
+            self._unsubscribe_connection(uri, connection.id)
+
+    # ------------------------------------------------------------------------------------- capabilities
+    def server_capabilities(self) -> dict[str, Any]:
+        caps: dict[str, Any] = {"tools": {"listChanged": True}, "logging": {}}
+        ups = [u.capabilities for u in self.upstreams.values()]
+        if any("prompts" in c for c in ups):
+            caps["prompts"] = {"listChanged": True}
+        if any("resources" in c for c in ups):
+            caps["resources"] = {"subscribe": True, "listChanged": True}
+        if any("completions" in c for c in ups):
+            caps["completions"] = {}
+        return caps
+
+    def instructions(self) -> str | None:
+        parts = [f"[{name}] {u.instructions}" for name, u in self.upstreams.items() if u.instructions]
+        return "\n\n".join(parts) if parts else None
+
+    # ------------------------------------------------------------------------------------------ routing
+    async def _route(self, request: GatewayRequest) -> dict[str, Any]:
+        method = request.method
+        params = request.params
+        if method in _LISTS:
+            kind, key, _ = _LISTS[method]
+            try:
+                page, next_cursor = paginate(self.catalog.listing(kind), params.get("cursor"), self.config.page_size)
+            except BadCursor as exc:
+                raise GatewayError(jsonrpc.INVALID_PARAMS, str(exc)) from None
+            result: dict[str, Any] = {key: page}
+            if next_cursor:
+                result["nextCursor"] = next_cursor
+            return result
+        if method == "tools/call":
+            name = params.get("name")
+            entry = self.catalog.tool(name) if isinstance(name, str) else None
+            if entry is None:
+                raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown tool: {name}")
+            return await self._forward(request, entry.server, {**params, "name": entry.original_name})
+        if method == "prompts/get":
+            name = params.get("name")
+            named = self.catalog.prompt(name) if isinstance(name, str) else None
+            if named is None:
+                raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown prompt: {name}")
+            return await self._forward(request, named.server, {**params, "name": named.original})
+        if method == "resources/read":
+            return await self._forward(request, self._resource_server(params.get("uri")), params)
+        if method in ("resources/subscribe", "resources/unsubscribe"):
+            return await self._subscription(request)
+        if method == "completion/complete":
+            return await self._complete(request)
+        if method == "logging/setLevel":
+            await self._set_level(params)
+            return {}
+        if method == "ping":
+            return {}
+        raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+
+    def _resource_server(self, uri: Any) -> str:
+        owner = self.catalog.resource_owner(uri) if isinstance(uri, str) else None
+        if owner is None:
+            raise GatewayError(jsonrpc.RESOURCE_NOT_FOUND, f"Resource not found: {uri}", {"uri": uri})
+        return owner
+
+    async def _forward(self, request: GatewayRequest, server: str, params: dict[str, Any]) -> dict[str, Any]:
+        upstream = self.upstreams[server]
+        session = request.session
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        result = await upstream.request(
+            request.method,
+            params,
+            origin=session.session_id,
+            origin_id=request.request_id,
+            progress_token=meta.get("progressToken"),
+            log_level=request.log_level,
+        )
+        if result.get("resultType") == "input_required" and session.era != "modern":
+            raise GatewayError(
+                jsonrpc.INTERNAL_ERROR,
+                f"server {server!r} asked for more input (input_required), which a {session.protocol_version} client "
+                "cannot answer through Bastion yet",
+            )
+        return result
+
+    async def _subscription(self, request: GatewayRequest) -> dict[str, Any]:
+        uri = request.params.get("uri")
+        server = self._resource_server(uri)
+        subscribers = self._subscriptions.setdefault(uri, set())
+        if request.method == "resources/subscribe":
+            first = not subscribers
+            subscribers.add(request.session.session_id)
+            if first:
+                await self._upstream_subscribe(server, uri, subscribe=True)
+        else:
+            self._unsubscribe_connection(uri, request.session.session_id)
+        return {}
+
+    def _unsubscribe_connection(self, uri: str, connection_id: str) -> None:
+        subscribers = self._subscriptions.get(uri)
+        if subscribers is None or connection_id not in subscribers:
+            return
+        subscribers.discard(connection_id)
+        if not subscribers:
+            del self._subscriptions[uri]
+            server = self.catalog.resource_owner(uri)
+            if server is not None:
+                asyncio.create_task(self._upstream_subscribe(server, uri, subscribe=False))
+
+    async def _upstream_subscribe(self, server: str, uri: str, subscribe: bool) -> None:
+        upstream = self.upstreams[server]
+        if upstream.era == "modern":
+            uris = [u for u, subs in self._subscriptions.items() if subs and self.catalog.resource_owner(u) == server]
+            await upstream.set_resource_subscriptions(uris)
+            return
+        try:
+            await upstream.request("resources/subscribe" if subscribe else "resources/unsubscribe", {"uri": uri})
+        except GatewayError as exc:
+            if subscribe:
+                raise
+            log.info("server %s: unsubscribe from %s failed: %s", server, uri, exc.message)
+
+    async def _complete(self, request: GatewayRequest) -> dict[str, Any]:
+        ref = request.params.get("ref") or {}
+        if ref.get("type") == "ref/prompt":
+            named = self.catalog.prompt(ref.get("name", ""))
+            if named is None:
+                raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown prompt: {ref.get('name')}")
+            params = {**request.params, "ref": {**ref, "name": named.original}}
+            return await self._forward(request, named.server, params)
+        if ref.get("type") == "ref/resource":
+            server = self.catalog.template_owner(ref.get("uri", ""))
+            if server is None:
+                raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown resource template: {ref.get('uri')}")
+            return await self._forward(request, server, request.params)
+        raise GatewayError(jsonrpc.INVALID_PARAMS, "completion ref must be ref/prompt or ref/resource")
+
+    async def _set_level(self, params: dict[str, Any]) -> None:
+        targets = [u for u in self.upstreams.values() if u.era == "legacy" and "logging" in u.capabilities and u.ready.is_set()]
+        results = await asyncio.gather(*(u.request("logging/setLevel", params) for u in targets), return_exceptions=True)
+        for upstream, outcome in zip(targets, results):
+            if isinstance(outcome, Exception):
+                log.info("server %s: logging/setLevel failed: %s", upstream.name, outcome)
+
+    # ---------------------------------------------------------------------------- upstream → gateway
+    def upstream_ready(self, upstream: Upstream) -> None:
+        for method, (_, _, capability) in _LISTS.items():
+            if capability in upstream.capabilities:
+                self._schedule_refresh(upstream, method)
+
+    def upstream_down(self, upstream: Upstream, reason: str) -> None:
+        log.warning("server %s is down: %s", upstream.name, reason)
+
+    def upstream_notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None) -> None:
+        if method == "notifications/progress" and pending is not None:
+            connection = self._connections.get(pending.origin)
+            if connection is not None:
+                connection.notify(method, {**params, "progressToken": pending.origin_progress_token})
+            return
+        if method in _LIST_CHANGED:
+            for list_method in _LIST_CHANGED[method]:
+                self._schedule_refresh(upstream, list_method)
+            return
+        if method == "notifications/resources/updated":
+            uri = params.get("uri")
+            for connection_id in self._subscriptions.get(uri, ()):
+                connection = self._connections.get(connection_id)
+                if connection is not None:
+                    connection.resource_updated(params)
+            return
+        if method == "notifications/message":
+            logger = params.get("logger")
+            forwarded = {**params, "logger": f"{upstream.name}/{logger}" if logger else upstream.name}
+            forwarded.pop("_meta", None)
+            for connection in list(self._connections.values()):
+                connection.log_message(forwarded)
+            return
+        if method == "notifications/subscriptions/acknowledged":
+            return
+        log.debug("server %s sent %s; not forwarded", upstream.name, method)
+
+    async def upstream_request(self, upstream: Upstream, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """A server asks the client something (sampling, elicitation, roots): relay it to a client that can answer."""
+        capability = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}.get(method)
+        if capability is None:
+            raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+        for connection in reversed(list(self._connections.values())):
+            if connection.era == "legacy" and connection.supports(capability):
+                return await connection.request(method, params)
+        if any(c.era == "modern" for c in self._connections.values()):
+            raise GatewayError(jsonrpc.METHOD_NOT_FOUND,
+                               f"{method} from server {upstream.name!r} cannot reach a 2026-07-28 client through Bastion "
+                               "yet: server-initiated requests do not cross protocol eras")
+        raise GatewayError(jsonrpc.METHOD_NOT_FOUND,
+                           f"{method} from server {upstream.name!r}: no connected client declared the {capability!r} capability")
+
+    def _schedule_refresh(self, upstream: Upstream, list_method: str) -> None:
+        key = (upstream.name, list_method)
+        previous = self._refreshes.get(key)
+        if previous is not None and not previous.done():
+            previous.cancel()
+        self._refreshes[key] = asyncio.create_task(self._refresh(upstream, list_method))
+
+    async def _refresh(self, upstream: Upstream, list_method: str) -> None:
+        kind, key, _ = _LISTS[list_method]
+        items: list[dict[str, Any]] = []
+        cursor = None
+        try:
+            for _ in range(10_000):
+                params = {"cursor": cursor} if cursor else {}
+                result = await upstream.request(list_method, params)
+                page = result.get(key)
+                if isinstance(page, list):
+                    items.extend(i for i in page if isinstance(i, dict))
+                cursor = result.get("nextCursor")
+                if not cursor:
+                    break
+        except GatewayError as exc:
+            log.warning("server %s: %s failed: %s", upstream.name, list_method, exc.message)
+            return
+        if self.catalog.update(upstream.name, kind, items):
+            notification = {"tools": "notifications/tools/list_changed", "prompts": "notifications/prompts/list_changed",
+                            "resources": "notifications/resources/list_changed",
+                            "resourceTemplates": "notifications/resources/list_changed"}[kind]
+            for connection in list(self._connections.values()):
+                connection.list_changed(notification)

@@ -1,0 +1,406 @@
+"""One upstream MCP server over stdio: its process, its era, its outstanding requests, its restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, Mapping, Protocol
+
+from bastion import __version__
+from bastion.config import ServerConfig
+from bastion.gateway.pipeline import GatewayError
+from bastion.protocol import jsonrpc
+from bastion.protocol.correlation import Correlator, Pending
+from bastion.protocol.jsonrpc import (
+    ErrorResponse,
+    InvalidFrame,
+    Notification,
+    Request,
+    Response,
+    parse_frame,
+)
+from bastion.protocol.lifecycle import ClientLifecycle
+from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, MODERN_VERSIONS, modern_meta
+from bastion.transport.stdio import FrameTooLarge, read_frame
+
+CLIENT_INFO = {"name": "bastion", "version": __version__}
+_PROBE_TIMEOUT = 3.0
+_MAX_BACKOFF = 30.0
+_STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
+_MODERN_META_PREFIX = "io.modelcontextprotocol/"
+_SELF = "bastion"  # origin of requests Bastion makes on its own behalf
+
+
+class ServerProcess(Protocol):
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+    pid: int
+
+    async def wait(self) -> int: ...
+    def termination_reason(self) -> str | None: ...
+    async def terminate(self, grace: float = 2.0) -> None: ...
+
+
+Launcher = Callable[[str, ServerConfig], Awaitable[ServerProcess]]
+
+
+class UpstreamListener(Protocol):
+    def upstream_ready(self, upstream: "Upstream") -> None: ...
+    def upstream_down(self, upstream: "Upstream", reason: str) -> None: ...
+    def upstream_notification(self, upstream: "Upstream", method: str, params: dict[str, Any], pending: Pending | None) -> None: ...
+    async def upstream_request(self, upstream: "Upstream", method: str, params: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class Upstream:
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        listener: UpstreamListener,
+        launch: Launcher,
+        max_message_bytes: int,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.log = logging.getLogger(f"bastion.server.{name}")
+        self._listener = listener
+        self._launch = launch
+        self._max_bytes = max_message_bytes
+        self.client_capabilities: dict[str, Any] = {}
+        self.era: str | None = None if config.era == "auto" else config.era
+        self.protocol_version: str | None = None
+        self.capabilities: dict[str, Any] = {}
+        self.server_info: dict[str, Any] | None = None
+        self.instructions: str | None = None
+        self.ready = asyncio.Event()
+        self.failure: str | None = None  # why the server is not ready, when it is not
+        self._process: ServerProcess | None = None
+        self._correlator = Correlator()
+        self._relays: dict[Any, asyncio.Task[None]] = {}
+        self._supervisor: asyncio.Task[None] | None = None
+        self._closing = False
+        self._started_at = 0.0
+        self._listen_id: int | None = None
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        if self._supervisor is None:
+            self._supervisor = asyncio.create_task(self._supervise(), name=f"upstream:{self.name}")
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            try:
+                await self._supervisor
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self._stop_process()
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while not self._closing:
+            self._started_at = time.monotonic()
+            reason = await self._run_once()
+            if self._closing:
+                return
+            self.ready.clear()
+            self.failure = reason
+            self._fail_pending(reason)
+            self._listener.upstream_down(self, reason)
+            if time.monotonic() - self._started_at > _STABLE_AFTER:
+                failures = 0
+            delay = min(_MAX_BACKOFF, 0.5 * (2**failures))
+            failures += 1
+            self.log.warning("server %s: %s; restarting in %.1fs", self.name, reason, delay)
+            await asyncio.sleep(delay)
+
+    async def _run_once(self) -> str:
+        try:
+            self._process = await self._launch(self.name, self.config)
+        except Exception as exc:  # noqa: BLE001 - any launch failure is reported, never raised into the gateway
+            return f"failed to start: {exc}"
+        process = self._process
+        stderr_task = asyncio.create_task(self._pump_stderr(process))
+        reader_task = asyncio.create_task(self._read(process))
+        try:
+            await asyncio.wait_for(self._handshake(), self.config.startup_timeout)
+        except asyncio.TimeoutError:
+            reason = f"no answer to the handshake within {self.config.startup_timeout:g}s"
+        except GatewayError as exc:
+            reason = f"handshake failed: {exc.message}"
+        else:
+            reason = None
+        if reason is None:
+            self.failure = None
+            self.ready.set()
+            self.log.info("server %s ready (%s era, protocol %s)", self.name, self.era, self.protocol_version)
+            self._listener.upstream_ready(self)
+            await reader_task
+            status = await process.wait()
+            reason = process.termination_reason() or f"exited with status {status}"
+        await self._stop_process()
+        reader_task.cancel()
+        await asyncio.gather(reader_task, return_exceptions=True)
+        await asyncio.wait_for(asyncio.gather(stderr_task, return_exceptions=True), 2)
+        return reason
+
+    async def _stop_process(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            await process.terminate()
+
+    async def _handshake(self) -> None:
+        if self.era in (None, "modern"):
+            result = await self._probe_discover(forced=self.era == "modern")
+            if result is not None:
+                self.era = "modern"
+                self.protocol_version = next(v for v in MODERN_VERSIONS if v in result["supportedVersions"])
+                self.capabilities = result.get("capabilities") or {}
+                self.server_info = (result.get("_meta") or {}).get("io.modelcontextprotocol/serverInfo")
+                self.instructions = result.get("instructions")
+                await self._open_listen()
+                return
+        self.era = "legacy"
+        lifecycle = ClientLifecycle(LEGACY_VERSIONS)
+        lifecycle.start()
+        params = {"protocolVersion": LATEST_LEGACY, "capabilities": self.client_capabilities, "clientInfo": CLIENT_INFO}
+        answer = await self._exchange("initialize", params)
+        problem = lifecycle.initialize_answered(answer)
+        if problem is not None:
+            raise GatewayError(jsonrpc.INTERNAL_ERROR, problem)
+        assert isinstance(answer, Response)
+        self._send(Notification("notifications/initialized", None))
+        lifecycle.initialized_sent()
+        self.protocol_version = answer.result["protocolVersion"]
+        self.capabilities = answer.result.get("capabilities") or {}
+        self.server_info = answer.result.get("serverInfo")
+        self.instructions = answer.result.get("instructions")
+
+    async def _probe_discover(self, forced: bool) -> dict[str, Any] | None:
+        """``server/discover`` answered with a modern version means modern; anything else or silence, legacy."""
+        params = {"_meta": modern_meta(self.client_capabilities, CLIENT_INFO)}
+        try:
+            answer = await asyncio.wait_for(self._exchange(DISCOVER, params), None if forced else _PROBE_TIMEOUT)
+        except asyncio.TimeoutError:
+            return None
+        if isinstance(answer, Response):
+            versions = answer.result.get("supportedVersions")
+            if isinstance(versions, list) and any(v in MODERN_VERSIONS for v in versions):
+                return answer.result
+        if forced:
+            raise GatewayError(jsonrpc.INTERNAL_ERROR, "the server does not speak the 2026-07-28 protocol")
+        return None
+
+    async def _open_listen(self) -> None:
+        """Modern servers deliver list_changed and resource updates on a long-lived subscriptions/listen."""
+        wanted = {
+            "toolsListChanged": bool((self.capabilities.get("tools") or {}).get("listChanged")),
+            "promptsListChanged": bool((self.capabilities.get("prompts") or {}).get("listChanged")),
+            "resourcesListChanged": bool((self.capabilities.get("resources") or {}).get("listChanged")),
+        }
+        self._listen_resources: list[str] = getattr(self, "_listen_resources", [])
+        if not any(wanted.values()) and not self._listen_resources:
+            return
+        await self._reopen_listen(wanted)
+
+    async def _reopen_listen(self, wanted: dict[str, Any] | None = None) -> None:
+        if self._listen_id is not None:
+            previous = self._correlator.resolve(self._listen_id)
+            if previous is not None:
+                self._send(Notification("notifications/cancelled", {"requestId": previous.upstream_id}))
+        notifications = dict(wanted or getattr(self, "_listen_wanted", {}))
+        self._listen_wanted = notifications
+        if self._listen_resources:
+            notifications["resourceSubscriptions"] = list(self._listen_resources)
+        pending = self._correlator.register(_SELF, f"listen:{time.monotonic_ns()}", "subscriptions/listen")
+        self._listen_id = pending.upstream_id
+        params = {"notifications": notifications, "_meta": modern_meta(self.client_capabilities, CLIENT_INFO)}
+        self._send(Request(pending.upstream_id, "subscriptions/listen", params))
+
+    async def set_resource_subscriptions(self, uris: list[str]) -> None:
+        """Modern servers: the set of resource URIs the listen stream covers (legacy uses resources/subscribe)."""
+        self._listen_resources = uris
+        await self._reopen_listen()
+
+    # --------------------------------------------------------------------------------------- requests
+    async def request(
+        self,
+        method: str,
+        params: dict[str, Any] | None,
+        *,
+        origin: Any = _SELF,
+        origin_id: Any = None,
+        progress_token: Any = None,
+        log_level: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Send a request and return its result; a JSON-RPC error, a crash or a timeout raise GatewayError."""
+        if not self.ready.is_set():
+            raise GatewayError(
+                jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not available: {self.failure or 'starting'}"
+            )
+        if origin_id is None:
+            origin_id = f"self:{time.monotonic_ns()}"
+        answer = await self._exchange(method, self._outgoing_params(params, progress_token, log_level), origin,
+                                      origin_id, progress_token, timeout or self.config.request_timeout)
+        if isinstance(answer, ErrorResponse):
+            raise GatewayError(answer.error.get("code", jsonrpc.INTERNAL_ERROR), answer.error.get("message", ""),
+                               answer.error.get("data"))
+        return answer.result
+
+    def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None) -> dict[str, Any]:
+        out = dict(params) if params else {}
+        meta = out.get("_meta")
+        meta = {k: v for k, v in meta.items() if not k.startswith(_MODERN_META_PREFIX)} if isinstance(meta, dict) else {}
+        meta.pop("progressToken", None)
+        if self.era == "modern":
+            meta.update(modern_meta(self.client_capabilities, CLIENT_INFO, log_level))
+        if meta or progress_token is not None:
+            out["_meta"] = meta
+        else:
+            out.pop("_meta", None)
+        return out
+
+    async def _exchange(
+        self,
+        method: str,
+        params: dict[str, Any] | None,
+        origin: Any = _SELF,
+        origin_id: Any = None,
+        progress_token: Any = None,
+        timeout: float | None = None,
+    ) -> Response | ErrorResponse:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Response | ErrorResponse] = loop.create_future()
+        if origin_id is None:
+            origin_id = f"self:{time.monotonic_ns()}"
+        pending = self._correlator.register(origin, origin_id, method, progress_token=progress_token, context=future)
+        if progress_token is not None and params is not None:
+            params["_meta"]["progressToken"] = pending.upstream_progress_token
+        try:
+            self._send(Request(pending.upstream_id, method, params))
+            if timeout is None:
+                return await future
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            self._abandon(pending, f"timed out after {timeout:g}s")
+            raise GatewayError(jsonrpc.REQUEST_TIMEOUT,
+                               f"server {self.name!r} did not answer {method} within {timeout:g}s") from None
+        except asyncio.CancelledError:
+            self._abandon(pending, "cancelled by the client")
+            raise
+
+    def _abandon(self, pending: Pending, reason: str) -> None:
+        if self._correlator.resolve(pending.upstream_id) is not None and self._process is not None:
+            self._send(Notification("notifications/cancelled", {"requestId": pending.upstream_id, "reason": reason}))
+
+    def notify(self, method: str, params: dict[str, Any] | None) -> None:
+        if self.ready.is_set():
+            self._send(Notification(method, params))
+
+    def _send(self, message: jsonrpc.Message) -> None:
+        process = self._process
+        if process is None:
+            raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not running")
+        try:
+            process.stdin.write(jsonrpc.encode(message))
+        except (ConnectionError, RuntimeError) as exc:
+            raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not reachable: {exc}") from None
+
+    def _fail_pending(self, reason: str) -> None:
+        for pending in self._correlator.drain():
+            future = pending.context
+            if isinstance(future, asyncio.Future) and not future.done():
+                future.set_result(ErrorResponse(pending.upstream_id, jsonrpc.error(
+                    jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} {reason} while handling {pending.method}")))
+        self._listen_id = None
+        for task in self._relays.values():
+            task.cancel()
+        self._relays.clear()
+
+    # ------------------------------------------------------------------------------------------- reading
+    async def _read(self, process: ServerProcess) -> None:
+        while True:
+            try:
+                frame = await read_frame(process.stdout, self._max_bytes)
+            except FrameTooLarge as exc:
+                self.log.error("server %s: %s", self.name, exc)
+                continue
+            if frame is None:
+                return
+            if not frame.strip():
+                continue
+            message = parse_frame(frame, self._max_bytes)
+            if isinstance(message, Response | ErrorResponse):
+                self._on_response(message)
+            elif isinstance(message, Notification):
+                self._on_notification(message)
+            elif isinstance(message, Request):
+                self._on_request(message)
+            else:
+                self._on_garbage(frame, message)
+
+    def _on_garbage(self, frame: bytes, invalid: InvalidFrame) -> None:
+        shown = frame[:200].decode("utf-8", "replace")
+        self.log.warning("server %s wrote non-protocol output on stdout (%s), ignored: %r", self.name, invalid.reason, shown)
+
+    def _on_response(self, message: Response | ErrorResponse) -> None:
+        pending = self._correlator.resolve(message.id)
+        if pending is None:
+            if message.id != self._listen_id:
+                self.log.warning("server %s answered unknown request id %r; ignored", self.name, message.id)
+            return
+        future = pending.context
+        if isinstance(future, asyncio.Future) and not future.done():
+            future.set_result(message)
+
+    def _on_notification(self, message: Notification) -> None:
+        params = message.params or {}
+        pending = None
+        if message.method == "notifications/progress":
+            pending = self._correlator.find_by_progress_token(params.get("progressToken"))
+            if pending is None:
+                return
+        elif message.method == "notifications/cancelled":
+            task = self._relays.pop(params.get("requestId"), None)
+            if task is not None:
+                task.cancel()
+            return
+        self._listener.upstream_notification(self, message.method, params, pending)
+
+    def _on_request(self, message: Request) -> None:
+        if message.method == "ping":
+            self._send(Response(message.id, {}))
+            return
+        task = asyncio.create_task(self._relay(message))
+        self._relays[message.id] = task
+
+    async def _relay(self, message: Request) -> None:
+        try:
+            result = await self._listener.upstream_request(self, message.method, message.params or {})
+            reply: jsonrpc.Message = Response(message.id, result)
+        except GatewayError as exc:
+            reply = ErrorResponse(message.id, exc.to_error())
+        except asyncio.CancelledError:
+            return
+        finally:
+            self._relays.pop(message.id, None)
+        if self._process is not None:
+            self._send(reply)
+
+    async def _pump_stderr(self, process: ServerProcess) -> None:
+        while True:
+            try:
+                line = await process.stderr.readline()
+            except ValueError:  # a line over the stream limit: skip what was buffered
+                continue
+            if not line:
+                return
+            text = line.decode("utf-8", "replace").rstrip()
+            if text:
+                self.log.info("%s", text)
+

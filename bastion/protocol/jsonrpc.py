@@ -1,0 +1,158 @@
+"""JSON-RPC 2.0 framing and validation, as MCP uses it: one message per frame, no batches.
+
+Everything here works on bytes and plain objects; nothing reads or writes a transport.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+import orjson
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Implementation-defined range (-32000 … -32019).
+SERVER_BUSY = -32000  # queue or rate limit reached; data.retryAfterSeconds says when to retry
+UPSTREAM_UNAVAILABLE = -32001  # the server that owns the request is down or crashed
+REQUEST_TIMEOUT = -32003
+RESOURCE_NOT_FOUND = -32002  # legacy; 2026-07-28 uses INVALID_PARAMS
+HEADER_MISMATCH = -32020
+MISSING_CLIENT_CAPABILITY = -32021
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+
+RequestId = Union[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: RequestId
+    method: str
+    params: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    method: str
+    params: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    id: RequestId
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    id: RequestId | None
+    error: dict[str, Any]
+
+
+Message = Union[Request, Notification, Response, ErrorResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidFrame:
+    """A frame that is not a valid message. ``reply`` is the error response owed to the sender, if any."""
+
+    reason: str
+    reply: ErrorResponse | None
+
+
+def is_valid_id(value: Any) -> bool:
+    # bool is a subclass of int in Python but never a valid JSON-RPC id.
+    return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, str)
+
+
+def parse_frame(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message | InvalidFrame:
+    """Parse one frame (without its newline) into a message, or say why it is not one."""
+    if len(frame) > max_bytes:
+        reason = f"message of {len(frame)} bytes exceeds the limit of {max_bytes} bytes"
+        return InvalidFrame(reason, ErrorResponse(None, {"code": INVALID_REQUEST, "message": reason}))
+    try:
+        value = orjson.loads(frame)
+    except orjson.JSONDecodeError as exc:
+        reason = "invalid UTF-8" if "utf-8" in str(exc).lower() else f"malformed JSON: {exc}"
+        return InvalidFrame(reason, ErrorResponse(None, {"code": PARSE_ERROR, "message": f"Parse error: {reason}"}))
+    return parse_message(value)
+
+
+def parse_message(value: Any) -> Message | InvalidFrame:
+    """Classify an already-decoded JSON value as a JSON-RPC message."""
+    if isinstance(value, list):
+        return _invalid(None, "batches are not supported; send one message per frame")
+    if not isinstance(value, dict):
+        return _invalid(None, "a message must be a JSON object")
+    raw_id = value.get("id")
+    has_id = "id" in value
+    if has_id and not is_valid_id(raw_id):
+        return _invalid(None, "id must be a string or an integer")
+    reply_id = raw_id if has_id else None
+    if value.get("jsonrpc") != "2.0":
+        return _invalid(reply_id, 'jsonrpc must be "2.0"')
+
+    if "method" in value:
+        method = value["method"]
+        if not isinstance(method, str) or not method:
+            return _invalid(reply_id, "method must be a non-empty string")
+        params = value.get("params")
+        if params is not None and not isinstance(params, dict):
+            return _invalid(reply_id, "params must be an object")
+        if has_id:
+            return Request(raw_id, method, params)
+        return Notification(method, params)
+
+    if not has_id:
+        # A response without an id or a request without a method: nothing to answer to.
+        return InvalidFrame("neither a request, a notification nor a response", None)
+    has_result = "result" in value
+    has_error = "error" in value
+    if has_result == has_error:
+        return InvalidFrame("a response must carry exactly one of result and error", None)
+    if has_result:
+        result = value["result"]
+        if not isinstance(result, dict):
+            return InvalidFrame("result must be an object", None)
+        return Response(raw_id, result)
+    error = value["error"]
+    if not isinstance(error, dict) or not isinstance(error.get("code"), int) or not isinstance(error.get("message"), str):
+        return InvalidFrame("error must be an object with an integer code and a string message", None)
+    return ErrorResponse(raw_id, error)
+
+
+def _invalid(reply_id: RequestId | None, reason: str) -> InvalidFrame:
+    return InvalidFrame(reason, ErrorResponse(reply_id, {"code": INVALID_REQUEST, "message": f"Invalid request: {reason}"}))
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    if isinstance(message, Request):
+        out: dict[str, Any] = {"jsonrpc": "2.0", "id": message.id, "method": message.method}
+        if message.params is not None:
+            out["params"] = message.params
+        return out
+    if isinstance(message, Notification):
+        out = {"jsonrpc": "2.0", "method": message.method}
+        if message.params is not None:
+            out["params"] = message.params
+        return out
+    if isinstance(message, Response):
+        return {"jsonrpc": "2.0", "id": message.id, "result": message.result}
+    return {"jsonrpc": "2.0", "id": message.id, "error": message.error}
+
+
+def encode(message: Message) -> bytes:
+    """Serialize a message as one newline-terminated frame (orjson never emits raw newlines)."""
+    return orjson.dumps(to_dict(message)) + b"\n"
+
+
+def error(code: int, message: str, data: Any = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        out["data"] = data
+    return out
