@@ -1,0 +1,324 @@
+"""Spawning and stopping every local MCP server, sandboxed or not, in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from bastion.sandbox import seccomp
+from bastion.sandbox.cgroups import ResourceLimits, detect_host
+from bastion.sandbox.config import SandboxConfig, format_bytes
+from bastion.sandbox.egress import EgressProxy
+from bastion.sandbox.engine import Engine, SandboxUnavailable, find_engine
+from bastion.sandbox.view import (
+    DEFAULT_PATH, RUN_DIR, SANDBOX_UID, Mount, arg_paths, identity_files, order_mounts, protected_dirs,
+    resolve_command, runtime_paths, system_mounts,
+)
+
+log = logging.getLogger("bastion.sandbox")
+
+STREAM_LIMIT = 64 * 1024 * 1024  # the gateway reads JSON-RPC lines of tens of MB
+LOCALE = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+PROXY_PORT = 3128
+FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
+
+
+class SandboxError(RuntimeError):
+    """The server could not be started as configured; the message names the setting to change."""
+
+
+class ServerProcess:
+    """A running server: its pipes, and a shutdown that leaves nothing behind."""
+
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        *,
+        limits: ResourceLimits | None = None,
+        proxy: EgressProxy | None = None,
+        workdir: str | None = None,
+        process_group: bool = False,
+    ) -> None:
+        assert process.stdin and process.stdout and process.stderr
+        self._process = process
+        self.stdin: asyncio.StreamWriter = process.stdin
+        self.stdout: asyncio.StreamReader = process.stdout
+        self.stderr: asyncio.StreamReader = process.stderr
+        self.pid: int = process.pid
+        self._limits = limits
+        self._proxy = proxy
+        self._workdir = workdir
+        self._process_group = process_group
+        self._reason: str | None = None
+        self._released = False
+        self._release_lock = asyncio.Lock()
+        self._exited = asyncio.ensure_future(self._watch_exit())
+
+    async def _watch_exit(self) -> int:
+        status = await self._process.wait()
+        self._reason = self._explain(status)
+        await self._release()
+        return status
+
+    def _explain(self, status: int) -> str:
+        if self._limits is not None and self._limits.oom_kills() > 0:
+            return f"killed: memory limit {format_bytes(self._limits.limits.memory)} exceeded"
+        if status < 0:
+            return f"killed by signal {-status}"
+        if self._limits is not None and status > 128:
+            # bwrap reports a server killed by signal N as exit status 128 + N.
+            return f"killed by signal {status - 128}"
+        return f"exited with status {status}"
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def termination_reason(self) -> str | None:
+        return self._reason
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    async def terminate(self, grace: float = 2.0) -> None:
+        """Close stdin, wait ``grace``; SIGTERM, wait ``grace``; SIGKILL; then free every resource."""
+        if self._process.returncode is None:
+            try:
+                self.stdin.close()
+            except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                pass
+            if not await self._exits_within(grace):
+                self._signal_server(signal.SIGTERM)
+                if not await self._exits_within(grace):
+                    self._signal_server(signal.SIGKILL)
+        await asyncio.shield(self._exited)
+        await self._release()
+
+    async def _exits_within(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._exited), timeout=seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _signal_server(self, signum: int) -> None:
+        """Signal the server itself: inside a sandbox, every process in its group (bwrap dies with them)."""
+        if self._limits is not None and signum == signal.SIGKILL:
+            self._limits.kill_all()
+        targets = self._limits.pids() if self._limits is not None else []
+        try:
+            if self._process_group:
+                os.killpg(self.pid, signum)
+            elif targets:
+                for pid in targets:
+                    if pid != self.pid:
+                        os.kill(pid, signum)
+            if signum == signal.SIGKILL or not targets:
+                self._process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    async def _release(self) -> None:
+        async with self._release_lock:
+            if self._released:
+                return
+            self._released = True
+            if self._process_group:
+                try:  # children that stayed in the group die with the server
+                    os.killpg(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if self._limits is not None:
+                await self._limits.release()
+            if self._proxy is not None:
+                await self._proxy.close()
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything decided before the sandbox starts; kept separate so it can be inspected and tested."""
+
+    argv: list[str]
+    env: dict[str, str]
+    mounts: list[Mount]
+
+
+def sandbox_home() -> str:
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    return home if home not in ("", "/") else "/home/sandbox"
+
+
+def sandbox_env(config: SandboxConfig, env: dict[str, str], path_dirs: list[str], home: str,
+                egress: bool) -> dict[str, str]:
+    """Cleared, then PATH, a locale, HOME/TMPDIR, passthrough names, and the server's own settings."""
+    extra_dirs = [d for d in path_dirs if d not in DEFAULT_PATH.split(":")]
+    result = {"PATH": ":".join([*extra_dirs, DEFAULT_PATH]), **LOCALE, "HOME": home, "TMPDIR": "/tmp"}
+    for name in config.env:
+        if name in os.environ:
+            result[name] = os.environ[name]
+    result.update(env)
+    if egress:
+        proxy = f"http://127.0.0.1:{PROXY_PORT}"
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            result[name] = proxy
+        result["NODE_USE_ENV_PROXY"] = "1"  # Node 24+ honours the variables only when told to
+        result.pop("NO_PROXY", None)
+        result.pop("no_proxy", None)
+    return result
+
+
+def plan_sandbox(
+    engine: Engine, command: str, args: list[str], env: dict[str, str], cwd: str | None,
+    config: SandboxConfig, workdir: str, egress_socket: str | None,
+) -> LaunchPlan:
+    home = sandbox_home()
+    search_path = env.get("PATH") or os.environ.get("PATH", DEFAULT_PATH)
+    try:
+        executable = resolve_command(command, search_path, cwd)
+    except FileNotFoundError as error:
+        raise SandboxError(str(error)) from error
+    binds, path_dirs = runtime_paths(executable, search_path)
+    mounts = system_mounts() + identity_files(workdir, home)
+    mounts += [Mount("tmpfs", "/tmp"), Mount("tmpfs", home)]
+    mounts += [Mount("ro", path, path) for path in binds + arg_paths(args, cwd, home)]
+    for path in config.read_only:
+        if os.path.exists(path):
+            mounts.append(Mount("ro", path, path))
+        else:
+            log.warning("sandbox.read_only path %s does not exist; skipped", path)
+    for path in config.writable:
+        if not os.path.exists(path):
+            raise SandboxError(f"sandbox.writable path {path} does not exist; create it or remove it from the list")
+        mounts.append(Mount("rw", path, path))
+    workdir_inside = "/"
+    if cwd:
+        workdir_inside = os.path.abspath(cwd)
+        protected = workdir_inside in protected_dirs(home) or workdir_inside == home
+        mounts.append(Mount("dir", workdir_inside) if protected else Mount("ro", workdir_inside, workdir_inside))
+    argv_inside = [executable, *args]
+    if egress_socket is not None:
+        forwarder_runtime, _ = runtime_paths(sys.executable, search_path)
+        mounts += [Mount("ro", path, path) for path in forwarder_runtime]
+        mounts += [Mount("ro", f"{RUN_DIR}/egress.sock", egress_socket),
+                   Mount("ro", f"{RUN_DIR}/forwarder.py", FORWARDER)]
+        argv_inside = [sys.executable, "-I", "-S", f"{RUN_DIR}/forwarder.py", f"127.0.0.1:{PROXY_PORT}",
+                       f"{RUN_DIR}/egress.sock", "--", *argv_inside]
+    ordered = order_mounts(mounts)
+    argv = [
+        engine.path,
+        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup",
+        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "mcp-sandbox",
+        "--cap-drop", "ALL", "--disable-userns", "--die-with-parent", "--new-session",
+        "--proc", "/proc", "--dev", "/dev",
+    ]
+    for mount in ordered:
+        argv += mount.bwrap_args()
+    argv += ["--remount-ro", "/", "--chdir", workdir_inside]
+    return LaunchPlan(argv=argv + ["--", *argv_inside],
+                      env=sandbox_env(config, env, path_dirs, home, egress_socket is not None), mounts=ordered)
+
+
+async def _read_to_eof(fd: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
+    try:
+        return await reader.read()
+    finally:
+        transport.close()
+
+
+async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[str, str], cwd: str | None,
+                          config: SandboxConfig) -> ServerProcess:
+    try:
+        engine = find_engine()
+    except SandboxUnavailable as error:
+        raise SandboxError(str(error)) from error
+    workdir = tempfile.mkdtemp(prefix=f"bastion-sandbox-{os.getpid()}-")
+    proxy: EgressProxy | None = None
+    limits: ResourceLimits | None = None
+    process: asyncio.subprocess.Process | None = None
+    fds: list[int] = []
+    try:
+        if config.network:
+            proxy = EgressProxy(name, config.allow_rules, os.path.join(workdir, "egress.sock"))
+            await proxy.start()
+        plan = plan_sandbox(engine, command, args, env, cwd, config, workdir, proxy.socket_path if proxy else None)
+        limits = ResourceLimits(detect_host(), name, config.limits)
+        filter_fd = seccomp.bpf_fd(network=bool(config.network))
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        fds = [filter_fd, info_write, block_read, block_write]
+        argv = [plan.argv[0], "--seccomp", str(filter_fd), "--info-fd", str(info_write),
+                "--block-fd", str(block_read), *plan.argv[1:]]
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=plan.env, limit=STREAM_LIMIT,
+            pass_fds=(filter_fd, info_write, block_read), start_new_session=True,
+        )
+        for fd in (filter_fd, info_write, block_read):
+            os.close(fd)
+            fds.remove(fd)
+        info = await asyncio.wait_for(_read_to_eof(info_read), timeout=30)
+        if not info:
+            await process.wait()
+            assert process.stderr is not None
+            detail = (await process.stderr.read()).decode(errors="replace").strip()
+            raise SandboxError(f"sandbox for {name!r} failed to start: {detail or 'bwrap exited'}")
+        child_pid = int(json.loads(info)["child-pid"])
+        limits.place([process.pid, child_pid])
+        os.write(block_write, b"1")  # the sandbox now executes the server
+        os.close(block_write)
+        fds.remove(block_write)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        if process is not None and process.returncode is None:
+            process.kill()
+            await process.wait()
+        if limits is not None:
+            await limits.release()
+        if proxy is not None:
+            await proxy.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    network = f"egress via proxy to {', '.join(config.network)}" if config.network else "network off"
+    log.info("server %r sandboxed: %s, seccomp on, %s, %s", name, engine.describe(), limits.describe(), network)
+    return ServerProcess(process, limits=limits, proxy=proxy, workdir=workdir)
+
+
+async def spawn_unsandboxed(name: str, command: str, args: list[str], env: dict[str, str],
+                            cwd: str | None) -> ServerProcess:
+    log.warning("server %r runs WITHOUT a sandbox (profile 'none'): it can read your files and "
+                "environment, reach the network and use all of the machine's resources", name)
+    merged = {**os.environ, **env}
+    try:
+        executable = resolve_command(command, merged.get("PATH", DEFAULT_PATH), cwd)
+    except FileNotFoundError as error:
+        raise SandboxError(str(error)) from error
+    argv = [executable, *args]
+    setpriv = shutil.which("setpriv")
+    if setpriv:  # dies with the gateway even if the gateway is SIGKILLed
+        argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=merged, cwd=cwd, limit=STREAM_LIMIT, start_new_session=True,
+    )
+    return ServerProcess(process, process_group=True)
+
+
+async def spawn(name: str, command: str, args: list[str], env: dict[str, str], cwd: str | None,
+                config: SandboxConfig) -> ServerProcess:
+    """Start one stdio MCP server under ``config``; the gateway's only way to start a local server."""
+    if not config.sandboxed:
+        return await spawn_unsandboxed(name, command, args, env, cwd)
+    return await spawn_sandboxed(name, command, args, env, cwd, config)
