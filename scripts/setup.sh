@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything Bastion and its tests need on a fresh Debian machine: system packages, a virtual
+# environment with Bastion and its Python dependencies, and the reference MCP servers from npm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+for pkg in git bubblewrap libseccomp2 iproute2; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${missing[*]}" >&2
+    if [ "$(id -u)" -eq 0 ]; then
+        apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+    else
+        sudo apt-get update -qq >&2 && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+    fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv" >&2
+    python3 -m venv .venv >&2
+fi
+stamp=.venv/.installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "setup: installing Python packages" >&2
+    .venv/bin/python -m pip install -q --upgrade pip >&2
+    .venv/bin/python -m pip install -q -e '.[dev]' >&2
+    touch "$stamp"
+fi
+if [ ! -d node_modules ] || [ package.json -nt node_modules ] || [ package-lock.json -nt node_modules ]; then
+    echo "setup: installing reference servers from npm" >&2
+    npm ci --no-audit --no-fund --loglevel=error >&2
+    touch node_modules
+fi

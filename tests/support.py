@@ -1,0 +1,103 @@
+"""Shared helpers for tests that run Bastion as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+BASTION = str(VENV_BIN / "bastion")
+FIXTURES = ROOT / "tests" / "fixtures"
+NODE_BIN = ROOT / "node_modules" / ".bin"
+
+
+def write_config(path: Path, servers: dict) -> Path:
+    path.write_text(json.dumps({"servers": servers}))
+    return path
+
+
+def raw_server(marks: Path | None = None, **extra) -> dict:
+    entry = {"command": sys.executable, "args": [str(FIXTURES / "raw_server.py")], **extra}
+    if marks is not None:
+        entry["env"] = {"RAW_SERVER_MARKS": str(marks)}
+    return entry
+
+
+class RawClient:
+    """A minimal line-oriented JSON-RPC client around ``bastion run`` (no SDK in the way)."""
+
+    def __init__(self, config: Path, *extra_args: str) -> None:
+        self.proc = subprocess.Popen(
+            [BASTION, "run", str(config), *extra_args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        self._buffer = b""
+
+    def send_bytes(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def send(self, obj: dict) -> None:
+        self.send_bytes(json.dumps(obj).encode() + b"\n")
+
+    def recv(self, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no message from bastion")
+            ready, _, _ = select.select([self.proc.stdout], [], [], remaining)
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+                if not chunk:
+                    raise EOFError("bastion closed its stdout")
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def recv_response(self, request_id, timeout: float = 30.0) -> dict:
+        """The response to ``request_id``, skipping notifications in between."""
+        while True:
+            message = self.recv(timeout)
+            if message.get("id") == request_id and "method" not in message:
+                return message
+
+    def request(self, request_id, method: str, params: dict | None = None, timeout: float = 30.0) -> dict:
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        return self.recv_response(request_id, timeout)
+
+    def initialize(self, version: str = "2025-11-25", capabilities: dict | None = None) -> dict:
+        answer = self.request(0, "initialize", {"protocolVersion": version, "capabilities": capabilities or {},
+                                                "clientInfo": {"name": "raw-test", "version": "0"}}, timeout=60)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return answer
+
+    def close(self) -> tuple[int, str]:
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode, self.proc.stderr.read().decode(errors="replace")
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

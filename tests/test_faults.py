@@ -1,0 +1,211 @@
+"""Bad input and faults, end to end: a raw client → ``bastion run`` → a framework-free server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import RawClient, raw_server, wait_for, write_config
+
+
+@pytest.fixture
+def marks(tmp_path):
+    return tmp_path / "marks.txt"
+
+
+@pytest.fixture
+def client(tmp_path, marks):
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"raw": raw_server(marks)}, "max_message_bytes": 65536}))
+    c = RawClient(config)
+    yield c
+    c.close()
+
+
+def _call(client: RawClient, rid, name, arguments=None, timeout=30.0):
+    return client.request(rid, "tools/call", {"name": name, "arguments": arguments or {}}, timeout=timeout)
+
+
+def _still_works(client: RawClient, rid="alive") -> None:
+    answer = _call(client, rid, "raw__echo", {"text": "still here"})
+    assert answer["result"]["content"][0]["text"] == "still here"
+
+
+def test_malformed_json_is_answered_and_the_connection_survives(client):
+    client.initialize()
+    client.send_bytes(b'{"jsonrpc": "2.0", "id": 1, "method": \n')
+    answer = client.recv()
+    assert answer["error"]["code"] == -32700 and answer["id"] is None
+    _still_works(client)
+
+
+def test_invalid_utf8_is_a_parse_error(client):
+    client.initialize()
+    client.send_bytes(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "\xff\xfe"}}\n')
+    answer = client.recv()
+    assert answer["error"]["code"] == -32700
+    assert "UTF-8" in answer["error"]["message"]
+    _still_works(client)
+
+
+def test_oversize_frame_is_refused_with_a_clear_error(client):
+    client.initialize()
+    big = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                      "params": {"name": "raw__echo", "arguments": {"text": "y" * 100_000}}})
+    client.send_bytes(big.encode() + b"\n")
+    answer = client.recv()
+    assert answer["error"]["code"] == -32600
+    assert "65536" in answer["error"]["message"]
+    _still_works(client)
+
+
+def test_batches_are_refused(client):
+    client.initialize()
+    client.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
+    answer = client.recv()
+    assert answer["error"]["code"] == -32600
+    assert "batch" in answer["error"]["message"]
+    _still_works(client)
+
+
+def test_unknown_method_and_unknown_tool(client):
+    client.initialize()
+    assert client.request(1, "no/such/method", {})["error"]["code"] == -32601
+    answer = _call(client, 2, "raw__nope")
+    assert answer["error"]["code"] == -32602
+    assert "raw__nope" in answer["error"]["message"]
+
+
+def test_invalid_ids_are_refused(client):
+    client.initialize()
+    client.send({"jsonrpc": "2.0", "id": None, "method": "ping"})
+    assert client.recv()["error"]["code"] == -32600
+    client.send({"jsonrpc": "2.0", "id": 1.5, "method": "ping"})
+    assert client.recv()["error"]["code"] == -32600
+    _still_works(client)
+
+
+def test_duplicate_in_flight_id_is_refused(client, marks):
+    client.initialize()
+    client.send({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "raw__slow", "arguments": {}}})
+    answer = client.request(7, "ping")
+    assert answer["error"]["code"] == -32600
+    assert "already in flight" in answer["error"]["message"]
+    client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}})
+    assert wait_for(lambda: marks.exists() and "cancelled" in marks.read_text())
+
+
+def test_response_to_unknown_id_is_ignored(client):
+    client.initialize()
+    client.send({"jsonrpc": "2.0", "id": "never-sent", "result": {}})
+    _still_works(client)
+
+
+def test_requests_before_initialize_close_the_connection(tmp_path, marks):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server(marks)})
+    client = RawClient(config)
+    assert client.request(1, "ping")["result"] == {}  # ping is allowed before the handshake
+    answer = client.request(2, "tools/list", {})
+    assert answer["error"]["code"] == -32600
+    with pytest.raises(EOFError):
+        client.recv(timeout=20)
+    code, _ = client.close()
+    assert code == 0
+
+
+def test_stdout_garbage_from_a_server_is_reported_and_isolated(client):
+    client.initialize()
+    answer = _call(client, 1, "raw__garbage")
+    assert answer["result"]["content"][0]["text"] == "after garbage"
+    _still_works(client)
+    _, stderr = client.close()
+    assert "this is not JSON-RPC, just a stray print" in stderr
+
+
+def test_a_crash_mid_call_fails_the_call_at_once_and_the_server_restarts(client):
+    client.initialize()
+    started = time.monotonic()
+    answer = _call(client, 1, "raw__crash")
+    assert answer["error"]["code"] == -32001
+    assert "exited" in answer["error"]["message"] and "raw" in answer["error"]["message"]
+    assert time.monotonic() - started < 25  # a clear error, not a hang until the request timeout (120 s)
+
+    def back() -> bool:
+        reply = _call(client, f"retry-{time.monotonic_ns()}", "raw__echo", {"text": "back"})
+        return "result" in reply
+
+    assert wait_for(back, timeout=30, interval=0.3)
+
+
+def test_a_ten_megabyte_result_passes(tmp_path, marks):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"servers": {"raw": raw_server(marks)}}))
+    client = RawClient(config)
+    try:
+        client.initialize()
+        answer = _call(client, 1, "raw__big", {"size": 10 * 1024 * 1024}, timeout=60)
+        assert len(answer["result"]["content"][0]["text"]) == 10 * 1024 * 1024
+        _still_works(client)
+    finally:
+        client.close()
+
+
+def test_client_cancellation_reaches_the_server_and_gets_no_answer(client, marks):
+    client.initialize()
+    client.send({"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": "raw__slow", "arguments": {}}})
+    time.sleep(0.3)
+    client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 11, "reason": "test"}})
+    assert wait_for(lambda: marks.exists() and "cancelled" in marks.read_text())
+    reply = client.request(12, "ping")  # the next message is the ping's answer, never one for id 11
+    assert reply["id"] == 12
+
+
+def test_client_disconnect_mid_call_cancels_upstream_and_leaves_no_process(tmp_path, marks):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server(marks)})
+    client = RawClient(config)
+    client.initialize()
+    client.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "raw__slow", "arguments": {}}})
+    time.sleep(0.3)
+    code, _ = client.close()  # closes Bastion's stdin: the client is gone
+    assert code == 0
+    text = marks.read_text()
+    assert "cancelled" in text
+    server_pid = int(text.split("started ", 1)[1].split()[0])
+    assert wait_for(lambda: not _alive(server_pid), timeout=10)
+
+
+def test_no_orphan_when_bastion_is_killed(tmp_path, marks):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server(marks)})
+    client = RawClient(config)
+    client.initialize()
+    server_pid = int(marks.read_text().split("started ", 1)[1].split()[0])
+    client.proc.kill()
+    client.proc.wait()
+    assert wait_for(lambda: not _alive(server_pid), timeout=10)
+
+
+def test_stray_prints_cannot_reach_the_protocol_channel():
+    script = (
+        "import os, sys\n"
+        "from bastion.transport.stdio import protect_stdout\n"
+        "fd = protect_stdout()\n"
+        "print('stray print')\n"
+        "os.write(1, b'stray write to fd 1\\n')\n"
+        "os.write(fd, b'{\"jsonrpc\": \"2.0\", \"method\": \"x\"}\\n')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=30)
+    assert done.stdout == b'{"jsonrpc": "2.0", "method": "x"}\n'
+    assert b"stray print" in done.stderr and b"stray write to fd 1" in done.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
