@@ -1,0 +1,386 @@
+"""Authorization with Cedar: loading and validating policy files, building entities, deciding.
+
+Policies are parsed and validated against ``SCHEMA`` once, at start; errors name the file and the line of
+the policy at fault. Each policy is known by its ``@id`` annotation, or ``file:line`` without one, and that
+name is the rule the audit trail records. A permit carrying ``@approval("required")`` makes the call wait for
+a person whenever it is one of the policies that allowed it.
+
+Cedar evaluation costs ~100 µs, more than the whole per-call budget, so decisions are cached. The cache key
+holds only what the policies can see: the principal and groups, the action, the resource and its
+attributes, and the parts of the context that some policy actually reads (found by walking the parsed
+policies). Policies that never read ``context.arguments`` are therefore decided once per tool and principal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import cedarpy
+import orjson
+
+from bastion.gateway.pipeline import Identity, ToolEntry
+from bastion.policy.cedar_text import DEFAULT_POLICY, NAMESPACE, SCHEMA
+from bastion.policy.decision import Decision, Effect
+
+ACTIONS = (
+    "list_tools",
+    "list_resources",
+    "list_prompts",
+    "call_tool",
+    "read_resource",
+    "get_prompt",
+    "answer_sampling",
+    "answer_elicitation",
+    "answer_roots",
+)
+SERVER_REQUEST_ACTIONS = {
+    "sampling/createMessage": "answer_sampling",
+    "elicitation/create": "answer_elicitation",
+    "roots/list": "answer_roots",
+}
+DEFAULT_DENY_RULE = "default-deny"
+
+
+class PolicyLoadError(ValueError):
+    """A policy file that cannot be used; the message names the file and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySource:
+    name: str  # file path, or "<default>"
+    text: str
+
+
+def statement_lines(text: str) -> list[int]:
+    """The 1-based line where each top-level Cedar statement starts (strings and comments skipped)."""
+    lines: list[int] = []
+    line, start, i, n = 1, None, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif c == "/" and text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c == '"':
+            if start is None:
+                start = line
+            i += 1
+            while i < n and text[i] != '"':
+                if text[i] == "\\":
+                    i += 1
+                elif text[i] == "\n":
+                    line += 1
+                i += 1
+        elif c == ";":
+            if start is not None:
+                lines.append(start)
+            start = None
+        elif not c.isspace() and start is None:
+            start = line
+        i += 1
+    return lines
+
+
+def _first_parse_error(source: PolicySource) -> str:
+    try:
+        cedarpy.PolicySet.from_str(source.text)
+        return ""
+    except ValueError as error:
+        message = str(error)
+    starts = statement_lines(source.text)
+    chunks = source.text.split("\n")
+    # Parse statement by statement to find the line at fault.
+    for index, line in enumerate(starts):
+        end = starts[index + 1] - 1 if index + 1 < len(starts) else len(chunks)
+        piece = "\n".join(chunks[line - 1 : end])
+        try:
+            cedarpy.PolicySet.from_str(piece)
+        except ValueError as error:
+            return f"{source.name}:{line}: {error}"
+    tail = starts[-1] if starts else 1
+    return f"{source.name}:{tail}: {message}"
+
+
+def _validate(source: PolicySource) -> dict[str, Any]:
+    """Parse and validate one file; returns its policies (Cedar JSON) keyed by Bastion rule name."""
+    problem = _first_parse_error(source)
+    if problem:
+        raise PolicyLoadError(problem)
+    starts = statement_lines(source.text)
+    result = cedarpy.validate_policies(source.text, SCHEMA)
+    if not result.validation_passed:
+        messages = []
+        for error in result.errors:
+            index = int(error.policy_id[len("policy") :]) if error.policy_id.startswith("policy") else -1
+            line = starts[index] if 0 <= index < len(starts) else 1
+            messages.append(f"{source.name}:{line}: {error.error}")
+        raise PolicyLoadError("; ".join(messages) or f"{source.name}: policies do not match the schema")
+    parsed = json.loads(cedarpy.policies_to_json_str(source.text))
+    if parsed.get("templates"):
+        raise PolicyLoadError(f"{source.name}: policy templates are not supported; write static policies")
+    named: dict[str, Any] = {}
+    for key, policy in parsed["staticPolicies"].items():
+        index = int(key[len("policy") :])
+        line = starts[index] if index < len(starts) else 1
+        rule = policy.get("annotations", {}).get("id") or f"{source.name}:{line}"
+        if rule in named:
+            raise PolicyLoadError(f"{source.name}:{line}: policy id {rule!r} is used twice")
+        named[rule] = policy
+    return named
+
+
+def _context_attributes(policies: Mapping[str, Any]) -> frozenset[str] | None:
+    """Which ``context.X`` the policies read; None when some policy uses ``context`` as a whole."""
+    used: set[str] = set()
+    whole = False
+
+    def walk(node: Any) -> None:
+        nonlocal whole
+        if isinstance(node, dict):
+            for op in (".", "has"):
+                inner = node.get(op)
+                if isinstance(inner, dict) and inner.get("left") == {"Var": "context"}:
+                    used.add(inner["attr"])
+                    return
+            if node.get("Var") == "context":
+                whole = True
+                return
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(list(policies.values()))
+    return None if whole else frozenset(used)
+
+
+def load_policy_sources(paths: Iterable[Path], include_default: bool) -> list[PolicySource]:
+    sources = [PolicySource("<default>", DEFAULT_POLICY)] if include_default else []
+    for path in paths:
+        try:
+            sources.append(PolicySource(str(path), path.read_text(encoding="utf-8")))
+        except OSError as error:
+            raise PolicyLoadError(f"{path}: cannot read the policy file ({error.strerror})") from error
+    return sources
+
+
+# --- entities -------------------------------------------------------------------------------------------
+
+
+def _uid(kind: str, ident: str) -> dict[str, str]:
+    return {"type": f"{NAMESPACE}::{kind}", "id": ident}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFacts:
+    """A tool's attributes as policies see them, with annotation hints trusted only from trusted servers."""
+
+    uid: str
+    server: str
+    name: str
+    trust: str
+    read_only: bool
+    destructive: bool
+    idempotent: bool
+    open_world: bool
+    annotations_trusted: bool
+    pinned: bool
+
+    @staticmethod
+    def of(entry: ToolEntry, pinned: bool = False) -> "ToolFacts":
+        hints = entry.definition.get("annotations") or {}
+        trusted = entry.server_trust == "trusted"
+        read_only = trusted and hints.get("readOnlyHint") is True
+        return ToolFacts(
+            uid=f"{entry.server}/{entry.original_name}",
+            server=entry.server,
+            name=entry.original_name,
+            trust=entry.server_trust,
+            read_only=read_only,
+            # destructiveHint defaults to true; only a trusted server can lower it.
+            destructive=not read_only and not (trusted and hints.get("destructiveHint") is False),
+            idempotent=read_only or (trusted and hints.get("idempotentHint") is True),
+            open_world=not (trusted and hints.get("openWorldHint") is False),
+            annotations_trusted=trusted,
+            pinned=pinned,
+        )
+
+    def entity(self) -> dict[str, Any]:
+        attrs = {
+            "name": self.name,
+            "server": self.server,
+            "trust": self.trust,
+            "read_only": self.read_only,
+            "destructive": self.destructive,
+            "idempotent": self.idempotent,
+            "open_world": self.open_world,
+            "annotations_trusted": self.annotations_trusted,
+            "pinned": self.pinned,
+        }
+        return {"uid": _uid("Tool", self.uid), "attrs": attrs, "parents": [_uid("Server", self.server)]}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The resource of a request: a tool, resource, prompt or server, with its entity attributes."""
+
+    kind: str  # "Tool" | "Resource" | "Prompt" | "Server"
+    ident: str
+    server: str
+    trust: str
+    attrs: tuple[tuple[str, Any], ...]
+
+    @staticmethod
+    def for_tool(facts: ToolFacts) -> "Target":
+        entity = facts.entity()
+        return Target("Tool", facts.uid, facts.server, facts.trust, tuple(entity["attrs"].items()))
+
+    @staticmethod
+    def for_server(name: str, trust: str) -> "Target":
+        return Target("Server", name, name, trust, (("trust", trust),))
+
+    @staticmethod
+    def for_resource(uri: str, server: str, trust: str) -> "Target":
+        return Target("Resource", uri, server, trust, (("uri", uri), ("server", server), ("trust", trust)))
+
+    @staticmethod
+    def for_prompt(name: str, server: str, trust: str) -> "Target":
+        return Target("Prompt", f"{server}/{name}", server, trust, (("name", name), ("server", server), ("trust", trust)))
+
+    def entities(self) -> list[dict[str, Any]]:
+        server = {"uid": _uid("Server", self.server), "attrs": {"trust": self.trust}, "parents": []}
+        if self.kind == "Server":
+            return [server]
+        own = {"uid": _uid(self.kind, self.ident), "attrs": dict(self.attrs), "parents": [_uid("Server", self.server)]}
+        return [own, server]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFacts:
+    era: str = "legacy"
+    protocol_version: str = ""
+    session_id: str = ""
+    client_name: str = ""
+
+    def record(self) -> dict[str, str]:
+        return {
+            "era": self.era,
+            "protocol_version": self.protocol_version,
+            "session_id": self.session_id,
+            "client_name": self.client_name,
+        }
+
+
+def argument_tags(arguments: Mapping[str, Any] | None) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for key, value in (arguments or {}).items():
+        tags[str(key)] = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return tags
+
+
+# --- the engine -----------------------------------------------------------------------------------------
+
+
+class CedarAuthorizer:
+    """Decides requests against a validated policy set, caching decisions by what policies can see."""
+
+    def __init__(self, sources: list[PolicySource], cache_size: int = 8192) -> None:
+        if not sources:
+            raise PolicyLoadError("no policies: give policy_files or use the default policy")
+        merged: dict[str, Any] = {}
+        for source in sources:
+            for rule, policy in _validate(source).items():
+                if rule in merged:
+                    raise PolicyLoadError(f"{source.name}: policy id {rule!r} is already used in another file")
+                merged[rule] = policy
+        self.rules = tuple(merged)
+        self._approval_rules = frozenset(
+            rule for rule, p in merged.items() if p.get("annotations", {}).get("approval") == "required"
+        )
+        self._policies = cedarpy.PolicySet.from_json_str(
+            json.dumps({"staticPolicies": merged, "templates": {}, "templateLinks": []})
+        )
+        self._context_used = _context_attributes(merged)
+        self._cache: OrderedDict[tuple[Any, ...], Decision] = OrderedDict()
+        self._cache_size = cache_size
+
+    @staticmethod
+    def from_files(paths: Iterable[Path], include_default: bool = False) -> "CedarAuthorizer":
+        paths = list(paths)
+        return CedarAuthorizer(load_policy_sources(paths, include_default or not paths))
+
+    def _reads(self, attribute: str) -> bool:
+        return self._context_used is None or attribute in self._context_used
+
+    def authorize(
+        self,
+        identity: Identity,
+        action: str,
+        target: Target,
+        arguments: Mapping[str, Any] | None = None,
+        session: SessionFacts | None = None,
+    ) -> Decision:
+        session = session or SessionFacts()
+        tags = argument_tags(arguments) if self._reads("arguments") else None
+        key = (
+            identity.name,
+            identity.groups,
+            action,
+            target,
+            tuple(sorted(tags.items())) if tags is not None else None,
+            session if self._reads("session") else None,
+        )
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        decision = self._evaluate(identity, action, target, tags or {}, session)
+        self._cache[key] = decision
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return decision
+
+    def _evaluate(
+        self, identity: Identity, action: str, target: Target, tags: dict[str, str], session: SessionFacts
+    ) -> Decision:
+        user = {
+            "uid": _uid("User", identity.name),
+            "attrs": {},
+            "parents": [_uid("Group", g) for g in identity.groups],
+        }
+        groups = [{"uid": _uid("Group", g), "attrs": {}, "parents": []} for g in identity.groups]
+        arguments = {"uid": _uid("Arguments", "call"), "attrs": {}, "parents": [], "tags": tags}
+        request = {
+            "principal": _uid("User", identity.name),
+            "action": _uid("Action", action),
+            "resource": _uid(target.kind, target.ident),
+            "context": {"arguments": {"__entity": _uid("Arguments", "call")}, "session": session.record()},
+        }
+        result = cedarpy.is_authorized(request, self._policies, [user, *groups, *target.entities(), arguments])
+        reasons = list(result.diagnostics.reasons)
+        errors = list(result.diagnostics.errors)
+        if result.allowed:
+            needs_approval = [r for r in reasons if r in self._approval_rules]
+            if needs_approval:
+                return Decision(Effect.APPROVAL, needs_approval[0], "a person must approve this call")
+            return Decision(Effect.ALLOW, reasons[0] if reasons else "", "permitted by policy")
+        if reasons:
+            return Decision(Effect.DENY, reasons[0], "forbidden by policy", {"errors": errors} if errors else {})
+        return Decision(Effect.DENY, DEFAULT_DENY_RULE, "no policy permits this", {"errors": errors} if errors else {})
+
+
+def authorize_server_request(
+    authorizer: CedarAuthorizer, identity: Identity, server: str, method: str, trust: str = "untrusted"
+) -> Decision:
+    """May ``server`` ask ``identity``'s client to answer ``method`` (sampling, elicitation, roots)?"""
+    action = SERVER_REQUEST_ACTIONS.get(method)
+    if action is None:
+        return Decision.deny(DEFAULT_DENY_RULE, "this server request is not allowed")
+    return authorizer.authorize(identity, action, Target.for_server(server, trust))

@@ -1,0 +1,86 @@
+"""The Cedar schema Bastion's requests follow, and the default policy shipped with Bastion."""
+
+from __future__ import annotations
+
+NAMESPACE = "Bastion"
+
+SCHEMA = """
+namespace Bastion {
+  entity Group;
+  entity User in [Group];
+  entity Server = { trust: String };
+  // Effective annotations: hints from untrusted servers are ignored (see docs/policy.md).
+  entity Tool in [Server] = {
+    name: String,
+    server: String,
+    trust: String,
+    read_only: Bool,
+    destructive: Bool,
+    idempotent: Bool,
+    open_world: Bool,
+    annotations_trusted: Bool,
+    pinned: Bool,
+  };
+  entity Resource in [Server] = { uri: String, server: String, trust: String };
+  entity Prompt in [Server] = { name: String, server: String, trust: String };
+  // Tool-call arguments as tags: strings as sent, other JSON values as their JSON text.
+  entity Arguments tags String;
+
+  type Session = {
+    era: String,
+    protocol_version: String,
+    session_id: String,
+    client_name: String,
+  };
+  type CallContext = { arguments: Arguments, session: Session };
+
+  action list_tools, list_resources, list_prompts
+    appliesTo { principal: User, resource: Server, context: CallContext };
+  action call_tool appliesTo { principal: User, resource: Tool, context: CallContext };
+  action read_resource appliesTo { principal: User, resource: Resource, context: CallContext };
+  action get_prompt appliesTo { principal: User, resource: Prompt, context: CallContext };
+  // Server-to-client requests the client is asked to answer.
+  action answer_sampling, answer_elicitation, answer_roots
+    appliesTo { principal: User, resource: Server, context: CallContext };
+}
+"""
+
+DEFAULT_POLICY = """
+// Bastion's default policy. Tool annotations count only when the server is configured trust = "trusted";
+// an untrusted server's tools are treated as not read-only, destructive and open-world.
+
+@id("default-discovery")
+permit (
+  principal,
+  action in [Bastion::Action::"list_tools", Bastion::Action::"list_resources", Bastion::Action::"list_prompts"],
+  resource
+);
+
+@id("default-read-only-tools")
+permit (principal, action == Bastion::Action::"call_tool", resource)
+when { resource.read_only };
+
+// Everything else a tool does (writes, deletes, network side effects) waits for a person.
+@id("default-other-tools-need-approval")
+@approval("required")
+permit (principal, action == Bastion::Action::"call_tool", resource)
+unless { resource.read_only };
+
+@id("default-read-resources")
+permit (principal, action == Bastion::Action::"read_resource", resource);
+
+@id("default-get-prompts")
+permit (principal, action == Bastion::Action::"get_prompt", resource);
+
+@id("default-elicitation-and-roots")
+permit (
+  principal,
+  action in [Bastion::Action::"answer_elicitation", Bastion::Action::"answer_roots"],
+  resource
+);
+
+// Sampling spends the user's model budget and feeds server text to the model: trusted servers only.
+@id("default-sampling-trusted-servers")
+permit (principal, action == Bastion::Action::"answer_sampling", resource)
+when { resource.trust == "trusted" };
+"""

@@ -1,0 +1,145 @@
+"""The ``policy`` section of Bastion's configuration.
+
+Every model forbids unknown keys, so a misspelt option is an error that names it instead of a silently
+ignored setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class IdentityConfig(_Strict):
+    """Who the stdio client is (a stdio pipe carries no credentials, so it is configured)."""
+
+    name: str = Field(default="local", min_length=1)
+    groups: list[str] = Field(default_factory=list)
+
+
+class _GuardBase(_Strict):
+    tool: str = Field(
+        default="*",
+        description='which tools: "server/tool" with * and ? wildcards, e.g. "fs/*"; the exposed name also matches',
+    )
+    argument: str = Field(
+        min_length=1,
+        description='the argument name, or a JSON Pointer such as "/options/path"; lists are checked element-wise',
+    )
+    rule: str = Field(default="", description="name recorded in the audit trail; default: kind:tool:argument")
+
+
+class PathGuardConfig(_GuardBase):
+    kind: Literal["path"]
+    roots: list[str] = Field(min_length=1, description="directories the path must stay inside")
+    base: str | None = Field(default=None, description="directory relative paths start from; default: first root")
+    resolve_symlinks: bool = True
+    allow_hidden: bool = Field(default=False, description="admit names starting with a dot (.env, .git, .ssh)")
+    allow_backslash: bool = False
+
+
+class ShellGuardConfig(_GuardBase):
+    kind: Literal["shell"]
+    mode: Literal["argument", "command"] = "argument"
+    positional: bool = Field(default=False, description="refuse values starting with '-' (option injection)")
+    allow_whitespace: bool = False
+    allowed_commands: list[str] = Field(default_factory=list, description="command mode: programs allowed")
+
+
+class UrlGuardConfig(_GuardBase):
+    kind: Literal["url"]
+    schemes: list[str] = Field(default_factory=lambda: ["https", "http"])
+    allow_hosts: list[str] = Field(default_factory=list, description='hosts allowed, "*.example.com" wildcards')
+    deny_hosts: list[str] = Field(default_factory=list)
+    allow_private: bool = Field(default=False, description="admit loopback, private and link-local addresses")
+    allow_userinfo: bool = False
+    allowed_ports: list[int] = Field(default_factory=list)
+
+    @field_validator("schemes")
+    @classmethod
+    def _lower(cls, schemes: list[str]) -> list[str]:
+        return [s.lower().rstrip(":") for s in schemes]
+
+
+class SchemaGuardConfig(_GuardBase):
+    kind: Literal["schema"]
+    json_schema: dict[str, Any] = Field(
+        alias="schema", description="an extra JSON Schema (2020-12) the argument must satisfy"
+    )
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+GuardConfig = Annotated[
+    Union[PathGuardConfig, ShellGuardConfig, UrlGuardConfig, SchemaGuardConfig], Field(discriminator="kind")
+]
+
+
+class ApprovalConfig(_Strict):
+    fallback: Literal["refuse", "queue"] = Field(
+        default="refuse",
+        description="when the client cannot ask the person: refuse, or wait in the local approval queue",
+    )
+    timeout_seconds: float = Field(default=120.0, gt=0, description="unanswered approvals are denied after this")
+    remember: Literal["never", "session"] = Field(
+        default="never", description="session: one approval covers later calls of that tool in the session"
+    )
+    queue_dir: str = Field(default="~/.local/state/bastion/approvals")
+    poll_seconds: float = Field(default=0.5, gt=0)
+    secret_file: str | None = Field(
+        default=None,
+        description="file holding the key that signs requestState; default: a random key per gateway process",
+    )
+    show_argument_values: bool = Field(default=True, description="show argument values to the approving person")
+
+
+class RateLimitConfig(_Strict):
+    scope: Literal["principal", "tool", "server"]
+    match: str = Field(default="*", description="principal name, server/tool or server name, with wildcards")
+    rate: float = Field(gt=0, description="tokens added per second")
+    burst: float = Field(gt=0, description="bucket size: calls allowed at once")
+    per_principal: bool = Field(default=False, description="tool/server scope: a separate bucket per principal")
+
+
+class AuditConfig(_Strict):
+    enabled: bool = True
+    path: str = "~/.local/state/bastion/audit.jsonl"
+    rotate_bytes: int = Field(default=50 * 1024 * 1024, ge=4096)
+    arguments: Literal["shape", "values"] = Field(
+        default="shape", description="shape records only types and sizes; values records argument values"
+    )
+    key_file: str | None = Field(
+        default=None, description="key for HMAC-chained records, so an editor cannot recompute the chain"
+    )
+
+
+class PolicyConfig(_Strict):
+    identity: IdentityConfig = Field(default_factory=IdentityConfig)
+    policy_files: list[str] = Field(
+        default_factory=list, description="Cedar policy files; empty uses the default policy shipped with Bastion"
+    )
+    include_default_policy: bool = Field(
+        default=False, description="also load the shipped default policy alongside policy_files"
+    )
+    schema_validation: bool = Field(default=True, description="validate tools/call arguments against inputSchema")
+    guards: list[GuardConfig] = Field(default_factory=list)
+    approval: ApprovalConfig = Field(default_factory=ApprovalConfig)
+    rate_limits: list[RateLimitConfig] = Field(default_factory=list)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+    base_dir: str | None = Field(default=None, description="directory relative policy_files are read from")
+
+    @model_validator(mode="after")
+    def _files_named(self) -> "PolicyConfig":
+        for name in self.policy_files:
+            if not name.strip():
+                raise ValueError("policy_files: an entry is blank; give the path of a .cedar file")
+        return self
+
+    def policy_paths(self) -> list[Path]:
+        base = Path(self.base_dir).expanduser() if self.base_dir else Path.cwd()
+        return [(base / Path(p).expanduser()) for p in self.policy_files]

@@ -1,0 +1,208 @@
+"""The decision pipeline for one call, without I/O: authorization, input schema, argument guards.
+
+Both the gateway's interceptors and ``bastion policy check`` use it, so a dry run decides exactly as the
+running gateway would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from bastion.gateway.pipeline import Identity, ToolEntry
+from bastion.policy.cedar_engine import CedarAuthorizer, SessionFacts, Target, ToolFacts
+from bastion.policy.config import (
+    GuardConfig,
+    PathGuardConfig,
+    PolicyConfig,
+    SchemaGuardConfig,
+    ShellGuardConfig,
+    UrlGuardConfig,
+)
+from bastion.policy.decision import Decision, Effect, GuardResult
+from bastion.policy.guards import PathRules, SchemaCache, ShellRules, UrlRules, check_path, check_schema
+from bastion.policy.guards import check_shell_argument, check_url
+
+_MISSING = object()
+SCHEMA_RULE = "schema:inputSchema"
+
+
+def _pointer_values(arguments: Any, where: str) -> Iterator[Any]:
+    """The value(s) at ``where`` (an argument name or a JSON Pointer); lists yield each element."""
+    if where.startswith("/"):
+        node: Any = arguments
+        for raw in where[1:].split("/"):
+            part = raw.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, Mapping):
+                node = node.get(part, _MISSING)
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                node = _MISSING
+            if node is _MISSING:
+                return
+    else:
+        node = arguments.get(where, _MISSING) if isinstance(arguments, Mapping) else _MISSING
+        if node is _MISSING:
+            return
+    if isinstance(node, list):
+        yield from node
+    else:
+        yield node
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledGuard:
+    rule: str
+    tool: str
+    argument: str
+    check: Callable[[Any], GuardResult]
+
+    def applies_to(self, entry: ToolEntry) -> bool:
+        return fnmatchcase(f"{entry.server}/{entry.original_name}", self.tool) or fnmatchcase(
+            entry.exposed_name, self.tool
+        )
+
+
+def compile_guard(config: GuardConfig, schemas: SchemaCache) -> CompiledGuard:
+    rule = config.rule or f"{config.kind}:{config.tool}:{config.argument}"
+    check: Callable[[Any], GuardResult]
+    if isinstance(config, PathGuardConfig):
+        path_rules = PathRules.build(
+            config.roots, config.base, config.resolve_symlinks, config.allow_hidden, config.allow_backslash
+        )
+        check = lambda value: check_path(value, path_rules)  # noqa: E731
+    elif isinstance(config, ShellGuardConfig):
+        shell_rules = ShellRules(config.mode, config.positional, config.allow_whitespace, tuple(config.allowed_commands))
+        check = lambda value: check_shell_argument(value, shell_rules)  # noqa: E731
+    elif isinstance(config, UrlGuardConfig):
+        url_rules = UrlRules(
+            tuple(config.schemes),
+            tuple(config.allow_hosts),
+            tuple(config.deny_hosts),
+            config.allow_private,
+            config.allow_userinfo,
+            tuple(config.allowed_ports),
+        )
+        check = lambda value: check_url(value, url_rules)  # noqa: E731
+    elif isinstance(config, SchemaGuardConfig):
+        extra = config.json_schema
+        schemas.validator(extra)  # compile now so a broken schema fails at start
+        check = lambda value: check_schema(value, extra, schemas)  # noqa: E731
+    else:  # pragma: no cover - the discriminated union admits nothing else
+        raise TypeError(f"unknown guard kind {config!r}")
+    return CompiledGuard(rule, config.tool, config.argument, check)
+
+
+@dataclass(slots=True)
+class CallReport:
+    """Every stage's decision for one call, and the overall outcome."""
+
+    stages: list[tuple[str, Decision]] = field(default_factory=list)
+
+    @property
+    def decision(self) -> Decision:
+        approval = None
+        for _, decision in self.stages:
+            if decision.effect is Effect.DENY:
+                return decision
+            if decision.effect is Effect.APPROVAL:
+                approval = decision
+        return approval or (self.stages[0][1] if self.stages else Decision.allow())
+
+
+class PolicyEngine:
+    """Authorization plus guards for a ``PolicyConfig``; built once at start, then pure per call."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        authorizer: CedarAuthorizer | None = None,
+        pinned: Callable[[ToolEntry], bool] | None = None,
+    ) -> None:
+        self.config = config
+        self.authorizer = authorizer or CedarAuthorizer.from_files(
+            config.policy_paths(), include_default=config.include_default_policy
+        )
+        self.schemas = SchemaCache()
+        self.guards: tuple[CompiledGuard, ...] = tuple(compile_guard(g, self.schemas) for g in config.guards)
+        self._pinned = pinned or (lambda entry: False)
+        self._guards_by_tool: dict[tuple[str, str, str], tuple[CompiledGuard, ...]] = {}
+        self._targets: dict[int, tuple[ToolEntry, Target]] = {}
+
+    def tool_target(self, entry: ToolEntry) -> Target:
+        # The catalog hands out the same entry object on every call; build its entity once.
+        known = self._targets.get(id(entry))
+        if known is not None and known[0] is entry:
+            return known[1]
+        target = Target.for_tool(ToolFacts.of(entry, self._pinned(entry)))
+        if len(self._targets) > 4096:
+            self._targets.clear()
+        self._targets[id(entry)] = (entry, target)
+        return target
+
+    def guards_for(self, entry: ToolEntry) -> tuple[CompiledGuard, ...]:
+        key = (entry.server, entry.original_name, entry.exposed_name)
+        found = self._guards_by_tool.get(key)
+        if found is None:
+            found = self._guards_by_tool[key] = tuple(g for g in self.guards if g.applies_to(entry))
+        return found
+
+    def authorize_call(
+        self, identity: Identity, entry: ToolEntry, arguments: Mapping[str, Any] | None, session: SessionFacts | None
+    ) -> Decision:
+        return self.authorizer.authorize(identity, "call_tool", self.tool_target(entry), arguments, session)
+
+    def check_arguments(self, entry: ToolEntry, arguments: Any) -> Decision:
+        """Input schema, then every guard that applies; the first refusal wins."""
+        if self.config.schema_validation:
+            verdict = check_schema(arguments, entry.definition.get("inputSchema"), self.schemas)
+            if not verdict.ok:
+                return Decision.deny(SCHEMA_RULE, verdict.reason or "")
+        for guard in self.guards_for(entry):
+            for value in _pointer_values(arguments, guard.argument):
+                verdict = guard.check(value)
+                if not verdict.ok:
+                    return Decision.deny(guard.rule, f"argument '{guard.argument}': {verdict.reason}")
+        return Decision.allow("guards", "arguments accepted")
+
+    def decide_call(
+        self,
+        identity: Identity,
+        entry: ToolEntry,
+        arguments: Mapping[str, Any] | None,
+        session: SessionFacts | None = None,
+    ) -> CallReport:
+        report = CallReport()
+        authorization = self.authorize_call(identity, entry, arguments, session)
+        report.stages.append(("authorization", authorization))
+        if authorization.effect is Effect.DENY:
+            return report
+        report.stages.append(("guards", self.check_arguments(entry, arguments or {})))
+        return report
+
+
+def load_policy_config(path: Path) -> tuple[PolicyConfig, list[dict[str, Any]]]:
+    """Read the ``policy`` table and an optional ``tools`` list from a TOML or JSON file."""
+    import json
+    import tomllib
+
+    raw = path.read_bytes()
+    data = tomllib.loads(raw.decode("utf-8")) if path.suffix.lower() == ".toml" else json.loads(raw)
+    policy = dict(data.get("policy", {}))
+    policy.setdefault("base_dir", str(path.parent.resolve()))
+    return PolicyConfig.model_validate(policy), list(data.get("tools", []))
+
+
+def tool_entries(tools: Sequence[Mapping[str, Any]], default_server: str = "server") -> list[ToolEntry]:
+    """Tool entries from ``{"server", "trust", "tool": {...}}`` or bare Tool objects (given ``default_server``)."""
+    entries = []
+    for item in tools:
+        definition = dict(item.get("tool", item))
+        server = str(item.get("server", default_server)) if "tool" in item else default_server
+        trust = str(item.get("trust", "untrusted")) if "tool" in item else "untrusted"
+        name = str(definition.get("name", ""))
+        entries.append(ToolEntry(f"{server}__{name}", server, name, definition, trust))
+    return entries

@@ -1,0 +1,86 @@
+"""Token buckets per principal, per tool and per server, with an injected clock for tests."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Callable, Sequence
+
+from bastion.policy.config import RateLimitConfig
+
+RATE_LIMITED = -32000
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    rate: float
+    burst: float
+    tokens: float
+    updated: float
+
+    def take(self, now: float) -> float:
+        """Take one token; returns 0 when granted, else the seconds until one is available."""
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+@dataclass(frozen=True, slots=True)
+class RateVerdict:
+    retry_after: float = 0.0
+    rule: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.retry_after == 0.0
+
+    @property
+    def retry_after_seconds(self) -> int:
+        # Whole seconds, rounded up, so a client that waits exactly this long succeeds.
+        return max(1, math.ceil(self.retry_after))
+
+
+class RateLimiter:
+    """Checks every matching limit; a call is admitted only when all of them have a token."""
+
+    def __init__(self, limits: Sequence[RateLimitConfig], clock: Callable[[], float] = time.monotonic) -> None:
+        self._limits = tuple(limits)
+        self._clock = clock
+        self._buckets: dict[tuple[int, str, str], TokenBucket] = {}
+
+    def _subject(self, limit: RateLimitConfig, principal: str, server: str, tool: str) -> str | None:
+        subject = {"principal": principal, "tool": f"{server}/{tool}", "server": server}[limit.scope]
+        return subject if fnmatchcase(subject, limit.match) else None
+
+    def check(self, principal: str, server: str, tool: str) -> RateVerdict:
+        if not self._limits:
+            return RateVerdict()
+        now = self._clock()
+        wait, rule = 0.0, ""
+        taken: list[TokenBucket] = []
+        for index, limit in enumerate(self._limits):
+            subject = self._subject(limit, principal, server, tool)
+            if subject is None:
+                continue
+            owner = principal if limit.per_principal or limit.scope == "principal" else ""
+            key = (index, subject, owner)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = TokenBucket(limit.rate, limit.burst, limit.burst, now)
+            delay = bucket.take(now)
+            if delay > 0:
+                if delay > wait:
+                    wait, rule = delay, f"rate:{limit.scope}:{limit.match}"
+            else:
+                taken.append(bucket)
+        if wait > 0:
+            # A refused call must not spend tokens from the buckets that did admit it.
+            for bucket in taken:
+                bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
+            return RateVerdict(wait, rule)
+        return RateVerdict()
