@@ -1,0 +1,170 @@
+"""``bastion policy check``, ``bastion audit verify``, ``bastion approvals``, ``approve ID``, ``deny ID``.
+
+All output is for people and goes to stderr; the exit status carries the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from bastion.gateway.pipeline import Identity, ToolEntry
+
+EXIT_USAGE = 2
+
+
+def _say(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def register(subparsers: Any) -> None:
+    policy = subparsers.add_parser("policy", help="policy tools")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    check = policy_sub.add_parser(
+        "check",
+        help="decide a hypothetical tool call without contacting any server (exit 0 allow, 3 deny, 4 approval)",
+    )
+    check.add_argument("config", nargs="?", help="config file (TOML or JSON) with a [policy] table and optional tools")
+    check.add_argument("--identity", required=True, help="principal name")
+    check.add_argument("--group", action="append", default=None, help="principal group (repeatable)")
+    check.add_argument("--tool", required=True, help="tool: exposed name, server/name, or name")
+    check.add_argument("--args", default="{}", help="the call's arguments as a JSON object")
+    check.add_argument("--tool-def", help="the Tool definition as JSON (else the config's tools list)")
+    check.add_argument("--server", default="server", help="server of --tool-def (default: server)")
+    check.add_argument("--trust", choices=["trusted", "untrusted"], default="untrusted", help="trust of --tool-def's server")
+    check.set_defaults(handler=_policy_check)
+
+    audit = subparsers.add_parser("audit", help="audit trail tools")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    verify = audit_sub.add_parser("verify", help="check the hash chain of audit files (exit 0 intact, 1 tampered)")
+    verify.add_argument("paths", nargs="+", help="audit files; a trail's current file brings in its rotated files")
+    verify.add_argument("--key-file", help="HMAC key file, when the trail was written with one")
+    verify.set_defaults(handler=_audit_verify)
+
+    for name, helptext, handler in (
+        ("approvals", "list calls waiting for approval", _approvals),
+        ("approve", "approve a waiting call", _approve),
+        ("deny", "deny a waiting call", _deny),
+    ):
+        command = subparsers.add_parser(name, help=helptext)
+        if name != "approvals":
+            command.add_argument("id", help="approval id (from bastion approvals)")
+        command.add_argument("--queue-dir", help="approval queue directory (default: from --config, else the default)")
+        command.add_argument("--config", help="config file whose policy.approval.queue_dir to use")
+        command.set_defaults(handler=handler)
+
+
+def _load(config_path: str | None) -> tuple[Any, list[dict[str, Any]]]:
+    from bastion.policy.config import PolicyConfig
+    from bastion.policy.engine import load_policy_config
+
+    if config_path is None:
+        return PolicyConfig(), []
+    return load_policy_config(Path(config_path))
+
+
+def _find_tool(entries: list[ToolEntry], name: str) -> ToolEntry | None:
+    for entry in entries:
+        if name in (entry.exposed_name, f"{entry.server}/{entry.original_name}"):
+            return entry
+    matches = [e for e in entries if e.original_name == name]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    from bastion.policy.cedar_engine import PolicyLoadError
+    from bastion.policy.dryrun import dry_run
+    from bastion.policy.engine import tool_entries
+
+    try:
+        config, tools = _load(args.config)
+        arguments = json.loads(args.args)
+        if not isinstance(arguments, dict):
+            raise ValueError("--args must be a JSON object")
+        if args.tool_def:
+            definition = json.loads(args.tool_def)
+            entries = [ToolEntry(f"{args.server}__{definition.get('name', args.tool)}", args.server,
+                                 str(definition.get("name", args.tool)), definition, args.trust)]
+        else:
+            entries = tool_entries(tools)
+        entry = _find_tool(entries, args.tool)
+        if entry is None:
+            _say(f"error: tool {args.tool!r} is not defined; give --tool-def JSON or a tools list in the config")
+            return EXIT_USAGE
+        groups = tuple(args.group) if args.group is not None else (
+            tuple(config.identity.groups) if config.identity.name == args.identity else ()
+        )
+        report = dry_run(config, entry, Identity(args.identity, groups), arguments)
+    except (OSError, ValueError, ValidationError, PolicyLoadError) as error:
+        _say(f"error: {error}")
+        return EXIT_USAGE
+    _say(f"call: {entry.server}/{entry.original_name} as {args.identity} (groups: {', '.join(groups) or '-'})")
+    _say(*report.lines())
+    return report.exit_code
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    from bastion.policy.approval import load_secret
+    from bastion.policy.audit import expand_trail, verify
+
+    key = load_secret(args.key_file) if args.key_file else None
+    report = verify(expand_trail(args.paths), key)
+    for problem in report.problems:
+        _say(f"TAMPERED: {problem}")
+    for warning in report.warnings:
+        _say(f"note: {warning}")
+    status = "intact" if report.ok else "NOT intact"
+    _say(f"{report.records} records in {len(report.files)} file(s), seq {report.first_seq}..{report.last_seq}: {status}")
+    return 0 if report.ok else 1
+
+
+def _queue(args: argparse.Namespace) -> Any:
+    from bastion.policy.approval import ApprovalQueue
+    from bastion.policy.config import ApprovalConfig
+
+    directory = args.queue_dir
+    if directory is None and args.config:
+        config, _ = _load(args.config)
+        directory = config.approval.queue_dir
+    return ApprovalQueue(directory or ApprovalConfig().queue_dir)
+
+
+def _approvals(args: argparse.Namespace) -> int:
+    pending = _queue(args).pending()
+    if not pending:
+        _say("no calls are waiting for approval")
+    for item in pending:
+        record = item.record
+        left = max(0, int(record.get("expires", 0) - time.time()))
+        _say(
+            f"{item.id}  {record.get('identity')} → {record.get('server')}/{record.get('tool')}  "
+            f"({left}s left)  arguments: {json.dumps(record.get('arguments'), ensure_ascii=False)}"
+        )
+    return 0
+
+
+def _settle(args: argparse.Namespace, approve: bool) -> int:
+    import getpass
+
+    try:
+        item = _queue(args).settle(args.id, approve, by=getpass.getuser())
+    except (LookupError, ValueError) as error:
+        _say(f"error: {str(error).strip(chr(39))}")
+        return 1
+    _say(f"{item.id}: {item.status}")
+    return 0
+
+
+def _approve(args: argparse.Namespace) -> int:
+    return _settle(args, True)
+
+
+def _deny(args: argparse.Namespace) -> int:
+    return _settle(args, False)

@@ -1,0 +1,459 @@
+"""The policy interceptors, built from the pure decision functions, and ``build_policy_interceptors``.
+
+Order (outermost first): audit → authorization and list filtering → argument guards → rate limits →
+approval → the route to the server. Each stage appends its decision to the request's trail, which the audit
+interceptor writes as one ``decision`` line and one ``call`` line per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from bastion.gateway.pipeline import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
+from bastion.policy.approval import (
+    APPROVAL_KEY,
+    STATE_PREFIX,
+    ApprovalQueue,
+    ApprovalSigner,
+    approval_elicitation,
+    arguments_digest,
+    elicitation_approves,
+    load_secret,
+)
+from bastion.policy.audit import AuditWriter, shape_of
+from bastion.policy.cedar_engine import SessionFacts, Target, authorize_server_request
+from bastion.policy.config import PolicyConfig
+from bastion.policy.decision import Decision, Effect
+from bastion.policy.engine import PolicyEngine
+from bastion.policy.ratelimit import RATE_LIMITED, RateLimiter
+
+POLICY_DENIED = -32001
+ARGUMENT_REFUSED = -32602
+_SESSION_FACTS = "bastion.policy.session"
+_REMEMBERED = "bastion.policy.approved_tools"
+
+
+@dataclass(slots=True)
+class Trail:
+    """What the policy stages decided about one request."""
+
+    stages: list[tuple[str, Decision]] = field(default_factory=list)
+    approval: Decision | None = None
+    target: str = ""
+
+    def add(self, stage: str, decision: Decision) -> None:
+        self.stages.append((stage, decision))
+
+
+class Trails:
+    """The trail of each request in flight, keyed by the request object (shared by the interceptors)."""
+
+    def __init__(self) -> None:
+        self._by_request: dict[int, Trail] = {}
+
+    def open(self, request: GatewayRequest) -> Trail:
+        trail = self._by_request[id(request)] = Trail()
+        return trail
+
+    def close(self, request: GatewayRequest) -> None:
+        self._by_request.pop(id(request), None)
+
+    def of(self, request: GatewayRequest) -> Trail:
+        # Without an audit interceptor in front, stages still need somewhere to put decisions.
+        return self._by_request.get(id(request)) or Trail()
+
+
+def session_facts(session: Session) -> SessionFacts:
+    facts = session.facts.get(_SESSION_FACTS)
+    if facts is None:
+        client = (session.client_info or {}).get("name", "") if session.client_info else ""
+        facts = SessionFacts(session.era, session.protocol_version, session.session_id, str(client))
+        session.facts[_SESSION_FACTS] = facts
+    return facts
+
+
+def _refusal(code: int, message: str, decision: Decision) -> GatewayError:
+    return GatewayError(code, message, {"rule": decision.rule, "reason": decision.reason})
+
+
+def _tool_entry(request: GatewayRequest) -> ToolEntry | None:
+    return request.catalog.tool(str(request.params.get("name", "")))
+
+
+def _lookup(catalog: Any, kind: str, key: str) -> Any:
+    finder = getattr(catalog, kind, None)
+    return finder(key) if callable(finder) else None
+
+
+class AuditInterceptor:
+    """Opens each request's trail and writes its decision and call records."""
+
+    def __init__(self, trails: Trails, writer: AuditWriter | None, record_values: bool) -> None:
+        self.trails = trails
+        self.writer = writer
+        self._record_values = record_values
+
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        trail = self.trails.open(request)
+        started = time.perf_counter_ns()
+        outcome: Any = "error"
+        try:
+            result = await call_next(request)
+            outcome = result.get("resultType", "complete") if isinstance(result, dict) else "complete"
+            return result
+        except GatewayError as error:
+            outcome = error.code
+            raise
+        finally:
+            self.trails.close(request)
+            if self.writer is not None:
+                self._write(request, trail, outcome, (time.perf_counter_ns() - started) / 1e6)
+
+    def _write(self, request: GatewayRequest, trail: Trail, outcome: Any, latency_ms: float) -> None:
+        identity = request.session.identity
+        who = {"name": identity.name, "groups": list(identity.groups), "session": request.session.session_id}
+        what: dict[str, Any] = {"method": request.method}
+        target = request.params.get("name") or request.params.get("uri")
+        if target is not None:
+            what["target"] = target
+        if request.method == "tools/call":
+            arguments = request.params.get("arguments") or {}
+            what["arguments"] = arguments if self._record_values else shape_of(arguments)
+        if trail.stages:
+            final = _final(trail.stages)
+            self.writer.write(  # type: ignore[union-attr]
+                {
+                    "kind": "decision",
+                    "who": who,
+                    "what": what,
+                    "decision": final.effect.value,
+                    "rule": final.rule,
+                    "reason": final.reason,
+                    "stages": [
+                        {"stage": s, "decision": d.effect.value, "rule": d.rule, "reason": d.reason, **d.detail}
+                        for s, d in trail.stages
+                    ],
+                }
+            )
+        self.writer.write(  # type: ignore[union-attr]
+            {"kind": "call", "who": who, "what": what, "outcome": outcome, "latency_ms": round(latency_ms, 3)}
+        )
+
+    async def aclose(self) -> None:
+        if self.writer is not None:
+            await self.writer.aclose()
+
+
+def _final(stages: Sequence[tuple[str, Decision]]) -> Decision:
+    for _, decision in reversed(stages):
+        if decision.effect is Effect.DENY:
+            return decision
+    return stages[-1][1]
+
+
+class AuthorizationInterceptor:
+    """Cedar authorization; hides from lists what the principal may not use."""
+
+    def __init__(self, engine: PolicyEngine, trails: Trails) -> None:
+        self.engine = engine
+        self.trails = trails
+
+    def _authorize(self, request: GatewayRequest, action: str, target: Target) -> Decision:
+        return self.engine.authorizer.authorize(
+            request.session.identity, action, target, None, session_facts(request.session)
+        )
+
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        method = request.method
+        if method == "tools/call":
+            return await self._call_tool(request, call_next)
+        if method == "tools/list":
+            return self._filter_tools(request, await call_next(request))
+        if method == "resources/read":
+            self._gate(request, "read_resource", self._resource_target(request, str(request.params.get("uri", ""))))
+        elif method == "prompts/get":
+            self._gate(request, "get_prompt", self._prompt_target(request, str(request.params.get("name", ""))))
+        result = await call_next(request)
+        if method == "resources/list":
+            return self._filter(result, "resources", lambda item: self._visible(
+                request, "read_resource", self._resource_target(request, str(item.get("uri", "")))))
+        if method == "prompts/list":
+            return self._filter(result, "prompts", lambda item: self._visible(
+                request, "get_prompt", self._prompt_target(request, str(item.get("name", "")))))
+        return result
+
+    async def _call_tool(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        entry = _tool_entry(request)
+        if entry is None:
+            return await call_next(request)  # the route answers "unknown tool"; nothing to authorize
+        trail = self.trails.of(request)
+        decision = self.engine.authorize_call(
+            request.session.identity, entry, request.params.get("arguments"), session_facts(request.session)
+        )
+        trail.add("authorization", decision)
+        if decision.effect is Effect.DENY:
+            raise _refusal(POLICY_DENIED, f"Call to '{entry.exposed_name}' refused by policy", decision)
+        if decision.effect is Effect.APPROVAL:
+            trail.approval = decision
+        return await call_next(request)
+
+    def _gate(self, request: GatewayRequest, action: str, target: Target) -> None:
+        decision = self._authorize(request, action, target)
+        trail = self.trails.of(request)
+        trail.add("authorization", decision)
+        if decision.effect is Effect.DENY:
+            raise _refusal(POLICY_DENIED, "Request refused by policy", decision)
+        if decision.effect is Effect.APPROVAL:
+            trail.approval = decision
+
+    def _visible(self, request: GatewayRequest, action: str, target: Target) -> bool:
+        listing = {"call_tool": "list_tools", "read_resource": "list_resources", "get_prompt": "list_prompts"}[action]
+        server = Target.for_server(target.server, target.trust)
+        if self._authorize(request, listing, server).effect is Effect.DENY:
+            return False
+        return self._authorize(request, action, target).effect is not Effect.DENY
+
+    def _filter_tools(self, request: GatewayRequest, result: dict[str, Any]) -> dict[str, Any]:
+        def visible(item: Mapping[str, Any]) -> bool:
+            entry = request.catalog.tool(str(item.get("name", "")))
+            return entry is not None and self._visible(request, "call_tool", self.engine.tool_target(entry))
+
+        return self._filter(result, "tools", visible)
+
+    @staticmethod
+    def _filter(result: dict[str, Any], key: str, visible: Callable[[Mapping[str, Any]], bool]) -> dict[str, Any]:
+        items = result.get(key)
+        if not isinstance(items, list):
+            return result
+        kept = [item for item in items if isinstance(item, Mapping) and visible(item)]
+        return result if len(kept) == len(items) else {**result, key: kept}
+
+    @staticmethod
+    def _resource_target(request: GatewayRequest, uri: str) -> Target:
+        found = _lookup(request.catalog, "resource", uri)
+        server = getattr(found, "server", "") if found is not None else ""
+        return Target.for_resource(uri, server, getattr(found, "server_trust", "untrusted"))
+
+    @staticmethod
+    def _prompt_target(request: GatewayRequest, name: str) -> Target:
+        found = _lookup(request.catalog, "prompt", name)
+        server = getattr(found, "server", "") if found is not None else ""
+        original = getattr(found, "original_name", name) if found is not None else name
+        return Target.for_prompt(original, server, getattr(found, "server_trust", "untrusted"))
+
+
+class GuardInterceptor:
+    """Input-schema validation and argument guards for ``tools/call``."""
+
+    def __init__(self, engine: PolicyEngine, trails: Trails) -> None:
+        self.engine = engine
+        self.trails = trails
+
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        if request.method == "tools/call":
+            entry = _tool_entry(request)
+            if entry is not None:
+                decision = self.engine.check_arguments(entry, request.params.get("arguments") or {})
+                self.trails.of(request).add("guards", decision)
+                if decision.effect is Effect.DENY:
+                    raise _refusal(ARGUMENT_REFUSED, f"Arguments refused by policy: {decision.reason}", decision)
+        return await call_next(request)
+
+
+class RateLimitInterceptor:
+    """Token buckets; over the limit the answer is -32000 with ``data.retryAfterSeconds``."""
+
+    def __init__(self, limiter: RateLimiter, trails: Trails) -> None:
+        self.limiter = limiter
+        self.trails = trails
+
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        if request.method == "tools/call":
+            entry = _tool_entry(request)
+            if entry is not None:
+                verdict = self.limiter.check(request.session.identity.name, entry.server, entry.original_name)
+                if not verdict.allowed:
+                    decision = Decision.deny(verdict.rule, "rate limit exceeded", retryAfterSeconds=verdict.retry_after_seconds)
+                    self.trails.of(request).add("rate_limit", decision)
+                    raise GatewayError(
+                        RATE_LIMITED,
+                        "Rate limit exceeded; retry later",
+                        {"retryAfterSeconds": verdict.retry_after_seconds, "rule": verdict.rule},
+                    )
+        return await call_next(request)
+
+
+class ApprovalInterceptor:
+    """Asks a person before calls a policy marked ``@approval("required")``."""
+
+    def __init__(
+        self, config: PolicyConfig, trails: Trails, signer: ApprovalSigner, queue: ApprovalQueue | None
+    ) -> None:
+        self.settings = config.approval
+        self.trails = trails
+        self.signer = signer
+        self.queue = queue
+        # Calls a person approved, so the retries of a multi-round-trip call are not asked again.
+        self._grants: dict[tuple[str, str, str], float] = {}
+
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        trail = self.trails.of(request)
+        if trail.approval is None:
+            return await call_next(request)
+        session = request.session
+        name = str(request.params.get("name") or request.params.get("uri") or "")
+        entry = _tool_entry(request) if request.method == "tools/call" else None
+        server = entry.server if entry else ""
+        arguments = request.params.get("arguments")
+        key = (session.identity.name, name, arguments_digest(arguments))
+        if name in session.facts.get(_REMEMBERED, ()):
+            trail.add("approval", Decision.allow("approval:remembered", "approved earlier in this session"))
+            return await call_next(request)
+        if self._grants.get(key, 0.0) > time.monotonic():
+            trail.add("approval", Decision.allow("approval:granted", "approved moments ago"))
+            return await call_next(request)
+
+        state = request.params.get("requestState")
+        if session.era == "modern" and isinstance(state, str) and state.startswith(STATE_PREFIX):
+            problem = self.signer.check(state, *key)
+            answer = (request.params.get("inputResponses") or {}).get(APPROVAL_KEY)
+            if problem is None and not elicitation_approves(answer):
+                problem = "the person declined"
+            return await self._settle(request, call_next, trail, key, name, problem, strip=True)
+        if session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
+            trail.add("approval", Decision(Effect.APPROVAL, trail.approval.rule, "asked the person (input_required)"))
+            params = approval_elicitation(server, name, arguments, self.settings.show_argument_values, True)
+            return {
+                "resultType": "input_required",
+                "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": params}},
+                "requestState": self.signer.issue(*key),
+            }
+        if session.era != "modern" and session.client is not None and session.client.supports("elicitation"):
+            problem = await self._ask_legacy(session, server, name, arguments)
+            return await self._settle(request, call_next, trail, key, name, problem)
+        if self.settings.fallback == "queue" and self.queue is not None:
+            problem = await self._ask_queue(session, server, name, arguments, request.method)
+            return await self._settle(request, call_next, trail, key, name, problem)
+        decision = Decision.deny(trail.approval.rule, "needs approval and the client cannot ask the person")
+        trail.add("approval", decision)
+        raise _refusal(
+            POLICY_DENIED,
+            f"'{name}' needs a person's approval, and this client cannot ask for it",
+            decision,
+        )
+
+    async def _settle(
+        self,
+        request: GatewayRequest,
+        call_next: Handler,
+        trail: Trail,
+        key: tuple[str, str, str],
+        name: str,
+        problem: str | None,
+        strip: bool = False,
+    ) -> dict[str, Any]:
+        rule = trail.approval.rule if trail.approval else "approval"
+        if problem is not None:
+            decision = Decision.deny(rule, f"approval refused: {problem}")
+            trail.add("approval", decision)
+            raise _refusal(POLICY_DENIED, f"Call to '{name}' was not approved", decision)
+        trail.add("approval", Decision.allow(rule, "approved by a person"))
+        self._grants = {k: exp for k, exp in self._grants.items() if exp > time.monotonic()}
+        self._grants[key] = time.monotonic() + self.settings.timeout_seconds
+        if self.settings.remember == "session":
+            request.session.facts.setdefault(_REMEMBERED, set()).add(name)
+        if strip:
+            params = {k: v for k, v in request.params.items() if k not in ("requestState", "inputResponses")}
+            request = GatewayRequest(request.method, params, request.session, request.catalog)
+        return await call_next(request)
+
+    async def _ask_legacy(self, session: Session, server: str, name: str, arguments: Any) -> str | None:
+        with_mode = session.protocol_version >= "2025-11-25"
+        params = approval_elicitation(server, name, arguments, self.settings.show_argument_values, with_mode)
+        try:
+            answer = await asyncio.wait_for(
+                session.client.request("elicitation/create", params), self.settings.timeout_seconds  # type: ignore[union-attr]
+            )
+        except asyncio.TimeoutError:
+            return "no answer before the timeout"
+        except GatewayError as error:
+            return f"the client could not ask ({error.message})"
+        return None if elicitation_approves(answer) else "the person declined"
+
+    async def _ask_queue(self, session: Session, server: str, name: str, arguments: Any, method: str) -> str | None:
+        assert self.queue is not None
+        record = {
+            "identity": session.identity.name,
+            "groups": list(session.identity.groups),
+            "session": session.session_id,
+            "method": method,
+            "server": server,
+            "tool": name,
+            "arguments": arguments if self.settings.show_argument_values else shape_of(arguments),
+        }
+        approval_id = await asyncio.to_thread(self.queue.submit, record, self.settings.timeout_seconds)
+        approved = await self.queue.wait(approval_id, self.settings.timeout_seconds, self.settings.poll_seconds)
+        return None if approved else "denied in the approval queue, or timed out"
+
+
+@dataclass
+class PolicyRuntime:
+    """The interceptors plus what the gateway needs besides them (server-request hook, shutdown)."""
+
+    engine: PolicyEngine
+    interceptors: list[Interceptor]
+    audit: AuditInterceptor
+
+    def authorize_server_request(self, identity: Identity, server: str, method: str, trust: str = "untrusted") -> Decision:
+        decision = authorize_server_request(self.engine.authorizer, identity, server, method, trust)
+        if self.audit.writer is not None:
+            self.audit.writer.write(
+                {
+                    "kind": "decision",
+                    "who": {"name": identity.name, "groups": list(identity.groups)},
+                    "what": {"method": method, "server": server},
+                    "decision": decision.effect.value,
+                    "rule": decision.rule,
+                    "reason": decision.reason,
+                }
+            )
+        return decision
+
+    async def aclose(self) -> None:
+        await self.audit.aclose()
+
+
+def build_policy_runtime(
+    config: PolicyConfig,
+    *,
+    engine: PolicyEngine | None = None,
+    audit_writer: AuditWriter | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    pinned: Callable[[ToolEntry], bool] | None = None,
+) -> PolicyRuntime:
+    engine = engine or PolicyEngine(config, pinned=pinned)
+    trails = Trails()
+    writer = audit_writer
+    if writer is None and config.audit.enabled:
+        key = load_secret(config.audit.key_file) if config.audit.key_file else None
+        writer = AuditWriter(config.audit.path, config.audit.rotate_bytes, key)
+    audit = AuditInterceptor(trails, writer, config.audit.arguments == "values")
+    signer = ApprovalSigner(load_secret(config.approval.secret_file), config.approval.timeout_seconds)
+    queue = ApprovalQueue(config.approval.queue_dir) if config.approval.fallback == "queue" else None
+    interceptors: list[Interceptor] = [
+        audit,
+        AuthorizationInterceptor(engine, trails),
+        GuardInterceptor(engine, trails),
+    ]
+    if config.rate_limits:
+        interceptors.append(RateLimitInterceptor(RateLimiter(config.rate_limits, clock), trails))
+    interceptors.append(ApprovalInterceptor(config, trails, signer, queue))
+    return PolicyRuntime(engine, interceptors, audit)
+
+
+def build_policy_interceptors(config: PolicyConfig, **options: Any) -> list[Interceptor]:
+    """The policy interceptors in order; the first (audit) has ``aclose()`` to flush the trail at shutdown."""
+    return build_policy_runtime(config, **options).interceptors
