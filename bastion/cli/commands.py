@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-MODULES: tuple[str, ...] = ("bastion.cli.gateway",)
+MODULES: tuple[str, ...] = ("bastion.cli.gateway", "bastion.cli.policy")
 
 
 def registrars() -> list[Callable[[Any], None]]:
