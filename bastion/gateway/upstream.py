@@ -83,6 +83,7 @@ class Upstream:
         self._closing = False
         self._started_at = 0.0
         self._listen_id: int | None = None
+        self._abandoned: set[int] = set()  # ids we gave up on; their late answers are expected, not suspicious
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -295,6 +296,9 @@ class Upstream:
             raise
 
     def _abandon(self, pending: Pending, reason: str) -> None:
+        if len(self._abandoned) > 10_000:
+            self._abandoned.clear()
+        self._abandoned.add(pending.upstream_id)
         if self._correlator.resolve(pending.upstream_id) is not None and self._process is not None:
             self._send(Notification("notifications/cancelled", {"requestId": pending.upstream_id, "reason": reason}))
 
@@ -351,7 +355,9 @@ class Upstream:
     def _on_response(self, message: Response | ErrorResponse) -> None:
         pending = self._correlator.resolve(message.id)
         if pending is None:
-            if message.id != self._listen_id:
+            if message.id in self._abandoned:
+                self._abandoned.discard(message.id)
+            elif message.id != self._listen_id:
                 self.log.warning("server %s answered unknown request id %r; ignored", self.name, message.id)
             return
         future = pending.context
