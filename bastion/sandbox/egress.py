@@ -90,6 +90,8 @@ class EgressProxy:
         self._tasks.add(task)  # so close() can cancel connections still relaying
         try:
             await self.handle(reader, writer)
+        except asyncio.CancelledError:
+            writer.close()  # the sandbox is shutting down; ending the connection is the point
         finally:
             self._tasks.discard(task)
 

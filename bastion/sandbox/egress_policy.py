@@ -120,19 +120,21 @@ def internal_reason(address: IPAddress) -> str | None:
     """Why an address must not be reached from a sandbox by name, or None when it is public."""
     target = unmap(address)
     if target in METADATA_ADDRESSES or address in METADATA_ADDRESSES:
-        return "cloud metadata address"
+        return f"cloud metadata address{f' (embeds {target})' if target != address else ''}"
+    embedded = f" (embeds {target})" if target != address else ""
+    # Most specific first: Python also calls unspecified and reserved ranges "private".
     for label, flag in (
         ("loopback", target.is_loopback),
+        ("unspecified", target.is_unspecified),
         ("link-local", target.is_link_local),
         ("multicast", target.is_multicast),
-        ("private", target.is_private),
-        ("unspecified", target.is_unspecified),
         ("reserved", target.is_reserved),
+        ("private", target.is_private),
     ):
         if flag:
-            return f"{label} address"
+            return f"{label} address{embedded}"
     if not target.is_global:
-        return "non-public address"
+        return f"non-public address{embedded}"
     return None
 
 
