@@ -75,8 +75,17 @@ def _run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     log.info("serving %d server(s) on stdio: %s", len(config.servers), ", ".join(config.servers) or "none")
-    asyncio.run(serve_stdio(Gateway(config), protocol_fd, LOCAL_IDENTITY))
+    run_loop(serve_stdio(Gateway(config), protocol_fd, LOCAL_IDENTITY))
     return 0
+
+
+def run_loop(coroutine) -> Any:
+    """Run on uvloop where it is installed: its pipes and callbacks cost a fraction of the stock loop's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -125,7 +134,7 @@ def _tools(args: argparse.Namespace) -> int:
               + (f"; not available: {', '.join(down)}" if down else ""), file=sys.stderr)
         return 0 if not down else 1
 
-    return asyncio.run(with_gateway(config, work))
+    return run_loop(with_gateway(config, work))
 
 
 def _call(args: argparse.Namespace) -> int:
@@ -153,4 +162,4 @@ def _call(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 1 if result.get("isError") else 0
 
-    return asyncio.run(with_gateway(config, work))
+    return run_loop(with_gateway(config, work))

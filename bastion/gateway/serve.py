@@ -9,7 +9,7 @@ import signal
 from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
 from bastion.gateway.pipeline import Identity
-from bastion.transport.stdio import FrameTooLarge, open_stdio, read_frame
+from bastion.transport.stdio import CoalescingWriter, FrameTooLarge, open_stdio, read_frame
 
 log = logging.getLogger("bastion")
 
@@ -22,7 +22,8 @@ async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) ->
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, done.set)
 
-    connection = ClientConnection(gateway, writer.write, identity=identity, close=done.set, drain=writer.drain)
+    frames = CoalescingWriter(writer)
+    connection = ClientConnection(gateway, frames.write, identity=identity, close=done.set, drain=frames.drain)
 
     async def pump() -> None:
         while not done.is_set():

@@ -22,7 +22,7 @@ from bastion.protocol.jsonrpc import (
 )
 from bastion.protocol.lifecycle import ClientLifecycle
 from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, MODERN_VERSIONS, modern_meta
-from bastion.transport.stdio import FrameTooLarge, read_frame
+from bastion.transport.stdio import CoalescingWriter, FrameTooLarge, read_frame
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
 _PROBE_TIMEOUT = 3.0
@@ -77,6 +77,7 @@ class Upstream:
         self.ready = asyncio.Event()
         self.failure: str | None = None  # why the server is not ready, when it is not
         self._process: ServerProcess | None = None
+        self._frames: CoalescingWriter | None = None
         self._correlator = Correlator()
         self._relays: dict[Any, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None
@@ -124,8 +125,10 @@ class Upstream:
         except Exception as exc:  # noqa: BLE001 - any launch failure is reported, never raised into the gateway
             return f"failed to start: {exc}"
         process = self._process
+        self._frames = CoalescingWriter(process.stdin)
         stderr_task = asyncio.create_task(self._pump_stderr(process))
         reader_task = asyncio.create_task(self._read(process))
+        sweeper = asyncio.create_task(self._sweep_deadlines())
         try:
             await asyncio.wait_for(self._handshake(), self.config.startup_timeout)
         except asyncio.TimeoutError:
@@ -144,12 +147,14 @@ class Upstream:
             reason = process.termination_reason() or f"exited with status {status}"
         await self._stop_process()
         reader_task.cancel()
-        await asyncio.gather(reader_task, return_exceptions=True)
+        sweeper.cancel()
+        await asyncio.gather(reader_task, sweeper, return_exceptions=True)
         await asyncio.wait_for(asyncio.gather(stderr_task, return_exceptions=True), 2)
         return reason
 
     async def _stop_process(self) -> None:
         process, self._process = self._process, None
+        self._frames = None
         if process is not None:
             await process.terminate()
 
@@ -278,28 +283,39 @@ class Upstream:
         future: asyncio.Future[Response | ErrorResponse] = loop.create_future()
         if origin_id is None:
             origin_id = f"self:{time.monotonic_ns()}"
-        pending = self._correlator.register(origin, origin_id, method, progress_token=progress_token, context=future)
+        deadline = loop.time() + timeout if timeout is not None else None
+        pending = self._correlator.register(origin, origin_id, method, deadline=deadline,
+                                            progress_token=progress_token, context=future)
         if progress_token is not None and params is not None:
             params["_meta"]["progressToken"] = pending.upstream_progress_token
         try:
             self._send(Request(pending.upstream_id, method, params))
-            if timeout is None:
-                return await future
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
-            self._abandon(pending, f"timed out after {timeout:g}s")
-            raise GatewayError(jsonrpc.REQUEST_TIMEOUT,
-                               f"server {self.name!r} did not answer {method} within {timeout:g}s") from None
+            return await future
         except asyncio.CancelledError:
             self._abandon(pending, "cancelled by the client")
             raise
+        except GatewayError:
+            self._correlator.resolve(pending.upstream_id)
+            raise
+
+    async def _sweep_deadlines(self) -> None:
+        """Time requests out in one place rather than arming a timer for each request on the hot path."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.25)
+            for pending in self._correlator.expired(loop.time()):
+                self._abandon(pending, "timed out")
+                future = pending.context
+                if isinstance(future, asyncio.Future) and not future.done():
+                    future.set_result(ErrorResponse(pending.upstream_id, jsonrpc.error(
+                        jsonrpc.REQUEST_TIMEOUT, f"server {self.name!r} did not answer {pending.method} in time")))
 
     def _abandon(self, pending: Pending, reason: str) -> None:
         if len(self._abandoned) > 10_000:
             self._abandoned.clear()
         self._abandoned.add(pending.upstream_id)
-        if self._correlator.resolve(pending.upstream_id) is not None and self._process is not None:
+        self._correlator.resolve(pending.upstream_id)
+        if self._frames is not None:
             self._send(Notification("notifications/cancelled", {"requestId": pending.upstream_id, "reason": reason}))
 
     def notify(self, method: str, params: dict[str, Any] | None) -> None:
@@ -307,11 +323,11 @@ class Upstream:
             self._send(Notification(method, params))
 
     def _send(self, message: jsonrpc.Message) -> None:
-        process = self._process
-        if process is None:
+        frames = self._frames
+        if frames is None:
             raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not running")
         try:
-            process.stdin.write(jsonrpc.encode(message))
+            frames.write(jsonrpc.encode(message))
         except (ConnectionError, RuntimeError) as exc:
             raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not reachable: {exc}") from None
 
@@ -395,7 +411,7 @@ class Upstream:
             return
         finally:
             self._relays.pop(message.id, None)
-        if self._process is not None:
+        if self._frames is not None:
             self._send(reply)
 
     async def _pump_stderr(self, process: ServerProcess) -> None:
