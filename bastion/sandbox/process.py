@@ -19,7 +19,7 @@ from bastion.sandbox.egress import EgressProxy
 from bastion.sandbox.engine import Engine, SandboxUnavailable, find_engine
 from bastion.sandbox.view import (
     DEFAULT_PATH, RUN_DIR, SANDBOX_UID, Mount, arg_paths, identity_files, order_mounts, protected_dirs,
-    resolve_command, runtime_paths, system_mounts,
+    resolve_command, resolve_shim, runtime_paths, system_mounts,
 )
 
 log = logging.getLogger("bastion.sandbox")
@@ -183,7 +183,7 @@ def plan_sandbox(
     home = sandbox_home()
     search_path = env.get("PATH") or os.environ.get("PATH", DEFAULT_PATH)
     try:
-        executable = resolve_command(command, search_path, cwd)
+        executable = resolve_shim(resolve_command(command, search_path, cwd), {**os.environ, **env}, cwd)
     except FileNotFoundError as error:
         raise SandboxError(str(error)) from error
     binds, path_dirs = runtime_paths(executable, search_path)
@@ -252,7 +252,9 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         if config.network:
             proxy = EgressProxy(name, config.allow_rules, os.path.join(workdir, "egress.sock"))
             await proxy.start()
-        plan = plan_sandbox(engine, command, args, env, cwd, config, workdir, proxy.socket_path if proxy else None)
+        # Reads files and may ask a version manager where a shim points: kept off the event loop.
+        plan = await asyncio.to_thread(plan_sandbox, engine, command, args, env, cwd, config, workdir,
+                                       proxy.socket_path if proxy else None)
         limits = ResourceLimits(detect_host(), name, config.limits)
         filter_fd = seccomp.bpf_fd(network=bool(config.network))
         info_read, info_write = os.pipe()

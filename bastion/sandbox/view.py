@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,6 +74,30 @@ def resolve_command(command: str, search_path: str, cwd: str | None) -> str:
     return os.path.abspath(found)
 
 
+VERSION_MANAGERS = ("pyenv", "rbenv", "nodenv")
+
+
+def resolve_shim(executable: str, env: dict[str, str], cwd: str | None) -> str:
+    """The real program behind a version-manager shim (``~/.pyenv/shims/python3``).
+
+    A shim is a script that runs the manager itself, which lives in the user's home and is not
+    bound into the sandbox; asking the manager once here lets the sandbox run the program directly.
+    """
+    shims = os.path.dirname(executable)
+    root = os.path.dirname(shims)
+    manager = os.path.basename(root).lstrip(".")
+    if os.path.basename(shims) != "shims" or manager not in VERSION_MANAGERS:
+        return executable
+    for tool in (os.path.join(root, "bin", manager), os.path.join(root, "libexec", manager)):
+        if os.access(tool, os.X_OK):
+            result = subprocess.run([tool, "which", os.path.basename(executable)], capture_output=True, text=True,
+                                    env=env, cwd=cwd, timeout=30, check=False)
+            found = result.stdout.strip()
+            if result.returncode == 0 and os.path.isfile(found):
+                return found
+    return executable
+
+
 def under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -91,6 +116,17 @@ def _venv_root(path: str) -> str | None:
             return directory
         directory = os.path.dirname(directory)
     return None
+
+
+def _node_modules_root(path: str) -> str | None:
+    """The outermost ``node_modules`` above ``path``: Node resolves a package's dependencies by walking up to it."""
+    found = None
+    directory = os.path.dirname(path)
+    while directory not in ("/", ""):
+        if os.path.basename(directory) == "node_modules":
+            found = directory
+        directory = os.path.dirname(directory)
+    return found
 
 
 def _prefix_root(path: str) -> str | None:
@@ -138,7 +174,7 @@ def runtime_paths(executable: str, search_path: str) -> tuple[list[str], list[st
             target = os.path.join(os.path.dirname(current), os.readlink(current))
             pending.append(os.path.normpath(target))
         if not is_system_path(current):
-            root = _venv_root(current) or _prefix_root(current) or current
+            root = _venv_root(current) or _node_modules_root(current) or _prefix_root(current) or current
             if root not in binds:
                 binds.append(root)
         interpreter = _shebang_interpreter(current, search_path)
