@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
+from bastion.sandbox import SandboxConfig
 
 log = logging.getLogger("bastion.config")
 
@@ -42,6 +43,9 @@ class ServerConfig(BaseModel):
     request_timeout: float = Field(default=120.0, gt=0, description="seconds before an unanswered request fails")
     startup_timeout: float = Field(default=30.0, gt=0)
     enabled: bool = True
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig, description='OS sandbox profile and grants; "none" only when written explicitly'
+    )
 
     @field_validator("command")
     @classmethod
@@ -166,10 +170,12 @@ def default_config() -> GatewayConfig:
         servers["time"] = ServerConfig(command=time_server, args=["--local-timezone", "UTC"])
     git_server = _find_executable("mcp-server-git", bindir)
     if git_server:
-        servers["git"] = ServerConfig(command=git_server, args=["--repository", str(repo)])
+        servers["git"] = ServerConfig(command=git_server, args=["--repository", str(repo)],
+                                      sandbox=SandboxConfig(writable=(str(repo),)))
     fs_server = _find_executable("mcp-server-filesystem", Path.cwd() / "node_modules" / ".bin")
     if fs_server:
-        servers["files"] = ServerConfig(command=fs_server, args=[str(files)])
+        servers["files"] = ServerConfig(command=fs_server, args=[str(files)],
+                                        sandbox=SandboxConfig(writable=(str(files),)))
     if not servers:
         log.warning("none of the default servers (mcp-server-time, mcp-server-git, mcp-server-filesystem) is "
                     "installed; run the set-up command from the README")

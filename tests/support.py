@@ -22,11 +22,37 @@ def write_config(path: Path, servers: dict) -> Path:
     return path
 
 
-def raw_server(marks: Path | None = None, **extra) -> dict:
-    entry = {"command": sys.executable, "args": [str(FIXTURES / "raw_server.py")], **extra}
+def raw_server(marks: Path | None = None, *, tag: str = "raw-server", linger: bool = False, **extra) -> dict:
+    """A config entry for the fault-test server; ``tag`` appears in its command line so tests can find it."""
+    entry = {"command": sys.executable, "args": [str(FIXTURES / "raw_server.py"), tag], **extra}
+    env = {}
     if marks is not None:
-        entry["env"] = {"RAW_SERVER_MARKS": str(marks)}
+        env["RAW_SERVER_MARKS"] = str(marks)
+        if "sandbox" not in entry:
+            entry["sandbox"] = {"writable": [str(marks.parent)]}
+    if linger:
+        env["RAW_SERVER_LINGER"] = "1"
+    if env:
+        entry["env"] = env
     return entry
+
+
+def pids_with_tag(tag: str) -> list[int]:
+    """Host pids of live processes whose command line contains ``tag``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().split(") ", 1)[1][0]
+        except OSError:
+            continue
+        if tag.encode() in cmdline and state != "Z" and int(entry) != os.getpid():
+            found.append(int(entry))
+    return found
 
 
 class RawClient:

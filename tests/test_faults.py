@@ -7,10 +7,11 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
-from tests.support import RawClient, raw_server, wait_for, write_config
+from tests.support import RawClient, pids_with_tag, raw_server, wait_for, write_config
 
 
 @pytest.fixture
@@ -166,27 +167,30 @@ def test_client_cancellation_reaches_the_server_and_gets_no_answer(client, marks
 
 
 def test_client_disconnect_mid_call_cancels_upstream_and_leaves_no_process(tmp_path, marks):
-    config = write_config(tmp_path / "c.json", {"raw": raw_server(marks)})
+    tag = f"disconnect-{uuid.uuid4().hex}"
+    config = write_config(tmp_path / "c.json", {"raw": raw_server(marks, tag=tag)})
     client = RawClient(config)
     client.initialize()
     client.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "raw__slow", "arguments": {}}})
     time.sleep(0.3)
+    assert pids_with_tag(tag)
     code, _ = client.close()  # closes Bastion's stdin: the client is gone
     assert code == 0
-    text = marks.read_text()
-    assert "cancelled" in text
-    server_pid = int(text.split("started ", 1)[1].split()[0])
-    assert wait_for(lambda: not _alive(server_pid), timeout=10)
+    assert "cancelled" in marks.read_text()
+    assert wait_for(lambda: not pids_with_tag(tag), timeout=10)
 
 
-def test_no_orphan_when_bastion_is_killed(tmp_path, marks):
-    config = write_config(tmp_path / "c.json", {"raw": raw_server(marks)})
+@pytest.mark.parametrize("sandbox", ["default", "none"])
+def test_no_orphan_when_bastion_is_killed(tmp_path, sandbox):
+    tag = f"orphan-{uuid.uuid4().hex}"
+    # The server ignores the end of its stdin, so only Bastion's process handling can stop it.
+    config = write_config(tmp_path / "c.json", {"raw": raw_server(tag=tag, linger=True, sandbox=sandbox)})
     client = RawClient(config)
     client.initialize()
-    server_pid = int(marks.read_text().split("started ", 1)[1].split()[0])
+    assert pids_with_tag(tag)
     client.proc.kill()
     client.proc.wait()
-    assert wait_for(lambda: not _alive(server_pid), timeout=10)
+    assert wait_for(lambda: not pids_with_tag(tag), timeout=15)
 
 
 def test_stray_prints_cannot_reach_the_protocol_channel():
@@ -202,10 +206,3 @@ def test_stray_prints_cannot_reach_the_protocol_channel():
     assert done.stdout == b'{"jsonrpc": "2.0", "method": "x"}\n'
     assert b"stray print" in done.stderr and b"stray write to fd 1" in done.stderr
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -10,10 +10,9 @@ from bastion import __version__
 from bastion.config import GatewayConfig
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Interceptor, build_pipeline
-from bastion.gateway.upstream import Launcher, Upstream
+from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending
-from bastion.transport.process import spawn_plain
 
 if TYPE_CHECKING:
     from bastion.gateway.frontend import ClientConnection
@@ -43,7 +42,7 @@ class Gateway:
         config: GatewayConfig,
         *,
         interceptors: Sequence[Interceptor] = (),
-        launcher: Launcher = spawn_plain,
+        launcher: Launcher = launch_server,
     ) -> None:
         self.config = config
         enabled = {name: cfg for name, cfg in config.servers.items() if cfg.enabled}

@@ -11,6 +11,7 @@ from bastion import __version__
 from bastion.config import ServerConfig
 from bastion.gateway.pipeline import GatewayError
 from bastion.protocol import jsonrpc
+from bastion.sandbox import spawn
 from bastion.protocol.correlation import Correlator, Pending
 from bastion.protocol.jsonrpc import (
     ErrorResponse,
@@ -44,6 +45,11 @@ class ServerProcess(Protocol):
 
 
 Launcher = Callable[[str, ServerConfig], Awaitable[ServerProcess]]
+
+
+async def launch_server(name: str, config: ServerConfig) -> ServerProcess:
+    """Every local server starts through the sandbox package, confined unless its configuration says "none"."""
+    return await spawn(name, config.command, config.args, config.env, config.cwd, config.sandbox)
 
 
 class UpstreamListener(Protocol):

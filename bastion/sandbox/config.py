@@ -12,6 +12,7 @@ from bastion.sandbox.egress_policy import AllowRule, parse_allow_rule
 
 MIB = 1024 * 1024
 
+SIZE_FORM = re.compile(r"^\s*\d+(\.\d+)?\s*(b|kb|kib|mb|mib|gb|gib|tb|tib|k|m|g|t)?\s*$", re.IGNORECASE)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -101,6 +102,13 @@ class SandboxConfig(BaseModel):
             if not ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name (letters, digits, '_')")
         return names
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory_form(cls, value: Any) -> Any:
+        if isinstance(value, str) and not SIZE_FORM.match(value):
+            raise ValueError(f"{value!r} is not a size; write it like '256MiB' or '1GiB'")
+        return value
 
     @field_validator("memory")
     @classmethod
