@@ -129,6 +129,14 @@ def _node_modules_root(path: str) -> str | None:
     return found
 
 
+def _node_modules_root(path: str) -> str | None:
+    """``/app/node_modules`` for anything inside it: a package resolves its dependencies up that tree."""
+    parts = path.split("/")
+    if "node_modules" not in parts:
+        return None
+    return "/".join(parts[: parts.index("node_modules") + 1])
+
+
 def _prefix_root(path: str) -> str | None:
     """``/opt/node`` for ``/opt/node/bin/node``: a self-contained install with bin/ and lib/."""
     bin_dir = os.path.dirname(path)

@@ -168,3 +168,19 @@ async def test_a_real_server_answers_tools_list_in_the_sandbox():
     tools = await client.request("tools/list")
     assert {tool["name"] for tool in tools["tools"]} >= {"get_current_time"}
     await process.terminate()
+
+
+async def test_a_node_server_reads_only_its_granted_directory(tmp_path):
+    binary = REPO / "node_modules" / ".bin" / "mcp-server-filesystem"
+    if not binary.exists():
+        pytest.skip("node_modules not installed")
+    (tmp_path / "hello.txt").write_text("hi")
+    process = await spawn("files", str(binary), [str(tmp_path)], {}, None, DEFAULT)
+    client = RpcClient(process)
+    await client.initialize()
+    listing = await client.request("tools/call", {"name": "list_directory", "arguments": {"path": str(tmp_path)}})
+    assert "hello.txt" in listing["content"][0]["text"]
+    refused = await client.request("tools/call", {"name": "write_file",
+                                                  "arguments": {"path": str(tmp_path / "new.txt"), "content": "x"}})
+    assert refused.get("isError") and not (tmp_path / "new.txt").exists()
+    await process.terminate()

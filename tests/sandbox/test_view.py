@@ -66,3 +66,13 @@ def test_the_bwrap_command_line(tmp_path):
     assert plan.env["TOKEN"] == "x" and "/etc/shadow" not in argv
     etc = [m.dest for m in plan.mounts if m.dest.startswith("/etc")]
     assert "/etc/passwd" in etc and not any(e in etc for e in ("/etc/shadow", "/etc/sudoers", "/etc"))
+
+
+def test_a_node_package_binary_binds_its_node_modules_tree():
+    binary = REPO / "node_modules" / ".bin" / "mcp-server-filesystem"
+    if not binary.exists():
+        import pytest
+
+        pytest.skip("node_modules not installed")
+    binds, _ = runtime_paths(str(binary), os.environ["PATH"])
+    assert binds == [str(REPO / "node_modules")]
