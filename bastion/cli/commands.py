@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-MODULES: tuple[str, ...] = ("bastion.cli.gateway", "bastion.cli.policy")
+MODULES: tuple[str, ...] = ("bastion.cli.gateway", "bastion.cli.policy", "bastion.cli.sandbox")
 
 
 def registrars() -> list[Callable[[Any], None]]:

@@ -1,0 +1,116 @@
+"""What this host supports for sandboxing, and what Bastion will use: each check is a small probe."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+
+from bastion.sandbox import seccomp
+from bastion.sandbox.cgroups import detect_host
+from bastion.sandbox.engine import SandboxUnavailable, find_engine
+from bastion.sandbox.view import system_mounts
+
+SYS_LANDLOCK_CREATE_RULESET = 444
+LANDLOCK_CREATE_RULESET_VERSION = 1
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    will_use: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> bool:
+        required = {"bubblewrap", "user namespaces", "seccomp"}
+        return all(check.ok for check in self.checks if check.name in required)
+
+    def as_dict(self) -> dict:
+        return {"usable": self.usable, "checks": [asdict(c) for c in self.checks], "will_use": self.will_use}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def check_engine() -> Check:
+    try:
+        return Check("bubblewrap", True, find_engine().describe())
+    except SandboxUnavailable as error:
+        return Check("bubblewrap", False, str(error))
+
+
+def check_user_namespaces() -> Check:
+    """A real start of bwrap with the flags Bastion uses: sysctls alone do not tell (AppArmor, seccomp)."""
+    settings = []
+    for path in ("/proc/sys/user/max_user_namespaces", "/proc/sys/kernel/unprivileged_userns_clone",
+                 "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"):
+        value = _read(path)
+        if value is not None:
+            settings.append(f"{os.path.basename(path)}={value}")
+    try:
+        engine = find_engine()
+    except SandboxUnavailable:
+        return Check("user namespaces", False, "not tested: no bwrap; " + ", ".join(settings))
+    probe = [engine.path, "--unshare-user", "--unshare-pid", "--unshare-net", "--uid", "65534", "--gid", "65534",
+             "--cap-drop", "ALL", "--disable-userns", "--proc", "/proc"]
+    for mount in system_mounts():
+        probe += mount.bwrap_args()
+    probe += ["--", "/usr/bin/id", "-u"]
+    try:
+        result = subprocess.run(probe, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return Check("user namespaces", False, f"bwrap probe failed: {error}")
+    ok = result.returncode == 0 and result.stdout.strip() == "65534"
+    detail = "a sandbox started as uid 65534" if ok else f"bwrap probe failed: {result.stderr.strip()}"
+    return Check("user namespaces", ok, "; ".join([detail, *settings]))
+
+
+def check_seccomp() -> Check:
+    ok, detail = seccomp.available()
+    actions = _read("/proc/sys/kernel/seccomp/actions_avail")
+    return Check("seccomp", ok, f"{detail}; kernel actions: {actions}" if actions else detail)
+
+
+def check_cgroups() -> Check:
+    host = detect_host()
+    if host.mode == "rlimits":
+        return Check("cgroups", False, f"{host.note}; falling back to rlimits (memory only)")
+    where = ", ".join(f"{controller} at {path}" for controller, path in sorted(host.dirs.items()))
+    return Check("cgroups", True, f"{host.mode} delegated/writable: {where}")
+
+
+def check_landlock() -> Check:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 0:
+        return Check("landlock", False, f"not available ({os.strerror(ctypes.get_errno())}); not required")
+    return Check("landlock", True, f"ABI {abi} available; not used (mount namespaces already limit the view)")
+
+
+def diagnose() -> Report:
+    report = Report(checks=[check_engine(), check_user_namespaces(), check_seccomp(), check_cgroups(),
+                            check_landlock()])
+    by_name = {check.name: check for check in report.checks}
+    report.will_use = {
+        "engine": by_name["bubblewrap"].detail if by_name["bubblewrap"].ok else "none: servers cannot be sandboxed",
+        "isolation": "user, mount, pid, ipc, uts, network and cgroup namespaces; uid 65534; no capabilities",
+        "syscall filter": "seccomp deny list" if by_name["seccomp"].ok else "none",
+        "resource limits": detect_host().mode,
+        "network": "off unless allowlisted; allowlisted hosts through a per-server proxy on a UNIX socket",
+    }
+    return report

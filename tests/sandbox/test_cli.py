@@ -1,0 +1,72 @@
+"""``bastion sandbox doctor`` and ``bastion sandbox run`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).parents[2]
+
+
+def bastion(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bastion", "sandbox", *args], input=stdin, capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+
+
+def test_doctor_reports_what_it_will_use():
+    result = bastion("doctor", "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["usable"]
+    names = {check["name"]: check for check in report["checks"]}
+    assert set(names) == {"bubblewrap", "user namespaces", "seccomp", "cgroups", "landlock"}
+    assert names["user namespaces"]["ok"] and "65534" in names["user namespaces"]["detail"]
+    assert report["will_use"]["resource limits"] in ("cgroup v1", "cgroup v2", "rlimits")
+
+
+def test_doctor_human_report_goes_to_stderr():
+    result = bastion("doctor")
+    assert result.stdout == "" and "Bastion will use:" in result.stderr and "sandbox usable" in result.stderr
+
+
+def test_run_passes_stdin_stdout_and_the_exit_status():
+    result = bastion("run", "--quiet", "--", "/bin/sh", "-c", "cat; id -u; exit 7", stdin="piped in\n")
+    assert result.returncode == 7
+    assert result.stdout == "piped in\n65534\n"
+    assert "exited with status 7" in result.stderr
+
+
+def test_run_reports_the_memory_kill():
+    result = bastion("run", "--quiet", "--memory", "64MiB", "--", "python3", "-c",
+                     "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1")
+    assert result.returncode == 137 and "killed: memory limit 64 MiB exceeded" in result.stderr
+
+
+def test_run_grants(tmp_path):
+    (tmp_path / "in.txt").write_text("granted")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = bastion("run", "--quiet", "--read-only", str(tmp_path / "in.txt"), "--writable", str(out_dir), "--",
+                     "/bin/sh", "-c", f"cat {tmp_path}/in.txt > {out_dir}/copy.txt")
+    assert result.returncode == 0, result.stderr
+    assert (out_dir / "copy.txt").read_text() == "granted"
+
+
+def test_run_announces_the_engine_and_limits():
+    result = bastion("run", "--cpu", "0.5", "--pids", "16", "--", "/bin/true")
+    assert result.returncode == 0 and "bwrap" in result.stderr and "cpu 0.5, pids 16" in result.stderr
+
+
+def test_run_rejects_grants_with_profile_none():
+    result = bastion("run", "--profile", "none", "--memory", "1GiB", "--", "/bin/true")
+    assert result.returncode == 2 and "profile 'none'" in result.stderr
+
+
+def test_run_needs_a_command():
+    assert bastion("run").returncode == 2
+
+
+def test_run_unknown_command():
+    result = bastion("run", "--", "no-such-command-anywhere")
+    assert result.returncode == 126 and "not found on PATH" in result.stderr
