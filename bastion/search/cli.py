@@ -1,0 +1,136 @@
+"""``bastion tools eval`` and ``bastion tools stats``.
+
+Human-readable output goes to stderr; ``--json`` writes one JSON document to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import orjson
+
+CatalogLoader = Callable[[str | None], Mapping[str, Sequence[Mapping[str, Any]]]]
+
+
+def _eval_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bastion tools eval",
+        description="Measure tool retrieval on your own catalog: Recall@1/5/10, nDCG@10, MRR, build time, query latency.",
+    )
+    p.add_argument("--tools", required=True, type=Path, metavar="TOOLS.jsonl",
+                   help="one tool per line: {id, name, description, inputSchema}")
+    p.add_argument("--queries", required=True, type=Path, metavar="QUERIES.jsonl",
+                   help="one query per line: {query, relevant: [tool ids]}")
+    p.add_argument("--k", type=int, default=5, help="also report Recall@K (default 5)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("--lexical-only", action="store_true", help="BM25 alone, without the embedding model")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="reuse tool embeddings stored here across runs (default: none)")
+    return p
+
+
+def eval_main(argv: list[str]) -> int:
+    args = _eval_parser().parse_args(argv)
+    from bastion.search.evaluate import CatalogFileError, evaluate_index, format_report, load_catalog, load_queries
+    from bastion.search.index import ToolIndex
+
+    if args.k < 1:
+        print("bastion tools eval: --k must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        tools = load_catalog(args.tools)
+        queries = load_queries(args.queries, known_ids={t["id"] for t in tools})
+    except (OSError, CatalogFileError) as exc:
+        print(f"bastion tools eval: {exc}", file=sys.stderr)
+        return 2
+    encoder = None if args.lexical_only else "auto"
+    report = evaluate_index(
+        tools, queries, k=args.k,
+        make_index=lambda: ToolIndex(key_field="id", encoder=encoder, cache_dir=args.cache_dir),
+    )
+    if args.json:
+        sys.stdout.write(orjson.dumps(report.as_json(), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    else:
+        print(format_report(report), file=sys.stderr)
+    return 0
+
+
+def _stats_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bastion tools stats",
+        description="Prompt tokens that tool definitions cost: every schema listed versus search mode.",
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="Bastion configuration whose live catalog to measure")
+    p.add_argument("--catalog", type=Path, metavar="FILE",
+                   help="measure a catalog file instead: JSON {server: [tools]} or JSONL tools with an optional 'server' field")
+    p.add_argument("--always", action="append", default=[], metavar="TOOL",
+                   help="a tool listed in search mode too (repeatable)")
+    p.add_argument("--k", type=int, default=5, help="tools returned by one search call (default 5)")
+    p.add_argument("--encoding", action="append", choices=["o200k_base", "cl100k_base"],
+                   help="tokenizer(s) to count with (default both)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
+    return p
+
+
+def load_catalog_file(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """``{server: [tools]}`` from a JSON mapping or from JSONL rows (grouped by ``server``)."""
+    raw = path.read_bytes()
+    if path.suffix == ".json":
+        data = orjson.loads(raw)
+        if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+            raise ValueError(f"{path}: expected a JSON object mapping server names to lists of tools")
+        return {str(k): list(v) for k, v in data.items()}
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for lineno, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            row = orjson.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+                raise ValueError(f"{path}:{lineno}: expected a tool object with a 'name'")
+            server = str(row.pop("server", "catalog"))
+            row.pop("id", None)
+            grouped[server].append(row)
+    return dict(grouped)
+
+
+def stats_main(argv: list[str], catalog_loader: CatalogLoader | None = None) -> int:
+    """``catalog_loader(config_path)`` returns the live federated catalog ``{server: [tools]}``."""
+    args = _stats_parser().parse_args(argv)
+    from bastion.search.economics import DEFAULT_ENCODINGS, catalog_cost, format_cost
+    from bastion.search.tokenizers_offline import EncodingLoader, EncodingUnavailable
+
+    try:
+        if args.catalog is not None:
+            catalog = load_catalog_file(args.catalog)
+        elif catalog_loader is not None:
+            catalog = dict(catalog_loader(args.config))
+        else:
+            print("bastion tools stats: pass --catalog FILE (reading a live configuration needs the gateway)", file=sys.stderr)
+            return 2
+        loader = EncodingLoader()
+        encodings = {name: loader.get(name) for name in (args.encoding or DEFAULT_ENCODINGS)}
+    except (OSError, ValueError, EncodingUnavailable) as exc:
+        print(f"bastion tools stats: {exc}", file=sys.stderr)
+        return 2
+    cost = catalog_cost(catalog, encodings, always_listed=args.always, k=args.k)
+    if args.json:
+        sys.stdout.write(orjson.dumps(cost.as_json(), option=orjson.OPT_SORT_KEYS).decode() + "\n")
+    else:
+        print(format_cost(cost), file=sys.stderr)
+    return 0
+
+
+def register(subparsers: Any, catalog_loader: CatalogLoader | None = None) -> None:
+    """Adds ``bastion tools eval|stats`` to the ``bastion`` command."""
+    tools = subparsers.add_parser("tools", help="tool search: offline evaluation and token economics")
+    sub = tools.add_subparsers(dest="tools_command", required=True)
+    for name, main, helptext in (
+        ("eval", lambda rest: eval_main(rest), "evaluate tool retrieval on a catalog and queries file"),
+        ("stats", lambda rest: stats_main(rest, catalog_loader), "prompt tokens of all schemas vs search mode"),
+    ):
+        p = sub.add_parser(name, help=helptext, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(handler=lambda args, _main=main: _main(args.rest))

