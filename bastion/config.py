@@ -61,7 +61,7 @@ class GatewayConfig(BaseModel):
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
     page_size: int = Field(default=0, ge=0, description="items per list page sent to clients; 0 sends one page")
-    ready_timeout: float = Field(default=15.0, gt=0, description="how long a client's first request waits for servers")
+    ready_timeout: float = Field(default=30.0, gt=0, description="how long a client's first request waits for servers")
 
     @field_validator("servers")
     @classmethod

@@ -138,12 +138,16 @@ class Gateway:
         if method == "tools/call":
             name = params.get("name")
             entry = self.catalog.tool(name) if isinstance(name, str) else None
+            if entry is None and isinstance(name, str) and await self._catalog_may_grow():
+                entry = self.catalog.tool(name)
             if entry is None:
                 raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown tool: {name}")
             return await self._forward(request, entry.server, {**params, "name": entry.original_name})
         if method == "prompts/get":
             name = params.get("name")
             named = self.catalog.prompt(name) if isinstance(name, str) else None
+            if named is None and isinstance(name, str) and await self._catalog_may_grow():
+                named = self.catalog.prompt(name)
             if named is None:
                 raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown prompt: {name}")
             return await self._forward(request, named.server, {**params, "name": named.original})
@@ -159,6 +163,13 @@ class Gateway:
         if method == "ping":
             return {}
         raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+
+    async def _catalog_may_grow(self) -> bool:
+        """Before calling a name unknown, wait for servers still starting: the name may be theirs."""
+        if all(u.ready.is_set() for u in self.upstreams.values()) or not self._started:
+            return False
+        await self.wait_ready()
+        return True
 
     def _resource_server(self, uri: Any) -> str:
         owner = self.catalog.resource_owner(uri) if isinstance(uri, str) else None

@@ -26,7 +26,7 @@ from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, 
 from bastion.transport.stdio import CoalescingWriter, FrameTooLarge, read_frame
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
-_PROBE_TIMEOUT = 3.0
+_PROBE_TIMEOUT = 10.0  # legacy servers answer the probe with an error at once; silence is rare
 _MAX_BACKOFF = 30.0
 _STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
 _MODERN_META_PREFIX = "io.modelcontextprotocol/"

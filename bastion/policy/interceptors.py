@@ -8,6 +8,7 @@ interceptor writes as one ``decision`` line and one ``call`` line per request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -233,16 +234,27 @@ class AuthorizationInterceptor:
 
     @staticmethod
     def _resource_target(request: GatewayRequest, uri: str) -> Target:
-        found = _lookup(request.catalog, "resource", uri)
-        server = getattr(found, "server", "") if found is not None else ""
-        return Target.for_resource(uri, server, getattr(found, "server_trust", "untrusted"))
+        owner = _lookup(request.catalog, "resource_owner", uri)
+        server = str(owner) if owner else ""
+        return Target.for_resource(uri, server, _server_trust(request.catalog, server))
 
     @staticmethod
     def _prompt_target(request: GatewayRequest, name: str) -> Target:
         found = _lookup(request.catalog, "prompt", name)
-        server = getattr(found, "server", "") if found is not None else ""
-        original = getattr(found, "original_name", name) if found is not None else name
-        return Target.for_prompt(original, server, getattr(found, "server_trust", "untrusted"))
+        server = str(getattr(found, "server", "")) if found is not None else ""
+        original = str(getattr(found, "original", name)) if found is not None else name
+        return Target.for_prompt(original, server, _server_trust(request.catalog, server))
+
+
+def _server_trust(catalog: Any, server: str) -> str:
+    """A server's trust level; the catalog view only exposes it on tool entries."""
+    declared = _lookup(catalog, "server_trust", server)
+    if isinstance(declared, str):
+        return declared
+    for entry in catalog.tools():
+        if entry.server == server:
+            return entry.server_trust
+    return "untrusted"
 
 
 class GuardInterceptor:
@@ -367,7 +379,7 @@ class ApprovalInterceptor:
             request.session.facts.setdefault(_REMEMBERED, set()).add(name)
         if strip:
             params = {k: v for k, v in request.params.items() if k not in ("requestState", "inputResponses")}
-            request = GatewayRequest(request.method, params, request.session, request.catalog)
+            request = dataclasses.replace(request, params=params)
         return await call_next(request)
 
     async def _ask_legacy(self, session: Session, server: str, name: str, arguments: Any) -> str | None:

@@ -28,7 +28,7 @@ def scratch(tmp_path_factory):
     files.mkdir()
     (files / "hello.txt").write_text("hello from the filesystem server\n")
     config = base / "claude_desktop_config.json"
-    config.write_text(json.dumps({"mcpServers": {
+    config.write_text(json.dumps({"ready_timeout": 120, "mcpServers": {
         "time": {"command": str(VENV_BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
         "git": {"command": str(VENV_BIN / "mcp-server-git"), "args": ["--repository", str(repo)]},
         "everything": {"command": str(NODE_BIN / "mcp-server-everything"), "args": ["stdio"]},
