@@ -319,12 +319,13 @@ class ApprovalInterceptor:
         name = str(request.params.get("name") or request.params.get("uri") or "")
         entry = _tool_entry(request) if request.method == "tools/call" else None
         server = entry.server if entry else ""
+        label = entry.original_name if entry else name  # the server's own name for it, shown to the person
         arguments = request.params.get("arguments")
         key = (session.identity.name, name, arguments_digest(arguments))
         if name in session.facts.get(_REMEMBERED, ()):
             trail.add("approval", Decision.allow("approval:remembered", "approved earlier in this session"))
             return await call_next(request)
-        if self._grants.get(key, 0.0) > time.monotonic():
+        if session.era == "modern" and self._grants.get(key, 0.0) > time.monotonic():
             trail.add("approval", Decision.allow("approval:granted", "approved moments ago"))
             return await call_next(request)
 
@@ -337,17 +338,17 @@ class ApprovalInterceptor:
             return await self._settle(request, call_next, trail, key, name, problem, strip=True)
         if session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
             trail.add("approval", Decision(Effect.APPROVAL, trail.approval.rule, "asked the person (input_required)"))
-            params = approval_elicitation(server, name, arguments, self.settings.show_argument_values, True)
+            params = approval_elicitation(server, label, arguments, self.settings.show_argument_values, True)
             return {
                 "resultType": "input_required",
                 "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": params}},
                 "requestState": self.signer.issue(*key),
             }
         if session.era != "modern" and session.client is not None and session.client.supports("elicitation"):
-            problem = await self._ask_legacy(session, server, name, arguments)
+            problem = await self._ask_legacy(session, server, label, arguments)
             return await self._settle(request, call_next, trail, key, name, problem)
         if self.settings.fallback == "queue" and self.queue is not None:
-            problem = await self._ask_queue(session, server, name, arguments, request.method)
+            problem = await self._ask_queue(session, server, label, arguments, request.method)
             return await self._settle(request, call_next, trail, key, name, problem)
         decision = Decision.deny(trail.approval.rule, "needs approval and the client cannot ask the person")
         trail.add("approval", decision)
@@ -373,8 +374,10 @@ class ApprovalInterceptor:
             trail.add("approval", decision)
             raise _refusal(POLICY_DENIED, f"Call to '{name}' was not approved", decision)
         trail.add("approval", Decision.allow(rule, "approved by a person"))
-        self._grants = {k: exp for k, exp in self._grants.items() if exp > time.monotonic()}
-        self._grants[key] = time.monotonic() + self.settings.timeout_seconds
+        if strip:
+            # A modern server may itself answer input_required; its retries carry its state, not ours.
+            self._grants = {k: exp for k, exp in self._grants.items() if exp > time.monotonic()}
+            self._grants[key] = time.monotonic() + self.settings.timeout_seconds
         if self.settings.remember == "session":
             request.session.facts.setdefault(_REMEMBERED, set()).add(name)
         if strip:
