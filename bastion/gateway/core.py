@@ -70,10 +70,11 @@ class Gateway:
             upstream.start()
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until every server is ready and its lists are fetched, or ``timeout`` passes."""
+        """Wait until every server is ready with its lists fetched, or has failed to start, or ``timeout`` passes."""
         async def one(upstream: Upstream) -> None:
-            await upstream.ready.wait()
-            await self._wait_refreshes(upstream.name)
+            await upstream.settled.wait()
+            if upstream.ready.is_set():
+                await self._wait_refreshes(upstream.name)
 
         waits = [asyncio.create_task(one(u)) for u in self.upstreams.values()]
         if not waits:
@@ -166,7 +167,7 @@ class Gateway:
 
     async def _catalog_may_grow(self) -> bool:
         """Before calling a name unknown, wait for servers still starting: the name may be theirs."""
-        if all(u.ready.is_set() for u in self.upstreams.values()) or not self._started:
+        if all(u.ready.is_set() or u.settled.is_set() for u in self.upstreams.values()) or not self._started:
             return False
         await self.wait_ready()
         return True

@@ -81,6 +81,7 @@ class Upstream:
         self.server_info: dict[str, Any] | None = None
         self.instructions: str | None = None
         self.ready = asyncio.Event()
+        self.settled = asyncio.Event()  # set once the first start attempt has succeeded or failed
         self.failure: str | None = None  # why the server is not ready, when it is not
         self._process: ServerProcess | None = None
         self._frames: CoalescingWriter | None = None
@@ -116,6 +117,7 @@ class Upstream:
                 return
             self.ready.clear()
             self.failure = reason
+            self.settled.set()
             self._fail_pending(reason)
             self._listener.upstream_down(self, reason)
             if time.monotonic() - self._started_at > _STABLE_AFTER:
@@ -146,6 +148,7 @@ class Upstream:
         if reason is None:
             self.failure = None
             self.ready.set()
+            self.settled.set()
             self.log.info("server %s ready (%s era, protocol %s)", self.name, self.era, self.protocol_version)
             self._listener.upstream_ready(self)
             await reader_task

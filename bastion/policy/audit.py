@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import hmac
 import os
-import queue
+import collections
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +24,8 @@ import orjson
 
 GENESIS = "0" * 64
 _CLOSE = object()
+_DRAIN_SECONDS = 0.05
+_WAKE_AT = 4096
 
 
 def record_hash(record: Mapping[str, Any], key: bytes | None) -> str:
@@ -95,8 +97,12 @@ class AuditWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._rotate_bytes = rotate_bytes
         self._key = key
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Records wait in a deque that the writer thread drains every few milliseconds: appending to a deque
+        # costs no system call, whereas waking the thread for each record would cost one per record.
+        self._pending: collections.deque[Any] = collections.deque()
+        self._wake = threading.Event()
         self._seq, self._prev = self._chain_head()
+        self._chain_lock = threading.Lock()
         first = _first_record(self.path)
         self._file_first_seq = first["seq"] if first else self._seq
         self._file = self.path.open("ab")
@@ -113,71 +119,76 @@ class AuditWriter:
         return 0, GENESIS
 
     def write(self, record: dict[str, Any]) -> None:
-        """Queue ``record``; never blocks. ``ts`` is stamped now, the chain fields by the writer thread."""
-        if self._closed:
-            return
+        """Chain and queue ``record``; never blocks on I/O.
+
+        The chain fields are computed here (a few µs) rather than in the writer thread: Python work in a
+        second thread holds the GIL for up to the 5 ms switch interval and would stall the event loop,
+        whereas the writer thread only does file writes, which release the GIL.
+        """
         record.setdefault("ts", time.time())
-        self._queue.put(record)
+        with self._chain_lock:
+            if self._closed:
+                return
+            record["seq"] = self._seq
+            record["prev"] = self._prev
+            record["hash"] = record_hash(record, self._key)
+            self._pending.append((self._seq, orjson.dumps(record) + b"\n"))
+            self._seq += 1
+            self._prev = record["hash"]
+        if len(self._pending) > _WAKE_AT:
+            self._wake.set()
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            batch = [item]
-            while len(batch) < 512:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            self._wake.wait(_DRAIN_SECONDS)
+            self._wake.clear()
             done = False
-            for record in batch:
-                if record is _CLOSE:
+            while self._pending:
+                item = self._pending.popleft()
+                if item is _CLOSE:
                     done = True
-                    continue
-                if isinstance(record, threading.Event):
+                elif isinstance(item, threading.Event):
                     self._file.flush()
-                    record.set()
-                    continue
-                self._append(record)
+                    item.set()
+                else:
+                    self._append(*item)
             self._file.flush()
             if done:
                 os.fsync(self._file.fileno())
                 self._file.close()
                 return
 
-    def _append(self, record: dict[str, Any]) -> None:
-        record["seq"] = self._seq
-        record["prev"] = self._prev
-        record["hash"] = record_hash(record, self._key)
-        line = orjson.dumps(record) + b"\n"
+    def _append(self, seq: int, line: bytes) -> None:
         if self._file.tell() + len(line) > self._rotate_bytes and self._file.tell() > 0:
-            self._rotate()
+            self._rotate(seq)
         self._file.write(line)
-        self._seq += 1
-        self._prev = record["hash"]
 
-    def _rotate(self) -> None:
+    def _rotate(self, next_seq: int) -> None:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
         os.replace(self.path, rotated_name(self.path, self._file_first_seq))
         self._file = self.path.open("ab")
         os.chmod(self.path, 0o600)
-        self._file_first_seq = self._seq
+        self._file_first_seq = next_seq
 
     def flush(self, timeout: float = 10.0) -> None:
         """Block until everything queued so far is on disk (call from a thread, not the event loop)."""
         if self._closed:
             return
         done = threading.Event()
-        self._queue.put(done)
+        self._pending.append(done)
+        self._wake.set()
         done.wait(timeout)
 
     def close(self) -> None:
         if self._closed:
             return
         self.write({"kind": "shutdown"})
-        self._closed = True
-        self._queue.put(_CLOSE)
+        with self._chain_lock:
+            self._closed = True
+        self._pending.append(_CLOSE)
+        self._wake.set()
         self._thread.join()
 
     async def aclose(self) -> None:

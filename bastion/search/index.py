@@ -207,8 +207,7 @@ class ToolIndex:
         candidates = self._candidates(snap, allowed)
         if len(candidates) == 0:
             return []
-        lexical = self._lexical_scores(snap, query)
-        semantic = self._semantic_scores(snap, query)
+        lexical, semantic = self._lexical_scores(snap, query), self._semantic_scores(snap, query)
         scores = fuse(
             lexical[candidates] if lexical is not None else None,
             semantic[candidates] if semantic is not None else None,
@@ -216,6 +215,13 @@ class ToolIndex:
         )
         best = top_k(scores, k)
         return [(snap.keys[candidates[i]], float(scores[i])) for i in best]
+
+    def score_components(self, query: str) -> tuple[tuple[str, ...], np.ndarray | None, np.ndarray | None]:
+        """Keys with the raw lexical and semantic scores of every tool (for tuning and benchmarks)."""
+        snap = self._snapshot
+        if not snap.keys:
+            return (), None, None
+        return snap.keys, self._lexical_scores(snap, query), self._semantic_scores(snap, query)
 
     @staticmethod
     def _candidates(snap: _Snapshot, allowed: Allowed | None) -> np.ndarray:

@@ -15,13 +15,15 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
+from fnmatch import translate
 from urllib.parse import urlsplit
 
 from bastion.policy.decision import PASS, GuardResult, refuse
-from bastion.policy.guards.decoding import compatibility_form, decode_fully, has_control_characters
+from bastion.policy.guards.decoding import compatibility_form, decode_fully
 
 _SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp"})
+# Characters WHATWG and Python parsers treat differently (stripped, or read as "/"), and all whitespace.
+_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\\\\s]")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _IDEOGRAPHIC_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
 _METADATA_ADDRESSES = frozenset(
@@ -56,6 +58,13 @@ INTERNAL_HOST_PATTERNS: tuple[str, ...] = (
 )
 
 
+def _host_pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One regex for a list of host wildcards ("*.example.com"), matched case-insensitively."""
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{translate(p.lower().rstrip('.'))})" for p in patterns))
+
+
 @dataclass(frozen=True, slots=True)
 class UrlRules:
     schemes: tuple[str, ...] = ("https", "http")
@@ -65,6 +74,14 @@ class UrlRules:
     allow_userinfo: bool = False
     allowed_ports: tuple[int, ...] = ()
     internal_hosts: tuple[str, ...] = field(default=INTERNAL_HOST_PATTERNS)
+    _allow: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _deny: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _internal: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_allow", _host_pattern(self.allow_hosts))
+        object.__setattr__(self, "_deny", _host_pattern(self.deny_hosts))
+        object.__setattr__(self, "_internal", _host_pattern(self.internal_hosts))
 
 
 def parse_ipv4_loose(host: str) -> ipaddress.IPv4Address | None:
@@ -120,8 +137,8 @@ def _internal_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) ->
     return False
 
 
-def _host_matches(host: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatchcase(host, p.lower().rstrip(".")) for p in patterns)
+def _host_matches(host: str, pattern: re.Pattern[str] | None) -> bool:
+    return pattern is not None and pattern.match(host) is not None
 
 
 def _normal_host(raw: str) -> str:
@@ -132,7 +149,7 @@ def _normal_host(raw: str) -> str:
 def check_url(value: object, rules: UrlRules) -> GuardResult:
     if not isinstance(value, str):
         return refuse("a URL must be a string")
-    if has_control_characters(value) or any(c.isspace() for c in value) or "\\" in value:
+    if _UNSAFE.search(value):
         return refuse("the URL contains characters that parsers read differently")
     scheme_match = _SCHEME.match(value)
     if not scheme_match:
@@ -163,7 +180,7 @@ def check_url(value: object, rules: UrlRules) -> GuardResult:
         return refuse("the URL port is not allowed")
     if "%" in host or "@" in host or "/" in host or any(c.isspace() for c in host):
         return refuse("the URL host is malformed")
-    if _host_matches(host, rules.deny_hosts):
+    if _host_matches(host, rules._deny):
         return refuse("the URL host is denied")
     address = _as_address(host)
     if address is False:
@@ -171,9 +188,9 @@ def check_url(value: object, rules: UrlRules) -> GuardResult:
     if not rules.allow_private:
         if address is not None and _internal_address(address):
             return refuse("the URL points at an internal address")
-        if address is None and _host_matches(host, rules.internal_hosts):
+        if address is None and _host_matches(host, rules._internal):
             return refuse("the URL points at an internal host")
-    if rules.allow_hosts and not _host_matches(host, rules.allow_hosts):
+    if rules.allow_hosts and not _host_matches(host, rules._allow):
         return refuse("the URL host is not in the allowed list")
     return PASS
 

@@ -1,0 +1,100 @@
+"""The configuration loader's errors and the CLI commands, run as real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bastion.config import ConfigError, load_config
+from tests.support import BASTION, VENV_BIN, raw_server, write_config
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([BASTION, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_mcp_servers_json_is_accepted_as_clients_write_it(tmp_path):
+    config = tmp_path / "claude_desktop_config.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "time": {"command": "uvx", "args": ["mcp-server-time"], "env": {"TZ": "UTC"}},
+        "old": {"command": "x", "disabled": True, "autoApprove": []},
+        "remote": {"url": "https://example.invalid/mcp"},
+    }}))
+    loaded = load_config(config)
+    assert loaded.servers["time"].args == ["mcp-server-time"]
+    assert loaded.servers["time"].env == {"TZ": "UTC"}
+    assert loaded.servers["old"].enabled is False
+    assert "remote" not in loaded.servers
+
+
+def test_vs_code_servers_format_is_accepted(tmp_path):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"servers": {"t": {"type": "stdio", "command": "mcp-server-time"}}, "inputs": []}))
+    assert load_config(config).servers["t"].command == "mcp-server-time"
+
+
+@pytest.mark.parametrize("body, where, fix", [
+    ({"servers": {"a": {"comand": "x"}}}, "servers.a.comand", "remove it"),
+    ({"servers": {"a": {"args": []}}}, "servers.a.command", "add it"),
+    ({"servers": {"a": {"command": "x", "request_timeout": -1}}}, "servers.a.request_timeout", "-1"),
+    ({"servers": {"a": {"command": "x", "sandbox": "nope"}}}, "servers.a.sandbox", "unknown sandbox profile"),
+])
+def test_errors_name_the_file_the_key_and_the_fix(tmp_path, body, where, fix):
+    config = tmp_path / "bad.json"
+    config.write_text(json.dumps(body))
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    message = str(err.value)
+    assert str(config) in message and where in message and fix in message
+
+
+def test_unparseable_files_are_reported_with_their_name(tmp_path):
+    toml = tmp_path / "b.toml"
+    toml.write_text("[servers.a\ncommand = 1")
+    with pytest.raises(ConfigError, match="b.toml: not valid TOML"):
+        load_config(toml)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.json")
+
+
+def test_toml_config(tmp_path):
+    config = tmp_path / "bastion.toml"
+    config.write_text('[servers.time]\ncommand = "mcp-server-time"\nprefix = ""\n[servers.time.sandbox]\nmemory = "256MiB"\n')
+    loaded = load_config(config)
+    assert loaded.servers["time"].prefix == ""
+    assert int(loaded.servers["time"].sandbox.memory) == 256 * 1024 * 1024
+
+
+def test_check_command(tmp_path):
+    good = write_config(tmp_path / "good.json", {"raw": raw_server()})
+    done = _run("check", str(good))
+    assert done.returncode == 0 and "configuration OK" in done.stderr and done.stdout == ""
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"servers": {"raw": {"command": ""}}}')
+    done = _run("check", str(bad))
+    assert done.returncode == 2 and "servers.raw.command" in done.stderr
+
+
+def test_tools_and_call_commands(tmp_path):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server(), "broken": {"command": "/nonexistent/server"}})
+    listed = _run("tools", str(config), "-q")
+    assert "raw__echo" in listed.stdout and "raw__slow" in listed.stdout
+    assert "not available: broken" in listed.stderr  # one server failing to start never stops the others
+    called = _run("call", str(config), "raw__echo", "--args", '{"text": "hello"}', "-q")
+    assert called.returncode == 0
+    assert json.loads(called.stdout)["content"][0]["text"] == "hello"
+    bad_args = _run("call", str(config), "raw__echo", "--args", "[1]")
+    assert bad_args.returncode == 2 and "JSON object" in bad_args.stderr
+    unknown = _run("call", str(config), "raw__missing", "-q")
+    assert unknown.returncode == 1 and "Unknown tool: raw__missing" in unknown.stderr
+
+
+def test_prefix_override_and_no_prefix(tmp_path):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server(prefix="r"), "plain": raw_server(prefix="")})
+    listed = _run("tools", str(config), "-q")
+    assert "r__echo" in listed.stdout
+    names = {line.split()[0] for line in listed.stdout.splitlines()[1:]}
+    assert "echo" in names or "plain__echo" in names  # bare names unless they collide
