@@ -28,24 +28,36 @@ _DRAIN_SECONDS = 0.05
 _WAKE_AT = 4096
 
 
-def record_hash(record: Mapping[str, Any], key: bytes | None) -> str:
-    body = orjson.dumps({k: v for k, v in record.items() if k != "hash"}, option=orjson.OPT_SORT_KEYS)
+def _digest(body: bytes, key: bytes | None) -> str:
     if key:
         return hmac.new(key, body, hashlib.sha256).hexdigest()
     return hashlib.sha256(body).hexdigest()
 
 
+def record_hash(record: Mapping[str, Any], key: bytes | None) -> str:
+    """The hash of a record: over its canonical JSON (sorted keys, orjson's number format) without ``hash``."""
+    return _digest(orjson.dumps({k: v for k, v in record.items() if k != "hash"}, option=orjson.OPT_SORT_KEYS), key)
+
+
+def sealed_line(record: dict[str, Any], key: bytes | None) -> tuple[bytes, str]:
+    """The record's JSON line with its hash appended, serialising it only once."""
+    body = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+    digest = _digest(body, key)
+    return body[:-1] + b',"hash":"' + digest.encode() + b'"}\n', digest
+
+
+_SCALAR_SHAPES = {bool: "boolean", int: "number", float: "number", type(None): "null"}
+
+
 def shape_of(value: Any, depth: int = 0) -> Any:
     """A value's shape without its content: types, lengths and object keys."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if value is None:
-        return "null"
-    if isinstance(value, str):
+    kind = type(value)
+    scalar = _SCALAR_SHAPES.get(kind)
+    if scalar is not None:
+        return scalar
+    if kind is str:
         return {"string": len(value)}
-    if isinstance(value, list):
+    if kind is list:
         return {"array": len(value)}
     if isinstance(value, Mapping):
         if depth >= 3:
@@ -131,10 +143,9 @@ class AuditWriter:
                 return
             record["seq"] = self._seq
             record["prev"] = self._prev
-            record["hash"] = record_hash(record, self._key)
-            self._pending.append((self._seq, orjson.dumps(record) + b"\n"))
+            line, self._prev = sealed_line(record, self._key)
+            self._pending.append((self._seq, line))
             self._seq += 1
-            self._prev = record["hash"]
         if len(self._pending) > _WAKE_AT:
             self._wake.set()
 
