@@ -34,6 +34,14 @@ class SandboxError(RuntimeError):
     """The server could not be started as configured; the message names the setting to change."""
 
 
+def _quietly(kill, pid: int, signum: int) -> None:
+    """Send a signal to a process that may already be gone."""
+    try:
+        kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class ServerProcess:
     """A running server: its pipes, and a shutdown that leaves nothing behind."""
 
@@ -109,21 +117,22 @@ class ServerProcess:
             return False
 
     def _signal_server(self, signum: int) -> None:
-        """Signal the server itself: inside a sandbox, every process in its group (bwrap dies with them)."""
+        """Signal the server itself: inside a sandbox, every process in its group (bwrap dies with them).
+
+        Signals go through os.kill, never Popen.send_signal: that polls with waitpid and can reap the
+        child behind asyncio's watcher, which then reports a made-up exit status.
+        """
+        if self._process.returncode is not None:
+            return
         if self._limits is not None and signum == signal.SIGKILL:
             self._limits.kill_all()
-        targets = self._limits.pids() if self._limits is not None else []
-        try:
-            if self._process_group:
-                os.killpg(self.pid, signum)
-            elif targets:
-                for pid in targets:
-                    if pid != self.pid:
-                        os.kill(pid, signum)
-            if signum == signal.SIGKILL or not targets:
-                self._process.send_signal(signum)
-        except ProcessLookupError:
-            pass
+        targets = [pid for pid in (self._limits.pids() if self._limits is not None else []) if pid != self.pid]
+        if self._process_group:
+            _quietly(os.killpg, self.pid, signum)
+        for pid in targets:
+            _quietly(os.kill, pid, signum)
+        if signum == signal.SIGKILL or not targets:
+            _quietly(os.kill, self.pid, signum)
 
     async def _release(self) -> None:
         async with self._release_lock:
@@ -285,7 +294,7 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         for fd in fds:
             os.close(fd)
         if process is not None and process.returncode is None:
-            process.kill()
+            _quietly(os.kill, process.pid, signal.SIGKILL)
             await process.wait()
         if limits is not None:
             await limits.release()
