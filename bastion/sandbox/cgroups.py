@@ -15,7 +15,7 @@ import secrets
 import signal
 from dataclasses import dataclass, field
 
-from bastion.sandbox.config import ProfileLimits
+from bastion.sandbox.config import ProfileLimits, format_bytes
 
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
@@ -106,6 +106,34 @@ def _write(path: str, value: str) -> None:
         handle.write(value)
 
 
+LEAF_PREFIX = "bastion-"
+
+
+def _pid_alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def sweep_stale(parent: str) -> list[str]:
+    """Remove empty groups left by a gateway that was SIGKILLed (``bastion-NAME-PID-HEX``, PID gone)."""
+    removed = []
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.startswith(LEAF_PREFIX):
+            continue
+        parts = entry.rsplit("-", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+            continue
+        try:
+            os.rmdir(os.path.join(parent, entry))  # fails while anything still runs in it
+            removed.append(entry)
+        except OSError:
+            pass
+    return removed
+
+
 class ResourceLimits:
     """One sandbox's limits. ``place(pids)`` before the sandbox starts, ``release()`` after it ended."""
 
@@ -117,7 +145,9 @@ class ResourceLimits:
         if host.mode == "rlimits":
             return
         safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40]
-        leaf = f"bastion-{safe_name}-{os.getpid()}-{secrets.token_hex(3)}"
+        leaf = f"{LEAF_PREFIX}{safe_name}-{os.getpid()}-{secrets.token_hex(3)}"
+        for parent in set(host.dirs.values()):
+            sweep_stale(parent)
         try:
             if host.mode == "cgroup v2":
                 self._create_v2(host.dirs["memory"], leaf)
@@ -230,8 +260,6 @@ class ResourceLimits:
         self.dirs = remaining
 
     def describe(self) -> str:
-        from bastion.sandbox.config import format_bytes
-
         limits = f"memory {format_bytes(self.limits.memory)}, cpu {self.limits.cpu:g}, pids {self.limits.pids}"
         if self.host.mode == "rlimits":
             return f"rlimits (memory only; {self.host.note}): {limits}"

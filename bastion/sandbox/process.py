@@ -236,6 +236,33 @@ def plan_sandbox(
                       env=sandbox_env(config, env, path_dirs, home, egress_socket is not None), mounts=ordered)
 
 
+WORKDIR_PREFIX = "bastion-sandbox-"
+
+
+def _pid_namespace() -> str:
+    return os.readlink("/proc/self/ns/pid").strip("pid:[]")
+
+
+def workdir_prefix(pid: int | None = None) -> str:
+    """``bastion-sandbox-PIDNS-PID-``: a pid only means something inside its own pid namespace."""
+    return f"{WORKDIR_PREFIX}{_pid_namespace()}-{pid or os.getpid()}-"
+
+
+def sweep_stale_workdirs() -> None:
+    """Temporary directories of gateways (in this pid namespace) that were SIGKILLed and are gone."""
+    base = tempfile.gettempdir()
+    own_namespace = f"{WORKDIR_PREFIX}{_pid_namespace()}-"
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.startswith(own_namespace):
+            pid = entry[len(own_namespace):].split("-", 1)[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
+
+
 async def _read_to_eof(fd: int) -> bytes:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -252,7 +279,8 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         engine = find_engine()
     except SandboxUnavailable as error:
         raise SandboxError(str(error)) from error
-    workdir = tempfile.mkdtemp(prefix=f"bastion-sandbox-{os.getpid()}-")
+    await asyncio.to_thread(sweep_stale_workdirs)
+    workdir = tempfile.mkdtemp(prefix=workdir_prefix())
     proxy: EgressProxy | None = None
     limits: ResourceLimits | None = None
     process: asyncio.subprocess.Process | None = None
