@@ -70,8 +70,12 @@ def assign_names(entries: Iterable[tuple[str, str, str]]) -> tuple[dict[str, Nam
         renamed = []
         for server, _, original in claimants:
             candidate = expose(server, original)
-            if candidate in names or candidate == exposed:
-                candidate = shorten(f"{candidate}_{hashlib.sha256(f'{server}/{original}'.encode()).hexdigest()[:8]}")
+            attempt = 0
+            while candidate in names or candidate in wanted:
+                # Never overwrite a name already given out, even one a server chose to look like ours.
+                salt = f"{server}/{original}/{attempt}" if attempt else f"{server}/{original}"
+                candidate = shorten(f"{expose(server, original)}_{hashlib.sha256(salt.encode()).hexdigest()[:8]}")
+                attempt += 1
             names[candidate] = Named(candidate, server, original)
             renamed.append(candidate)
         collisions.append(

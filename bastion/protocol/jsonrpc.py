@@ -89,6 +89,9 @@ def parse_message(value: Any) -> Message | InvalidFrame:
         return _invalid(None, "batches are not supported; send one message per frame")
     if not isinstance(value, dict):
         return _invalid(None, "a message must be a JSON object")
+    if "method" not in value:
+        # Responses are never answered, however malformed: two peers must not bounce errors at each other.
+        return _parse_response(value)
     raw_id = value.get("id")
     has_id = "id" in value
     if has_id and not is_valid_id(raw_id):
@@ -96,32 +99,39 @@ def parse_message(value: Any) -> Message | InvalidFrame:
     reply_id = raw_id if has_id else None
     if value.get("jsonrpc") != "2.0":
         return _invalid(reply_id, 'jsonrpc must be "2.0"')
+    method = value["method"]
+    if not isinstance(method, str) or not method:
+        return _invalid(reply_id, "method must be a non-empty string")
+    params = value.get("params")
+    if params is not None and not isinstance(params, dict):
+        return _invalid(reply_id, "params must be an object")
+    if has_id:
+        return Request(raw_id, method, params)
+    return Notification(method, params)
 
-    if "method" in value:
-        method = value["method"]
-        if not isinstance(method, str) or not method:
-            return _invalid(reply_id, "method must be a non-empty string")
-        params = value.get("params")
-        if params is not None and not isinstance(params, dict):
-            return _invalid(reply_id, "params must be an object")
-        if has_id:
-            return Request(raw_id, method, params)
-        return Notification(method, params)
 
-    if not has_id:
-        # A response without an id or a request without a method: nothing to answer to.
+def _parse_response(value: dict[str, Any]) -> Message | InvalidFrame:
+    if value.get("jsonrpc") != "2.0":
+        return InvalidFrame('a response must carry jsonrpc "2.0"', None)
+    if "id" not in value:
         return InvalidFrame("neither a request, a notification nor a response", None)
+    raw_id = value["id"]
     has_result = "result" in value
     has_error = "error" in value
     if has_result == has_error:
         return InvalidFrame("a response must carry exactly one of result and error", None)
     if has_result:
+        if not is_valid_id(raw_id):
+            return InvalidFrame("a result's id must be a string or an integer", None)
         result = value["result"]
         if not isinstance(result, dict):
             return InvalidFrame("result must be an object", None)
         return Response(raw_id, result)
+    if raw_id is not None and not is_valid_id(raw_id):
+        return InvalidFrame("an error's id must be a string, an integer or null", None)
     error = value["error"]
-    if not isinstance(error, dict) or not isinstance(error.get("code"), int) or not isinstance(error.get("message"), str):
+    code = error.get("code") if isinstance(error, dict) else None
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(error.get("message"), str):
         return InvalidFrame("error must be an object with an integer code and a string message", None)
     return ErrorResponse(raw_id, error)
 

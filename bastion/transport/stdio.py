@@ -33,11 +33,13 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | No
     except asyncio.LimitOverrunError as exc:
         await _discard_line(reader, exc.consumed)
         raise FrameTooLarge(exc.consumed, max_bytes) from None
-    if len(line) > max_bytes + 1:
-        raise FrameTooLarge(len(line) - 1, max_bytes)
     if line.endswith(b"\r\n"):
-        return line[:-2]
-    return line[:-1] if line.endswith(NEWLINE) else line
+        line = line[:-2]
+    elif line.endswith(NEWLINE):
+        line = line[:-1]
+    if len(line) > max_bytes:
+        raise FrameTooLarge(len(line), max_bytes)
+    return line
 
 
 async def _discard_line(reader: asyncio.StreamReader, pending: int) -> int:

@@ -83,10 +83,10 @@ async def test_frame_of_exactly_the_limit_is_read() -> None:
     assert await read_all(reader_with(b"x" * MAX + b"\n")) == [b"x" * MAX]
 
 
-async def test_crlf_frame_of_exactly_the_limit_is_refused_because_cr_counts() -> None:
-    # The limit applies to the bytes before the newline; a CR is one of them.
+async def test_crlf_frame_of_exactly_the_limit_is_accepted_because_the_line_ending_does_not_count() -> None:
+    # The limit applies to the message itself; "\r\n" and "\n" endings are both framing.
     frames = await read_all(reader_with(b"x" * MAX + b"\r\nok\n"))
-    assert isinstance(frames[0], FrameTooLarge) and frames[1:] == [b"ok"]
+    assert frames == [b"x" * MAX, b"ok"]
 
 
 @pytest.mark.parametrize("reader_limit", [4 * MAX, MAX + 2, MAX // 2], ids=["within reader buffer", "at reader buffer", "beyond reader buffer"])
@@ -120,11 +120,6 @@ async def test_oversized_last_frame_without_newline(reader_limit: int) -> None:
     assert frames[0] == b"a" and len(frames) == 2 and isinstance(frames[1], FrameTooLarge)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: read_frame compares len(line) > max_bytes + 1 to allow for the newline, but a last frame without "
-    "a newline has none, so a final frame of exactly max_bytes + 1 bytes passes",
-)
 async def test_last_frame_one_byte_over_the_limit_is_refused() -> None:
     with pytest.raises(FrameTooLarge):
         await read_frame(reader_with(b"y" * (MAX + 1)), MAX)
