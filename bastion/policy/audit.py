@@ -59,7 +59,7 @@ def shape_of(value: Any, depth: int = 0) -> Any:
         return {"string": len(value)}
     if kind is list:
         return {"array": len(value)}
-    if isinstance(value, Mapping):
+    if kind is dict or isinstance(value, Mapping):
         if depth >= 3:
             return {"object": len(value)}
         return {str(k): shape_of(v, depth + 1) for k, v in value.items()}

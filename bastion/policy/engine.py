@@ -44,10 +44,10 @@ def _pointer_values(arguments: Any, where: str) -> Iterator[Any]:
             if node is _MISSING:
                 return
     else:
-        node = arguments.get(where, _MISSING) if isinstance(arguments, Mapping) else _MISSING
+        node = arguments.get(where, _MISSING) if type(arguments) is dict else _MISSING
         if node is _MISSING:
             return
-    if isinstance(node, list):
+    if type(node) is list:
         yield from node
     else:
         yield node

@@ -24,6 +24,8 @@ from bastion.policy.guards.decoding import compatibility_form, decode_fully
 _SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp"})
 # Characters WHATWG and Python parsers treat differently (stripped, or read as "/"), and all whitespace.
 _UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\\\\s]")
+_HOST_CHARACTERS = re.compile(r"[a-z0-9._\-\u0080-\U0010ffff]+")
+_NUMERIC_LABEL = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _IDEOGRAPHIC_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
 _METADATA_ADDRESSES = frozenset(
@@ -116,8 +118,7 @@ def parse_ipv4_loose(host: str) -> ipaddress.IPv4Address | None:
 
 def _looks_numeric(host: str) -> bool:
     # WHATWG: a host whose last label is a number must be an IPv4 address (or the URL is invalid).
-    last = host.rsplit(".", 1)[-1]
-    return bool(re.fullmatch(r"(?:0[xX][0-9a-fA-F]*|[0-9]+)", last))
+    return _NUMERIC_LABEL.fullmatch(host.rsplit(".", 1)[-1]) is not None
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
@@ -142,6 +143,8 @@ def _host_matches(host: str, pattern: re.Pattern[str] | None) -> bool:
 
 
 def _normal_host(raw: str) -> str:
+    if raw.isascii() and "%" not in raw:
+        return raw.lower().rstrip(".")
     host = compatibility_form(decode_fully(raw)).translate(_IDEOGRAPHIC_DOTS).lower()
     return host.rstrip(".")
 
@@ -178,7 +181,7 @@ def check_url(value: object, rules: UrlRules) -> GuardResult:
         return refuse("the URL has no host")
     if rules.allowed_ports and (port or _default_port(scheme)) not in rules.allowed_ports:
         return refuse("the URL port is not allowed")
-    if "%" in host or "@" in host or "/" in host or any(c.isspace() for c in host):
+    if "%" in host or "@" in host or "/" in host or not host.isprintable():
         return refuse("the URL host is malformed")
     if _host_matches(host, rules._deny):
         return refuse("the URL host is denied")
@@ -209,6 +212,6 @@ def _as_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
     if _looks_numeric(host):
         address = parse_ipv4_loose(host)
         return address if address is not None else False
-    if not re.fullmatch(r"[a-z0-9._\-\u0080-\U0010ffff]+", host):
+    if not _HOST_CHARACTERS.fullmatch(host):
         return False
     return None
