@@ -63,8 +63,11 @@ class Trails:
         self._by_request.pop(id(request), None)
 
     def of(self, request: GatewayRequest) -> Trail:
-        # Without an audit interceptor in front, stages still need somewhere to put decisions.
-        return self._by_request.get(id(request)) or Trail()
+        trail = self._by_request.get(id(request))
+        if trail is None:
+            # Fail closed: without the trail, an approval required by authorization would be lost.
+            raise RuntimeError("policy interceptors must run behind the AuditInterceptor that opens the trail")
+        return trail
 
 
 def session_facts(session: Session) -> SessionFacts:

@@ -294,3 +294,31 @@ async def test_server_request_hook(tmp_path: Path, gateway_factory) -> None:
     _, runtime = await gateway_factory(policy_config(tmp_path, policy_files=[], include_default_policy=True))
     assert runtime.authorize_server_request(ALICE, "raw", "elicitation/create").allowed
     assert not runtime.authorize_server_request(ALICE, "raw", "sampling/createMessage").allowed
+
+
+async def test_interceptors_without_the_trail_fail_closed(tmp_path: Path) -> None:
+    from bastion.gateway.pipeline import ToolEntry, build_pipeline
+
+    runtime = build_policy_runtime(policy_config(tmp_path, audit={"enabled": False}))
+    reached: list[str] = []
+
+    async def route(request: GatewayRequest) -> dict[str, Any]:
+        reached.append(request.method)
+        return {"content": []}
+
+    class OneTool:
+        entry = ToolEntry("raw__big", "raw", "big", {"name": "raw__big"}, "trusted")
+
+        def tool(self, name: str) -> ToolEntry | None:
+            return self.entry if name == "raw__big" else None
+
+        def tools(self) -> list[ToolEntry]:
+            return [self.entry]
+
+    handler = build_pipeline(runtime.interceptors[1:], route)  # the audit interceptor left out
+    with pytest.raises(RuntimeError):
+        await handler(GatewayRequest("tools/call", {"name": "raw__big", "arguments": {}}, session(), OneTool()))
+    assert reached == []
+    full = build_pipeline(runtime.interceptors, route)
+    error = await refusal(full(GatewayRequest("tools/call", {"name": "raw__big", "arguments": {}}, session(), OneTool())))
+    assert "cannot ask" in error.message and reached == []
