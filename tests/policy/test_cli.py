@@ -69,6 +69,9 @@ def check(*args: str) -> subprocess.CompletedProcess[str]:
     [
         ("alice", "fs/read_file", {"path": "notes/today.md"}, 0, "decision: allow"),
         ("alice", "fs__read_file", {"path": "../../etc/passwd"}, 3, "outside the allowed directories"),
+        # Free text is not shell-bound: metacharacters in it are nobody's business but the reader's.
+        ("alice", "fs/read_file", {"path": "docs/café notes v1.2.md", "note": 'He said "a; b | c" && `x` $(y) > z'}, 0,
+         "decision: allow"),
         ("alice", "read_file", {"path": 3}, 3, "schema:inputSchema"),
         ("alice", "delete_file", {"path": "x"}, 4, "decision: approval"),
         ("bob", "delete_file", {"path": "x"}, 3, "default-deny"),
