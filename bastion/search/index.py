@@ -128,10 +128,17 @@ class ToolIndex:
         index.build(tools)
         return index
 
-    def build(self, tools: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the whole catalog."""
+    def build(self, tools: Iterable[Mapping[str, Any]], *, progressive: bool = False) -> None:
+        """Replace the whole catalog.
+
+        ``progressive``: publish the lexical index first, so searches answer (BM25 only)
+        while the tool texts are being embedded, then switch to hybrid. Embedding thousands
+        of tools takes minutes on a small CPU; a gateway should not be blind meanwhile.
+        """
         with self._write_lock:
             docs = {self._key(t): self._make_doc(t) for t in tools}
+            if progressive and self._encoder is not None:
+                self._publish(docs, embed=False)
             self._publish(docs)
 
     def upsert(self, tools: Iterable[Mapping[str, Any]]) -> None:
@@ -159,14 +166,19 @@ class ToolIndex:
         tool = dict(tool)
         return _Doc(tool=tool, tokens=tuple(lexical_tokens(lexical_text(tool), self._stem)), semantic=semantic_text(tool))
 
-    def _publish(self, docs: dict[str, _Doc]) -> None:
+    def _publish(self, docs: dict[str, _Doc], *, embed: bool = True) -> None:
         keys = tuple(sorted(docs))
         lexical = None
         if keys:
             lexical = bm25s.BM25(k1=BM25_K1, b=BM25_B)
             lexical.index([list(docs[k].tokens) for k in keys], show_progress=False)
-        vectors = self._vectors_for([docs[k].semantic for k in keys]) if self._encoder else None
+        vectors = self._vectors_for([docs[k].semantic for k in keys]) if self._encoder and embed else None
         self._snapshot = _Snapshot(keys=keys, docs=docs, lexical=lexical, vectors=vectors)
+
+    @property
+    def semantic_ready(self) -> bool:
+        """True once every listed tool has its vector (always False in lexical mode)."""
+        return self._snapshot.vectors is not None
 
     def _vectors_for(self, texts: Sequence[str]) -> np.ndarray:
         assert self._encoder is not None
@@ -235,11 +247,13 @@ class ToolIndex:
         tokens = [t for t in tokens if t in vocab]
         if not tokens:
             # No shared word: lexical has no opinion, so semantic alone decides (if present).
-            return None if self._encoder is not None else np.zeros(len(snap.keys), dtype=np.float32)
+            if self._encoder is not None and snap.vectors is not None:
+                return None
+            return np.zeros(len(snap.keys), dtype=np.float32)
         return snap.lexical.get_scores(tokens)  # type: ignore[union-attr]
 
     def _semantic_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:
-        if self._encoder is None or snap.vectors is None or snap.vectors.size == 0:
+        if self._encoder is None or snap.vectors is None or snap.vectors.shape[0] != len(snap.keys):
             return None
         qvec = self._encoder.encode([query], max_tokens=QUERY_MAX_TOKENS)[0]
         return snap.vectors @ qvec

