@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -236,6 +236,14 @@ class Target:
     server: str
     trust: str
     attrs: tuple[tuple[str, Any], ...]
+    # Targets key the decision cache on every call: hash them once.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.kind, self.ident, self.server, self.trust, self.attrs)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @staticmethod
     def for_tool(facts: ToolFacts) -> "Target":

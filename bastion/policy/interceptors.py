@@ -35,6 +35,7 @@ POLICY_DENIED = -32001
 ARGUMENT_REFUSED = -32602
 _SESSION_FACTS = "bastion.policy.session"
 _REMEMBERED = "bastion.policy.approved_tools"
+_WHO = "bastion.policy.audit_who"
 
 
 @dataclass(slots=True)
@@ -117,8 +118,11 @@ class AuditInterceptor:
                 self._write(request, trail, outcome, (time.perf_counter_ns() - started) / 1e6)
 
     def _write(self, request: GatewayRequest, trail: Trail, outcome: Any, latency_ms: float) -> None:
-        identity = request.session.identity
-        who = {"name": identity.name, "groups": list(identity.groups), "session": request.session.session_id}
+        who = request.session.facts.get(_WHO)
+        if who is None:
+            identity = request.session.identity
+            who = {"name": identity.name, "groups": list(identity.groups), "session": request.session.session_id}
+            request.session.facts[_WHO] = who
         what: dict[str, Any] = {"method": request.method}
         target = request.params.get("name") or request.params.get("uri")
         if target is not None:

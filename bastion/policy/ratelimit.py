@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
 import math
+import re
 import time
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Callable, Sequence
 
 from bastion.policy.config import RateLimitConfig
@@ -50,12 +51,16 @@ class RateLimiter:
 
     def __init__(self, limits: Sequence[RateLimitConfig], clock: Callable[[], float] = time.monotonic) -> None:
         self._limits = tuple(limits)
+        # Patterns compiled once; "*" needs no matching at all.
+        self._matchers = tuple(None if l.match == "*" else re.compile(fnmatch.translate(l.match)) for l in self._limits)
         self._clock = clock
         self._buckets: dict[tuple[int, str, str], TokenBucket] = {}
 
-    def _subject(self, limit: RateLimitConfig, principal: str, server: str, tool: str) -> str | None:
-        subject = {"principal": principal, "tool": f"{server}/{tool}", "server": server}[limit.scope]
-        return subject if fnmatchcase(subject, limit.match) else None
+    def _subject(self, index: int, limit: RateLimitConfig, principal: str, server: str, tool: str) -> str | None:
+        scope = limit.scope
+        subject = principal if scope == "principal" else server if scope == "server" else f"{server}/{tool}"
+        matcher = self._matchers[index]
+        return subject if matcher is None or matcher.match(subject) else None
 
     def check(self, principal: str, server: str, tool: str) -> RateVerdict:
         if not self._limits:
@@ -64,7 +69,7 @@ class RateLimiter:
         wait, rule = 0.0, ""
         taken: list[TokenBucket] = []
         for index, limit in enumerate(self._limits):
-            subject = self._subject(limit, principal, server, tool)
+            subject = self._subject(index, limit, principal, server, tool)
             if subject is None:
                 continue
             owner = principal if limit.per_principal or limit.scope == "principal" else ""

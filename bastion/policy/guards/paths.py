@@ -106,11 +106,13 @@ def _encoded_syntax(value: str) -> bool:
 
 def _hidden(absolute: str, root: str) -> bool:
     inside = absolute[len(root) :] if root != "/" else absolute
-    return any(seg.startswith(".") for seg in inside.split("/") if seg)
+    return "/." in inside
 
 
 def _too_long(value: str) -> bool:
     # Over-long names are truncated or rejected differently by each layer: a classic filter bypass.
+    if len(value) <= _NAME_MAX // 4:
+        return False  # even four UTF-8 bytes a character cannot make it too long
     encoded = value.encode("utf-8", "surrogatepass")
     return len(encoded) > _PATH_MAX or any(len(seg) > _NAME_MAX for seg in encoded.split(b"/"))
 
@@ -130,10 +132,11 @@ def check_path(value: object, rules: PathRules) -> GuardResult:
         if _encoded_syntax(value):
             return refuse("the path contains encoded path syntax")
         readings = _readings(value)
+    placed: list[tuple[str, str]] = []
     for reading in readings:
         if not rules.allow_backslash and "\\" in reading:
             return refuse("the path contains a backslash")
-        if _DRIVE_OR_UNC.match(reading) or _DOT_RUN.search(reading.replace("\\", "/")):
+        if _DRIVE_OR_UNC.match(reading) or ("..." in reading and _DOT_RUN.search(reading.replace("\\", "/"))):
             return refuse("the path is outside the allowed directories")
         absolute = _absolute(reading, rules.base)
         root = _root_of(absolute, rules.roots)
@@ -141,22 +144,20 @@ def check_path(value: object, rules: PathRules) -> GuardResult:
             return refuse("the path is outside the allowed directories")
         if not rules.allow_hidden and _hidden(absolute, root):
             return refuse("the path names a hidden file or directory")
+        placed.append((absolute, root))
     if rules.resolve_symlinks:
-        for reading in readings:
-            if not _resolves_inside(_absolute(reading, rules.base), rules):
+        for absolute, root in placed:
+            if not _resolves_inside(absolute, root, rules):
                 return refuse("the path leads outside the allowed directories through a symbolic link")
     return PASS
 
 
-def _resolves_inside(absolute: str, rules: PathRules) -> bool:
+def _resolves_inside(absolute: str, root: str, rules: PathRules) -> bool:
     """Walk the components below the root with lstat; only a symbolic link needs a full resolution.
 
     Much cheaper than ``realpath`` for every call: the root itself was resolved once, at start, and a
     component that does not exist yet cannot be a link (the server would create a plain entry).
     """
-    root = _root_of(absolute, rules.roots)
-    if root is None:
-        return False
     current = root.rstrip("/")
     for part in absolute[len(root) :].split("/"):
         if not part:

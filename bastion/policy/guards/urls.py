@@ -16,7 +16,6 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from fnmatch import translate
-from urllib.parse import urlsplit
 
 from bastion.policy.decision import PASS, GuardResult, refuse
 from bastion.policy.guards.decoding import compatibility_form, decode_fully
@@ -26,6 +25,7 @@ _SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp"})
 _UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\\\\s]")
 _HOST_CHARACTERS = re.compile(r"[a-z0-9._\-\u0080-\U0010ffff]+")
 _NUMERIC_LABEL = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
+_AUTHORITY_END = re.compile(r"[/?#]")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _IDEOGRAPHIC_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
 _METADATA_ADDRESSES = frozenset(
@@ -163,19 +163,23 @@ def check_url(value: object, rules: UrlRules) -> GuardResult:
     rest = value[scheme_match.end() :]
     if scheme in _SPECIAL_SCHEMES and (not rest.startswith("//") or rest.startswith("///")):
         return refuse("the URL is malformed")
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError:
-        return refuse("the URL is malformed")
-    netloc = parts.netloc
-    if "@" in netloc and not rules.allow_userinfo:
+    authority = _AUTHORITY_END.split(rest[2:], 1)[0] if rest.startswith("//") else ""
+    if "@" in authority and not rules.allow_userinfo:
         return refuse("the URL carries credentials")
-    raw_host = netloc.rsplit("@", 1)[-1]
-    if raw_host.startswith("["):
-        raw_host = raw_host[1 : raw_host.find("]")] if "]" in raw_host else raw_host
+    hostport = authority.rsplit("@", 1)[-1]
+    if hostport.startswith("["):
+        end = hostport.find("]")
+        if end < 0:
+            return refuse("the URL is malformed")
+        raw_host, port_text = hostport[1:end], hostport[end + 1 :]
+        if port_text and not port_text.startswith(":"):
+            return refuse("the URL is malformed")
+        port_text = port_text[1:]
     else:
-        raw_host = raw_host.split(":", 1)[0]
+        raw_host, _, port_text = hostport.partition(":")
+    if port_text and (not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535):
+        return refuse("the URL is malformed")
+    port = int(port_text) if port_text else None
     host = _normal_host(raw_host)
     if not host:
         return refuse("the URL has no host")
