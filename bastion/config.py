@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
+from bastion.policy.config import PolicyConfig
 from bastion.sandbox import SandboxConfig
 
 log = logging.getLogger("bastion.config")
@@ -61,6 +62,9 @@ class GatewayConfig(BaseModel):
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
     page_size: int = Field(default=0, ge=0, description="items per list page sent to clients; 0 sends one page")
+    policy: PolicyConfig | None = Field(
+        default=None, description="authorization, guards, approval, rate limits and audit; absent: every call is allowed"
+    )
     ready_timeout: float = Field(default=30.0, gt=0, description="how long a client's first request waits for servers")
 
     @field_validator("servers")
@@ -89,6 +93,10 @@ def load_config(path: str | os.PathLike[str] | None) -> GatewayConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be an object/table, not {type(data).__name__}")
     data = _normalize(file, data)
+    policy = data.get("policy")
+    if isinstance(policy, dict) and "base_dir" not in policy:
+        # Policy files named relative to the configuration are read from beside it.
+        data = {**data, "policy": {**policy, "base_dir": str(file.resolve().parent)}}
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from typing import Any
 
@@ -13,11 +12,9 @@ import orjson
 
 from bastion.config import ConfigError, GatewayConfig, load_config
 from bastion.gateway.core import Gateway
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Session
+from bastion.gateway.pipeline import GatewayError, GatewayRequest, Session
 
 log = logging.getLogger("bastion")
-
-LOCAL_IDENTITY = Identity(os.environ.get("USER") or "local", ("local",))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +72,8 @@ def _run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     log.info("serving %d server(s) on stdio: %s", len(config.servers), ", ".join(config.servers) or "none")
-    run_loop(serve_stdio(Gateway(config), protocol_fd, LOCAL_IDENTITY))
+    gateway = Gateway(config)
+    run_loop(serve_stdio(gateway, protocol_fd, gateway.identity))
     return 0
 
 
@@ -102,7 +100,7 @@ def _check(args: argparse.Namespace) -> int:
 async def with_gateway(config: GatewayConfig, work) -> Any:
     """Start the servers, wait for them, run ``work(gateway, session)``, shut down."""
     gateway = Gateway(config)
-    session = Session(LOCAL_IDENTITY, "legacy", "2025-11-25", {}, None, "cli")
+    session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "cli")
     try:
         gateway.start({})
         await gateway.wait_ready()

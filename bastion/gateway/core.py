@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 from bastion import __version__
 from bastion.config import GatewayConfig
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Interceptor, build_pipeline
+from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Interceptor, build_pipeline
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
+from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending
 
@@ -52,7 +53,11 @@ class Gateway:
         self.upstreams = {
             name: Upstream(name, cfg, self, launcher, config.max_message_bytes) for name, cfg in enabled.items()
         }
-        self.handle = build_pipeline(list(interceptors), self._route)
+        self.policy = build_policy_runtime(config.policy) if config.policy is not None else None
+        if self.policy is None:
+            log.warning("no policy section in the configuration: every tool call is allowed and nothing is audited")
+        chain = [*(self.policy.interceptors if self.policy else ()), *interceptors]
+        self.handle = build_pipeline(chain, self._route)
         self._connections: dict[str, ClientConnection] = {}
         self._started = False
         self._refreshes: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -97,6 +102,16 @@ class Gateway:
         for task in self._refreshes.values():
             task.cancel()
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
+        if self.policy is not None:
+            await self.policy.aclose()
+
+    @property
+    def identity(self) -> Identity:
+        """Who a stdio client is: a pipe carries no credentials, so the policy section names it."""
+        if self.config.policy is None:
+            return Identity("local", ("local",))
+        configured = self.config.policy.identity
+        return Identity(configured.name, tuple(configured.groups))
 
     def attach(self, connection: ClientConnection) -> None:
         self._connections[connection.id] = connection
@@ -301,6 +316,12 @@ class Gateway:
             raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
         for connection in reversed(list(self._connections.values())):
             if connection.era == "legacy" and connection.supports(capability):
+                if self.policy is not None:
+                    decision = self.policy.authorize_server_request(connection.identity, upstream.name, method,
+                                                                    upstream.config.trust)
+                    if not decision.allowed:
+                        raise GatewayError(jsonrpc.INVALID_REQUEST,
+                                           f"{method} from server {upstream.name!r} refused by policy: {decision.reason}")
                 return await connection.request(method, params)
         if any(c.era == "modern" for c in self._connections.values()):
             raise GatewayError(jsonrpc.METHOD_NOT_FOUND,
