@@ -7,6 +7,7 @@ never sees a half-applied update and needs no lock.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -227,6 +228,11 @@ class ToolIndex:
         )
         best = top_k(scores, k)
         return [(snap.keys[candidates[i]], float(scores[i])) for i in best]
+
+    async def search_async(self, query: str, k: int = 5, allowed: Allowed | None = None) -> list[tuple[str, float]]:
+        """:meth:`search` on a worker thread: embedding a query takes milliseconds of CPU that
+        the event loop should spend relaying messages (onnxruntime releases the GIL)."""
+        return await asyncio.to_thread(self.search, query, k, allowed)
 
     def score_components(self, query: str) -> tuple[tuple[str, ...], np.ndarray | None, np.ndarray | None]:
         """Keys with the raw lexical and semantic scores of every tool (for tuning and benchmarks)."""

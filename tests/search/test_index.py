@@ -213,3 +213,23 @@ def test_progressive_build_answers_lexically_while_embedding(encoder):
         builder.join(60)
     assert ix.semantic_ready
     assert ix.search("notify my boss by mail", 1)[0][0] == "send_email"
+
+
+async def test_search_async_matches_search_and_keeps_the_loop_free(encoder):
+    import asyncio
+
+    ix = ToolIndex(encoder=encoder)
+    ix.build(CATALOG)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    hits = await asyncio.gather(*(ix.search_async("send an email to a colleague", 3) for _ in range(5)))
+    task.cancel()
+    assert all(h == ix.search("send an email to a colleague", 3) for h in hits)
+    assert ticks > 50, "the loop kept running while queries were embedded"
