@@ -141,6 +141,16 @@ class LivePath:
     tool: str
     sequential: Accumulated = field(default_factory=Accumulated)
     windowed: Accumulated = field(default_factory=Accumulated)
+    cpu_at_start: float | None = None
+
+    def cpu_us_per_call(self) -> float | None:
+        """CPU the process behind the pipe spent per measured call; unlike wall time, barely moved by
+        other load on the machine."""
+        now = self.client.cpu_seconds()
+        calls = len(self.sequential.latencies_ns) + len(self.windowed.latencies_ns)
+        if now is None or self.cpu_at_start is None or not calls:
+            return None
+        return (now - self.cpu_at_start) / calls * 1e6
 
 
 def log(message: str) -> None:
@@ -223,6 +233,7 @@ async def measure_live_paths(specs: list[PathSpec], options: argparse.Namespace,
     for path in live:
         await measure_round(path, options.warmup, timeout_s)
         path.sequential, path.windowed = Accumulated(), Accumulated()  # warm-up is not measured
+        path.cpu_at_start = path.client.cpu_seconds()
 
     per_round = max(1, options.calls // options.rounds)
     with collector_paused():
@@ -247,7 +258,9 @@ async def measure_live_paths(specs: list[PathSpec], options: argparse.Namespace,
             "tool": path.tool,
             "sequential": path.sequential.summary(),
             "inflight": path.windowed.summary(),
-            # RSS of the process the client talks to (the gateway on proxied paths), after the run.
+            # CPU and RSS of the process the client talks to: the echo server on the direct path, the
+            # relay or gateway on the others (without the echo server behind it).
+            "cpu_us_per_call": path.cpu_us_per_call(),
             "rss_mb": None if rss is None else rss / MB,
         }
 
@@ -339,7 +352,15 @@ def context_ratios(paths: dict[str, Any]) -> dict[str, float | None]:
         value = figure(paths, name, "sequential", "p50_ms")
         out[f"{name}_added_p50_ms"] = None if value is None or direct is None else value - direct
         out[f"{name}_inflight_throughput_vs_direct"] = throughput_ratio(paths, name)[0]
+    relay_cpu, bastion_cpu = (cpu_per_call(paths, name) for name in ("relay", "bastion"))
+    out["bastion_cpu_per_call_vs_relay"] = (
+        None if relay_cpu is None or bastion_cpu is None or relay_cpu <= 0 else bastion_cpu / relay_cpu)
     return out
+
+
+def cpu_per_call(paths: dict[str, Any], name: str) -> float | None:
+    entry = paths.get(name)
+    return entry.get("cpu_us_per_call") if entry and entry.get("status") == "ok" else None
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
@@ -353,7 +374,8 @@ def render_table(report: dict[str, Any]) -> str:
         f"Python {report['machine']['python']}",
         "",
         f"{'path':<9} {'seq p50 ms':>10} {'seq p99 ms':>10} {'seq calls/s':>11} "
-        f"{'32 p50 ms':>10} {'32 p99 ms':>10} {'32 calls/s':>11} {'added p50 ms':>12} {'RSS MB':>7}",
+        f"{'32 p50 ms':>10} {'32 p99 ms':>10} {'32 calls/s':>11} {'added p50 ms':>12} {'CPU us/call':>11} "
+        f"{'RSS MB':>7}",
     ]
     direct_p50 = figure(report["paths"], "direct", "sequential", "p50_ms")
     for name, entry in report["paths"].items():
@@ -365,7 +387,7 @@ def render_table(report: dict[str, Any]) -> str:
         lines.append(
             f"{name:<9} {seq['p50_ms']:>10.3f} {seq['p99_ms']:>10.3f} {seq['calls_per_s']:>11.0f} "
             f"{win['p50_ms']:>10.3f} {win['p99_ms']:>10.3f} {win['calls_per_s']:>11.0f} "
-            f"{fmt(added):>12} {fmt(entry['rss_mb'], '.1f'):>7}")
+            f"{fmt(added):>12} {fmt(entry['cpu_us_per_call'], '.0f'):>11} {fmt(entry['rss_mb'], '.1f'):>7}")
     idle = report.get("bastion_idle_rss")
     if idle is not None:
         lines += ["", "Bastion idle RSS with 10 echo servers federated: "
@@ -376,6 +398,14 @@ def render_table(report: dict[str, Any]) -> str:
         value = fmt(row["value"], ".2f" if row["value"] is None or row["value"] >= 1 else ".3f")
         note = f"  ({row['note']})" if row["note"] else ""
         lines.append(f"{row['name']:<68} {value:>8} {row['target']:>7}  {row['status']}{note}")
+    context = report["context"]
+    lines += ["", "context (not targets):"]
+    for name in ("relay", "bastion", "fastmcp"):
+        if context[f"{name}_inflight_throughput_vs_direct"] is not None:
+            lines.append(f"  {name} throughput with {WINDOW} in flight / direct: "
+                         f"{context[f'{name}_inflight_throughput_vs_direct']:.2f}")
+    if context["bastion_cpu_per_call_vs_relay"] is not None:
+        lines.append(f"  bastion CPU per call / relay CPU per call: {context['bastion_cpu_per_call_vs_relay']:.2f}")
     return "\n".join(lines)
 
 

@@ -160,6 +160,9 @@ class McpPipeClient:
     def rss_bytes(self) -> int | None:
         return read_vm_rss(self.process.pid)
 
+    def cpu_seconds(self) -> float | None:
+        return read_cpu_seconds(self.process.pid)
+
     async def close(self, grace_seconds: float = 3.0) -> None:
         """Close stdin (the stdio way to say goodbye), then make sure the whole process group is gone."""
         process = self.process
@@ -195,3 +198,15 @@ def read_vm_rss(pid: int) -> int | None:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return None
+
+
+def read_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time one process (not its children) has used so far, from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; the fields after its closing one are fixed.
+    fields = stat[stat.rindex(")") + 2:].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")

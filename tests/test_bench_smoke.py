@@ -45,6 +45,7 @@ def test_quick_json_reports_both_paths(quick_report: dict) -> None:
         assert_sane_mode(entry["sequential"], quick_report["calls"])
         assert_sane_mode(entry["inflight"], quick_report["calls"])
         assert entry["rss_mb"] > 1
+        assert entry["cpu_us_per_call"] is not None and entry["cpu_us_per_call"] >= 0
 
 
 def test_targets_that_need_absent_paths_are_skipped_not_guessed(quick_report: dict) -> None:
@@ -57,10 +58,15 @@ def test_targets_that_need_absent_paths_are_skipped_not_guessed(quick_report: di
 def test_table_output_lists_paths_and_targets() -> None:
     result = run_bench("--quick", "--calls", "64", "--paths", "direct,relay")
     assert result.returncode == 0, result.stderr
-    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.strip()}
+    rows: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        if line.strip():
+            rows.setdefault(line.split()[0], line.split())  # the first line naming a path is its table row
     for path in ("direct", "relay"):
-        figures = [float(value) for value in rows[path][1:7]]
-        assert all(value > 0 for value in figures), rows[path]
+        figures = [float(value) for value in rows[path][1:10]]
+        latency_and_throughput, cpu_us, rss_mb = figures[:6], figures[7], figures[8]
+        assert all(value > 0 for value in latency_and_throughput), rows[path]
+        assert cpu_us >= 0 and rss_mb > 1, rows[path]  # 64 calls may fit in one CPU clock tick
     assert "target" in rows
     assert "[bench]" not in result.stdout, "progress belongs on stderr, out of the table"
 
