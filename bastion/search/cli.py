@@ -28,6 +28,8 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=5, help="also report Recall@K (default 5)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("--lexical-only", action="store_true", help="BM25 alone, without the embedding model")
+    p.add_argument("--doc-tokens", type=int, default=128, metavar="N",
+                   help="word pieces embedded per tool (default 128; 32 builds ~3x faster, slightly lower recall)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="reuse tool embeddings stored here across runs (default: none)")
     return p
@@ -50,7 +52,8 @@ def eval_main(argv: list[str]) -> int:
     encoder = None if args.lexical_only else "auto"
     report = evaluate_index(
         tools, queries, k=args.k,
-        make_index=lambda: ToolIndex(key_field="id", encoder=encoder, cache_dir=args.cache_dir),
+        make_index=lambda: ToolIndex(key_field="id", encoder=encoder, cache_dir=args.cache_dir,
+                                     doc_max_tokens=args.doc_tokens),
     )
     if args.json:
         sys.stdout.write(orjson.dumps(report.as_json(), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode() + "\n")

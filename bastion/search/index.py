@@ -73,8 +73,14 @@ class ToolIndex:
         weights: FusionWeights | None = None,
         key_field: str = "name",
         cache_dir: Path | None = None,
+        doc_max_tokens: int = DOC_MAX_TOKENS,
     ) -> None:
+        """``doc_max_tokens`` bounds the word pieces embedded per tool: embedding cost grows
+        linearly with it. 128 keeps the parameters (best recall); 32 keeps about the name and
+        the description's first sentence, three times cheaper for about 1 point of Recall@5
+        on BFCL (docs/search.md)."""
         self.key_field = key_field
+        self.doc_max_tokens = doc_max_tokens
         self.weights = weights or FusionWeights()
         self._stem = make_stemmer()
         self._write_lock = threading.Lock()
@@ -186,18 +192,18 @@ class ToolIndex:
         known = self._vectors_by_text
         missing = sorted({t for t in texts if t not in known})
         if missing and self._cache is not None:
-            keys = {t: EmbeddingCache.key(t, DOC_MAX_TOKENS) for t in missing}
+            keys = {t: EmbeddingCache.key(t, self.doc_max_tokens) for t in missing}
             found = self._cache.get_many(list(keys.values()))
             for text, key in keys.items():
                 if key in found:
                     known[text] = found[key]
             missing = [t for t in missing if t not in known]
         if missing:
-            fresh = self._encoder.encode(missing, max_tokens=DOC_MAX_TOKENS)
+            fresh = self._encoder.encode(missing, max_tokens=self.doc_max_tokens)
             for text, vec in zip(missing, fresh):
                 known[text] = vec
             if self._cache is not None:
-                self._cache.put_many({EmbeddingCache.key(t, DOC_MAX_TOKENS): v for t, v in zip(missing, fresh)})
+                self._cache.put_many({EmbeddingCache.key(t, self.doc_max_tokens): v for t, v in zip(missing, fresh)})
         # Forget vectors of tools no longer listed, so memory follows the live catalog.
         live = set(texts)
         for text in [t for t in known if t not in live]:
