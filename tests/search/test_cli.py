@@ -85,3 +85,17 @@ def test_stats_from_a_catalog_file(tmp_path):
 def test_stats_without_catalog_or_gateway_explains(tmp_path):
     proc = run(STATS)
     assert proc.returncode == 2 and "--catalog" in proc.stderr
+
+
+def test_register_adds_tools_subcommands_to_a_parser(catalog_files):
+    """The wiring the ``bastion`` command uses: ``bastion tools eval ...`` reaches eval_main."""
+    script = (
+        "import argparse, sys; from bastion.search.cli import register;"
+        "p = argparse.ArgumentParser(prog='bastion'); sub = p.add_subparsers(dest='command', required=True);"
+        "register(sub); args = p.parse_args(sys.argv[1:]); sys.exit(args.handler(args))"
+    )
+    tools, queries = catalog_files
+    proc = run(script, "tools", "eval", "--tools", str(tools), "--queries", str(queries), "--lexical-only", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert orjson.loads(proc.stdout)["recall"]["recall@10"] == 1.0
+    assert run(script, "tools", "stats").returncode == 2
