@@ -16,11 +16,17 @@ import orjson
 CatalogLoader = Callable[[str | None], Mapping[str, Sequence[Mapping[str, Any]]]]
 
 
+EVAL_DESCRIPTION = "Measure tool retrieval on your own catalog: Recall@1/5/10, nDCG@10, MRR, build time, query latency."
+STATS_DESCRIPTION = "Prompt tokens that tool definitions cost: every schema listed versus search mode."
+
+
 def _eval_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bastion tools eval",
-        description="Measure tool retrieval on your own catalog: Recall@1/5/10, nDCG@10, MRR, build time, query latency.",
-    )
+    p = argparse.ArgumentParser(prog="bastion tools eval", description=EVAL_DESCRIPTION)
+    _add_eval_arguments(p)
+    return p
+
+
+def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tools", required=True, type=Path, metavar="TOOLS.jsonl",
                    help="one tool per line: {id, name, description, inputSchema}")
     p.add_argument("--queries", required=True, type=Path, metavar="QUERIES.jsonl",
@@ -32,11 +38,13 @@ def _eval_parser() -> argparse.ArgumentParser:
                    help="word pieces embedded per tool (default 128; 32 builds ~3x faster, slightly lower recall)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="reuse tool embeddings stored here across runs (default: none)")
-    return p
 
 
 def eval_main(argv: list[str]) -> int:
-    args = _eval_parser().parse_args(argv)
+    return _run_eval(_eval_parser().parse_args(argv))
+
+
+def _run_eval(args: argparse.Namespace) -> int:
     from bastion.search.evaluate import CatalogFileError, evaluate_index, format_report, load_catalog, load_queries
     from bastion.search.index import ToolIndex
 
@@ -63,10 +71,12 @@ def eval_main(argv: list[str]) -> int:
 
 
 def _stats_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bastion tools stats",
-        description="Prompt tokens that tool definitions cost: every schema listed versus search mode.",
-    )
+    p = argparse.ArgumentParser(prog="bastion tools stats", description=STATS_DESCRIPTION)
+    _add_stats_arguments(p)
+    return p
+
+
+def _add_stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", metavar="CONFIG", help="Bastion configuration whose live catalog to measure")
     p.add_argument("--catalog", type=Path, metavar="FILE",
                    help="measure a catalog file instead: JSON {server: [tools]} or JSONL tools with an optional 'server' field")
@@ -76,7 +86,6 @@ def _stats_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoding", action="append", choices=["o200k_base", "cl100k_base"],
                    help="tokenizer(s) to count with (default both)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
-    return p
 
 
 def load_catalog_file(path: Path) -> dict[str, list[dict[str, Any]]]:
@@ -101,7 +110,10 @@ def load_catalog_file(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 def stats_main(argv: list[str], catalog_loader: CatalogLoader | None = None) -> int:
     """``catalog_loader(config_path)`` returns the live federated catalog ``{server: [tools]}``."""
-    args = _stats_parser().parse_args(argv)
+    return _run_stats(_stats_parser().parse_args(argv), catalog_loader)
+
+
+def _run_stats(args: argparse.Namespace, catalog_loader: CatalogLoader | None) -> int:
     from bastion.search.economics import DEFAULT_ENCODINGS, catalog_cost, format_cost
     from bastion.search.tokenizers_offline import EncodingLoader, EncodingUnavailable
 
@@ -130,10 +142,10 @@ def register(subparsers: Any, catalog_loader: CatalogLoader | None = None) -> No
     """Adds ``bastion tools eval|stats`` to the ``bastion`` command."""
     tools = subparsers.add_parser("tools", help="tool search: offline evaluation and token economics")
     sub = tools.add_subparsers(dest="tools_command", required=True)
-    for name, main, helptext in (
-        ("eval", lambda rest: eval_main(rest), "evaluate tool retrieval on a catalog and queries file"),
-        ("stats", lambda rest: stats_main(rest, catalog_loader), "prompt tokens of all schemas vs search mode"),
-    ):
-        p = sub.add_parser(name, help=helptext, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(handler=lambda args, _main=main: _main(args.rest))
+    eval_parser = sub.add_parser("eval", help="evaluate tool retrieval on a catalog and queries file",
+                                 description=EVAL_DESCRIPTION)
+    _add_eval_arguments(eval_parser)
+    eval_parser.set_defaults(handler=_run_eval)
+    stats_parser = sub.add_parser("stats", help="prompt tokens of all schemas vs search mode", description=STATS_DESCRIPTION)
+    _add_stats_arguments(stats_parser)
+    stats_parser.set_defaults(handler=lambda args: _run_stats(args, catalog_loader))
