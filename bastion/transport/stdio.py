@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 
 NEWLINE = b"\n"
+_DRAIN_ABOVE = 1024 * 1024
 
 
 class FrameTooLarge(Exception):
@@ -85,7 +86,9 @@ class CoalescingWriter:
             self._writer.write(b"".join(burst))
 
     async def drain(self) -> None:
-        await self._writer.drain()
+        # Only a peer that stopped reading makes us wait; the common case costs no await at all.
+        if self._writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
+            await self._writer.drain()
 
 
 @dataclass(slots=True)
