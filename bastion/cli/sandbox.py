@@ -107,7 +107,8 @@ async def _feed_stdin(process: ServerProcess) -> None:
     try:
         if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(0):  # epoll refuses /dev/null and files
             reader = asyncio.StreamReader()
-            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", closefd=False))
+            stdin = os.fdopen(0, "rb", closefd=False)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
             while chunk := await reader.read(65536):
                 process.stdin.write(chunk)
                 await process.stdin.drain()

@@ -110,14 +110,16 @@ class EgressProxy:
             await relay(reader, writer, *upstream)
         except RequestRejected as rejected:
             await reply_error(writer, rejected.status, rejected.reason)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             await reply_error(writer, 400, "malformed or oversized request head")
         except (ConnectionError, OSError):
             pass
         finally:
             writer.close()
 
-    async def open_checked(self, host: str, port: int, method: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def open_checked(
+        self, host: str, port: int, method: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Allowlist, resolve, check the addresses, connect to a checked address: or refuse with a reason."""
         decision = decide_request(self.rules, host, port)
         if decision.allowed and decision.explicit_ip is not None:
@@ -137,7 +139,7 @@ class EgressProxy:
         for address in addresses:
             try:
                 return await asyncio.wait_for(asyncio.open_connection(str(address), port), CONNECT_TIMEOUT)
-            except (OSError, asyncio.TimeoutError) as error:
+            except (TimeoutError, OSError) as error:
                 last_error = error
         raise RequestRejected(502, f"could not connect to {host}:{port}: {last_error}")
 

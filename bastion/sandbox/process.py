@@ -113,7 +113,7 @@ class ServerProcess:
         try:
             await asyncio.wait_for(asyncio.shield(self._exited), timeout=seconds)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     def _signal_server(self, signum: int) -> None:

@@ -51,7 +51,8 @@ class Mount:
         if self.kind == "rw":
             return ["--bind", self.source, self.dest]
         if self.kind == "tmpfs":
-            return ["--perms", "0700", "--tmpfs", self.dest] if self.dest != "/tmp" else ["--perms", "01777", "--tmpfs", self.dest]
+            mode = "01777" if self.dest == "/tmp" else "0700"
+            return ["--perms", mode, "--tmpfs", self.dest]
         if self.kind == "symlink":
             return ["--symlink", self.source, self.dest]
         return ["--dir", self.dest]

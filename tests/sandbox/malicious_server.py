@@ -5,7 +5,6 @@ Standard library only, JSON-RPC over stdio. Each tool reports what happened as J
 """
 
 import ctypes
-import errno
 import fcntl
 import json
 import os

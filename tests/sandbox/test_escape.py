@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.sandbox.conftest import (
-    MALICIOUS_SERVER, Grants, kill_all, processes_with, wait_until_gone, wait_until_present,
+    MALICIOUS_SERVER, Grants, kill_all, wait_until_gone, wait_until_present,
 )
 
 

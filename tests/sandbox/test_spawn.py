@@ -132,7 +132,8 @@ async def test_stdin_eof_ends_a_well_behaved_server_quickly():
 
 @pytest.mark.parametrize("config", [DEFAULT, NONE], ids=["default", "none"])
 async def test_sigterm_then_sigkill_for_servers_that_ignore_eof(config):
-    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)"
+    stubborn = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "print('up', flush=True)\ntime.sleep(60)")
     process = await spawn("test", sys.executable, ["-c", stubborn], {}, None, config)
     assert await process.stdout.readline() == b"up\n"
     started = time.monotonic()
