@@ -211,6 +211,8 @@ def plan_sandbox(
     workdir_inside = "/"
     if cwd:
         workdir_inside = os.path.abspath(cwd)
+        if not os.path.isdir(workdir_inside):
+            raise SandboxError(f"working directory {workdir_inside} does not exist; fix the server's cwd")
         protected = workdir_inside in protected_dirs(home) or workdir_inside == home
         mounts.append(Mount("dir", workdir_inside) if protected else Mount("ro", workdir_inside, workdir_inside))
     argv_inside = [executable, *args]
@@ -308,14 +310,16 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
             os.close(fd)
             fds.remove(fd)
         info = await asyncio.wait_for(_read_to_eof(info_read), timeout=30)
-        if not info:
-            await process.wait()
+        try:
+            child_pid = int(json.loads(info)["child-pid"])
+            limits.place([process.pid, child_pid])
+            os.write(block_write, b"1")  # the sandbox now executes the server
+        except (ValueError, KeyError, ProcessLookupError, BrokenPipeError) as error:
+            # bwrap gave up while setting up (a missing path, no user namespaces): its stderr says why.
+            await asyncio.wait_for(process.wait(), timeout=10)
             assert process.stderr is not None
             detail = (await process.stderr.read()).decode(errors="replace").strip()
-            raise SandboxError(f"sandbox for {name!r} failed to start: {detail or 'bwrap exited'}")
-        child_pid = int(json.loads(info)["child-pid"])
-        limits.place([process.pid, child_pid])
-        os.write(block_write, b"1")  # the sandbox now executes the server
+            raise SandboxError(f"sandbox for {name!r} failed to start: {detail or error}") from error
         os.close(block_write)
         fds.remove(block_write)
     except BaseException:

@@ -185,3 +185,26 @@ async def test_a_node_server_reads_only_its_granted_directory(tmp_path):
                                                   "arguments": {"path": str(tmp_path / "new.txt"), "content": "x"}})
     assert refused.get("isError") and not (tmp_path / "new.txt").exists()
     await process.terminate()
+
+
+async def test_missing_working_directory_is_a_clear_error():
+    with pytest.raises(SandboxError, match="working directory /no/such/dir does not exist"):
+        await spawn("test", "/bin/true", [], {}, "/no/such/dir", DEFAULT)
+
+
+async def test_bwrap_setup_failure_surfaces_its_message(tmp_path, monkeypatch):
+    """A granted path that vanishes between planning and bwrap's setup: bwrap's own error is reported."""
+    from bastion.sandbox import process as process_module
+
+    vanishing = tmp_path / "vanishing"
+    vanishing.mkdir()
+    plan = process_module.plan_sandbox
+
+    def plan_then_remove(*args, **kwargs):
+        result = plan(*args, **kwargs)
+        vanishing.rmdir()
+        return result
+
+    monkeypatch.setattr(process_module, "plan_sandbox", plan_then_remove)
+    with pytest.raises(SandboxError, match="Can't find source path"):
+        await spawn("test", "/bin/true", [], {}, None, SandboxConfig(read_only=(str(vanishing),)))
