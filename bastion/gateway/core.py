@@ -30,6 +30,8 @@ _LISTS = {
     "resources/list": ("resources", "resources", "resources"),
     "resources/templates/list": ("resourceTemplates", "resourceTemplates", "resources"),
 }
+_MAX_INPUT_ROUNDS = 8
+_INPUT_CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
 _LIST_CHANGED = {
     "notifications/tools/list_changed": ("tools/list",),
     "notifications/prompts/list_changed": ("prompts/list",),
@@ -197,6 +199,7 @@ class Gateway:
         upstream = self.upstreams[server]
         session = request.session
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        capabilities = {k: v for k, v in session.client_capabilities.items() if k in RELAYABLE_CLIENT_CAPABILITIES}
         result = await upstream.request(
             request.method,
             params,
@@ -204,14 +207,37 @@ class Gateway:
             origin_id=request.request_id,
             progress_token=meta.get("progressToken"),
             log_level=request.log_level,
+            client_capabilities=capabilities,
         )
-        if result.get("resultType") == "input_required" and session.era != "modern":
-            raise GatewayError(
-                jsonrpc.INTERNAL_ERROR,
-                f"server {server!r} asked for more input (input_required), which a {session.protocol_version} client "
-                "cannot answer through Bastion yet",
-            )
+        if session.era != "modern":
+            for _ in range(_MAX_INPUT_ROUNDS):
+                if result.get("resultType") != "input_required":
+                    break
+                result = await self._drive_input_required(request, upstream, params, result, capabilities)
+            else:
+                raise GatewayError(jsonrpc.INTERNAL_ERROR,
+                                   f"server {server!r} kept asking for input after {_MAX_INPUT_ROUNDS} rounds")
         return result
+
+    async def _drive_input_required(self, request: GatewayRequest, upstream: Upstream, params: dict[str, Any],
+                                    result: dict[str, Any], capabilities: dict[str, Any]) -> dict[str, Any]:
+        """A modern server needs input and the client is legacy: ask the client each embedded request, then retry."""
+        client = request.session.client
+        responses: dict[str, Any] = {}
+        for key, embedded in (result.get("inputRequests") or {}).items():
+            method = embedded.get("method") if isinstance(embedded, dict) else None
+            capability = _INPUT_CAPABILITY.get(method)
+            if client is None or capability is None or not client.supports(capability):
+                raise GatewayError(jsonrpc.INTERNAL_ERROR,
+                                   f"server {upstream.name!r} needs {method or 'input'} from the client, which did not "
+                                   f"declare the {capability or 'needed'!r} capability")
+            responses[key] = await client.request(method, embedded.get("params") or {})
+        retry = {**params, "inputResponses": responses}
+        if result.get("requestState") is not None:
+            retry["requestState"] = result["requestState"]
+        return await upstream.request(request.method, retry, origin=request.session.session_id,
+                                      origin_id=f"{request.request_id}/input", log_level=request.log_level,
+                                      client_capabilities=capabilities)
 
     async def _subscription(self, request: GatewayRequest) -> dict[str, Any]:
         uri = request.params.get("uri")

@@ -150,9 +150,9 @@ class ClientConnection:
             if level not in _LOG_LEVELS:
                 return ErrorResponse(message.id, jsonrpc.error(jsonrpc.INVALID_PARAMS, f"invalid log level {level!r}"))
             self._log_level = level
-        assert self._session is not None or message.method == "ping"
         session = self._session or self._anonymous_session()
-        return await self._dispatch(message, session, None)
+        # A legacy client's logging/setLevel is its opt-in; modern servers need it stamped on each request.
+        return await self._dispatch(message, session, self._log_level)
 
     async def _initialize(self, message: Request) -> jsonrpc.Message:
         params = message.params or {}

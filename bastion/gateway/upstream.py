@@ -81,7 +81,7 @@ class Upstream:
         self.server_info: dict[str, Any] | None = None
         self.instructions: str | None = None
         self.ready = asyncio.Event()
-        self.settled = asyncio.Event()  # set once the first start attempt has succeeded or failed
+        self.settled = asyncio.Event()  # set once the server is ready or has failed its first two starts
         self.failure: str | None = None  # why the server is not ready, when it is not
         self._process: ServerProcess | None = None
         self._frames: CoalescingWriter | None = None
@@ -117,7 +117,9 @@ class Upstream:
                 return
             self.ready.clear()
             self.failure = reason
-            self.settled.set()
+            if failures >= 1:
+                # Waiters give up on a server only after its quick first retry has failed too.
+                self.settled.set()
             self._fail_pending(reason)
             self._listener.upstream_down(self, reason)
             if time.monotonic() - self._started_at > _STABLE_AFTER:
@@ -137,14 +139,7 @@ class Upstream:
         stderr_task = asyncio.create_task(self._pump_stderr(process))
         reader_task = asyncio.create_task(self._read(process))
         sweeper = asyncio.create_task(self._sweep_deadlines())
-        try:
-            await asyncio.wait_for(self._handshake(), self.config.startup_timeout)
-        except asyncio.TimeoutError:
-            reason = f"no answer to the handshake within {self.config.startup_timeout:g}s"
-        except GatewayError as exc:
-            reason = f"handshake failed: {exc.message}"
-        else:
-            reason = None
+        reason = await self._handshake_or_exit(process, reader_task)
         if reason is None:
             self.failure = None
             self.ready.set()
@@ -160,6 +155,24 @@ class Upstream:
         await asyncio.gather(reader_task, sweeper, return_exceptions=True)
         await asyncio.wait_for(asyncio.gather(stderr_task, return_exceptions=True), 2)
         return reason
+
+    async def _handshake_or_exit(self, process: ServerProcess, reader_task: asyncio.Task[None]) -> str | None:
+        """Why the handshake failed, or None; a server that exits mid-handshake is noticed at once."""
+        handshake = asyncio.create_task(self._handshake())
+        done, _ = await asyncio.wait({handshake, reader_task}, timeout=self.config.startup_timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if handshake not in done:
+            handshake.cancel()
+            await asyncio.gather(handshake, return_exceptions=True)
+            if reader_task in done:
+                status = await process.wait()
+                return f"exited during the handshake ({process.termination_reason() or f'status {status}'})"
+            return f"no answer to the handshake within {self.config.startup_timeout:g}s"
+        try:
+            handshake.result()
+        except GatewayError as exc:
+            return f"handshake failed: {exc.message}"
+        return None
 
     async def _stop_process(self) -> None:
         process, self._process = self._process, None
@@ -251,28 +264,35 @@ class Upstream:
         progress_token: Any = None,
         log_level: str | None = None,
         timeout: float | None = None,
+        client_capabilities: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Send a request and return its result; a JSON-RPC error, a crash or a timeout raise GatewayError."""
+        """Send a request and return its result; a JSON-RPC error, a crash or a timeout raise GatewayError.
+
+        ``client_capabilities`` are the requesting client's, stamped on requests to a modern server (a legacy
+        server learned the client's capabilities at the handshake).
+        """
         if not self.ready.is_set():
             raise GatewayError(
                 jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not available: {self.failure or 'starting'}"
             )
         if origin_id is None:
             origin_id = f"self:{time.monotonic_ns()}"
-        answer = await self._exchange(method, self._outgoing_params(params, progress_token, log_level), origin,
+        answer = await self._exchange(method, self._outgoing_params(params, progress_token, log_level, client_capabilities), origin,
                                       origin_id, progress_token, timeout or self.config.request_timeout)
         if isinstance(answer, ErrorResponse):
             raise GatewayError(answer.error.get("code", jsonrpc.INTERNAL_ERROR), answer.error.get("message", ""),
                                answer.error.get("data"))
         return answer.result
 
-    def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None) -> dict[str, Any]:
+    def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None,
+                         client_capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
         out = dict(params) if params else {}
         meta = out.get("_meta")
         meta = {k: v for k, v in meta.items() if not k.startswith(_MODERN_META_PREFIX)} if isinstance(meta, dict) else {}
         meta.pop("progressToken", None)
         if self.era == "modern":
-            meta.update(modern_meta(self.client_capabilities, CLIENT_INFO, log_level))
+            capabilities = self.client_capabilities if client_capabilities is None else client_capabilities
+            meta.update(modern_meta(capabilities, CLIENT_INFO, log_level))
         if meta or progress_token is not None:
             out["_meta"] = meta
         else:
