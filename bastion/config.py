@@ -175,19 +175,22 @@ def default_config() -> GatewayConfig:
     servers: dict[str, ServerConfig] = {}
     time_server = _find_executable("mcp-server-time", bindir)
     if time_server:
-        servers["time"] = ServerConfig(command=time_server, args=["--local-timezone", "UTC"])
+        servers["time"] = ServerConfig(command=time_server, args=["--local-timezone", "UTC"], trust="trusted")
     git_server = _find_executable("mcp-server-git", bindir)
     if git_server:
-        servers["git"] = ServerConfig(command=git_server, args=["--repository", str(repo)],
+        servers["git"] = ServerConfig(command=git_server, args=["--repository", str(repo)], trust="trusted",
                                       sandbox=SandboxConfig(writable=(str(repo),)))
     fs_server = _find_executable("mcp-server-filesystem", Path.cwd() / "node_modules" / ".bin")
     if fs_server:
-        servers["files"] = ServerConfig(command=fs_server, args=[str(files)],
+        servers["files"] = ServerConfig(command=fs_server, args=[str(files)], trust="trusted",
                                         sandbox=SandboxConfig(writable=(str(files),)))
     if not servers:
         log.warning("none of the default servers (mcp-server-time, mcp-server-git, mcp-server-filesystem) is "
                     "installed; run the set-up command from the README")
-    return GatewayConfig(servers=servers)
+    # The reference servers are trusted for their annotations, so read-only tools run at once and anything that
+    # writes waits in the approval queue (`bastion approvals`, `bastion approve ID`) unless the client can ask.
+    policy = PolicyConfig.model_validate({"approval": {"fallback": "queue"}})
+    return GatewayConfig(servers=servers, policy=policy)
 
 
 def _find_executable(name: str, preferred_dir: Path) -> str | None:
