@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
+from bastion.search.canonical import canonical_tool_list
 from bastion.search.index import ToolIndex
 
 SEARCH_TOOL_NAME = "search_tools"
@@ -149,3 +150,24 @@ def call_tool(
     if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME) or name not in index or (allowed is not None and not allowed(name)):
         return error_result(f"unknown tool {name!r}; use search_tools to find available tools")
     return ResolvedCall(name=name, arguments=dict(inner))
+
+
+def search_mode_listing(
+    index: ToolIndex,
+    always_listed: Iterable[str] = (),
+    discovered: Iterable[str] = (),
+    allowed: Callable[[str], bool] | None = None,
+) -> list[dict[str, Any]]:
+    """The ``tools/list`` answer for a search-mode client, in canonical order.
+
+    The two meta-tools, the configured always-listed tools, and (for clients that support
+    ``list_changed``) the tools its searches found so far. Checked against ``allowed`` on
+    every call, so a tool that policy hides later drops out of the list too.
+    """
+    names = set(always_listed) | set(discovered)
+    listed = [
+        dict(tool)
+        for name in names
+        if (tool := index.get(name)) is not None and (allowed is None or allowed(name))
+    ]
+    return canonical_tool_list([*meta_tool_definitions(), *listed])

@@ -70,3 +70,14 @@ def test_call_tool_hides_existence_of_forbidden_tools(index):
     assert forbidden["content"][0]["text"].replace("send_email", "X") == missing["content"][0]["text"].replace("no_such_tool", "X")
     assert call_tool(index, {"name": "call_tool", "arguments": {}})["isError"]
     assert call_tool(index, {"name": "get_weather", "arguments": [1]})["isError"]
+
+
+def test_search_mode_listing_is_canonical_and_follows_policy(index):
+    from bastion.search.canonical import canonical_tools_bytes
+    from bastion.search.meta_tools import search_mode_listing
+
+    listing = search_mode_listing(index, always_listed=["read_file", "not_a_tool"], discovered=["get_weather", "send_email"])
+    assert [t["name"] for t in listing] == ["call_tool", "get_weather", "read_file", "search_tools", "send_email"]
+    assert canonical_tools_bytes(listing) == canonical_tools_bytes(reversed(listing))
+    hidden = search_mode_listing(index, ["read_file"], ["get_weather"], allowed=lambda n: n != "get_weather")
+    assert [t["name"] for t in hidden] == ["call_tool", "read_file", "search_tools"]
