@@ -11,7 +11,6 @@ and the in-run baselines are printed; absolute times on a shared 2-core machine 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time

@@ -42,7 +42,6 @@ class OnnxMiniLMEncoder:
 
     def __init__(self, model_path: Path, tokenizer_path: Path, model_id: str, threads: int = 0) -> None:
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -53,15 +53,6 @@ class _Snapshot:
     lexical: bm25s.BM25 | None = None
     vectors: np.ndarray | None = None  # rows aligned with keys
 
-    def position(self) -> dict[str, int]:
-        return {k: i for i, k in enumerate(self.keys)}
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    key: str
-    score: float
-
 
 class ToolIndex:
     """Hybrid search over MCP tool definitions, keyed by ``key_field`` (the tool name by default)."""
