@@ -197,17 +197,23 @@ class ResourceLimits:
         _write(os.path.join(directory, "cpu.max"), f"{int(self.limits.cpu * CPU_PERIOD_US)} {CPU_PERIOD_US}")
         self._oom_file = os.path.join(directory, "memory.events")
 
-    def place(self, pids: list[int]) -> None:
-        """Move the (still blocked) sandbox into its group, or set rlimits on it as the last resort."""
+    async def place(self, pid: int) -> None:
+        """Move the (still blocked) sandbox into its groups, or set rlimits on it as the last resort.
+
+        Only the sandbox's own first process is moved: everything it starts inherits the groups, and
+        bwrap's monitor outside runs no sandboxed code. Moving a task between v1 groups waits for an
+        RCU grace period, so the controllers are written in parallel, off the event loop.
+        """
         if self.host.mode == "rlimits":
-            for pid in pids:
-                # Address-space limits break runtimes that reserve large virtual ranges (V8): data is safer.
-                resource.prlimit(pid, resource.RLIMIT_DATA, (self.limits.memory, self.limits.memory))
-                resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+            await asyncio.to_thread(self._set_rlimits, pid)
             return
-        for directory in self.dirs:
-            for pid in pids:
-                _write(os.path.join(directory, "cgroup.procs"), str(pid))
+        await asyncio.gather(*(asyncio.to_thread(_write, os.path.join(directory, "cgroup.procs"), str(pid))
+                               for directory in self.dirs))
+
+    def _set_rlimits(self, pid: int) -> None:
+        # Address-space limits break runtimes that reserve large virtual ranges (V8): data is safer.
+        resource.prlimit(pid, resource.RLIMIT_DATA, (self.limits.memory, self.limits.memory))
+        resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
 
     def oom_kills(self) -> int:
         """How many processes the kernel killed for exceeding this group's memory limit."""
@@ -243,10 +249,15 @@ class ResourceLimits:
         """Kill whatever is left in the group and remove it; a group frees only once it is empty."""
         for _ in range(attempts):
             self.kill_all()
-            self._remove_dirs()
+            await asyncio.to_thread(self._remove_dirs)
             if not self.dirs:
                 return
             await asyncio.sleep(0.02)
+
+    @classmethod
+    async def create(cls, host: CgroupHost, name: str, limits: ProfileLimits) -> ResourceLimits:
+        """mkdir and limit writes on cgroupfs, kept off the event loop."""
+        return await asyncio.to_thread(cls, host, name, limits)
 
     def _remove_dirs(self) -> None:
         remaining = []

@@ -294,7 +294,7 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         # Reads files and may ask a version manager where a shim points: kept off the event loop.
         plan = await asyncio.to_thread(plan_sandbox, engine, command, args, env, cwd, config, workdir,
                                        proxy.socket_path if proxy else None)
-        limits = ResourceLimits(detect_host(), name, config.limits)
+        limits = await ResourceLimits.create(detect_host(), name, config.limits)
         filter_fd = seccomp.bpf_fd(network=bool(config.network))
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
@@ -312,7 +312,7 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         info = await asyncio.wait_for(_read_to_eof(info_read), timeout=30)
         try:
             child_pid = int(json.loads(info)["child-pid"])
-            limits.place([process.pid, child_pid])
+            await limits.place(child_pid)
             os.write(block_write, b"1")  # the sandbox now executes the server
         except (ValueError, KeyError, ProcessLookupError, BrokenPipeError) as error:
             # bwrap gave up while setting up (a missing path, no user namespaces): its stderr says why.
