@@ -93,7 +93,7 @@ async def measure(rounds: int) -> dict:
     report["ratio"] = report["tools_list"]["sandboxed"]["median_ms"] / report["tools_list"]["unsandboxed"]["median_ms"]
     # Each round ran both paths back to back: the median of per-round ratios cancels slow drifts in load.
     report["paired_ratio"] = statistics.median(
-        sandboxed / plain for sandboxed, plain in zip(tools_list["sandboxed"], tools_list["unsandboxed"]))
+        sandboxed / plain for sandboxed, plain in zip(tools_list["sandboxed"], tools_list["unsandboxed"], strict=True))
     report["sandbox_fixed_cost_ms"] = (report["trivial_command"]["sandboxed"]["median_ms"]
                                        - report["trivial_command"]["unsandboxed"]["median_ms"])
     report["target_ratio"] = TARGET_RATIO
