@@ -68,7 +68,7 @@ class EgressProxy:
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=self.socket_path, limit=MAX_HEAD)
-        # The sandbox user maps to an unprivileged identity inside; the socket's directory is private.
+        # connect() needs write permission on the socket; the directory holding it stays private (0700).
         os.chmod(self.socket_path, 0o666)
 
     async def close(self) -> None:
