@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,8 @@ from mcp.types import (
 
 from tests.support import BASTION, FIXTURES
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-warnings.filterwarnings("ignore", message=".*deprecated as of 2026-07-28.*")
+# The handshake-era calls under test (subscribe, setLevel) are deprecated in the SDK, which is the point here.
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
 MODES = ["legacy", "2026-07-28"]
 ERAS = ["legacy", "modern"]
@@ -80,13 +79,13 @@ def setup(tmp_path: Path, era: str) -> Setup:
     return _setup_for(tmp_path, era)
 
 
-def _setup_for(tmp_path: Path, era: str) -> Setup:
+def _setup_for(tmp_path: Path, era: str, *, env: dict[str, str] | None = None, **top_level: Any) -> Setup:
     events = tmp_path / "events.log"
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({"servers": {SERVER: {
+    config.write_text(json.dumps({**top_level, "servers": {SERVER: {
         "command": sys.executable,
         "args": [str(FIXTURES / "sdk_server.py")],
-        "env": {"FIXTURE_EVENTS": str(events)},
+        "env": {"FIXTURE_EVENTS": str(events), **(env or {})},
         "era": era,
         # Far beyond every deadline here: an answer that arrives means Bastion answered, not that it timed out.
         "request_timeout": 900,
@@ -244,14 +243,13 @@ async def test_progress_reaches_the_callback(setup, mode):
     assert seen[-1][2] == "Completed step 100 of 100"
 
 
-async def test_log_messages_are_relayed(request, setup, mode, era):
-    if mode == "legacy" and era == "modern":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "BUG: a legacy client gets no log messages from a modern server: Bastion forwards the legacy client's "
-            "requests without the io.modelcontextprotocol/logLevel opt-in, so a 2026-07-28 server sends none")))
+async def test_log_messages_are_relayed(setup, mode, era):
+    # Each era's opt-in at "info": logging/setLevel for a legacy client, the per-request log level for a modern one.
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
         async with bastion_client(setup, mode, inbox, log_level="info") as client:
+            if mode == "legacy":
+                await client.set_logging_level("info")
             result = await client.call_tool(tool("test_tool_with_logging"), {})
             while len(inbox.logs) < 3:
                 await anyio.sleep(0.05)
@@ -260,14 +258,30 @@ async def test_log_messages_are_relayed(request, setup, mode, era):
         "Tool execution started", "Tool processing data", "Tool execution completed"]
     assert {entry.level for entry in inbox.logs} == {"info"}
     assert {entry.logger for entry in inbox.logs} == {f"{SERVER}/conformance-test-server"}
+    if mode == "legacy" and era == "legacy":
+        assert "set-level info" in setup.event_lines()
+
+
+async def test_legacy_client_gets_logs_without_set_level(request, setup, era):
+    # A handshake-era client that never sent logging/setLevel gets every level from a legacy server, through
+    # Bastion too; the same client in front of a modern server should not get silence instead.
+    if era == "modern":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "BUG: with no logging/setLevel from a legacy client, Bastion stamps no io.modelcontextprotocol/logLevel "
+            "on requests to a modern server, so it sends no log messages, while a legacy server behind Bastion "
+            "sends them all")))
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with bastion_client(setup, "legacy", inbox) as client:
+            await client.call_tool(tool("test_tool_with_logging"), {})
+            while len(inbox.logs) < 3:
+                await anyio.sleep(0.05)
+    assert [entry.data for entry in inbox.logs][-1] == "Tool execution completed"
 
 
 # ------------------------------------------------------------------------ sampling and elicitation relays
-async def test_sampling_and_elicitation_reach_a_legacy_client(request, setup, era):
-    if era == "modern":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "BUG: a modern server's input_required result is refused for a legacy client instead of being driven: "
-            "Bastion could send each embedded request to the client and retry with inputResponses")))
+async def test_sampling_and_elicitation_reach_a_legacy_client(setup, era):
+    # From a modern server these arrive as input_required rounds that Bastion drives against the legacy client.
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
         async with bastion_client(setup, "legacy", inbox) as client:
@@ -299,10 +313,6 @@ async def test_sampling_from_a_legacy_server_to_a_modern_client_fails_clearly(tm
     assert inbox.sampling_requests == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Bastion stamps its own gateway-wide client capabilities (those of the first client, {} for a "
-    "2026-07-28 one) on requests to a modern server instead of the requesting client's per-request ones, so "
-    "the server refuses: 'Client did not declare the sampling capability'"))
 async def test_sampling_input_required_from_a_modern_server_reaches_a_modern_client(tmp_path):
     setup_ = _setup_for(tmp_path, "modern")
     inbox = Inbox()
@@ -400,3 +410,18 @@ async def test_crash_mid_call_fails_at_once_and_the_server_comes_back(setup, mod
     assert text_of(recovered) == "This is a simple text response for testing."
     starts = [line for line in setup.event_lines() if line.startswith("start ")]
     assert len(starts) == 2 and starts[0] != starts[1]
+
+
+async def test_server_that_exits_during_the_handshake_is_restarted_at_once(tmp_path, mode, era):
+    # The first start exits before answering; the restart serves. The handshake may wait 900 s, the client's first
+    # request waits 45 s for the server, so the call below only succeeds if the exit itself is noticed.
+    setup_ = _setup_for(tmp_path, era, env={"FIXTURE_EXIT_ON_FIRST_START": "1"}, ready_timeout=45)
+    config = json.loads(setup_.config.read_text())
+    config["servers"][SERVER]["startup_timeout"] = 900
+    setup_.config.write_text(json.dumps(config))
+    with anyio.fail_after(DEADLINE):
+        async with bastion_client(setup_, mode) as client:
+            result = await client.call_tool(tool("test_simple_text"), {})
+    assert text_of(result) == "This is a simple text response for testing."
+    assert setup_.event_lines()[0] == "exit-at-start"
+    assert setup_.event_lines()[1].startswith("start ")
