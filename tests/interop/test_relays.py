@@ -18,17 +18,16 @@ import anyio
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import (
+    BlobResourceContents,
     CreateMessageResult,
     ElicitResult,
     EmbeddedResource,
     ImageContent,
-    LoggingMessageNotification,
     PromptReference,
     ResourceUpdatedNotification,
     ServerNotification,
     TextContent,
     TextResourceContents,
-    BlobResourceContents,
     ToolListChangedNotification,
 )
 
