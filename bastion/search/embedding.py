@@ -41,23 +41,31 @@ class OnnxMiniLMEncoder:
     """MiniLM-L6 mean-pooled sentence vectors (sentence-transformers' pipeline) on onnxruntime."""
 
     def __init__(self, model_path: Path, tokenizer_path: Path, model_id: str, threads: int = 0) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        # Spinning worker threads burn the second core while idle and stall badly when the
-        # gateway's own threads want it; blocking waits cost microseconds here.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if threads:
-            options.intra_op_num_threads = threads
-        self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
-        self._input_names = {i.name for i in self._session.get_inputs()}
+        # Batches of tool texts use every core; a single query runs on one thread, which on
+        # two cores is as fast (its matrices are too small to split well) and leaves the
+        # other core to the gateway.
+        self._batch_session = self._session(model_path, threads)
+        self._single_session = self._session(model_path, 1)
+        self._input_names = {i.name for i in self._batch_session.get_inputs()}
         self._tokenizer_path = tokenizer_path
         # A tokenizers.Tokenizer keeps truncation/padding settings as mutable state, so each
         # thread gets its own copy rather than sharing one behind a lock.
         self._local = threading.local()
         self.model_id = model_id
+
+    @staticmethod
+    def _session(model_path: Path, threads: int):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        # Spinning worker threads burn a core while idle and stall when the gateway's own
+        # threads want it; blocking waits cost microseconds here.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if threads:
+            options.intra_op_num_threads = threads
+        return ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
 
     def _tokenizer(self, max_tokens: int):
         from tokenizers import Tokenizer
@@ -90,7 +98,8 @@ class OnnxMiniLMEncoder:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._input_names:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        hidden = self._session.run(None, feeds)[0]
+        session = self._single_session if len(texts) == 1 else self._batch_session
+        hidden = session.run(None, feeds)[0]
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
