@@ -151,8 +151,9 @@ class ClientConnection:
                 return ErrorResponse(message.id, jsonrpc.error(jsonrpc.INVALID_PARAMS, f"invalid log level {level!r}"))
             self._log_level = level
         session = self._session or self._anonymous_session()
-        # A legacy client's logging/setLevel is its opt-in; modern servers need it stamped on each request.
-        return await self._dispatch(message, session, self._log_level)
+        # Modern servers log only for requests that opt in. A legacy client gets every level until it sends
+        # logging/setLevel (legacy servers behave that way), so its requests opt in at its level, else at debug.
+        return await self._dispatch(message, session, self._log_level or "debug")
 
     async def _initialize(self, message: Request) -> jsonrpc.Message:
         params = message.params or {}

@@ -264,11 +264,6 @@ async def test_log_messages_are_relayed(setup, mode, era):
 async def test_legacy_client_gets_logs_without_set_level(request, setup, era):
     # A handshake-era client that never sent logging/setLevel gets every level from a legacy server, through
     # Bastion too; the same client in front of a modern server should not get silence instead.
-    if era == "modern":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "BUG: with no logging/setLevel from a legacy client, Bastion stamps no io.modelcontextprotocol/logLevel "
-            "on requests to a modern server, so it sends no log messages, while a legacy server behind Bastion "
-            "sends them all")))
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
         async with bastion_client(setup, "legacy", inbox) as client:
