@@ -56,12 +56,22 @@ class ServerConfig(BaseModel):
         return value
 
 
+class ToolsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    exposure: Literal["all", "search"] = Field(
+        default="all", description="all: list every permitted tool; search: list search_tools and call_tool"
+    )
+    always_list: list[str] = Field(default_factory=list, description="tools listed in search mode too (exposed names)")
+
+
 class GatewayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
     page_size: int = Field(default=0, ge=0, description="items per list page sent to clients; 0 sends one page")
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
     policy: PolicyConfig | None = Field(
         default=None, description="authorization, guards, approval, rate limits and audit; absent: every call is allowed"
     )

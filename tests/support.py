@@ -64,6 +64,7 @@ class RawClient:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         self._buffer = b""
+        self.skipped: list[dict] = []  # messages recv_response passed over (notifications, server requests)
 
     def send_bytes(self, data: bytes) -> None:
         self.proc.stdin.write(data)
@@ -93,6 +94,7 @@ class RawClient:
             message = self.recv(timeout)
             if message.get("id") == request_id and "method" not in message:
                 return message
+            self.skipped.append(message)
 
     def request(self, request_id, method: str, params: dict | None = None, timeout: float = 30.0) -> dict:
         message = {"jsonrpc": "2.0", "id": request_id, "method": method}

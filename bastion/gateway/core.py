@@ -55,10 +55,17 @@ class Gateway:
         self.upstreams = {
             name: Upstream(name, cfg, self, launcher, config.max_message_bytes) for name, cfg in enabled.items()
         }
+        self._tool_index: Any = None
         self.policy = build_policy_runtime(config.policy) if config.policy is not None else None
         if self.policy is None:
             log.warning("no policy section in the configuration: every tool call is allowed and nothing is audited")
-        chain = [*(self.policy.interceptors if self.policy else ()), *interceptors]
+        exposure: list[Interceptor] = []
+        if config.tools.exposure == "search":
+            # Imported only here: the index brings numpy and a model runtime that "all" mode never needs.
+            from bastion.gateway.exposure import SearchExposure
+
+            exposure.append(SearchExposure(self.tool_index(), config.tools.always_list))
+        chain = [*exposure, *(self.policy.interceptors if self.policy else ()), *interceptors]
         self.handle = build_pipeline(chain, self._route)
         self._connections: dict[str, ClientConnection] = {}
         self._started = False
@@ -106,6 +113,14 @@ class Gateway:
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
         if self.policy is not None:
             await self.policy.aclose()
+
+    def tool_index(self) -> Any:
+        """The search index over this gateway's catalog (one per gateway, built on first use)."""
+        if self._tool_index is None:
+            from bastion.gateway.exposure import CatalogIndex
+
+            self._tool_index = CatalogIndex(self.catalog)
+        return self._tool_index
 
     @property
     def identity(self) -> Identity:

@@ -29,6 +29,9 @@ class ClientChannel(Protocol):
     async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """Send a server→client request (legacy era only) and return its result, or raise GatewayError."""
 
+    def list_changed(self, method: str) -> None:
+        """Tell the client a list changed (``notifications/tools/list_changed`` …), in its era's way."""
+
 
 @dataclass(slots=True)
 class Session:

@@ -1,0 +1,69 @@
+"""Search mode and the host API, end to end through the gateway with policy in the way."""
+
+from __future__ import annotations
+
+import json
+
+from bastion.host import Host
+from tests.support import RawClient, VENV_BIN, raw_server
+
+HIDE_CRASH = """
+@id("list") permit (principal, action == Bastion::Action::"list_tools", resource);
+@id("call") permit (principal, action == Bastion::Action::"call_tool", resource);
+@id("hide-crash") forbid (principal, action == Bastion::Action::"call_tool", resource) when { resource.name == "crash" };
+"""
+
+
+def _config(tmp_path, exposure="search"):
+    (tmp_path / "p.cedar").write_text(HIDE_CRASH)
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"raw": raw_server(), "time": {"command": str(VENV_BIN / "mcp-server-time")}},
+        "tools": {"exposure": exposure, "always_list": ["raw__echo"]},
+        "policy": {"policy_files": ["p.cedar"], "audit": {"enabled": False}},
+    }))
+    return config
+
+
+def _texts(result):
+    return json.loads(result["content"][0]["text"])["tools"]
+
+
+def test_search_mode_lists_meta_tools_finds_and_calls(tmp_path):
+    client = RawClient(_config(tmp_path))
+    try:
+        client.initialize()
+        listed = {t["name"] for t in client.request(1, "tools/list", {})["result"]["tools"]}
+        assert listed == {"search_tools", "call_tool", "raw__echo"}
+
+        found = client.request(2, "tools/call", {"name": "search_tools", "arguments": {
+            "query": "convert a time from one timezone to another", "k": 3}})["result"]
+        names = [t["name"] for t in _texts(found)]
+        assert names[0] == "time__convert_time"
+        assert all("inputSchema" in t for t in _texts(found))
+
+        # The found tools join this client's list, and the client is told.
+        assert any(m.get("method") == "notifications/tools/list_changed" for m in client.skipped)
+        relisted = {t["name"] for t in client.request(3, "tools/list", {})["result"]["tools"]}
+        assert set(names) <= relisted
+
+        crash = client.request(4, "tools/call", {"name": "search_tools", "arguments": {"query": "crash exit the process", "k": 20}})
+        assert "raw__crash" not in [t["name"] for t in _texts(crash["result"])]  # hidden by policy, never found
+
+        via_meta = client.request(5, "tools/call", {"name": "call_tool", "arguments": {
+            "name": "raw__echo", "arguments": {"text": "via call_tool"}}})
+        assert via_meta["result"]["content"][0]["text"] == "via call_tool"
+        hidden = client.request(6, "tools/call", {"name": "call_tool", "arguments": {"name": "raw__crash"}})
+        assert hidden["result"]["isError"] and "unknown tool" in hidden["result"]["content"][0]["text"]
+    finally:
+        client.close()
+
+
+async def test_host_api_finds_and_calls_tools(tmp_path):
+    async with await Host.open(_config(tmp_path, exposure="all")) as host:
+        tools = await host.find_tools("get the current time now", k=2)
+        assert "time__get_current_time" in [t["name"] for t in tools]
+        assert all("inputSchema" in t for t in tools)
+        assert all(t["name"] != "raw__crash" for t in await host.find_tools("crash the process", k=10))
+        result = await host.call_tool("raw__echo", {"text": "from the host"})
+        assert result["content"][0]["text"] == "from the host"
