@@ -98,3 +98,25 @@ def test_prefix_override_and_no_prefix(tmp_path):
     assert "r__echo" in listed.stdout
     names = {line.split()[0] for line in listed.stdout.splitlines()[1:]}
     assert "echo" in names or "plain__echo" in names  # bare names unless they collide
+
+
+def test_tools_stats_counts_the_live_catalog(tmp_path):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server()})
+    done = _run("tools", "stats", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    text = json.dumps(figures)
+    assert "raw" in text and "o200k_base" in text
+
+
+def test_tools_eval_on_a_small_catalog(tmp_path):
+    tools = tmp_path / "tools.jsonl"
+    tools.write_text("\n".join(json.dumps(t) for t in [
+        {"id": "a", "name": "get_weather", "description": "Current weather for a city", "inputSchema": {"type": "object"}},
+        {"id": "b", "name": "send_email", "description": "Send an email message", "inputSchema": {"type": "object"}},
+    ]))
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"query": "what's the weather in Paris", "relevant": ["a"]}))
+    done = _run("tools", "eval", "--tools", str(tools), "--queries", str(queries), "--json", "--lexical-only")
+    assert done.returncode == 0, done.stderr
+    assert "1" in done.stdout and "recall" in done.stdout.lower()

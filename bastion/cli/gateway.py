@@ -27,10 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.add_argument("config", nargs="?")
     check.set_defaults(handler=_check)
 
-    tools = sub.add_parser("tools", help="the federated tool catalog as a table (also: tools stats, tools eval)")
-    tools.add_argument("config", nargs="?")
-    _verbosity(tools)
-    tools.set_defaults(handler=_tools)
+    tools = sub.add_parser(
+        "tools", help="the federated tool catalog as a table; `tools stats` token costs; `tools eval` search quality",
+        usage="bastion tools [CONFIG] [-v|-q] | bastion tools stats [CONFIG] ... | bastion tools eval --tools ... ",
+    )
+    tools.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    tools.set_defaults(handler=_tools_dispatch)
 
     call = sub.add_parser("call", help="call one tool through Bastion and print the result")
     call.add_argument("config", nargs="?")
@@ -107,6 +109,35 @@ async def with_gateway(config: GatewayConfig, work) -> Any:
         return await work(gateway, session)
     finally:
         await gateway.close()
+
+
+def _tools_dispatch(args: argparse.Namespace) -> int:
+    rest = list(args.rest)
+    if rest and rest[0] == "eval":
+        from bastion.search.cli import eval_main
+
+        return eval_main(rest[1:])
+    if rest and rest[0] == "stats":
+        from bastion.search.cli import stats_main
+
+        return stats_main(rest[1:], _live_catalog)
+    parser = argparse.ArgumentParser(prog="bastion tools")
+    parser.add_argument("config", nargs="?")
+    _verbosity(parser)
+    return _tools(parser.parse_args(rest))
+
+
+def _live_catalog(config_path: str | None) -> dict[str, list[dict[str, Any]]]:
+    """The federated catalog, per server, under the names clients see (for ``bastion tools stats``)."""
+    config = load_config(config_path)
+
+    async def work(gateway: Gateway, session: Session) -> dict[str, list[dict[str, Any]]]:
+        catalog: dict[str, list[dict[str, Any]]] = {name: [] for name in gateway.upstreams}
+        for entry in gateway.catalog.tools():
+            catalog[entry.server].append(dict(entry.definition))
+        return catalog
+
+    return run_loop(with_gateway(config, work))
 
 
 def _tools(args: argparse.Namespace) -> int:
