@@ -259,4 +259,7 @@ class ToolIndex:
         if self._encoder is None or snap.vectors is None or snap.vectors.shape[0] != len(snap.keys):
             return None
         qvec = self._encoder.encode([query], max_tokens=QUERY_MAX_TOKENS)[0]
-        return snap.vectors @ qvec
+        # Not ``vectors @ qvec``: OpenBLAS would run it on its thread pool, whose threads then
+        # spin on the cores the next query's onnxruntime call needs (measured: +50% wall
+        # time, 2x CPU per search). einsum's single-threaded loop costs ~1.7 ms at 10k tools.
+        return np.einsum("ij,j->i", snap.vectors, qvec)
