@@ -275,10 +275,9 @@ class Upstream:
             raise GatewayError(
                 jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not available: {self.failure or 'starting'}"
             )
-        if origin_id is None:
-            origin_id = f"self:{time.monotonic_ns()}"
-        answer = await self._exchange(method, self._outgoing_params(params, progress_token, log_level, client_capabilities), origin,
-                                      origin_id, progress_token, timeout or self.config.request_timeout)
+        outgoing = self._outgoing_params(params, progress_token, log_level, client_capabilities)
+        answer = await self._exchange(method, outgoing, origin, origin_id, progress_token,
+                                      timeout or self.config.request_timeout)
         if isinstance(answer, ErrorResponse):
             raise GatewayError(answer.error.get("code", jsonrpc.INTERNAL_ERROR), answer.error.get("message", ""),
                                answer.error.get("data"))

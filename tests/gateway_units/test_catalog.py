@@ -24,7 +24,7 @@ from bastion.gateway.catalog import (
 from bastion.gateway.naming import Named
 from bastion.gateway.pipeline import ToolEntry
 
-from .properties import JSON_VALUES, PROPERTY
+from tests.properties import JSON_VALUES, PROPERTY
 
 SERVERS = [ServerFacts("git", "git", "trusted"), ServerFacts("fs", "fs", "untrusted"), ServerFacts("web", "web", "untrusted")]
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bastion.gateway.naming import MAX_NAME_LENGTH, SEPARATOR, Collision, Named, assign_names, expose, sanitize, shorten
 
-from .properties import PROPERTY
+from tests.properties import PROPERTY
 
 VALID_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 

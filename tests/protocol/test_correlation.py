@@ -11,7 +11,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from bastion.protocol.correlation import Correlator, DuplicateRequestId, Pending
 
-from .properties import PROPERTY
+from tests.properties import PROPERTY
 
 
 @dataclass

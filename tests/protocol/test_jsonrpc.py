@@ -26,7 +26,7 @@ from bastion.protocol.jsonrpc import (
     to_dict,
 )
 
-from .properties import JSON_INTS, JSON_OBJECTS, JSON_TEXT, JSON_VALUES, PROPERTY, REQUEST_IDS
+from tests.properties import JSON_INTS, JSON_OBJECTS, JSON_TEXT, JSON_VALUES, PROPERTY, REQUEST_IDS
 
 
 def frame_of(value: object) -> bytes:

@@ -13,7 +13,7 @@ from bastion.protocol.jsonrpc import INVALID_REQUEST, ErrorResponse, Message, No
 from bastion.protocol.lifecycle import Action, ClientLifecycle, ServerLifecycle, State, Verdict
 from bastion.protocol.versions import LATEST_MODERN, LEGACY_VERSIONS
 
-from .properties import PROPERTY
+from tests.properties import PROPERTY
 
 U, I, A, S = State.UNINITIALIZED, State.INITIALIZING, State.ACTIVE, State.SHUTDOWN
 

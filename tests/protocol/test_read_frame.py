@@ -20,7 +20,7 @@ from bastion.protocol.jsonrpc import (
 )
 from bastion.transport.stdio import FrameTooLarge, read_frame
 
-from .properties import PROPERTY
+from tests.properties import PROPERTY
 
 MAX = 64  # frame limit used throughout; the reader's own buffer limit is set per test
 

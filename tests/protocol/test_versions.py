@@ -33,7 +33,7 @@ from bastion.protocol.versions import (
     read_envelope,
 )
 
-from .properties import JSON_OBJECTS, JSON_VALUES, PROPERTY
+from tests.properties import JSON_OBJECTS, JSON_VALUES, PROPERTY
 
 ALL_KNOWN = LEGACY_VERSIONS + MODERN_VERSIONS
 
