@@ -62,7 +62,7 @@ class ClientConnection:
         gateway.attach(self)
 
     # ------------------------------------------------------------------------------------------ input
-    async def feed(self, frame: bytes) -> None:
+    def feed(self, frame: bytes) -> None:
         if not frame.strip():
             return
         message = parse_frame(frame, self._max_bytes)

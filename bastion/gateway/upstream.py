@@ -23,14 +23,16 @@ from bastion.protocol.jsonrpc import (
 )
 from bastion.protocol.lifecycle import ClientLifecycle
 from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, MODERN_VERSIONS, modern_meta
-from bastion.transport.stdio import CoalescingWriter, FrameTooLarge, read_frame
+from bastion.protocol.framing import LineFramer, Oversize
+from bastion.transport.stdio import CoalescingWriter
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
 _PROBE_TIMEOUT = 10.0  # legacy servers answer the probe with an error at once; silence is rare
 _MAX_BACKOFF = 30.0
 _STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
 _MODERN_META_PREFIX = "io.modelcontextprotocol/"
-_SELF = "bastion"  # origin of requests Bastion makes on its own behalf
+_SELF = "bastion"
+_READ_CHUNK = 1 << 20  # origin of requests Bastion makes on its own behalf
 
 
 class ServerProcess(Protocol):
@@ -372,25 +374,30 @@ class Upstream:
 
     # ------------------------------------------------------------------------------------------- reading
     async def _read(self, process: ServerProcess) -> None:
+        framer = LineFramer(self._max_bytes)
         while True:
-            try:
-                frame = await read_frame(process.stdout, self._max_bytes)
-            except FrameTooLarge as exc:
-                self.log.error("server %s: %s", self.name, exc)
-                continue
-            if frame is None:
+            data = await process.stdout.read(_READ_CHUNK)
+            for frame in framer.feed(data) if data else framer.eof():
+                self._on_frame(frame)
+            if not data:
                 return
-            if not frame.strip():
-                continue
-            message = parse_frame(frame, self._max_bytes)
-            if isinstance(message, Response | ErrorResponse):
-                self._on_response(message)
-            elif isinstance(message, Notification):
-                self._on_notification(message)
-            elif isinstance(message, Request):
-                self._on_request(message)
-            else:
-                self._on_garbage(frame, message)
+
+    def _on_frame(self, frame: bytes | Oversize) -> None:
+        if isinstance(frame, Oversize):
+            self.log.error("server %s sent a message of %d bytes, over the limit of %d; discarded",
+                           self.name, frame.size, frame.limit)
+            return
+        if not frame.strip():
+            return
+        message = parse_frame(frame, self._max_bytes)
+        if isinstance(message, Response | ErrorResponse):
+            self._on_response(message)
+        elif isinstance(message, Notification):
+            self._on_notification(message)
+        elif isinstance(message, Request):
+            self._on_request(message)
+        else:
+            self._on_garbage(frame, message)
 
     def _on_garbage(self, frame: bytes, invalid: InvalidFrame) -> None:
         shown = frame[:200].decode("utf-8", "replace")

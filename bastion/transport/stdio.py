@@ -6,56 +6,11 @@ import asyncio
 import os
 import stat
 import sys
-from dataclasses import dataclass
+from typing import Callable
 
-NEWLINE = b"\n"
+from bastion.protocol.framing import LineFramer, Oversize
+
 _DRAIN_ABOVE = 1024 * 1024
-
-
-class FrameTooLarge(Exception):
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"a frame of at least {size} bytes exceeds the limit of {limit} bytes; it was discarded")
-        self.size = size
-        self.limit = limit
-
-
-async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:
-    """The next frame without its newline; None at end of stream.
-
-    A frame longer than ``max_bytes`` is read to its end and discarded, then ``FrameTooLarge`` is raised, so the
-    stream stays usable for the frames after it. The reader's own limit must exceed ``max_bytes``.
-    """
-    try:
-        line = await reader.readuntil(NEWLINE)
-    except asyncio.IncompleteReadError as exc:
-        line = exc.partial  # the last frame may lack its newline
-        if not line:
-            return None
-    except asyncio.LimitOverrunError as exc:
-        await _discard_line(reader, exc.consumed)
-        raise FrameTooLarge(exc.consumed, max_bytes) from None
-    if line.endswith(b"\r\n"):
-        line = line[:-2]
-    elif line.endswith(NEWLINE):
-        line = line[:-1]
-    if len(line) > max_bytes:
-        raise FrameTooLarge(len(line), max_bytes)
-    return line
-
-
-async def _discard_line(reader: asyncio.StreamReader, pending: int) -> int:
-    discarded = 0
-    while True:
-        if pending:
-            await reader.readexactly(pending)
-            discarded += pending
-        try:
-            discarded += len(await reader.readuntil(NEWLINE))
-            return discarded
-        except asyncio.IncompleteReadError as exc:
-            return discarded + len(exc.partial)
-        except asyncio.LimitOverrunError as exc:
-            pending = exc.consumed
 
 
 class CoalescingWriter:
@@ -91,10 +46,26 @@ class CoalescingWriter:
             await self._writer.drain()
 
 
-@dataclass(slots=True)
-class StdioChannel:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+class FrameReceiver(asyncio.Protocol):
+    """Delivers each complete frame to ``on_frame`` as the bytes arrive, with no reader task in between."""
+
+    def __init__(self, framer: LineFramer, on_frame: Callable[[bytes | Oversize], None], on_eof: Callable[[], None]) -> None:
+        self._framer = framer
+        self._on_frame = on_frame
+        self._on_eof = on_eof
+
+    def data_received(self, data: bytes) -> None:
+        for frame in self._framer.feed(data):
+            self._on_frame(frame)
+
+    def eof_received(self) -> bool:
+        for frame in self._framer.eof():
+            self._on_frame(frame)
+        self._on_eof()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_eof()
 
 
 def protect_stdout() -> int:
@@ -109,22 +80,29 @@ def protect_stdout() -> int:
     return protocol_fd
 
 
-async def open_stdio(protocol_fd: int, stdin_fd: int = 0, limit: int = 64 * 1024 * 1024) -> StdioChannel:
+async def open_protocol_writer(protocol_fd: int) -> asyncio.StreamWriter:
+    """The writer for the protocol channel (the private duplicate of stdout)."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=limit)
+    out = os.fdopen(protocol_fd, "wb", buffering=0)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out)
+    return asyncio.StreamWriter(transport, protocol, None, loop)
+
+
+async def read_stdin(
+    on_frame: Callable[[bytes | Oversize], None], on_eof: Callable[[], None], max_bytes: int, stdin_fd: int = 0
+) -> None:
+    """Deliver stdin's frames to ``on_frame`` from now on, and call ``on_eof`` when it ends."""
+    loop = asyncio.get_running_loop()
+    receiver = FrameReceiver(LineFramer(max_bytes), on_frame, on_eof)
     stdin = os.fdopen(stdin_fd, "rb", buffering=0, closefd=False)
     if stat.S_ISREG(os.fstat(stdin_fd).st_mode):
         # epoll cannot watch regular files; read them on a thread instead.
-        loop.create_task(_pump_file(stdin, reader))
+        loop.create_task(_pump_file(stdin, receiver))
     else:
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
-    out = os.fdopen(protocol_fd, "wb", buffering=0)
-    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out)
-    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-    return StdioChannel(reader, writer)
+        await loop.connect_read_pipe(lambda: receiver, stdin)
 
 
-async def _pump_file(source, reader: asyncio.StreamReader) -> None:
+async def _pump_file(source, receiver: FrameReceiver) -> None:
     while chunk := await asyncio.to_thread(source.read, 1 << 20):
-        reader.feed_data(chunk)
-    reader.feed_eof()
+        receiver.data_received(chunk)
+    receiver.eof_received()

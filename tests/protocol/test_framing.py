@@ -1,4 +1,5 @@
-"""Newline-delimited framing over a byte stream: split reads, CRLF, the size limit, recovery after bad frames."""
+"""Newline-delimited framing (LineFramer) over byte streams: split reads, CRLF, the size limit, recovery after bad
+frames, and the stdio receiver that feeds it from a real pipe."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from bastion.protocol.jsonrpc import (
     encode,
     parse_frame,
 )
-from bastion.transport.stdio import FrameTooLarge, read_frame
+from bastion.protocol.framing import LineFramer, Oversize
+from bastion.transport.stdio import FrameReceiver
 
 from tests.properties import PROPERTY
 
@@ -33,18 +35,15 @@ def reader_with(data: bytes, *, limit: int = 4 * MAX, eof: bool = True) -> async
     return reader
 
 
-async def read_all(reader: asyncio.StreamReader, max_bytes: int = MAX) -> list[bytes | FrameTooLarge]:
-    """Every frame until end of stream; an oversized frame shows up as its FrameTooLarge."""
-    out: list[bytes | FrameTooLarge] = []
+async def read_all(reader: asyncio.StreamReader, max_bytes: int = MAX) -> list[bytes | Oversize]:
+    """Every frame until end of stream, read as an upstream connection reads: whatever arrived, then framed."""
+    framer = LineFramer(max_bytes)
+    out: list[bytes | Oversize] = []
     while True:
-        try:
-            frame = await read_frame(reader, max_bytes)
-        except FrameTooLarge as exc:
-            out.append(exc)
-            continue
-        if frame is None:
+        data = await reader.read(reader._limit)  # the reader's buffer size stands for a read's size
+        out.extend(framer.feed(data) if data else framer.eof())
+        if not data:
             return out
-        out.append(frame)
 
 
 async def test_frames_are_split_on_newlines() -> None:
@@ -63,20 +62,17 @@ async def test_empty_lines_are_empty_frames() -> None:
     assert await read_all(reader_with(b"\n\na\n")) == [b"", b"", b"a"]
 
 
-async def test_end_of_stream_is_none_and_stays_none() -> None:
-    reader = reader_with(b"")
-    assert await read_frame(reader, MAX) is None
-    assert await read_frame(reader, MAX) is None
+def test_end_of_stream_yields_nothing_more() -> None:
+    framer = LineFramer(MAX)
+    assert framer.eof() == []
+    assert framer.eof() == []
 
 
-async def test_a_frame_waits_for_its_newline() -> None:
-    reader = asyncio.StreamReader(limit=4 * MAX)
-    pending = asyncio.ensure_future(read_frame(reader, MAX))
-    reader.feed_data(b'{"jsonrpc":')
-    await asyncio.sleep(0)
-    assert not pending.done()
-    reader.feed_data(b'"2.0","method":"x"}\nnext')
-    assert await asyncio.wait_for(pending, 5) == b'{"jsonrpc":"2.0","method":"x"}'
+def test_a_frame_waits_for_its_newline() -> None:
+    framer = LineFramer(MAX)
+    assert framer.feed(b'{"jsonrpc":') == []
+    assert framer.feed(b'"2.0","method":"x"}\nnext') == [b'{"jsonrpc":"2.0","method":"x"}']
+    assert framer.eof() == [b"next"]
 
 
 async def test_frame_of_exactly_the_limit_is_read() -> None:
@@ -96,10 +92,9 @@ async def test_oversized_frame_is_discarded_and_the_stream_goes_on(reader_limit:
     frames = await read_all(reader)
     assert frames[0] == b"first" and frames[2:] == [b"second"]
     too_large = frames[1]
-    assert isinstance(too_large, FrameTooLarge)
+    assert isinstance(too_large, Oversize)
     assert too_large.limit == MAX
     assert MAX < too_large.size <= size
-    assert f"exceeds the limit of {MAX} bytes" in str(too_large)
 
 
 async def test_oversized_frame_arriving_in_small_chunks_is_discarded() -> None:
@@ -111,18 +106,17 @@ async def test_oversized_frame_arriving_in_small_chunks_is_discarded() -> None:
     reader.feed_eof()
     frames = await asyncio.wait_for(consumer, 5)
     assert frames[0] == b"a" and frames[2:] == [b"b"]
-    assert isinstance(frames[1], FrameTooLarge)
+    assert isinstance(frames[1], Oversize)
 
 
 @pytest.mark.parametrize("reader_limit", [4 * MAX, MAX // 2])
 async def test_oversized_last_frame_without_newline(reader_limit: int) -> None:
     frames = await read_all(reader_with(b"a\n" + b"y" * (10 * MAX), limit=reader_limit))
-    assert frames[0] == b"a" and len(frames) == 2 and isinstance(frames[1], FrameTooLarge)
+    assert frames[0] == b"a" and len(frames) == 2 and isinstance(frames[1], Oversize)
 
 
 async def test_last_frame_one_byte_over_the_limit_is_refused() -> None:
-    with pytest.raises(FrameTooLarge):
-        await read_frame(reader_with(b"y" * (MAX + 1)), MAX)
+    assert await read_all(reader_with(b"y" * (MAX + 1))) == [Oversize(MAX + 1, MAX)]
 
 
 async def test_bad_frames_cost_nothing_but_themselves() -> None:
@@ -143,7 +137,7 @@ async def test_bad_frames_cost_nothing_but_themselves() -> None:
     answers: list[int] = []
     messages = []
     for frame in await read_all(reader_with(stream, limit=1024), max_bytes=256):
-        if isinstance(frame, FrameTooLarge):
+        if isinstance(frame, Oversize):
             answers.append(INVALID_REQUEST)
             continue
         parsed = parse_frame(frame, 256)
@@ -159,9 +153,11 @@ async def test_bad_frames_cost_nothing_but_themselves() -> None:
 async def test_frames_over_a_real_pipe() -> None:
     loop = asyncio.get_running_loop()
     read_fd, write_fd = os.pipe()
-    reader = asyncio.StreamReader(limit=1 << 20)
+    frames: list[bytes | Oversize] = []
+    ended = asyncio.Event()
+    receiver = FrameReceiver(LineFramer(100_000), frames.append, ended.set)
     with os.fdopen(read_fd, "rb", buffering=0) as source:
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), source)
+        transport, _ = await loop.connect_read_pipe(lambda: receiver, source)
         try:
             messages = [Request(i, "tools/call", {"name": "echo", "arguments": {"text": "x" * (i * 997)}}) for i in range(1, 40)]
             payload = b"".join(encode(m) for m in messages) + b"y" * 200_000 + b"\n" + encode(messages[0])
@@ -172,12 +168,12 @@ async def test_frames_over_a_real_pipe() -> None:
                         sink.write(payload[start:start + 4093])
 
             writer = asyncio.ensure_future(asyncio.to_thread(write_in_odd_pieces))
-            frames = await asyncio.wait_for(read_all(reader, max_bytes=100_000), 30)
+            await asyncio.wait_for(ended.wait(), 30)
             await writer
         finally:
             transport.close()
     assert [parse_frame(f) for f in frames[:-2]] == messages
-    assert isinstance(frames[-2], FrameTooLarge)
+    assert isinstance(frames[-2], Oversize)
     assert parse_frame(frames[-1]) == messages[0]
 
 
@@ -192,7 +188,7 @@ def test_any_chunking_yields_the_same_frames(bodies: list[bytes], data: st.DataO
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
 
-    async def scenario() -> list[bytes | FrameTooLarge]:
+    async def scenario() -> list[bytes | Oversize]:
         reader = asyncio.StreamReader(limit=2 * MAX)
         consumer = asyncio.ensure_future(read_all(reader))
         for chunk in chunks:
@@ -207,4 +203,4 @@ def test_any_chunking_yields_the_same_frames(bodies: list[bytes], data: st.DataO
         if len(body) <= MAX:
             assert frame == body
         else:
-            assert isinstance(frame, FrameTooLarge)
+            assert isinstance(frame, Oversize)
