@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from bastion import __version__
 from bastion.config import GatewayConfig
@@ -213,18 +213,21 @@ class Gateway:
     async def _forward(self, request: GatewayRequest, server: str, params: dict[str, Any]) -> dict[str, Any]:
         upstream = self.upstreams[server]
         session = request.session
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        capabilities = {k: v for k, v in session.client_capabilities.items() if k in RELAYABLE_CLIENT_CAPABILITIES}
+        meta = params.get("_meta")
+        progress_token = meta.get("progressToken") if isinstance(meta, dict) else None
+        # Only a modern server reads the client's capabilities per request; a legacy one had them at the handshake.
+        capabilities = _relayable(session.client_capabilities) if upstream.era == "modern" else None
         result = await upstream.request(
             request.method,
             params,
             origin=session.session_id,
             origin_id=request.request_id,
-            progress_token=meta.get("progressToken"),
+            progress_token=progress_token,
             log_level=request.log_level,
             client_capabilities=capabilities,
         )
-        if session.era != "modern":
+        if session.era != "modern" and result.get("resultType") == "input_required":
+            capabilities = _relayable(session.client_capabilities)
             for _ in range(_MAX_INPUT_ROUNDS):
                 if result.get("resultType") != "input_required":
                     break
@@ -401,3 +404,7 @@ class Gateway:
                             "resourceTemplates": "notifications/resources/list_changed"}[kind]
             for connection in list(self._connections.values()):
                 connection.list_changed(notification)
+
+
+def _relayable(capabilities: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in capabilities.items() if k in RELAYABLE_CLIENT_CAPABILITIES}

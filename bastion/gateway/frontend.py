@@ -71,7 +71,7 @@ class ClientConnection:
             if message.reply is not None:
                 self._send(message.reply)
             return
-        if self.era is None and isinstance(message, Request | Notification):
+        if self.era is None and isinstance(message, (Request, Notification)):
             self.era = "modern" if is_modern_first_message(message.method, message.params) else "legacy"
         if self.era == "legacy":
             verdict = self._lifecycle.receive(message)

@@ -390,7 +390,7 @@ class Upstream:
         if not frame.strip():
             return
         message = parse_frame(frame, self._max_bytes)
-        if isinstance(message, Response | ErrorResponse):
+        if isinstance(message, (Response, ErrorResponse)):
             self._on_response(message)
         elif isinstance(message, Notification):
             self._on_notification(message)
