@@ -113,13 +113,19 @@ class Gateway:
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
         if self.policy is not None:
             await self.policy.aclose()
+        if self._tool_index is not None:
+            self._tool_index.close()
 
     def tool_index(self) -> Any:
         """The search index over this gateway's catalog (one per gateway, built on first use)."""
         if self._tool_index is None:
+            from bastion.config import state_dir
             from bastion.gateway.exposure import CatalogIndex
+            from bastion.search.index import ToolIndex
 
-            self._tool_index = CatalogIndex(self.catalog)
+            # Embeddings are cached on disk: a restart or a list_changed embeds only tool texts never seen.
+            cache = state_dir() / "embeddings"
+            self._tool_index = CatalogIndex(self.catalog, lambda: ToolIndex(cache_dir=cache))
         return self._tool_index
 
     @property

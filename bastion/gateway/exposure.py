@@ -53,6 +53,11 @@ class CatalogIndex:
             return self._index
 
 
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+
+
 class SearchExposure:
     def __init__(self, index: CatalogIndex, always_list: Sequence[str] = ()) -> None:
         self._index = index
