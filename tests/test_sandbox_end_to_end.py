@@ -7,6 +7,7 @@ import json
 import socket
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,24 @@ def test_without_the_sandbox_each_attack_succeeds(tmp_path, monkeypatch, loopbac
     assert SECRET in json.dumps(outcomes["environment"])
     assert outcomes["tcp_loopback"]["ok"] and "host service banner" in outcomes["tcp_loopback"]["banner"]
     assert any("pytest" in command for command in outcomes["processes"]["commands"])
+
+
+def test_a_server_over_its_memory_limit_is_reported_and_restarted(tmp_path):
+    from tests.support import raw_server, wait_for
+
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"raw": raw_server(sandbox={"memory": "64MiB"})}}))
+    client = RawClient(config)
+    try:
+        client.initialize()
+        answer = client.request(1, "tools/call", {"name": "raw__hog", "arguments": {"mib": 400}}, timeout=60)
+        assert answer["error"]["code"] == -32001
+        assert "memory limit 64 MiB exceeded" in answer["error"]["message"]
+
+        def back() -> bool:
+            reply = client.request(f"r{uuid.uuid4().hex}", "tools/call", {"name": "raw__echo", "arguments": {"text": "back"}})
+            return "result" in reply
+
+        assert wait_for(back, timeout=30, interval=0.3)
+    finally:
+        client.close()
