@@ -75,6 +75,9 @@ def _absolute(path: str, base: str) -> str:
         expanded = os.path.expanduser(path)
         path = expanded
     joined = path if path.startswith("/") else base + "/" + path
+    if "//" not in joined and "/." not in joined and not joined.endswith("/"):
+        # No empty, "." or ".." component and no trailing slash: normpath would return it unchanged.
+        return joined
     normal = posixpath.normpath(joined)
     # POSIX keeps a leading "//" as implementation-defined; Linux treats it as "/".
     return "/" + normal.lstrip("/")

@@ -60,11 +60,45 @@ INTERNAL_HOST_PATTERNS: tuple[str, ...] = (
 )
 
 
-def _host_pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    """One regex for a list of host wildcards ("*.example.com"), matched case-insensitively."""
+class _HostMatcher:
+    """Host wildcards ("*.example.com") matched as fnmatch would, without a regex for the plain shapes.
+
+    A pattern without wildcards is an exact name and ``*.suffix`` (no other wildcard) is a suffix test:
+    both are set and ``endswith`` lookups, exactly what the translated regex would accept. Any other
+    pattern keeps its fnmatch regex.
+    """
+
+    __slots__ = ("_exact", "_suffixes", "_regex")
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        exact: set[str] = set()
+        suffixes: list[str] = []
+        complex_patterns: list[str] = []
+        for raw in patterns:
+            pattern = raw.lower().rstrip(".")
+            if not any(c in pattern for c in "*?["):
+                exact.add(pattern)
+            elif pattern.startswith("*") and not any(c in pattern[1:] for c in "*?["):
+                suffixes.append(pattern[1:])
+            else:
+                complex_patterns.append(pattern)
+        self._exact = frozenset(exact)
+        self._suffixes = tuple(suffixes)
+        self._regex = (
+            re.compile("|".join(f"(?:{translate(p)})" for p in complex_patterns)) if complex_patterns else None
+        )
+
+    def match(self, host: str) -> bool:
+        if host in self._exact or host.endswith(self._suffixes):
+            return True
+        return self._regex is not None and self._regex.match(host) is not None
+
+
+def _host_pattern(patterns: tuple[str, ...]) -> _HostMatcher | None:
+    """One matcher for a list of host wildcards ("*.example.com"), matched case-insensitively."""
     if not patterns:
         return None
-    return re.compile("|".join(f"(?:{translate(p.lower().rstrip('.'))})" for p in patterns))
+    return _HostMatcher(patterns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +110,9 @@ class UrlRules:
     allow_userinfo: bool = False
     allowed_ports: tuple[int, ...] = ()
     internal_hosts: tuple[str, ...] = field(default=INTERNAL_HOST_PATTERNS)
-    _allow: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
-    _deny: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
-    _internal: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _allow: _HostMatcher | None = field(init=False, repr=False, compare=False)
+    _deny: _HostMatcher | None = field(init=False, repr=False, compare=False)
+    _internal: _HostMatcher | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_allow", _host_pattern(self.allow_hosts))
@@ -138,8 +172,8 @@ def _internal_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) ->
     return False
 
 
-def _host_matches(host: str, pattern: re.Pattern[str] | None) -> bool:
-    return pattern is not None and pattern.match(host) is not None
+def _host_matches(host: str, pattern: _HostMatcher | None) -> bool:
+    return pattern is not None and pattern.match(host)
 
 
 def _normal_host(raw: str) -> str:
