@@ -39,11 +39,15 @@ def record_hash(record: Mapping[str, Any], key: bytes | None) -> str:
     return _digest(orjson.dumps({k: v for k, v in record.items() if k != "hash"}, option=orjson.OPT_SORT_KEYS), key)
 
 
+_SORT_KEYS = orjson.OPT_SORT_KEYS
+_sha256 = hashlib.sha256
+
+
 def sealed_line(record: dict[str, Any], key: bytes | None) -> tuple[bytes, str]:
     """The record's JSON line with its hash appended, serialising it only once."""
-    body = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
-    digest = _digest(body, key)
-    return body[:-1] + b',"hash":"' + digest.encode() + b'"}\n', digest
+    body = orjson.dumps(record, option=_SORT_KEYS)
+    digest = hmac.new(key, body, hashlib.sha256).hexdigest() if key else _sha256(body).hexdigest()
+    return b"%b,\"hash\":\"%b\"}\n" % (body[:-1], digest.encode()), digest
 
 
 _SCALAR_SHAPES = {bool: "boolean", int: "number", float: "number", type(None): "null"}
@@ -62,7 +66,17 @@ def shape_of(value: Any, depth: int = 0) -> Any:
     if kind is dict or isinstance(value, Mapping):
         if depth >= 3:
             return {"object": len(value)}
-        return {str(k): shape_of(v, depth + 1) for k, v in value.items()}
+        # Strings and scalars, the usual members, are shaped here rather than by a recursive call.
+        shapes: dict[str, Any] = {}
+        inner = depth + 1
+        for k, v in value.items():
+            member = type(v)
+            if member is str:
+                shapes[str(k)] = {"string": len(v)}
+            else:
+                scalar = _SCALAR_SHAPES.get(member)
+                shapes[str(k)] = scalar if scalar is not None else shape_of(v, inner)
+        return shapes
     return type(value).__name__
 
 
@@ -137,16 +151,23 @@ class AuditWriter:
         second thread holds the GIL for up to the 5 ms switch interval and would stall the event loop,
         whereas the writer thread only does file writes, which release the GIL.
         """
-        record.setdefault("ts", time.time())
+        self.write_many((record,))
+
+    def write_many(self, records: Iterable[dict[str, Any]]) -> None:
+        """``write`` each record in order, holding the chain lock once for all of them."""
+        key = self._key
+        pending = self._pending
         with self._chain_lock:
             if self._closed:
                 return
-            record["seq"] = self._seq
-            record["prev"] = self._prev
-            line, self._prev = sealed_line(record, self._key)
-            self._pending.append((self._seq, line))
-            self._seq += 1
-        if len(self._pending) > _WAKE_AT:
+            for record in records:
+                record.setdefault("ts", time.time())
+                record["seq"] = self._seq
+                record["prev"] = self._prev
+                line, self._prev = sealed_line(record, key)
+                pending.append((self._seq, line))
+                self._seq += 1
+        if len(pending) > _WAKE_AT:
             self._wake.set()
 
     def _run(self) -> None:
@@ -154,25 +175,38 @@ class AuditWriter:
             self._wake.wait(_DRAIN_SECONDS)
             self._wake.clear()
             done = False
-            while self._pending:
-                item = self._pending.popleft()
+            # Lines are gathered and written in one call per batch; the position is tracked here so the
+            # file rotates before exactly the same record as when each line was written on its own.
+            pending = self._pending
+            lines: list[bytes] = []
+            position = self._file.tell()
+            while pending:
+                item = pending.popleft()
+                if type(item) is tuple:
+                    seq, line = item
+                    if position + len(line) > self._rotate_bytes and position > 0:
+                        self._file.write(b"".join(lines))
+                        lines.clear()
+                        self._rotate(seq)
+                        position = self._file.tell()
+                    lines.append(line)
+                    position += len(line)
+                    continue
+                if lines:
+                    self._file.write(b"".join(lines))
+                    lines.clear()
                 if item is _CLOSE:
                     done = True
                 elif isinstance(item, threading.Event):
                     self._file.flush()
                     item.set()
-                else:
-                    self._append(*item)
+            if lines:
+                self._file.write(b"".join(lines))
             self._file.flush()
             if done:
                 os.fsync(self._file.fileno())
                 self._file.close()
                 return
-
-    def _append(self, seq: int, line: bytes) -> None:
-        if self._file.tell() + len(line) > self._rotate_bytes and self._file.tell() > 0:
-            self._rotate(seq)
-        self._file.write(line)
 
     def _rotate(self, next_seq: int) -> None:
         self._file.flush()

@@ -276,6 +276,16 @@ class SessionFacts:
     protocol_version: str = ""
     session_id: str = ""
     client_name: str = ""
+    # Session facts key the decision cache on every call: hash them once.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "_hash", hash((self.era, self.protocol_version, self.session_id, self.client_name))
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def record(self) -> dict[str, str]:
         return {
@@ -284,6 +294,9 @@ class SessionFacts:
             "session_id": self.session_id,
             "client_name": self.client_name,
         }
+
+
+_NO_SESSION = SessionFacts()
 
 
 def argument_tags(arguments: Mapping[str, Any] | None) -> dict[str, str]:
@@ -316,6 +329,8 @@ class CedarAuthorizer:
             json.dumps({"staticPolicies": merged, "templates": {}, "templateLinks": []})
         )
         self._context_used = _context_attributes(merged)
+        self._reads_arguments = self._reads("arguments")
+        self._reads_session = self._reads("session")
         self._cache: OrderedDict[tuple[Any, ...], Decision] = OrderedDict()
         self._cache_size = cache_size
 
@@ -335,15 +350,15 @@ class CedarAuthorizer:
         arguments: Mapping[str, Any] | None = None,
         session: SessionFacts | None = None,
     ) -> Decision:
-        session = session or SessionFacts()
-        tags = argument_tags(arguments) if self._reads("arguments") else None
+        session = session or _NO_SESSION
+        tags = argument_tags(arguments) if self._reads_arguments else None
         key = (
             identity.name,
             identity.groups,
             action,
             target,
             tuple(sorted(tags.items())) if tags is not None else None,
-            session if self._reads("session") else None,
+            session if self._reads_session else None,
         )
         cached = self._cache.get(key)
         if cached is not None:

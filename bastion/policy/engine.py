@@ -27,6 +27,8 @@ from bastion.policy.guards import check_shell_argument, check_url
 
 _MISSING = object()
 SCHEMA_RULE = "schema:inputSchema"
+# Decisions are frozen; the one for accepted arguments is the same every time.
+_ARGUMENTS_ACCEPTED = Decision.allow("guards", "arguments accepted")
 
 
 def _pointer_values(arguments: Any, where: str) -> Iterator[Any]:
@@ -161,12 +163,23 @@ class PolicyEngine:
             verdict = check_schema(arguments, entry.definition.get("inputSchema"), self.schemas)
             if not verdict.ok:
                 return Decision.deny(SCHEMA_RULE, verdict.reason or "")
+        plain = type(arguments) is dict
         for guard in self.guards_for(entry):
-            for value in _pointer_values(arguments, guard.argument):
+            where = guard.argument
+            values: Any
+            if plain and not where.startswith("/"):
+                # An argument name: the same values ``_pointer_values`` yields, without a generator.
+                node = arguments.get(where, _MISSING)
+                if node is _MISSING:
+                    continue
+                values = node if type(node) is list else (node,)
+            else:
+                values = _pointer_values(arguments, where)
+            for value in values:
                 verdict = guard.check(value)
-                if not verdict.ok:
-                    return Decision.deny(guard.rule, f"argument '{guard.argument}': {verdict.reason}")
-        return Decision.allow("guards", "arguments accepted")
+                if verdict.reason is not None:
+                    return Decision.deny(guard.rule, f"argument '{where}': {verdict.reason}")
+        return _ARGUMENTS_ACCEPTED
 
     def decide_call(
         self,

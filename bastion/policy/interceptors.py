@@ -36,6 +36,8 @@ ARGUMENT_REFUSED = -32602
 _SESSION_FACTS = "bastion.policy.session"
 _REMEMBERED = "bastion.policy.approved_tools"
 _WHO = "bastion.policy.audit_who"
+# Effect.value goes through the enum descriptor on every access; the audit writes it per stage.
+_EFFECT_VALUES = {effect: effect.value for effect in Effect}
 
 
 @dataclass(slots=True)
@@ -101,6 +103,15 @@ class AuditInterceptor:
         self.writer = writer
         self._record_values = record_values
 
+    def _write_records(self, *records: dict[str, Any]) -> None:
+        writer = self.writer
+        write_many = getattr(writer, "write_many", None)
+        if write_many is not None:
+            write_many(records)  # one lock round for the request's records
+        else:
+            for record in records:
+                writer.write(record)  # type: ignore[union-attr]
+
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         trail = self.trails.open(request)
         started = time.perf_counter_ns()
@@ -130,25 +141,26 @@ class AuditInterceptor:
         if request.method == "tools/call":
             arguments = request.params.get("arguments") or {}
             what["arguments"] = arguments if self._record_values else shape_of(arguments)
+        call = {"kind": "call", "who": who, "what": what, "outcome": outcome, "latency_ms": round(latency_ms, 3)}
         if trail.stages:
             final = _final(trail.stages)
-            self.writer.write(  # type: ignore[union-attr]
-                {
-                    "kind": "decision",
-                    "who": who,
-                    "what": what,
-                    "decision": final.effect.value,
-                    "rule": final.rule,
-                    "reason": final.reason,
-                    "stages": [
-                        {"stage": s, "decision": d.effect.value, "rule": d.rule, "reason": d.reason, **d.detail}
-                        for s, d in trail.stages
-                    ],
-                }
-            )
-        self.writer.write(  # type: ignore[union-attr]
-            {"kind": "call", "who": who, "what": what, "outcome": outcome, "latency_ms": round(latency_ms, 3)}
-        )
+            decision = {
+                "kind": "decision",
+                "who": who,
+                "what": what,
+                "decision": _EFFECT_VALUES[final.effect],
+                "rule": final.rule,
+                "reason": final.reason,
+                "stages": [
+                    {"stage": s, "decision": _EFFECT_VALUES[d.effect], "rule": d.rule, "reason": d.reason, **d.detail}
+                    if d.detail
+                    else {"stage": s, "decision": _EFFECT_VALUES[d.effect], "rule": d.rule, "reason": d.reason}
+                    for s, d in trail.stages
+                ],
+            }
+            self._write_records(decision, call)
+        else:
+            self._write_records(call)
 
     async def aclose(self) -> None:
         if self.writer is not None:

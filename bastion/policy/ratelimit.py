@@ -46,6 +46,9 @@ class RateVerdict:
         return max(1, math.ceil(self.retry_after))
 
 
+_ADMITTED = RateVerdict()  # frozen: one instance serves every admitted call
+
+
 class RateLimiter:
     """Checks every matching limit; a call is admitted only when all of them have a token."""
 
@@ -64,7 +67,7 @@ class RateLimiter:
 
     def check(self, principal: str, server: str, tool: str) -> RateVerdict:
         if not self._limits:
-            return RateVerdict()
+            return _ADMITTED
         now = self._clock()
         wait, rule = 0.0, ""
         taken: list[TokenBucket] = []
@@ -88,4 +91,4 @@ class RateLimiter:
             for bucket in taken:
                 bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
             return RateVerdict(wait, rule)
-        return RateVerdict()
+        return _ADMITTED
