@@ -206,3 +206,17 @@ def test_stray_prints_cannot_reach_the_protocol_channel():
     assert done.stdout == b'{"jsonrpc": "2.0", "method": "x"}\n'
     assert b"stray print" in done.stderr and b"stray write to fd 1" in done.stderr
 
+
+
+def test_nothing_reaches_the_client_before_its_initialize_result(tmp_path):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server(), "raw2": raw_server(tag="second")})
+    client = RawClient(config)
+    try:
+        # A pipelining client sends initialized before it has read the result; the catalog fills meanwhile.
+        client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "p", "version": "0"}}})
+        client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        first = client.recv(timeout=60)
+        assert first.get("id") == 0 and "result" in first
+    finally:
+        client.close()

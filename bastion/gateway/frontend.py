@@ -58,6 +58,7 @@ class ClientConnection:
         self._listens: dict[Any, dict[str, Any]] = {}  # modern subscriptions/listen: id -> filter
         self._log_opt_ins: dict[Any, str] = {}  # modern requests in flight that opted in to logs: id -> level
         self._log_level: str | None = None  # legacy logging/setLevel
+        self._answered_initialize = False  # notifications wait until the client has its initialize result
         self._max_bytes = gateway.config.max_message_bytes
         gateway.attach(self)
 
@@ -155,7 +156,7 @@ class ClientConnection:
         # logging/setLevel (legacy servers behave that way), so its requests opt in at its level, else at debug.
         return await self._dispatch(message, session, self._log_level or "debug")
 
-    async def _initialize(self, message: Request) -> jsonrpc.Message:
+    async def _initialize(self, message: Request) -> None:
         params = message.params or {}
         capabilities = params.get("capabilities") if isinstance(params.get("capabilities"), dict) else {}
         client_info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else None
@@ -171,7 +172,9 @@ class ClientConnection:
         instructions = self.gateway.instructions()
         if instructions:
             result["instructions"] = instructions
-        return Response(message.id, result)
+        self._send(Response(message.id, result))
+        self._answered_initialize = True
+        return None
 
     def _anonymous_session(self) -> Session:
         return Session(self.identity, self.era or "legacy", "", {}, None, self.id, client=self)
@@ -254,7 +257,7 @@ class ClientConnection:
 
     def list_changed(self, method: str) -> None:
         if self.era == "legacy":
-            if self._lifecycle.state is State.ACTIVE:
+            if self._legacy_ready():
                 self.notify(method, None)
             return
         key = {"notifications/tools/list_changed": "toolsListChanged",
@@ -263,6 +266,11 @@ class ClientConnection:
         for listen_id, agreed in list(self._listens.items()):
             if agreed.get(key):
                 self._notify_raw(method, {"_meta": {META_SUBSCRIPTION_ID: listen_id}})
+
+    def _legacy_ready(self) -> bool:
+        # A client may pipeline notifications/initialized before it has read the initialize result; nothing
+        # may reach it ahead of that result.
+        return self._answered_initialize and self._lifecycle.state is State.ACTIVE
 
     def resource_updated(self, params: Mapping[str, Any]) -> None:
         if self.era == "legacy":
@@ -277,7 +285,7 @@ class ClientConnection:
     def log_message(self, params: Mapping[str, Any]) -> None:
         level = params.get("level")
         if self.era == "legacy":
-            if self._lifecycle.state is not State.ACTIVE:
+            if not self._legacy_ready():
                 return
             if self._log_level is None or _at_least(level, self._log_level):
                 self.notify("notifications/message", params)
