@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -75,10 +76,10 @@ def compile_guard(config: GuardConfig, schemas: SchemaCache) -> CompiledGuard:
         path_rules = PathRules.build(
             config.roots, config.base, config.resolve_symlinks, config.allow_hidden, config.allow_backslash
         )
-        check = lambda value: check_path(value, path_rules)  # noqa: E731
+        check = partial(check_path, rules=path_rules)
     elif isinstance(config, ShellGuardConfig):
         shell_rules = ShellRules(config.mode, config.positional, config.allow_whitespace, tuple(config.allowed_commands))
-        check = lambda value: check_shell_argument(value, shell_rules)  # noqa: E731
+        check = partial(check_shell_argument, rules=shell_rules)
     elif isinstance(config, UrlGuardConfig):
         url_rules = UrlRules(
             tuple(config.schemes),
@@ -88,11 +89,11 @@ def compile_guard(config: GuardConfig, schemas: SchemaCache) -> CompiledGuard:
             config.allow_userinfo,
             tuple(config.allowed_ports),
         )
-        check = lambda value: check_url(value, url_rules)  # noqa: E731
+        check = partial(check_url, rules=url_rules)
     elif isinstance(config, SchemaGuardConfig):
         extra = config.json_schema
         schemas.validator(extra)  # compile now so a broken schema fails at start
-        check = lambda value: check_schema(value, extra, schemas)  # noqa: E731
+        check = partial(check_schema, schema=extra, cache=schemas)
     else:  # pragma: no cover - the discriminated union admits nothing else
         raise TypeError(f"unknown guard kind {config!r}")
     return CompiledGuard(rule, config.tool, config.argument, check)

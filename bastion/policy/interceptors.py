@@ -40,6 +40,9 @@ _WHO = "bastion.policy.audit_who"
 _EFFECT_VALUES = {effect: effect.value for effect in Effect}
 
 
+_UNRESOLVED: Any = object()
+
+
 @dataclass(slots=True)
 class Trail:
     """What the policy stages decided about one request."""
@@ -47,6 +50,8 @@ class Trail:
     stages: list[tuple[str, Decision]] = field(default_factory=list)
     approval: Decision | None = None
     target: str = ""
+    # The catalog entry a tools/call names, looked up once for all the stages.
+    entry: Any = _UNRESOLVED
 
     def add(self, stage: str, decision: Decision) -> None:
         self.stages.append((stage, decision))
@@ -64,6 +69,16 @@ class Trails:
 
     def close(self, request: GatewayRequest) -> None:
         self._by_request.pop(id(request), None)
+
+    def tool_entry(self, request: GatewayRequest) -> ToolEntry | None:
+        """The catalog entry a ``tools/call`` names, looked up once per request."""
+        trail = self._by_request.get(id(request))
+        if trail is None:
+            return _tool_entry(request)
+        entry = trail.entry
+        if entry is _UNRESOLVED:
+            entry = trail.entry = _tool_entry(request)
+        return entry
 
     def of(self, request: GatewayRequest) -> Trail:
         trail = self._by_request.get(id(request))
@@ -206,7 +221,7 @@ class AuthorizationInterceptor:
         return result
 
     async def _call_tool(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        entry = _tool_entry(request)
+        entry = self.trails.tool_entry(request)
         if entry is None:
             return await call_next(request)  # the route answers "unknown tool"; nothing to authorize
         trail = self.trails.of(request)
@@ -285,7 +300,7 @@ class GuardInterceptor:
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         if request.method == "tools/call":
-            entry = _tool_entry(request)
+            entry = self.trails.tool_entry(request)
             if entry is not None:
                 decision = self.engine.check_arguments(entry, request.params.get("arguments") or {})
                 self.trails.of(request).add("guards", decision)
@@ -303,7 +318,7 @@ class RateLimitInterceptor:
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         if request.method == "tools/call":
-            entry = _tool_entry(request)
+            entry = self.trails.tool_entry(request)
             if entry is not None:
                 verdict = self.limiter.check(request.session.identity.name, entry.server, entry.original_name)
                 if not verdict.allowed:
@@ -336,7 +351,7 @@ class ApprovalInterceptor:
             return await call_next(request)
         session = request.session
         name = str(request.params.get("name") or request.params.get("uri") or "")
-        entry = _tool_entry(request) if request.method == "tools/call" else None
+        entry = self.trails.tool_entry(request) if request.method == "tools/call" else None
         server = entry.server if entry else ""
         label = entry.original_name if entry else name  # the server's own name for it, shown to the person
         arguments = request.params.get("arguments")

@@ -221,7 +221,8 @@ def check_url(value: object, rules: UrlRules) -> GuardResult:
         return refuse("the URL port is not allowed")
     if "%" in host or "@" in host or "/" in host or not host.isprintable():
         return refuse("the URL host is malformed")
-    if _host_matches(host, rules._deny):
+    deny = rules._deny
+    if deny is not None and deny.match(host):
         return refuse("the URL host is denied")
     address = _as_address(host)
     if address is False:
@@ -229,7 +230,8 @@ def check_url(value: object, rules: UrlRules) -> GuardResult:
     if not rules.allow_private:
         if address is not None and _internal_address(address):
             return refuse("the URL points at an internal address")
-        if address is None and _host_matches(host, rules._internal):
+        internal = rules._internal
+        if address is None and internal is not None and internal.match(host):
             return refuse("the URL points at an internal host")
     if rules.allow_hosts and not _host_matches(host, rules._allow):
         return refuse("the URL host is not in the allowed list")
