@@ -31,8 +31,7 @@ _PROBE_TIMEOUT = 10.0  # legacy servers answer the probe with an error at once; 
 _MAX_BACKOFF = 30.0
 _STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
 _MODERN_META_PREFIX = "io.modelcontextprotocol/"
-_SELF = "bastion"
-_READ_CHUNK = 1 << 20  # origin of requests Bastion makes on its own behalf
+_SELF = "bastion"  # origin of requests Bastion makes on its own behalf
 
 
 class ServerProcess(Protocol):
@@ -44,6 +43,7 @@ class ServerProcess(Protocol):
     async def wait(self) -> int: ...
     def termination_reason(self) -> str | None: ...
     async def terminate(self, grace: float = 2.0) -> None: ...
+    def listen_stdout(self, listener: Callable[[bytes], None]) -> None: ...
 
 
 Launcher = Callable[[str, ServerConfig], Awaitable[ServerProcess]]
@@ -374,13 +374,18 @@ class Upstream:
 
     # ------------------------------------------------------------------------------------------- reading
     async def _read(self, process: ServerProcess) -> None:
+        """Frame and dispatch the server's stdout as it arrives, until it ends."""
         framer = LineFramer(self._max_bytes)
-        while True:
-            data = await process.stdout.read(_READ_CHUNK)
+        ended = asyncio.Event()
+
+        def on_data(data: bytes) -> None:
             for frame in framer.feed(data) if data else framer.eof():
                 self._on_frame(frame)
             if not data:
-                return
+                ended.set()
+
+        process.listen_stdout(on_data)
+        await ended.wait()
 
     def _on_frame(self, frame: bytes | Oversize) -> None:
         if isinstance(frame, Oversize):
