@@ -59,23 +59,20 @@ class RateLimiter:
         self._clock = clock
         self._buckets: dict[tuple[int, str, str], TokenBucket] = {}
 
-    def _subject(self, index: int, limit: RateLimitConfig, principal: str, server: str, tool: str) -> str | None:
-        scope = limit.scope
-        subject = principal if scope == "principal" else server if scope == "server" else f"{server}/{tool}"
-        matcher = self._matchers[index]
-        return subject if matcher is None or matcher.match(subject) else None
-
     def check(self, principal: str, server: str, tool: str) -> RateVerdict:
         if not self._limits:
             return _ADMITTED
         now = self._clock()
         wait, rule = 0.0, ""
         taken: list[TokenBucket] = []
+        matchers = self._matchers  # None for "*", which every subject matches
         for index, limit in enumerate(self._limits):
-            subject = self._subject(index, limit, principal, server, tool)
-            if subject is None:
+            scope = limit.scope
+            subject = principal if scope == "principal" else server if scope == "server" else f"{server}/{tool}"
+            matcher = matchers[index]
+            if matcher is not None and not matcher.match(subject):
                 continue
-            owner = principal if limit.per_principal or limit.scope == "principal" else ""
+            owner = principal if limit.per_principal or scope == "principal" else ""
             key = (index, subject, owner)
             bucket = self._buckets.get(key)
             if bucket is None:
