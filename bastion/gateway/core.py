@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from bastion import __version__
 from bastion.config import GatewayConfig
@@ -30,6 +30,7 @@ _LISTS = {
     "resources/list": ("resources", "resources", "resources"),
     "resources/templates/list": ("resourceTemplates", "resourceTemplates", "resources"),
 }
+_Found = TypeVar("_Found")
 _MAX_INPUT_ROUNDS = 8
 _INPUT_CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
 _LIST_CHANGED = {
@@ -175,20 +176,10 @@ class Gateway:
                 result["nextCursor"] = next_cursor
             return result
         if method == "tools/call":
-            name = params.get("name")
-            entry = self.catalog.tool(name) if isinstance(name, str) else None
-            if entry is None and isinstance(name, str) and await self._catalog_may_grow():
-                entry = self.catalog.tool(name)
-            if entry is None:
-                raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown tool: {name}")
+            entry = await self._find(self.catalog.tool, params.get("name"), "tool")
             return await self._forward(request, entry.server, {**params, "name": entry.original_name})
         if method == "prompts/get":
-            name = params.get("name")
-            named = self.catalog.prompt(name) if isinstance(name, str) else None
-            if named is None and isinstance(name, str) and await self._catalog_may_grow():
-                named = self.catalog.prompt(name)
-            if named is None:
-                raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown prompt: {name}")
+            named = await self._find(self.catalog.prompt, params.get("name"), "prompt")
             return await self._forward(request, named.server, {**params, "name": named.original})
         if method == "resources/read":
             return await self._forward(request, self._resource_server(params.get("uri")), params)
@@ -202,6 +193,15 @@ class Gateway:
         if method == "ping":
             return {}
         raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+
+    async def _find(self, lookup: Callable[[str], _Found | None], name: Any, kind: str) -> _Found:
+        """The catalog entry a client's name stands for; -32602 when there is none (after servers still starting)."""
+        found = lookup(name) if isinstance(name, str) else None
+        if found is None and isinstance(name, str) and await self._catalog_may_grow():
+            found = lookup(name)
+        if found is None:
+            raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown {kind}: {name}")
+        return found
 
     async def _catalog_may_grow(self) -> bool:
         """Before calling a name unknown, wait for servers still starting: the name may be theirs."""

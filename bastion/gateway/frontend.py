@@ -312,8 +312,7 @@ class ClientConnection:
             self._notify_raw("notifications/cancelled", {"requestId": request_id})
             raise
         if isinstance(answer, ErrorResponse):
-            raise GatewayError(answer.error.get("code", jsonrpc.INTERNAL_ERROR), answer.error.get("message", ""),
-                               answer.error.get("data"))
+            raise GatewayError.from_error(answer.error)
         return answer.result
 
     # ------------------------------------------------------------------------------------------ output

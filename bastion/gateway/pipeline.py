@@ -88,6 +88,11 @@ class GatewayError(Exception):
         self.message = message
         self.data = data
 
+    @classmethod
+    def from_error(cls, error: Mapping[str, Any]) -> "GatewayError":
+        """The same refusal as a JSON-RPC error object received from a peer."""
+        return cls(error.get("code", -32603), error.get("message", ""), error.get("data"))
+
     def to_error(self) -> dict[str, Any]:
         error: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.data is not None:

@@ -281,8 +281,7 @@ class Upstream:
         answer = await self._exchange(method, outgoing, origin, origin_id, progress_token,
                                       timeout or self.config.request_timeout)
         if isinstance(answer, ErrorResponse):
-            raise GatewayError(answer.error.get("code", jsonrpc.INTERNAL_ERROR), answer.error.get("message", ""),
-                               answer.error.get("data"))
+            raise GatewayError.from_error(answer.error)
         return answer.result
 
     def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None,
