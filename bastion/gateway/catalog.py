@@ -60,21 +60,26 @@ class Catalog:
         if current == items:
             return False
         setattr(self._items[server], kind, items)
-        self._rebuild()
+        self.version += 1
+        if kind == "tools":
+            self._rebuild_tools()
+        elif kind == "prompts":
+            self._rebuild_prompts()
+        else:
+            self._rebuild_resources()
         return True
 
-    def _rebuild(self) -> None:
-        self.version += 1
-        self._rebuild_tools()
-        self._rebuild_prompts()
-        self._rebuild_resources()
-
-    def _rebuild_tools(self) -> None:
-        entries = [(s, self._servers[s].prefix, t.get("name", "")) for s in self._order for t in self._items[s].tools]
+    def _assign(self, kind: str) -> tuple[dict[str, Named], dict[tuple[str, str], str]]:
+        """Client-facing names for every server's tools or prompts, and the way from (server, original) to them."""
+        entries = [(s, self._servers[s].prefix, item.get("name", "")) for s in self._order
+                   for item in getattr(self._items[s], kind)]
         names, collisions = assign_names(entries)
         for c in collisions:
-            log.warning("tool name %r is offered by %s; %s", c.exposed, " and ".join(c.servers), c.resolution)
-        by_origin = {(n.server, n.original): n.exposed for n in names.values()}
+            log.warning("%s name %r is offered by %s; %s", kind[:-1], c.exposed, " and ".join(c.servers), c.resolution)
+        return names, {(n.server, n.original): n.exposed for n in names.values()}
+
+    def _rebuild_tools(self) -> None:
+        _, by_origin = self._assign("tools")
         tools: dict[str, ToolEntry] = {}
         for server in self._order:
             for tool in self._items[server].tools:
@@ -85,11 +90,7 @@ class Catalog:
         self._tool_list = [tools[name] for name in sorted(tools)]
 
     def _rebuild_prompts(self) -> None:
-        entries = [(s, self._servers[s].prefix, p.get("name", "")) for s in self._order for p in self._items[s].prompts]
-        names, collisions = assign_names(entries)
-        for c in collisions:
-            log.warning("prompt name %r is offered by %s; %s", c.exposed, " and ".join(c.servers), c.resolution)
-        by_origin = {(n.server, n.original): n.exposed for n in names.values()}
+        names, by_origin = self._assign("prompts")
         prompts = []
         for server in self._order:
             for prompt in self._items[server].prompts:
