@@ -1,19 +1,21 @@
-"""A hash-chained audit trail written as JSON lines off the event loop, and its verifier.
+"""A hash-chained audit trail, sealed and written by a process beside the gateway, and its verifier.
 
 Each record carries ``seq``, ``prev`` (the hash of the record before it) and ``hash`` (SHA-256, or
 HMAC-SHA-256 when a key is configured, over the canonical JSON of the record without ``hash``). Editing,
 deleting or reordering records breaks the chain; with a key, an editor cannot recompute it either.
 When the file exceeds ``rotate_bytes`` it is renamed ``NAME.<first seq>.jsonl`` and the chain continues in a
-fresh file, so ``verify`` checks all files of a trail as one sequence.
+fresh file, so ``verify`` checks all files of a trail as one sequence. The sealing itself is in
+``audit_sealer``; this module queues records for it and verifies trails.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import os
 import collections
+import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,32 +24,27 @@ from typing import Any, Iterable, Mapping
 
 import orjson
 
-GENESIS = "0" * 64
+from bastion.policy import audit_sealer
+from bastion.policy.audit_sealer import GENESIS, KEY_PREFIX, call_records, record_hash, rotated_name, sealed_line, trail_files
+
+__all__ = [
+    "GENESIS",
+    "AuditReport",
+    "AuditWriter",
+    "call_records",
+    "expand_trail",
+    "record_hash",
+    "rotated_name",
+    "sealed_line",
+    "shape_of",
+    "trail_files",
+    "verify",
+]
+
+log = logging.getLogger(__name__)
 _CLOSE = object()
 _DRAIN_SECONDS = 0.05
 _WAKE_AT = 4096
-
-
-def _digest(body: bytes, key: bytes | None) -> str:
-    if key:
-        return hmac.new(key, body, hashlib.sha256).hexdigest()
-    return hashlib.sha256(body).hexdigest()
-
-
-def record_hash(record: Mapping[str, Any], key: bytes | None) -> str:
-    """The hash of a record: over its canonical JSON (sorted keys, orjson's number format) without ``hash``."""
-    return _digest(orjson.dumps({k: v for k, v in record.items() if k != "hash"}, option=orjson.OPT_SORT_KEYS), key)
-
-
-_SORT_KEYS = orjson.OPT_SORT_KEYS
-_sha256 = hashlib.sha256
-
-
-def sealed_line(record: dict[str, Any], key: bytes | None) -> tuple[bytes, str]:
-    """The record's JSON line with its hash appended, serialising it only once."""
-    body = orjson.dumps(record, option=_SORT_KEYS)
-    digest = hmac.new(key, body, hashlib.sha256).hexdigest() if key else _sha256(body).hexdigest()
-    return b"%b,\"hash\":\"%b\"}\n" % (body[:-1], digest.encode()), digest
 
 
 _SCALAR_SHAPES = {bool: "boolean", int: "number", float: "number", type(None): "null"}
@@ -80,167 +77,103 @@ def shape_of(value: Any, depth: int = 0) -> Any:
     return type(value).__name__
 
 
-def rotated_name(path: Path, first_seq: int) -> Path:
-    return path.with_name(f"{path.stem}.{first_seq:012d}{path.suffix or '.jsonl'}")
-
-
-def trail_files(path: Path) -> list[Path]:
-    """The rotated files of a trail, oldest first, then the current file."""
-    rotated = sorted(path.parent.glob(f"{path.stem}.[0-9]*{path.suffix or '.jsonl'}"))
-    return [*rotated, *([path] if path.exists() else [])]
-
-
-def _last_record(path: Path) -> dict[str, Any] | None:
-    try:
-        with path.open("rb") as file:
-            file.seek(0, os.SEEK_END)
-            size = file.tell()
-            file.seek(max(0, size - 65536))
-            lines = file.read().splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            return orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-    return None
-
-
-def _first_record(path: Path) -> dict[str, Any] | None:
-    try:
-        with path.open("rb") as file:
-            return orjson.loads(file.readline())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return None
-
-
 class AuditWriter:
-    """Appends records from any thread or coroutine; a background thread hashes, writes and rotates."""
+    """Queues records from any thread or coroutine for the sealer process, which chains and writes them.
+
+    Queuing costs the caller one serialisation and a deque append; a thread of this process moves the
+    queue into the sealer's pipe (a system call, during which it does not hold the GIL). The queue's
+    order is the order of decisions, and the sealer chains in that order.
+    """
 
     def __init__(self, path: str | os.PathLike[str], rotate_bytes: int = 50 * 1024 * 1024, key: bytes | None = None):
         self.path = Path(path).expanduser()
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._rotate_bytes = rotate_bytes
-        self._key = key
-        # Records wait in a deque that the writer thread drains every few milliseconds: appending to a deque
-        # costs no system call, whereas waking the thread for each record would cost one per record.
-        self._pending: collections.deque[Any] = collections.deque()
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", audit_sealer.__file__, str(self.path), str(rotate_bytes)],
+            stdin=subprocess.PIPE,
+            close_fds=True,
+            # Its own session: a terminal's Ctrl-C for the gateway must not end the trail before the gateway does.
+            start_new_session=True,
+        )
+        self._pipe = self._process.stdin.fileno()  # type: ignore[union-attr]
+        self._pending: collections.deque[Any] = collections.deque([KEY_PREFIX + (key.hex().encode() if key else b"") + b"\n"])
         self._wake = threading.Event()
-        self._seq, self._prev = self._chain_head()
-        self._chain_lock = threading.Lock()
-        first = _first_record(self.path)
-        self._file_first_seq = first["seq"] if first else self._seq
-        self._file = self.path.open("ab")
-        os.chmod(self.path, 0o600)
-        self._closed = False
+        self._closed = False  # no more records accepted
+        self._closing = False
+        self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="bastion-audit", daemon=True)
         self._thread.start()
 
-    def _chain_head(self) -> tuple[int, str]:
-        for candidate in reversed(trail_files(self.path)):
-            last = _last_record(candidate)
-            if last is not None:
-                return int(last["seq"]) + 1, str(last["hash"])
-        return 0, GENESIS
-
     def write(self, record: dict[str, Any]) -> None:
-        """Chain and queue ``record``; never blocks on I/O.
+        """Queue ``record`` (stamped now unless it has a ``ts``); never blocks on I/O."""
+        if self._closed:
+            return
+        record.setdefault("ts", time.time())
+        self._queue(orjson.dumps(record))
 
-        The chain fields are computed here (a few µs) rather than in the writer thread: Python work in a
-        second thread holds the GIL for up to the 5 ms switch interval and would stall the event loop,
-        whereas the writer thread only does file writes, which release the GIL.
+    def write_call(self, facts: tuple[Any, ...]) -> None:
+        """Queue a request's facts, from which the sealer builds its records (``call_records``).
+
+        Raises TypeError when a value cannot be written as JSON.
         """
-        self.write_many((record,))
+        if self._closed:
+            return
+        self._queue(orjson.dumps(facts))
 
-    def write_many(self, records: Iterable[dict[str, Any]]) -> None:
-        """``write`` each record in order, holding the chain lock once for all of them."""
-        key = self._key
+    def _queue(self, line: bytes) -> None:
         pending = self._pending
-        with self._chain_lock:
-            if self._closed:
-                return
-            for record in records:
-                record.setdefault("ts", time.time())
-                record["seq"] = self._seq
-                record["prev"] = self._prev
-                line, self._prev = sealed_line(record, key)
-                pending.append((self._seq, line))
-                self._seq += 1
+        pending.append(line + b"\n")
         if len(pending) > _WAKE_AT:
             self._wake.set()
 
     def _run(self) -> None:
+        pending = self._pending
         while True:
             self._wake.wait(_DRAIN_SECONDS)
             self._wake.clear()
-            done = False
-            # Lines are gathered and written in one call per batch; the position is tracked here so the
-            # file rotates before exactly the same record as when each line was written on its own.
-            pending = self._pending
             lines: list[bytes] = []
-            position = self._file.tell()
+            closing = False
             while pending:
                 item = pending.popleft()
-                if type(item) is tuple:
-                    seq, line = item
-                    if position + len(line) > self._rotate_bytes and position > 0:
-                        self._file.write(b"".join(lines))
-                        lines.clear()
-                        self._rotate(seq)
-                        position = self._file.tell()
-                    lines.append(line)
-                    position += len(line)
-                    continue
-                if lines:
-                    self._file.write(b"".join(lines))
-                    lines.clear()
                 if item is _CLOSE:
-                    done = True
-                elif isinstance(item, threading.Event):
-                    self._file.flush()
-                    item.set()
+                    closing = True
+                    break
+                lines.append(item)
             if lines:
-                self._file.write(b"".join(lines))
-            self._file.flush()
-            if done:
-                os.fsync(self._file.fileno())
-                self._file.close()
+                self._send(b"".join(lines))
+            if closing:
+                self._finish()
                 return
 
-    def _rotate(self, next_seq: int) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self.path, rotated_name(self.path, self._file_first_seq))
-        self._file = self.path.open("ab")
-        os.chmod(self.path, 0o600)
-        self._file_first_seq = next_seq
+    def _send(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._pipe, view) :]
+        except OSError as error:
+            if not self._closed:
+                log.error("the audit sealer stopped (%s): audit records are being lost", error)
+            self._closed = True
 
-    def flush(self, timeout: float = 10.0) -> None:
-        """Block until everything queued so far is on disk (call from a thread, not the event loop)."""
-        if self._closed:
-            return
-        done = threading.Event()
-        self._pending.append(done)
-        self._wake.set()
-        done.wait(timeout)
+    def _finish(self) -> None:
+        self._process.stdin.close()  # type: ignore[union-attr]
+        status = self._process.wait()
+        if status != 0:
+            log.error("the audit sealer exited with status %s", status)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self.write({"kind": "shutdown"})
-        with self._chain_lock:
-            self._closed = True
-        self._pending.append(_CLOSE)
-        self._wake.set()
+        """Seal a shutdown record and everything before it, and wait until it is on disk."""
+        with self._close_lock:
+            if not self._closing:
+                self._closing = True
+                self.write({"kind": "shutdown"})
+                self._closed = True
+                self._pending.append(_CLOSE)
+                self._wake.set()
         self._thread.join()
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
-
-    async def aflush(self) -> None:
-        await asyncio.to_thread(self.flush)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
 from bastion.policy.approval import (
@@ -36,8 +36,6 @@ ARGUMENT_REFUSED = -32602
 _SESSION_FACTS = "bastion.policy.session"
 _REMEMBERED = "bastion.policy.approved_tools"
 _WHO = "bastion.policy.audit_who"
-# Effect.value goes through the enum descriptor on every access; the audit writes it per stage.
-_EFFECT_VALUES = {effect: effect.value for effect in Effect}
 
 
 _UNRESOLVED: Any = object()
@@ -111,21 +109,12 @@ def _lookup(catalog: Any, kind: str, key: str) -> Any:
 
 
 class AuditInterceptor:
-    """Opens each request's trail and writes its decision and call records."""
+    """Opens each request's trail and hands its facts to the audit writer, which builds the records."""
 
     def __init__(self, trails: Trails, writer: AuditWriter | None, record_values: bool) -> None:
         self.trails = trails
         self.writer = writer
         self._record_values = record_values
-
-    def _write_records(self, *records: dict[str, Any]) -> None:
-        writer = self.writer
-        write_many = getattr(writer, "write_many", None)
-        if write_many is not None:
-            write_many(records)  # one lock round for the request's records
-        else:
-            for record in records:
-                writer.write(record)  # type: ignore[union-attr]
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         trail = self.trails.open(request)
@@ -141,52 +130,31 @@ class AuditInterceptor:
         finally:
             self.trails.close(request)
             if self.writer is not None:
-                self._write(request, trail, outcome, (time.perf_counter_ns() - started) / 1e6)
+                self._hand_over(request, trail, outcome, time.perf_counter_ns() - started)
 
-    def _write(self, request: GatewayRequest, trail: Trail, outcome: Any, latency_ms: float) -> None:
-        who = request.session.facts.get(_WHO)
+    def _hand_over(self, request: GatewayRequest, trail: Trail, outcome: Any, latency_ns: int) -> None:
+        """Only what is cheap happens here; the audit sealer turns these facts into the records."""
+        session = request.session
+        who = session.facts.get(_WHO)
         if who is None:
-            identity = request.session.identity
-            who = {"name": identity.name, "groups": list(identity.groups), "session": request.session.session_id}
-            request.session.facts[_WHO] = who
-        what: dict[str, Any] = {"method": request.method}
-        target = request.params.get("name") or request.params.get("uri")
-        if target is not None:
-            what["target"] = target
-        if request.method == "tools/call":
-            arguments = request.params.get("arguments") or {}
-            what["arguments"] = arguments if self._record_values else shape_of(arguments)
-        call = {"kind": "call", "who": who, "what": what, "outcome": outcome, "latency_ms": round(latency_ms, 3)}
-        if trail.stages:
-            final = _final(trail.stages)
-            decision = {
-                "kind": "decision",
-                "who": who,
-                "what": what,
-                "decision": _EFFECT_VALUES[final.effect],
-                "rule": final.rule,
-                "reason": final.reason,
-                "stages": [
-                    {"stage": s, "decision": _EFFECT_VALUES[d.effect], "rule": d.rule, "reason": d.reason, **d.detail}
-                    if d.detail
-                    else {"stage": s, "decision": _EFFECT_VALUES[d.effect], "rule": d.rule, "reason": d.reason}
-                    for s, d in trail.stages
-                ],
-            }
-            self._write_records(decision, call)
-        else:
-            self._write_records(call)
+            identity = session.identity
+            who = session.facts[_WHO] = {"name": identity.name, "groups": list(identity.groups), "session": session.session_id}
+        params = request.params
+        method = request.method
+        arguments = params.get("arguments") or {} if method == "tools/call" else None
+        recorded = arguments if self._record_values or arguments is None else shape_of(arguments)
+        # Effects are str enums, written as their value.
+        stages = [(stage, d.effect, d.rule, d.reason, d.detail or None) for stage, d in trail.stages]
+        facts = (time.time(), who, method, params.get("name") or params.get("uri"), recorded, outcome, latency_ns, stages)
+        try:
+            self.writer.write_call(facts)  # type: ignore[union-attr]
+        except TypeError:
+            # Argument values JSON cannot hold (only possible when values are recorded): their shape instead.
+            self.writer.write_call((*facts[:4], {"unrecordable": shape_of(arguments)}, *facts[5:]))  # type: ignore[union-attr]
 
     async def aclose(self) -> None:
         if self.writer is not None:
             await self.writer.aclose()
-
-
-def _final(stages: Sequence[tuple[str, Decision]]) -> Decision:
-    for _, decision in reversed(stages):
-        if decision.effect is Effect.DENY:
-            return decision
-    return stages[-1][1]
 
 
 class AuthorizationInterceptor:

@@ -1,0 +1,229 @@
+"""The audit trail's sealer: a process of its own that chains, hashes, writes and rotates the records.
+
+The gateway sends it one JSON value per line on its standard input: an object is a finished record, an
+array is the facts of one request, from which ``call_records`` builds its ``decision`` and ``call`` records.
+The first line is ``key:`` and the HMAC key in hex (nothing after it for plain SHA-256). Lines are sealed in the order they arrive,
+which is the order of the decisions. At the end of its input it syncs the file to disk and exits.
+
+Encoding and hashing records is Python work; in a thread of the gateway it would hold the GIL the event
+loop needs, so it runs here, beside the loop. This file imports nothing from Bastion, so it starts as a
+plain script, without loading the gateway.
+
+Each record carries ``seq``, ``prev`` (the hash of the record before it) and ``hash`` (SHA-256, or
+HMAC-SHA-256 with a key, over the canonical JSON of the record without ``hash``). When the file would
+exceed ``rotate_bytes`` it is renamed ``NAME.<first seq>.jsonl`` and the chain continues in a fresh file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import orjson
+
+GENESIS = "0" * 64
+KEY_PREFIX = b"key:"
+_SORT_KEYS = orjson.OPT_SORT_KEYS
+_sha256 = hashlib.sha256
+
+
+def record_hash(record: Mapping[str, Any], key: bytes | None) -> str:
+    """The hash of a record: over its canonical JSON (sorted keys, orjson's number format) without ``hash``."""
+    body = orjson.dumps({k: v for k, v in record.items() if k != "hash"}, option=_SORT_KEYS)
+    return hmac.new(key, body, hashlib.sha256).hexdigest() if key else _sha256(body).hexdigest()
+
+
+def sealed_line(record: dict[str, Any], key: bytes | None) -> tuple[bytes, str]:
+    """The record's JSON line with its hash appended, serialising it only once."""
+    body = orjson.dumps(record, option=_SORT_KEYS)
+    digest = hmac.new(key, body, hashlib.sha256).hexdigest() if key else _sha256(body).hexdigest()
+    return b"%b,\"hash\":\"%b\"}\n" % (body[:-1], digest.encode()), digest
+
+
+def call_records(facts: list[Any]) -> list[dict[str, Any]]:
+    """A request's ``decision`` record (when a policy stage decided) and its ``call`` record.
+
+    ``facts`` is ``[ts, who, method, target, arguments, outcome, latency_ns, stages]``, each stage
+    ``[stage, effect, rule, reason, detail]``; the last decisive stage (a refusal, else the last) decides.
+    """
+    ts, who, method, target, arguments, outcome, latency_ns, stages = facts
+    what: dict[str, Any] = {"method": method}
+    if target is not None:
+        what["target"] = target
+    if arguments is not None:
+        what["arguments"] = arguments
+    call = {"kind": "call", "ts": ts, "who": who, "what": what, "outcome": outcome, "latency_ms": round(latency_ns / 1e6, 3)}
+    if not stages:
+        return [call]
+    final = next((stage for stage in reversed(stages) if stage[1] == "deny"), stages[-1])
+    decision = {
+        "kind": "decision",
+        "ts": ts,
+        "who": who,
+        "what": what,
+        "decision": final[1],
+        "rule": final[2],
+        "reason": final[3],
+        "stages": [
+            {"stage": stage, "decision": effect, "rule": rule, "reason": reason, **(detail or {})}
+            for stage, effect, rule, reason, detail in stages
+        ],
+    }
+    return [decision, call]
+
+
+def rotated_name(path: Path, first_seq: int) -> Path:
+    return path.with_name(f"{path.stem}.{first_seq:012d}{path.suffix or '.jsonl'}")
+
+
+def trail_files(path: Path) -> list[Path]:
+    """The rotated files of a trail, oldest first, then the current file."""
+    rotated = sorted(path.parent.glob(f"{path.stem}.[0-9]*{path.suffix or '.jsonl'}"))
+    return [*rotated, *([path] if path.exists() else [])]
+
+
+def _last_record(path: Path) -> dict[str, Any] | None:
+    try:
+        with path.open("rb") as file:
+            file.seek(0, os.SEEK_END)
+            size = file.tell()
+            file.seek(max(0, size - 65536))
+            lines = file.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+    return None
+
+
+def _first_record(path: Path) -> dict[str, Any] | None:
+    try:
+        with path.open("rb") as file:
+            return orjson.loads(file.readline())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+
+
+class Sealer:
+    """Continues a trail's chain: seals records in the order given and writes them, rotating by size."""
+
+    def __init__(self, path: Path, rotate_bytes: int, key: bytes | None) -> None:
+        self.path = path
+        self._rotate_bytes = rotate_bytes
+        self._key = key
+        self._seq, self._prev = self._chain_head()
+        first = _first_record(path)
+        self._file_first_seq = first["seq"] if first else self._seq
+        self._file = self._open()
+        self._position = self._file.tell()
+        self._lines: list[bytes] = []
+
+    def _chain_head(self) -> tuple[int, str]:
+        for candidate in reversed(trail_files(self.path)):
+            last = _last_record(candidate)
+            if last is not None:
+                return int(last["seq"]) + 1, str(last["hash"])
+        return 0, GENESIS
+
+    def _open(self) -> io.FileIO:
+        file = io.FileIO(self.path, "ab")
+        os.chmod(self.path, 0o600)
+        return file
+
+    def take(self, line: bytes) -> None:
+        """Seal the records one input line stands for."""
+        try:
+            message = orjson.loads(line)
+            records = call_records(message) if type(message) is list else [message]
+        except (orjson.JSONDecodeError, TypeError, ValueError) as error:
+            # The gap stays visible in the trail instead of silently shortening it.
+            records = [{"kind": "unrecordable", "error": str(error)[:200]}]
+        for record in records:
+            self._add(record)
+
+    def _add(self, record: dict[str, Any]) -> None:
+        record["seq"] = self._seq
+        record["prev"] = self._prev
+        line, digest = sealed_line(record, self._key)
+        if self._position + len(line) > self._rotate_bytes and self._position > 0:
+            self.write()
+            self._rotate(self._seq)
+        self._lines.append(line)
+        self._position += len(line)
+        self._prev = digest
+        self._seq += 1
+
+    def write(self) -> None:
+        """Write the sealed lines not yet written."""
+        if not self._lines:
+            return
+        data = memoryview(b"".join(self._lines))
+        self._lines.clear()
+        while data:
+            data = data[self._file.write(data) :]
+
+    def _rotate(self, next_seq: int) -> None:
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.path, rotated_name(self.path, self._file_first_seq))
+        self._file = self._open()
+        self._position = 0
+        self._file_first_seq = next_seq
+
+    def close(self) -> None:
+        self.write()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+
+def serve(source: int, path: Path, rotate_bytes: int) -> None:
+    """Read lines from ``source`` until its end, sealing and writing each chunk as it arrives."""
+    lines = _lines(source)
+    first = next(lines, [KEY_PREFIX])
+    key = bytes.fromhex(first[0].removeprefix(KEY_PREFIX).decode()) or None
+    sealer = Sealer(path, rotate_bytes, key)
+    for line in first[1:]:
+        sealer.take(line)
+    for chunk in lines:
+        for line in chunk:
+            sealer.take(line)
+        sealer.write()
+    sealer.close()
+
+
+def _lines(source: int) -> Iterator[list[bytes]]:
+    """The complete, non-empty lines of each read from ``source``, as they arrive."""
+    partial = b""
+    while True:
+        chunk = os.read(source, 1 << 20)
+        if not chunk:
+            break
+        *complete, partial = (partial + chunk).split(b"\n")
+        found = [line for line in complete if line]
+        if found:
+            yield found
+    if partial.strip():
+        yield [partial]
+
+
+def main(argv: list[str]) -> int:
+    # Shutdown is the gateway's to order, by closing our input: a signal meant for the gateway's process
+    # group (Ctrl-C, a service manager's SIGTERM) must not cut the trail before the gateway's last records.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    path, rotate_bytes = Path(argv[1]), int(argv[2])
+    serve(sys.stdin.fileno(), path, rotate_bytes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
