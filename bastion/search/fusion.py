@@ -1,23 +1,37 @@
-"""Combining the lexical and the semantic ranking into one.
+"""Combining the lexical, static and transformer rankings into one.
 
-Both fusions only look at candidates the caller may see (``candidates``): a hidden tool
-neither takes a rank nor shifts the normalisation of the visible ones.
+Every fusion only looks at candidates the caller may see: a hidden tool neither takes a
+rank nor shifts the normalisation of the visible ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
+
+# Confidence of a ranking: how far (in standard deviations) the best tool stands above the
+# one just past a top-5 answer.
+GATE_RANK = 5
 
 
 @dataclass(frozen=True)
 class FusionWeights:
-    """How much each retriever counts. Defaults tuned on half of the BFCL queries (see docs/search.md)."""
+    """How much each retriever counts. Defaults tuned on the even-numbered BFCL queries.
 
-    lexical: float = 0.35
+    With the transformer: ``lexical`` (BM25), ``static`` (static token vectors) and
+    ``semantic`` (MiniLM). Without it (the cheap ranking): BM25 at ``cheap_lexical`` and the
+    static vectors at the rest. ``gate``: a cheap ranking whose best z-score leads the 6th
+    by at least this much is answered without running the transformer on the query
+    (``None``: always run it).
+    """
+
+    lexical: float = 0.25
+    static: float = 0.10
     semantic: float = 0.65
+    cheap_lexical: float = 0.35
+    gate: float | None = 2.75
     method: Literal["zscore", "rrf"] = "zscore"
     rrf_k: float = 10.0
 
@@ -37,18 +51,56 @@ def _zscore(scores: np.ndarray) -> np.ndarray:
     return (scores - float(scores.mean())) / std
 
 
-def fuse(lexical: np.ndarray | None, semantic: np.ndarray | None, weights: FusionWeights) -> np.ndarray:
-    """One score per candidate (higher is better) from aligned score vectors."""
-    parts: list[tuple[float, np.ndarray]] = []
-    if lexical is not None:
-        parts.append((weights.lexical, lexical))
-    if semantic is not None:
-        parts.append((weights.semantic, semantic))
-    if len(parts) == 1:
-        return parts[0][1].astype(np.float32, copy=False)
-    if weights.method == "rrf":
-        return sum(w / (weights.rrf_k + 1.0 + _ranks(s)) for w, s in parts)  # type: ignore[return-value]
-    return sum(w * _zscore(s.astype(np.float32, copy=False)) for w, s in parts)  # type: ignore[return-value]
+def fuse_parts(parts: list[tuple[float, np.ndarray | None]], method: str = "zscore", rrf_k: float = 10.0) -> np.ndarray:
+    """One score per candidate (higher is better) from weighted, aligned score vectors;
+    a missing (``None``) or zero-weight part is left out."""
+    present = [(w, s.astype(np.float32, copy=False)) for w, s in parts if s is not None and w > 0]
+    if not present:
+        raise ValueError("no scores to fuse")
+    if len(present) == 1:
+        return present[0][1]
+    if method == "rrf":
+        return sum(w / (rrf_k + 1.0 + _ranks(s)) for w, s in present)  # type: ignore[return-value]
+    return sum(w * _zscore(s) for w, s in present)  # type: ignore[return-value]
+
+
+def fuse(lexical: np.ndarray | None, semantic: np.ndarray | None, weights: FusionWeights,
+         static: np.ndarray | None = None) -> np.ndarray:
+    """All available retrievers fused with ``weights`` (no gate)."""
+    return fuse_parts([(weights.lexical, lexical), (weights.static, static), (weights.semantic, semantic)],
+                      weights.method, weights.rrf_k)
+
+
+def cheap_fuse(lexical: np.ndarray | None, static: np.ndarray, weights: FusionWeights) -> np.ndarray:
+    """BM25 and the static vectors only: what a query costs without the transformer."""
+    return fuse_parts([(weights.cheap_lexical, lexical), (1.0 - weights.cheap_lexical, static)], "zscore")
+
+
+def confident(scores: np.ndarray, gate: float | None) -> bool:
+    """Whether a ranking's leader stands far enough above the rest to skip the transformer.
+
+    ``scores`` are fused z-scores, so the gap is in standard deviations of the catalog.
+    """
+    if gate is None or len(scores) <= GATE_RANK:
+        return False
+    leaders = np.partition(scores, len(scores) - GATE_RANK - 1)[-GATE_RANK - 1 :]
+    return float(leaders.max() - leaders.min()) >= gate
+
+
+def gated_fuse(lexical: np.ndarray | None, static: np.ndarray | None, semantic: Callable[[], np.ndarray | None],
+               weights: FusionWeights) -> tuple[np.ndarray, bool]:
+    """Fused scores and whether the transformer ran. ``semantic`` is called only when the
+    cheap ranking is not confident (or there are no static vectors)."""
+    if static is not None:
+        cheap = cheap_fuse(lexical, static, weights)
+        if confident(cheap, weights.gate):
+            return cheap, False
+    sem = semantic()
+    if sem is None and static is not None:
+        return cheap_fuse(lexical, static, weights), False
+    if lexical is None and sem is None:
+        raise ValueError("no scores to fuse")
+    return fuse(lexical, sem, weights, static), sem is not None
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:

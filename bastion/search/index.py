@@ -1,4 +1,9 @@
-"""The tool index: BM25 over tool words fused with MiniLM sentence vectors.
+"""The tool index: BM25 over tool words, static token vectors and MiniLM sentence vectors.
+
+BM25 and the static vectors cost microseconds per tool, so a catalog of thousands is
+searchable within seconds; MiniLM is the strongest signal but costs milliseconds per tool
+and per query. A query whose cheap ranking (BM25 + static) has a clear leader is answered
+without running MiniLM on it (see :func:`bastion.search.fusion.gated_fuse`).
 
 Writers (build/upsert/remove, e.g. on ``notifications/tools/list_changed``) prepare a new
 immutable snapshot and swap it in; searches read whichever snapshot is current, so a search
@@ -12,7 +17,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, NamedTuple, Sequence
 
 import bm25s
 import numpy as np
@@ -23,7 +28,8 @@ from bastion.search.embedding import (
     TextEncoder,
     load_default_encoder,
 )
-from bastion.search.fusion import FusionWeights, fuse, top_k
+from bastion.search.fusion import FusionWeights, gated_fuse, top_k
+from bastion.search.static_embedding import load_static_encoder
 from bastion.search.text import lexical_text, lexical_tokens, make_stemmer, semantic_text
 
 logger = logging.getLogger("bastion.search")
@@ -51,7 +57,54 @@ class _Snapshot:
     keys: tuple[str, ...] = ()
     docs: Mapping[str, _Doc] = field(default_factory=dict)
     lexical: bm25s.BM25 | None = None
-    vectors: np.ndarray | None = None  # rows aligned with keys
+    static: np.ndarray | None = None  # static vectors, rows aligned with keys
+    vectors: np.ndarray | None = None  # MiniLM vectors, rows aligned with keys
+
+
+class ScoreComponents(NamedTuple):
+    """Raw per-tool scores of each retriever (``None``: that retriever has no opinion)."""
+
+    keys: tuple[str, ...]
+    lexical: np.ndarray | None
+    static: np.ndarray | None
+    semantic: np.ndarray | None
+
+
+class _VectorStore:
+    """Vectors of tool texts for one encoder: kept in memory for the live catalog and, when
+    a cache is given, on disk, so only texts never seen before are embedded."""
+
+    def __init__(self, encoder: TextEncoder, max_tokens: int, cache: EmbeddingCache | None = None) -> None:
+        self.encoder, self.max_tokens, self._cache = encoder, max_tokens, cache
+        self._by_text: dict[str, np.ndarray] = {}
+
+    def vectors_for(self, texts: Sequence[str]) -> np.ndarray:
+        known = self._by_text
+        missing = sorted({t for t in texts if t not in known})
+        if missing and self._cache is not None:
+            keys = {t: EmbeddingCache.key(t, self.max_tokens) for t in missing}
+            found = self._cache.get_many(list(keys.values()))
+            for text, key in keys.items():
+                if key in found:
+                    known[text] = found[key]
+            missing = [t for t in missing if t not in known]
+        if missing:
+            fresh = self.encoder.encode(missing, max_tokens=self.max_tokens)
+            for text, vec in zip(missing, fresh):
+                known[text] = vec
+            if self._cache is not None:
+                self._cache.put_many({EmbeddingCache.key(t, self.max_tokens): v for t, v in zip(missing, fresh)})
+        # Forget vectors of tools no longer listed, so memory follows the live catalog.
+        live = set(texts)
+        for text in [t for t in known if t not in live]:
+            del known[text]
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([known[t] for t in texts]).astype(np.float32, copy=False)
+
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
 
 
 class ToolIndex:
@@ -65,18 +118,22 @@ class ToolIndex:
         key_field: str = "name",
         cache_dir: Path | None = None,
         doc_max_tokens: int = DOC_MAX_TOKENS,
+        static_encoder: EncoderChoice = "auto",
     ) -> None:
         """``doc_max_tokens`` bounds the word pieces embedded per tool: embedding cost grows
         linearly with it. 128 keeps the parameters (best recall); 32 keeps about the name and
         the description's first sentence, three times cheaper for about 1 point of Recall@5
-        on BFCL (docs/search.md)."""
+        on BFCL (docs/search.md).
+
+        ``static_encoder``: the static token vectors used alongside MiniLM ("auto": the
+        packaged WordLlama vectors when MiniLM is in use; ``None``: MiniLM runs on every
+        query and nothing is searchable semantically until every tool is embedded)."""
         self.key_field = key_field
         self.doc_max_tokens = doc_max_tokens
         self.weights = weights or FusionWeights()
         self._stem = make_stemmer()
         self._write_lock = threading.Lock()
         self._snapshot = _Snapshot()
-        self._vectors_by_text: dict[str, np.ndarray] = {}
         self.fallback_reason: str | None = None
         self._encoder: TextEncoder | None
         if encoder == "auto":
@@ -91,9 +148,20 @@ class ToolIndex:
             self._encoder = encoder
             if encoder is None:
                 self.fallback_reason = "semantic search disabled"
-        self._cache = (
-            EmbeddingCache(cache_dir, self._encoder.model_id) if cache_dir is not None and self._encoder else None
-        )
+        cache = EmbeddingCache(cache_dir, self._encoder.model_id) if cache_dir is not None and self._encoder else None
+        self._dense = _VectorStore(self._encoder, doc_max_tokens, cache) if self._encoder else None
+        self._static = self._static_store(static_encoder) if self._encoder else None
+
+    @staticmethod
+    def _static_store(choice: EncoderChoice) -> _VectorStore | None:
+        if choice == "auto":
+            loaded = load_static_encoder()
+            if isinstance(loaded, EncoderUnavailable):
+                logger.warning("tool search without static vectors, MiniLM runs on every query: %s", loaded.reason)
+                return None
+            choice = loaded
+        # The static model costs nothing per extra word, so tool texts are not cut short.
+        return _VectorStore(choice, max_tokens=2048) if choice is not None else None
 
     # ------------------------------------------------------------------ state
 
@@ -115,8 +183,8 @@ class ToolIndex:
         return doc.tool if doc else None
 
     def close(self) -> None:
-        if self._cache is not None:
-            self._cache.close()
+        if self._dense is not None:
+            self._dense.close()
 
     # ---------------------------------------------------------------- writers
 
@@ -129,9 +197,10 @@ class ToolIndex:
     def build(self, tools: Iterable[Mapping[str, Any]], *, progressive: bool = False) -> None:
         """Replace the whole catalog.
 
-        ``progressive``: publish the lexical index first, so searches answer (BM25 only)
-        while the tool texts are being embedded, then switch to hybrid. Embedding thousands
-        of tools takes minutes on a small CPU; a gateway should not be blind meanwhile.
+        ``progressive``: publish BM25 and the static vectors first (seconds), so searches
+        answer while MiniLM embeds the tool texts, then switch to the full fusion.
+        Embedding thousands of tools with MiniLM takes minutes on a small CPU; a gateway
+        should not be blind meanwhile.
         """
         with self._write_lock:
             docs = {self._key(t): self._make_doc(t) for t in tools}
@@ -170,38 +239,15 @@ class ToolIndex:
         if keys:
             lexical = bm25s.BM25(k1=BM25_K1, b=BM25_B)
             lexical.index([list(docs[k].tokens) for k in keys], show_progress=False)
-        vectors = self._vectors_for([docs[k].semantic for k in keys]) if self._encoder and embed else None
-        self._snapshot = _Snapshot(keys=keys, docs=docs, lexical=lexical, vectors=vectors)
+        texts = [docs[k].semantic for k in keys]
+        static = self._static.vectors_for(texts) if self._static is not None else None
+        vectors = self._dense.vectors_for(texts) if self._dense is not None and embed else None
+        self._snapshot = _Snapshot(keys=keys, docs=docs, lexical=lexical, static=static, vectors=vectors)
 
     @property
     def semantic_ready(self) -> bool:
-        """True once every listed tool has its vector (always False in lexical mode)."""
+        """True once every listed tool has its MiniLM vector (always False in lexical mode)."""
         return self._snapshot.vectors is not None
-
-    def _vectors_for(self, texts: Sequence[str]) -> np.ndarray:
-        assert self._encoder is not None
-        known = self._vectors_by_text
-        missing = sorted({t for t in texts if t not in known})
-        if missing and self._cache is not None:
-            keys = {t: EmbeddingCache.key(t, self.doc_max_tokens) for t in missing}
-            found = self._cache.get_many(list(keys.values()))
-            for text, key in keys.items():
-                if key in found:
-                    known[text] = found[key]
-            missing = [t for t in missing if t not in known]
-        if missing:
-            fresh = self._encoder.encode(missing, max_tokens=self.doc_max_tokens)
-            for text, vec in zip(missing, fresh):
-                known[text] = vec
-            if self._cache is not None:
-                self._cache.put_many({EmbeddingCache.key(t, self.doc_max_tokens): v for t, v in zip(missing, fresh)})
-        # Forget vectors of tools no longer listed, so memory follows the live catalog.
-        live = set(texts)
-        for text in [t for t in known if t not in live]:
-            del known[text]
-        if not texts:
-            return np.zeros((0, 0), dtype=np.float32)
-        return np.stack([known[t] for t in texts]).astype(np.float32, copy=False)
 
     # ----------------------------------------------------------------- search
 
@@ -217,10 +263,16 @@ class ToolIndex:
         candidates = self._candidates(snap, allowed)
         if len(candidates) == 0:
             return []
-        lexical, semantic = self._lexical_scores(snap, query), self._semantic_scores(snap, query)
-        scores = fuse(
+        lexical, static = self._lexical_scores(snap, query), self._static_scores(snap, query)
+
+        def semantic() -> np.ndarray | None:
+            scores = self._semantic_scores(snap, query)
+            return scores[candidates] if scores is not None else None
+
+        scores, _ = gated_fuse(
             lexical[candidates] if lexical is not None else None,
-            semantic[candidates] if semantic is not None else None,
+            static[candidates] if static is not None else None,
+            semantic,
             self.weights,
         )
         best = top_k(scores, k)
@@ -231,12 +283,13 @@ class ToolIndex:
         the event loop should spend relaying messages (onnxruntime releases the GIL)."""
         return await asyncio.to_thread(self.search, query, k, allowed)
 
-    def score_components(self, query: str) -> tuple[tuple[str, ...], np.ndarray | None, np.ndarray | None]:
-        """Keys with the raw lexical and semantic scores of every tool (for tuning and benchmarks)."""
+    def score_components(self, query: str) -> ScoreComponents:
+        """Keys with the raw scores of every tool from each retriever (for tuning and benchmarks)."""
         snap = self._snapshot
         if not snap.keys:
-            return (), None, None
-        return snap.keys, self._lexical_scores(snap, query), self._semantic_scores(snap, query)
+            return ScoreComponents((), None, None, None)
+        return ScoreComponents(snap.keys, self._lexical_scores(snap, query), self._static_scores(snap, query),
+                               self._semantic_scores(snap, query))
 
     @staticmethod
     def _candidates(snap: _Snapshot, allowed: Allowed | None) -> np.ndarray:
@@ -249,11 +302,17 @@ class ToolIndex:
         vocab = snap.lexical.vocab_dict if snap.lexical is not None else {}
         tokens = [t for t in tokens if t in vocab]
         if not tokens:
-            # No shared word: lexical has no opinion, so semantic alone decides (if present).
-            if self._encoder is not None and snap.vectors is not None:
+            # No shared word: lexical has no opinion, so the vectors alone decide (if present).
+            if snap.static is not None or snap.vectors is not None:
                 return None
             return np.zeros(len(snap.keys), dtype=np.float32)
         return snap.lexical.get_scores(tokens)  # type: ignore[union-attr]
+
+    def _static_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:
+        if self._static is None or snap.static is None or snap.static.shape[0] != len(snap.keys):
+            return None
+        qvec = self._static.encoder.encode([query])[0]
+        return np.einsum("ij,j->i", snap.static, qvec)
 
     def _semantic_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:
         if self._encoder is None or snap.vectors is None or snap.vectors.shape[0] != len(snap.keys):

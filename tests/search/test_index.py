@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from bastion.search.fusion import FusionWeights
 from bastion.search.index import ToolIndex
 from bastion.search.text import lexical_tokens, make_stemmer, semantic_text, split_identifier
 
@@ -115,11 +116,12 @@ def test_key_field_lets_catalog_rows_be_keyed_by_id():
 def test_score_components_align_with_keys(encoder):
     ix = ToolIndex(encoder=encoder)
     ix.build(CATALOG)
-    keys, lexical, semantic = ix.score_components("send an email")
+    keys, lexical, static, semantic = ix.score_components("send an email")
     assert keys == tuple(sorted(t["name"] for t in CATALOG))
-    assert lexical.shape == semantic.shape == (len(CATALOG),)
+    assert lexical.shape == static.shape == semantic.shape == (len(CATALOG),)
     assert keys[int(np.argmax(lexical))] == "send_email"
-    assert np.all(semantic <= 1.0001)
+    assert keys[int(np.argmax(static))] == "send_email"
+    assert np.all(semantic <= 1.0001) and np.all(static <= 1.0001)
 
 
 class CountingEncoder:
@@ -135,7 +137,8 @@ class CountingEncoder:
 
 def test_only_new_texts_are_embedded_and_the_disk_cache_survives_restart(encoder, tmp_path):
     counting = CountingEncoder(encoder)
-    ix = ToolIndex(encoder=counting, cache_dir=tmp_path)
+    # No gate: every query runs MiniLM, so the count below is exact.
+    ix = ToolIndex(encoder=counting, cache_dir=tmp_path, weights=FusionWeights(gate=None))
     ix.build(CATALOG)
     docs_embedded = counting.texts
     assert docs_embedded == len(CATALOG)
@@ -147,7 +150,7 @@ def test_only_new_texts_are_embedded_and_the_disk_cache_survives_restart(encoder
     ix.close()
 
     again = CountingEncoder(encoder)
-    restarted = ToolIndex(encoder=again, cache_dir=tmp_path)
+    restarted = ToolIndex(encoder=again, cache_dir=tmp_path, weights=FusionWeights(gate=None))
     restarted.build([*CATALOG, flight])
     assert again.texts == 0, "every tool text was in the on-disk cache"
     after = restarted.search("mail a colleague", 3)
@@ -233,3 +236,51 @@ async def test_search_async_matches_search_and_keeps_the_loop_free(encoder):
     task.cancel()
     assert all(h == ix.search("send an email to a colleague", 3) for h in hits)
     assert ticks > 50, "the loop kept running while queries were embedded"
+
+
+FILLERS = [tool(f"inventory_widget_{i}", f"Manage stock level {i} of warehouse widgets and pallets.", sku="Item SKU")
+           for i in range(40)]
+
+
+def test_minilm_runs_only_on_queries_whose_cheap_ranking_has_no_clear_leader(encoder):
+    counting = CountingEncoder(encoder)
+    ix = ToolIndex(encoder=counting)
+    ix.build([*CATALOG, *FILLERS])
+    embedded = counting.texts
+    assert ix.search("convert 20 euros into another currency", 1)[0][0] == "convertCurrency"
+    assert counting.texts == embedded, "a clear leader is answered by BM25 and the static vectors"
+    assert ix.search("notify my boss by mail", 1)[0][0] == "send_email"
+    assert counting.texts == embedded + 1, "no shared word: the transformer decides"
+
+
+def test_without_static_vectors_minilm_runs_on_every_query(encoder):
+    counting = CountingEncoder(encoder)
+    ix = ToolIndex(encoder=counting, static_encoder=None)
+    ix.build([*CATALOG, *FILLERS])
+    embedded = counting.texts
+    assert ix.search("convert 20 euros into another currency", 1)[0][0] == "convertCurrency"
+    assert counting.texts == embedded + 1
+    assert ix.score_components("currency").static is None
+
+
+def test_without_the_static_model_package_minilm_still_searches_and_says_so_once():
+    script = textwrap.dedent(
+        """
+        import logging, sys
+        sys.modules["wordllama"] = None  # as if the package were not installed
+        logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+        from bastion.search.index import ToolIndex
+        from tests.search.conftest import CATALOG
+        ix = ToolIndex()
+        ix.build(CATALOG)
+        for _ in range(3):
+            hits = ix.search("notify my boss by mail", 1)
+        print(ix.mode, hits[0][0])
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["hybrid", "send_email"]
+    warnings = [line for line in proc.stderr.splitlines() if "without static vectors" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert "wordllama" in warnings[0]
