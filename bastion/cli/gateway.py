@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 from typing import Any
@@ -75,6 +76,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     log.info("serving %d server(s) on stdio: %s", len(config.servers), ", ".join(config.servers) or "none")
     gateway = Gateway(config)
+    # What is loaded by now (modules, configuration, policy) lives as long as the process: left in the collected
+    # generations, every full collection would walk it again while requests wait.
+    gc.freeze()
     run_loop(serve_stdio(gateway, protocol_fd, gateway.identity))
     return 0
 

@@ -165,6 +165,12 @@ class Gateway:
     async def _route(self, request: GatewayRequest) -> dict[str, Any]:
         method = request.method
         params = request.params
+        if method == "tools/call":
+            name = params.get("name")
+            entry = self.catalog.tool(name) if type(name) is str else None
+            if entry is None:
+                entry = await self._find(self.catalog.tool, name, "tool")
+            return await self._forward(request, entry.server, {**params, "name": entry.original_name})
         if method in _LISTS:
             kind, key, _ = _LISTS[method]
             try:
@@ -175,9 +181,6 @@ class Gateway:
             if next_cursor:
                 result["nextCursor"] = next_cursor
             return result
-        if method == "tools/call":
-            entry = await self._find(self.catalog.tool, params.get("name"), "tool")
-            return await self._forward(request, entry.server, {**params, "name": entry.original_name})
         if method == "prompts/get":
             named = await self._find(self.catalog.prompt, params.get("name"), "prompt")
             return await self._forward(request, named.server, {**params, "name": named.original})

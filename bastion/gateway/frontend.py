@@ -10,6 +10,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Mapping
 
 from bastion.gateway.core import SERVER_INFO, Gateway
+from bastion.gateway.eager import start_eagerly
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import ErrorResponse, InvalidFrame, Notification, Request, Response, parse_frame
@@ -60,11 +61,12 @@ class ClientConnection:
         self._log_level: str | None = None  # legacy logging/setLevel
         self._answered_initialize = False  # notifications wait until the client has its initialize result
         self._max_bytes = gateway.config.max_message_bytes
+        self._loop = asyncio.get_running_loop()
         gateway.attach(self)
 
     # ------------------------------------------------------------------------------------------ input
     def feed(self, frame: bytes) -> None:
-        if not frame.strip():
+        if not frame or frame.isspace():  # a blank line is no message; isspace stops at the first other byte
             return
         message = parse_frame(frame, self._max_bytes)
         if isinstance(message, InvalidFrame):
@@ -76,17 +78,16 @@ class ClientConnection:
             self.era = "modern" if is_modern_first_message(message.method, message.params) else "legacy"
         if self.era == "legacy":
             verdict = self._lifecycle.receive(message)
-            if verdict.action is Action.IGNORE:
-                return
-            if verdict.action in (Action.REJECT, Action.REJECT_AND_CLOSE):
+            if verdict.action is not Action.ACCEPT:
                 if verdict.reply is not None:
                     self._send(verdict.reply)
                 if verdict.action is Action.REJECT_AND_CLOSE:
                     self._close_transport()
                 return
-        if isinstance(message, Request):
+        kind = type(message)
+        if kind is Request:
             self._on_request(message)
-        elif isinstance(message, Notification):
+        elif kind is Notification:
             self._on_notification(message)
         else:
             self._on_response(message)
@@ -100,7 +101,9 @@ class ClientConnection:
             self._send(ErrorResponse(message.id, jsonrpc.error(
                 jsonrpc.INVALID_REQUEST, f"request id {message.id!r} is already in flight")))
             return
-        self._tasks[message.id] = asyncio.create_task(self._serve(message))
+        task = start_eagerly(self._serve(message), self._loop)
+        if task is not None:  # still waiting for its answer
+            self._tasks[message.id] = task
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}
@@ -128,8 +131,13 @@ class ClientConnection:
         try:
             if self.era == "modern":
                 reply = await self._serve_modern(message)
+            elif message.method == "initialize":
+                reply = await self._initialize(message)
             else:
-                reply = await self._serve_legacy(message)
+                # Modern servers log only for requests that opt in. A legacy client gets every level until it sends
+                # logging/setLevel (legacy servers behave that way), so its requests opt in at its level, else debug.
+                reply = self._refused_log_level(message) or await self._dispatch(
+                    message, self._session or self._anonymous_session(), self._log_level or "debug")
             if reply is not None:
                 self._send(reply)
                 if self._drain is not None:
@@ -143,18 +151,15 @@ class ClientConnection:
             self._tasks.pop(message.id, None)
             self._log_opt_ins.pop(message.id, None)
 
-    async def _serve_legacy(self, message: Request) -> jsonrpc.Message | None:
-        if message.method == "initialize":
-            return await self._initialize(message)
-        if message.method == "logging/setLevel":
-            level = (message.params or {}).get("level")
-            if level not in _LOG_LEVELS:
-                return ErrorResponse(message.id, jsonrpc.error(jsonrpc.INVALID_PARAMS, f"invalid log level {level!r}"))
-            self._log_level = level
-        session = self._session or self._anonymous_session()
-        # Modern servers log only for requests that opt in. A legacy client gets every level until it sends
-        # logging/setLevel (legacy servers behave that way), so its requests opt in at its level, else at debug.
-        return await self._dispatch(message, session, self._log_level or "debug")
+    def _refused_log_level(self, message: Request) -> ErrorResponse | None:
+        """Take the level of a legacy logging/setLevel (which is also forwarded), or refuse an invalid one."""
+        if message.method != "logging/setLevel":
+            return None
+        level = (message.params or {}).get("level")
+        if level not in _LOG_LEVELS:
+            return ErrorResponse(message.id, jsonrpc.error(jsonrpc.INVALID_PARAMS, f"invalid log level {level!r}"))
+        self._log_level = level
+        return None
 
     async def _initialize(self, message: Request) -> None:
         params = message.params or {}
@@ -201,7 +206,9 @@ class ClientConnection:
         return await self._dispatch(message, session, envelope.log_level)
 
     async def _dispatch(self, message: Request, session: Session, log_level: str | None) -> jsonrpc.Message:
-        request = GatewayRequest(message.method, dict(message.params or {}), session, self.gateway.catalog,
+        # The params were decoded for this request alone, so interceptors may rewrite them in place.
+        params = message.params if message.params is not None else {}
+        request = GatewayRequest(message.method, params, session, self.gateway.catalog,
                                  request_id=message.id, log_level=log_level)
         try:
             result = await self.gateway.handle(request)

@@ -94,10 +94,12 @@ class Upstream:
         self._started_at = 0.0
         self._listen_id: int | None = None
         self._abandoned: set[int] = set()  # ids we gave up on; their late answers are expected, not suspicious
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on; asked once, not per request
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         if self._supervisor is None:
+            self._loop = asyncio.get_running_loop()
             self._supervisor = asyncio.create_task(self._supervise(), name=f"upstream:{self.name}")
 
     async def close(self) -> None:
@@ -278,15 +280,19 @@ class Upstream:
                 jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not available: {self.failure or 'starting'}"
             )
         outgoing = self._outgoing_params(params, progress_token, log_level, client_capabilities)
-        answer = await self._exchange(method, outgoing, origin, origin_id, progress_token,
-                                      timeout or self.config.request_timeout)
-        if isinstance(answer, ErrorResponse):
+        pending = self._begin(method, outgoing, origin, origin_id, progress_token, timeout or self.config.request_timeout)
+        answer = await self._answer(pending)
+        if type(answer) is ErrorResponse:
             raise GatewayError.from_error(answer.error)
         return answer.result
 
     def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None,
                          client_capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        out = dict(params) if params else {}
+        if params is None:
+            params = {}
+        if progress_token is None and self.era != "modern" and "_meta" not in params:
+            return params  # nothing to rewrite, and the params are never changed after this
+        out = dict(params)
         meta = out.get("_meta")
         meta = {k: v for k, v in meta.items() if not k.startswith(_MODERN_META_PREFIX)} if isinstance(meta, dict) else {}
         meta.pop("progressToken", None)
@@ -299,16 +305,14 @@ class Upstream:
             out.pop("_meta", None)
         return out
 
-    async def _exchange(
-        self,
-        method: str,
-        params: dict[str, Any] | None,
-        origin: Any = _SELF,
-        origin_id: Any = None,
-        progress_token: Any = None,
-        timeout: float | None = None,
-    ) -> Response | ErrorResponse:
-        loop = asyncio.get_running_loop()
+    async def _exchange(self, method: str, params: dict[str, Any] | None) -> Response | ErrorResponse:
+        """A request Bastion makes on its own behalf (the handshake and its probe)."""
+        return await self._answer(self._begin(method, params, _SELF, f"self:{time.monotonic_ns()}", None, None))
+
+    def _begin(self, method: str, params: dict[str, Any] | None, origin: Any, origin_id: Any, progress_token: Any,
+               timeout: float | None) -> Pending:
+        """Register a request and send it; its answer arrives in ``pending.context``, a future."""
+        loop = self._loop
         future: asyncio.Future[Response | ErrorResponse] = loop.create_future()
         if origin_id is None:
             origin_id = f"self:{time.monotonic_ns()}"
@@ -319,12 +323,16 @@ class Upstream:
             params["_meta"]["progressToken"] = pending.upstream_progress_token
         try:
             self._send(Request(pending.upstream_id, method, params))
-            return await future
-        except asyncio.CancelledError:
-            self._abandon(pending, "cancelled by the client")
-            raise
         except GatewayError:
             self._correlator.resolve(pending.upstream_id)
+            raise
+        return pending
+
+    async def _answer(self, pending: Pending) -> Response | ErrorResponse:
+        try:
+            return await pending.context
+        except asyncio.CancelledError:
+            self._abandon(pending, "cancelled by the client")
             raise
 
     async def _sweep_deadlines(self) -> None:
@@ -391,14 +399,15 @@ class Upstream:
             self.log.error("server %s sent a message of %d bytes, over the limit of %d; discarded",
                            self.name, frame.size, frame.limit)
             return
-        if not frame.strip():
+        if not frame or frame.isspace():
             return
         message = parse_frame(frame, self._max_bytes)
-        if isinstance(message, (Response, ErrorResponse)):
+        kind = type(message)
+        if kind is Response or kind is ErrorResponse:
             self._on_response(message)
-        elif isinstance(message, Notification):
+        elif kind is Notification:
             self._on_notification(message)
-        elif isinstance(message, Request):
+        elif kind is Request:
             self._on_request(message)
         else:
             self._on_garbage(frame, message)

@@ -27,28 +27,29 @@ UNSUPPORTED_PROTOCOL_VERSION = -32022
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 
 RequestId = Union[str, int]
+_ABSENT: Any = object()  # a key missing from a message, told apart from one present with the value null
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
     id: RequestId
     method: str
     params: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Notification:
     method: str
     params: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Response:
     id: RequestId
     result: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ErrorResponse:
     id: RequestId | None
     error: dict[str, Any]
@@ -85,25 +86,26 @@ def parse_frame(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Mes
 
 def parse_message(value: Any) -> Message | InvalidFrame:
     """Classify an already-decoded JSON value as a JSON-RPC message."""
-    if isinstance(value, list):
-        return _invalid(None, "batches are not supported; send one message per frame")
-    if not isinstance(value, dict):
+    # Exact type checks: a decoded JSON value is never a subclass, and bool (an int subclass) is never an id.
+    if type(value) is not dict:
+        if isinstance(value, list):
+            return _invalid(None, "batches are not supported; send one message per frame")
         return _invalid(None, "a message must be a JSON object")
-    if "method" not in value:
+    method = value.get("method", _ABSENT)
+    if method is _ABSENT:
         # Responses are never answered, however malformed: two peers must not bounce errors at each other.
         return _parse_response(value)
-    raw_id = value.get("id")
-    has_id = "id" in value
-    if has_id and not is_valid_id(raw_id):
+    raw_id = value.get("id", _ABSENT)
+    has_id = raw_id is not _ABSENT
+    if has_id and type(raw_id) is not int and type(raw_id) is not str:
         return _invalid(None, "id must be a string or an integer")
     reply_id = raw_id if has_id else None
     if value.get("jsonrpc") != "2.0":
         return _invalid(reply_id, 'jsonrpc must be "2.0"')
-    method = value["method"]
-    if not isinstance(method, str) or not method:
+    if type(method) is not str or not method:
         return _invalid(reply_id, "method must be a non-empty string")
     params = value.get("params")
-    if params is not None and not isinstance(params, dict):
+    if params is not None and type(params) is not dict:
         return _invalid(reply_id, "params must be an object")
     if has_id:
         return Request(raw_id, method, params)
@@ -113,18 +115,17 @@ def parse_message(value: Any) -> Message | InvalidFrame:
 def _parse_response(value: dict[str, Any]) -> Message | InvalidFrame:
     if value.get("jsonrpc") != "2.0":
         return InvalidFrame('a response must carry jsonrpc "2.0"', None)
-    if "id" not in value:
+    raw_id = value.get("id", _ABSENT)
+    if raw_id is _ABSENT:
         return InvalidFrame("neither a request, a notification nor a response", None)
-    raw_id = value["id"]
-    has_result = "result" in value
+    result = value.get("result", _ABSENT)
     has_error = "error" in value
-    if has_result == has_error:
+    if (result is not _ABSENT) == has_error:
         return InvalidFrame("a response must carry exactly one of result and error", None)
-    if has_result:
-        if not is_valid_id(raw_id):
+    if result is not _ABSENT:
+        if type(raw_id) is not int and type(raw_id) is not str:
             return InvalidFrame("a result's id must be a string or an integer", None)
-        result = value["result"]
-        if not isinstance(result, dict):
+        if type(result) is not dict:
             return InvalidFrame("result must be an object", None)
         return Response(raw_id, result)
     if raw_id is not None and not is_valid_id(raw_id):
@@ -141,18 +142,19 @@ def _invalid(reply_id: RequestId | None, reason: str) -> InvalidFrame:
 
 
 def to_dict(message: Message) -> dict[str, Any]:
-    if isinstance(message, Request):
+    kind = type(message)
+    if kind is Response:
+        return {"jsonrpc": "2.0", "id": message.id, "result": message.result}
+    if kind is Request:
         out: dict[str, Any] = {"jsonrpc": "2.0", "id": message.id, "method": message.method}
         if message.params is not None:
             out["params"] = message.params
         return out
-    if isinstance(message, Notification):
+    if kind is Notification:
         out = {"jsonrpc": "2.0", "method": message.method}
         if message.params is not None:
             out["params"] = message.params
         return out
-    if isinstance(message, Response):
-        return {"jsonrpc": "2.0", "id": message.id, "result": message.result}
     return {"jsonrpc": "2.0", "id": message.id, "error": message.error}
 
 

@@ -60,9 +60,13 @@ class ServerLifecycle:
 
     def receive(self, message: Message) -> Verdict:
         state = self.state
+        method = getattr(message, "method", None)
+        if state is State.ACTIVE:  # checked first: every message after the handshake comes this way
+            if method == "initialize" and isinstance(message, Request):
+                return _reject(message, "the connection is already initialized", close=False)
+            return _ACCEPT
         if state is State.SHUTDOWN:
             return _IGNORE
-        method = getattr(message, "method", None)
         if state is State.UNINITIALIZED:
             if isinstance(message, Request) and method == "initialize":
                 self.state = State.INITIALIZING
@@ -72,18 +76,14 @@ class ServerLifecycle:
                 return _ACCEPT
             self.state = State.SHUTDOWN
             return _reject(message, "the connection is not initialized: send initialize first", close=True)
-        if state is State.INITIALIZING:
-            if isinstance(message, Notification) and method == "notifications/initialized":
-                self.state = State.ACTIVE
-                return _ACCEPT
-            if isinstance(message, Request) and method == "initialize":
-                return _reject(message, "initialize was already received", close=False)
-            if isinstance(message, Request) and method not in _PRE_HANDSHAKE_METHODS:
-                return _reject(message, "the handshake is not complete: send notifications/initialized first", close=False)
+        # INITIALIZING
+        if isinstance(message, Notification) and method == "notifications/initialized":
+            self.state = State.ACTIVE
             return _ACCEPT
-        # ACTIVE
         if isinstance(message, Request) and method == "initialize":
-            return _reject(message, "the connection is already initialized", close=False)
+            return _reject(message, "initialize was already received", close=False)
+        if isinstance(message, Request) and method not in _PRE_HANDSHAKE_METHODS:
+            return _reject(message, "the handshake is not complete: send notifications/initialized first", close=False)
         return _ACCEPT
 
     def transport_dropped(self) -> Verdict:

@@ -23,6 +23,7 @@ class CoalescingWriter:
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
+        self._transport = writer.transport  # written to directly: the stream's write only forwards to it
         self._burst: list[bytes] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -30,19 +31,19 @@ class CoalescingWriter:
         if self._burst is None:
             self._burst = []
             self._loop.call_soon(self._flush)
-            if not self._writer.is_closing():
-                self._writer.write(frame)
+            if not self._transport.is_closing():
+                self._transport.write(frame)
         else:
             self._burst.append(frame)
 
     def _flush(self) -> None:
         burst, self._burst = self._burst, None
-        if burst and not self._writer.is_closing():
-            self._writer.write(b"".join(burst))
+        if burst and not self._transport.is_closing():
+            self._transport.write(b"".join(burst))
 
     async def drain(self) -> None:
         # Only a peer that stopped reading makes us wait; the common case costs no await at all.
-        if self._writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
+        if self._transport.get_write_buffer_size() > _DRAIN_ABOVE:
             await self._writer.drain()
 
 
