@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from bastion.policy.guards import UrlRules, check_url
+from bastion.policy.decision import GuardResult
+from bastion.policy.guards import UrlRules, check_url, urls
 from bastion.policy.guards.urls import parse_ipv4_loose
+from tests.properties import PROPERTY
 
 OPEN = UrlRules()
 
@@ -87,3 +91,47 @@ def test_ports() -> None:
 )
 def test_ipv4_reads_like_inet_aton(text: str, address: str) -> None:
     assert str(parse_ipv4_loose(text)) == address
+
+
+def _full_parse_verdict(url: str, rules: UrlRules) -> str | None:
+    """The verdict of the full parser alone, bypassing the plain-URL shortcut."""
+    parsed = urls._parse(url, rules)
+    if isinstance(parsed, GuardResult):
+        return parsed.reason
+    scheme, raw_host, port = parsed
+    return urls._judge_host(urls._normal_host(raw_host), scheme, port, rules).reason
+
+
+SHORTCUT_RULES = [
+    OPEN,
+    UrlRules(schemes=("https",), deny_hosts=("*.evil.example", "bad.example.com")),
+    UrlRules(allow_hosts=("example.com", "*.example.com"), allowed_ports=(443, 8080)),
+    UrlRules(allow_private=True),
+]
+LABELS = st.sampled_from(
+    ["example", "COM", "127", "0x7f", "0177", "1", "0", "255", "256", "localhost", "nip", "io", "evil", "internal",
+     "xn--bcher-kva", "169", "254", "a-b", "-x", "", "ü", "%31", "１", "metadata", "local", "lan", "bad", "LOCALHOST",
+     "Example", "BAD", "Evil"]
+)
+URLS = st.builds(
+    lambda scheme, separator, labels, dots, port, tail: scheme + separator + dots.join(labels) + port + tail,
+    st.sampled_from(["http", "https", "HTTPS", "hTTp", "ftp", "x-y+z", "javascript", "", "1http"]),
+    st.sampled_from(["://", "://", "://", ":", ":/", ":///", "://user@", "://a:b@", "//"]),
+    st.lists(LABELS, min_size=1, max_size=5),
+    st.sampled_from([".", ".", ".", ".", "\u3002", ".."]),
+    st.sampled_from(["", ":", ":0", ":80", ":443", ":8080", ":65535", ":65536", ":99999", ":123456", ":8x", ".", "."]),
+    st.sampled_from(["", "/", "/p?q=1#f", "?x", "#y", "/a b", "/\\x", "/ü", "/%2e%2e/", "@127.0.0.1", "/\x7f"]),
+)
+
+
+@settings(PROPERTY, max_examples=1000)
+@given(url=URLS, rules_index=st.integers(0, len(SHORTCUT_RULES) - 1))
+def test_plain_url_shortcut_agrees_with_the_full_parser(url: str, rules_index: int) -> None:
+    rules = SHORTCUT_RULES[rules_index]
+    assert check_url(url, rules).reason == _full_parse_verdict(url, rules), url
+
+
+@pytest.mark.parametrize("url", INTERNAL + MALFORMED_OR_SMUGGLED + WRONG_SCHEME + BENIGN)
+def test_plain_url_shortcut_agrees_on_the_listed_urls(url: str) -> None:
+    for rules in SHORTCUT_RULES:
+        assert check_url(url, rules).reason == _full_parse_verdict(url, rules)

@@ -27,6 +27,12 @@ _HOST_CHARACTERS = re.compile(r"[a-z0-9._\-\u0080-\U0010ffff]+")
 _NUMERIC_LABEL = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
 _AUTHORITY_END = re.compile(r"[/?#]")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+# The usual shape: a scheme, "//", a host of ASCII letters, digits, hyphens and inner dots, an optional port
+# of up to five digits, then printable ASCII without backslashes. Every value it matches passes the full
+# parser's syntax checks and yields the same scheme, host and port (no userinfo, brackets, encodings or
+# characters parsers disagree on can be in it), so only the host checks remain; anything else is parsed
+# in full.
+_PLAIN_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)(?::([0-9]{1,5}))?(?:[/?#][!-\[\]-~]*)?")
 _IDEOGRAPHIC_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
 _METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a)
@@ -186,6 +192,25 @@ def _normal_host(raw: str) -> str:
 def check_url(value: object, rules: UrlRules) -> GuardResult:
     if not isinstance(value, str):
         return refuse("a URL must be a string")
+    plain = _PLAIN_URL.fullmatch(value)
+    if plain is not None:
+        scheme = plain.group(1).lower()
+        if scheme not in rules.schemes:
+            return refuse("the URL scheme is not allowed")
+        port_text = plain.group(3)
+        port = int(port_text) if port_text else None
+        if port is not None and port > 65535:
+            return refuse("the URL is malformed")
+        return _judge_host(plain.group(2).lower(), scheme, port, rules)
+    parsed = _parse(value, rules)
+    if isinstance(parsed, GuardResult):
+        return parsed
+    scheme, raw_host, port = parsed
+    return _judge_host(_normal_host(raw_host), scheme, port, rules)
+
+
+def _parse(value: str, rules: UrlRules) -> tuple[str, str, int | None] | GuardResult:
+    """Scheme, raw host and port of any URL, or the refusal of one parsers could read differently."""
     if _UNSAFE.search(value):
         return refuse("the URL contains characters that parsers read differently")
     scheme_match = _SCHEME.match(value)
@@ -213,8 +238,11 @@ def check_url(value: object, rules: UrlRules) -> GuardResult:
         raw_host, _, port_text = hostport.partition(":")
     if port_text and (not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535):
         return refuse("the URL is malformed")
-    port = int(port_text) if port_text else None
-    host = _normal_host(raw_host)
+    return scheme, raw_host, int(port_text) if port_text else None
+
+
+def _judge_host(host: str, scheme: str, port: int | None, rules: UrlRules) -> GuardResult:
+    """The checks on a URL's normalised host and port, whichever way they were parsed."""
     if not host:
         return refuse("the URL has no host")
     if rules.allowed_ports and (port or _default_port(scheme)) not in rules.allowed_ports:
