@@ -92,6 +92,17 @@ def test_symlink_inside_root_pointing_out_is_refused(tree: Path) -> None:
     assert check_path("inner/new.txt", rules).ok  # a link that stays inside is fine
 
 
+def test_symlink_deeper_down_pointing_out_is_refused(tree: Path) -> None:
+    deep = tree / "data" / "docs" / "sub"
+    deep.mkdir()
+    (deep / "out").symlink_to(tree / "data-evil", target_is_directory=True)
+    rules = PathRules.build([str(tree / "data")])
+    for value in ("docs/sub/out/loot.txt", "docs/sub/out", "docs/sub/out/new/deeper.txt", str(deep / "out" / "x")):
+        assert check_path(value, rules).reason == "the path leads outside the allowed directories through a symbolic link"
+    assert check_path("docs/sub/new.txt", rules).ok
+    assert check_path("docs/sub/outside-is-just-a-name.txt", rules).ok
+
+
 def test_symlinked_root_admits_its_contents(tree: Path) -> None:
     (tree / "link-to-data").symlink_to(tree / "data", target_is_directory=True)
     rules = PathRules.build([str(tree / "link-to-data")])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-import stat
+from stat import S_ISLNK
 from dataclasses import dataclass
 
 from bastion.policy.decision import PASS, GuardResult, refuse
@@ -32,6 +32,8 @@ _PATH_MAX = 4096
 _NAME_MAX = 255
 _FAST_PATH_SAFE = re.compile(r"[^%\\;~:\x00-\x1f\x7f-\U0010ffff]*")
 # Spellings that only some servers treat as traversal: hex literals, dot runs, trailing dots or spaces.
+_OUTSIDE = "the path is outside the allowed directories"
+_THROUGH_A_LINK = "the path leads outside the allowed directories through a symbolic link"
 _QUIRKY = re.compile(r"0[xX]|\.\.\.|[. ](?:/|$)")
 
 
@@ -128,31 +130,43 @@ def check_path(value: object, rules: PathRules) -> GuardResult:
     if not rules.allow_backslash and "\\" in value:
         return refuse("the path contains a backslash")
     if _FAST_PATH_SAFE.fullmatch(value) and not _QUIRKY.search(value):
-        readings = {value}
-    else:
-        if "\x00" in value or has_control_characters(value) or has_control_characters(decode_fully(value)):
-            return refuse("the path contains NUL or control characters")
-        if _encoded_syntax(value):
-            return refuse("the path contains encoded path syntax")
-        readings = _readings(value)
-    placed: list[tuple[str, str]] = []
-    for reading in readings:
+        # Nothing encoded, escaped or quirky, and no drive letter: the value is its only reading.
+        placed = _place(value, rules)
+        if type(placed) is GuardResult:
+            return placed
+        if rules.resolve_symlinks and not _resolves_inside(placed[0], placed[1], rules):
+            return refuse(_THROUGH_A_LINK)
+        return PASS
+    if "\x00" in value or has_control_characters(value) or has_control_characters(decode_fully(value)):
+        return refuse("the path contains NUL or control characters")
+    if _encoded_syntax(value):
+        return refuse("the path contains encoded path syntax")
+    every: list[tuple[str, str]] = []
+    for reading in _readings(value):
         if not rules.allow_backslash and "\\" in reading:
             return refuse("the path contains a backslash")
         if _DRIVE_OR_UNC.match(reading) or ("..." in reading and _DOT_RUN.search(reading.replace("\\", "/"))):
-            return refuse("the path is outside the allowed directories")
-        absolute = _absolute(reading, rules.base)
-        root = _root_of(absolute, rules.roots)
-        if root is None:
-            return refuse("the path is outside the allowed directories")
-        if not rules.allow_hidden and _hidden(absolute, root):
-            return refuse("the path names a hidden file or directory")
-        placed.append((absolute, root))
+            return refuse(_OUTSIDE)
+        placed = _place(reading, rules)
+        if type(placed) is GuardResult:
+            return placed
+        every.append(placed)
     if rules.resolve_symlinks:
-        for absolute, root in placed:
+        for absolute, root in every:
             if not _resolves_inside(absolute, root, rules):
-                return refuse("the path leads outside the allowed directories through a symbolic link")
+                return refuse(_THROUGH_A_LINK)
     return PASS
+
+
+def _place(reading: str, rules: PathRules) -> tuple[str, str] | GuardResult:
+    """The absolute path ``reading`` names and the root it lies in, or why it is refused."""
+    absolute = _absolute(reading, rules.base)
+    root = _root_of(absolute, rules.roots)
+    if root is None:
+        return refuse(_OUTSIDE)
+    if not rules.allow_hidden and _hidden(absolute, root):
+        return refuse("the path names a hidden file or directory")
+    return absolute, root
 
 
 def _resolves_inside(absolute: str, root: str, rules: PathRules) -> bool:
@@ -160,16 +174,18 @@ def _resolves_inside(absolute: str, root: str, rules: PathRules) -> bool:
 
     Much cheaper than ``realpath`` for every call: the root itself was resolved once, at start, and a
     component that does not exist yet cannot be a link (the server would create a plain entry).
+    ``absolute`` is normal (no empty, "." or ".." component), so each prefix ending before a "/" is a
+    component's path.
     """
-    current = root.rstrip("/")
-    for part in absolute[len(root) :].split("/"):
-        if not part:
-            continue
-        current = f"{current}/{part}"
+    end, size = (len(root) if root != "/" else 0), len(absolute)
+    while end < size:
+        end = absolute.find("/", end + 1)
+        if end < 0:
+            end = size
         try:
-            mode = os.lstat(current).st_mode
+            mode = os.lstat(absolute[:end]).st_mode
         except OSError:
             return True
-        if stat.S_ISLNK(mode):
+        if S_ISLNK(mode):
             return _root_of(os.path.realpath(absolute), rules.resolved_roots) is not None
     return True
