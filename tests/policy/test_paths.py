@@ -6,8 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from bastion.policy.guards import PathRules, check_path
+from bastion.policy.guards import PathRules, check_path, paths
+from tests.properties import PROPERTY
 from tests.policy.payloads import ATTACKS, traversal_payloads
 
 
@@ -165,3 +168,40 @@ def test_root_under_a_hidden_directory_is_usable(tree: Path) -> None:
 def test_non_string_is_refused(tree: Path) -> None:
     rules = PathRules.build([str(tree / "data")])
     assert not check_path(["docs"], rules).ok
+
+
+PATH_PIECES = st.sampled_from(
+    ["docs", "data", "data-evil", "sub", "out", "inner", "escape", "new.txt", "a b", ".", "..", "...", "", "/", "//",
+     "~", "~root", "%2e", "%2f", "%", ";", ";x", ":", "C:", "0x2e", "0X2F", "x.", "x ", " ", "\\", "é", "．", "\t",
+     "report.final.v2.txt", ".env", "loot.txt"]
+)
+
+
+@settings(PROPERTY, max_examples=1000)
+@given(pieces=st.lists(PATH_PIECES, min_size=1, max_size=8), separator=st.sampled_from(["/", "", "/", "/./"]))
+@example(pieces=["escape./x"], separator="/")
+@example(pieces=["escape /x"], separator="/")
+@example(pieces=["escape."], separator="/")
+@example(pieces=["docs/sub/out ."], separator="/")
+@example(pieces=["C:/docs"], separator="/")
+@example(pieces=["docs/0x2e0x2e/0x2e0x2e/x"], separator="/")
+@example(pieces=["escape...", "x"], separator="/")
+def test_plain_shortcut_agrees_with_every_reading(links: Path, pieces: list[str], separator: str) -> None:
+    rules = PathRules.build([str(links / "data")])
+    value = separator.join(pieces)
+    for candidate in (value, str(links / "data") + "/" + value, "../" + value):
+        if paths._plain(candidate):
+            assert paths._check_plain(candidate, rules) == paths._check_readings(candidate, rules), candidate
+
+
+@pytest.fixture(scope="module")
+def links(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tree with symbolic links that stay inside the root and ones that lead out."""
+    base = tmp_path_factory.mktemp("links")
+    data = base / "data"
+    (data / "docs" / "sub").mkdir(parents=True)
+    (base / "data-evil").mkdir()
+    (data / "escape").symlink_to(base / "data-evil", target_is_directory=True)
+    (data / "docs" / "sub" / "out").symlink_to(base / "data-evil", target_is_directory=True)
+    (data / "inner").symlink_to(data / "docs", target_is_directory=True)
+    return base
