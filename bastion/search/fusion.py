@@ -11,27 +11,23 @@ from typing import Callable, Literal
 
 import numpy as np
 
-# Confidence of a ranking: how far (in standard deviations) the best tool stands above the
-# one just past a top-5 answer.
-GATE_RANK = 5
-
-
 @dataclass(frozen=True)
 class FusionWeights:
     """How much each retriever counts. Defaults tuned on the even-numbered BFCL queries.
 
     With the transformer: ``lexical`` (BM25), ``static`` (static token vectors) and
     ``semantic`` (MiniLM). Without it (the cheap ranking): BM25 at ``cheap_lexical`` and the
-    static vectors at the rest. ``gate``: a cheap ranking whose best z-score leads the 6th
-    by at least this much is answered without running the transformer on the query
-    (``None``: always run it).
+    static vectors at the rest. ``gate``: a query whose best tool in the cheap ranking
+    stands at least this many (weighted) standard deviations above the catalog's mean is
+    answered without running the transformer on it (``None``: always run it). 7.0 sends
+    about 55-60% of the BFCL queries down the cheap path for about half a point of Recall@5.
     """
 
     lexical: float = 0.25
     static: float = 0.10
     semantic: float = 0.65
     cheap_lexical: float = 0.35
-    gate: float | None = 2.75
+    gate: float | None = 7.0
     method: Literal["zscore", "rrf"] = "zscore"
     rrf_k: float = 10.0
 
@@ -77,14 +73,13 @@ def cheap_fuse(lexical: np.ndarray | None, static: np.ndarray, weights: FusionWe
 
 
 def confident(scores: np.ndarray, gate: float | None) -> bool:
-    """Whether a ranking's leader stands far enough above the rest to skip the transformer.
+    """Whether the cheap ranking's leader stands out enough to skip the transformer.
 
-    ``scores`` are fused z-scores, so the gap is in standard deviations of the catalog.
+    ``scores`` are weighted z-scores, so the test means the same in a catalog of a hundred
+    tools or of ten thousand, and near-duplicate tools (one tool offered by several
+    servers) do not hide a clear match the way a gap to the next ranks would.
     """
-    if gate is None or len(scores) <= GATE_RANK:
-        return False
-    leaders = np.partition(scores, len(scores) - GATE_RANK - 1)[-GATE_RANK - 1 :]
-    return float(leaders.max() - leaders.min()) >= gate
+    return gate is not None and len(scores) > 0 and float(scores.max()) >= gate
 
 
 def gated_fuse(lexical: np.ndarray | None, static: np.ndarray | None, semantic: Callable[[], np.ndarray | None],

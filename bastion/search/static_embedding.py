@@ -32,14 +32,14 @@ _CHUNK = 256
 
 
 def read_safetensor(path: Path, name: str) -> np.ndarray:
-    """One tensor of a .safetensors file as float32 (the format is a JSON header and raw data)."""
+    """One tensor of a .safetensors file (the format is a JSON header, then raw data), as stored."""
     data = path.read_bytes()
     (header_len,) = struct.unpack("<Q", data[:8])
     meta = json.loads(data[8 : 8 + header_len])[name]
     dtype = {"F16": np.float16, "F32": np.float32}[meta["dtype"]]
     start, end = meta["data_offsets"]
     base = 8 + header_len
-    return np.frombuffer(data[base + start : base + end], dtype=dtype).reshape(meta["shape"]).astype(np.float32)
+    return np.frombuffer(data[base + start : base + end], dtype=dtype).reshape(meta["shape"]).copy()
 
 
 class StaticEncoder:
@@ -70,7 +70,8 @@ class StaticEncoder:
         if filled.any():
             flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=int(lengths.sum()))
             starts = np.concatenate(([0], np.cumsum(lengths[filled])[:-1]))
-            pooled[filled] = np.add.reduceat(self._table[flat], starts, axis=0)
+            # The table stays float16 as shipped (16 MB); sums are taken in float32.
+            pooled[filled] = np.add.reduceat(self._table[flat].astype(np.float32), starts, axis=0)
         return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
 
 

@@ -8,35 +8,37 @@ import pytest
 from bastion.search.fusion import FusionWeights, confident, fuse, fuse_parts, gated_fuse
 
 
-def test_confident_needs_a_leader_far_above_the_sixth():
-    flat = np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3])
-    assert not confident(flat, 2.75)
-    leader = flat.copy()
-    leader[3] = 4.0  # 3.5 above the sixth best (0.5)
-    assert confident(leader, 2.75)
-    assert not confident(leader, None)
-    assert not confident(leader[:5], 0.1), "five candidates or fewer: no sixth to compare with"
+def test_confident_needs_a_leader_far_above_the_catalog_mean():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=1000)
+    z = (z - z.mean()) / z.std()
+    assert not confident(z.clip(max=3.0), 7.0)
+    z[10] = 7.5
+    assert confident(z, 7.0)
+    assert not confident(z, None)
+    assert not confident(np.empty(0), 7.0)
 
 
 def test_gated_fuse_skips_the_transformer_when_the_cheap_ranking_is_confident():
     rng = np.random.default_rng(0)
     lexical, static = rng.normal(size=200), rng.normal(size=200)
-    lexical[17] += 12
-    static[17] += 12
+    lexical[17] += 20
+    static[17] += 20
     calls = []
+    minilm = rng.normal(size=200)
 
     def semantic():
         calls.append(1)
-        return rng.normal(size=200)
+        return minilm
 
     scores, used = gated_fuse(lexical, static, semantic, FusionWeights())
     assert not used and calls == [] and int(np.argmax(scores)) == 17
 
-    lexical[17] -= 12
-    static[17] -= 12
+    lexical[17] -= 20
+    static[17] -= 20
     scores, used = gated_fuse(lexical, static, semantic, FusionWeights())
     assert used and calls == [1]
-    assert np.allclose(scores, fuse(lexical, None, FusionWeights(), static) * 0 + scores)
+    assert np.allclose(scores, fuse(lexical, minilm, FusionWeights(), static))
 
 
 def test_gated_fuse_falls_back_to_the_cheap_ranking_while_minilm_vectors_are_missing():
