@@ -25,7 +25,16 @@ from typing import Any, Iterable, Mapping
 import orjson
 
 from bastion.policy import audit_sealer
-from bastion.policy.audit_sealer import GENESIS, KEY_PREFIX, call_records, record_hash, rotated_name, sealed_line, trail_files
+from bastion.policy.audit_sealer import (
+    GENESIS,
+    KEY_PREFIX,
+    call_records,
+    record_hash,
+    rotated_name,
+    sealed_line,
+    shape_of,
+    trail_files,
+)
 
 __all__ = [
     "GENESIS",
@@ -45,36 +54,6 @@ log = logging.getLogger(__name__)
 _CLOSE = object()
 _DRAIN_SECONDS = 0.05
 _WAKE_AT = 4096
-
-
-_SCALAR_SHAPES = {bool: "boolean", int: "number", float: "number", type(None): "null"}
-
-
-def shape_of(value: Any, depth: int = 0) -> Any:
-    """A value's shape without its content: types, lengths and object keys."""
-    kind = type(value)
-    scalar = _SCALAR_SHAPES.get(kind)
-    if scalar is not None:
-        return scalar
-    if kind is str:
-        return {"string": len(value)}
-    if kind is list:
-        return {"array": len(value)}
-    if kind is dict or isinstance(value, Mapping):
-        if depth >= 3:
-            return {"object": len(value)}
-        # Strings and scalars, the usual members, are shaped here rather than by a recursive call.
-        shapes: dict[str, Any] = {}
-        inner = depth + 1
-        for k, v in value.items():
-            member = type(v)
-            if member is str:
-                shapes[str(k)] = {"string": len(v)}
-            else:
-                scalar = _SCALAR_SHAPES.get(member)
-                shapes[str(k)] = scalar if scalar is not None else shape_of(v, inner)
-        return shapes
-    return type(value).__name__
 
 
 class AuditWriter:

@@ -46,18 +46,50 @@ def sealed_line(record: dict[str, Any], key: bytes | None) -> tuple[bytes, str]:
     return b"%b,\"hash\":\"%b\"}\n" % (body[:-1], digest.encode()), digest
 
 
+_SCALAR_SHAPES = {bool: "boolean", int: "number", float: "number", type(None): "null"}
+
+
+def shape_of(value: Any, depth: int = 0) -> Any:
+    """A value's shape without its content: types, lengths and object keys."""
+    kind = type(value)
+    scalar = _SCALAR_SHAPES.get(kind)
+    if scalar is not None:
+        return scalar
+    if kind is str:
+        return {"string": len(value)}
+    if kind is list:
+        return {"array": len(value)}
+    if kind is dict or isinstance(value, Mapping):
+        if depth >= 3:
+            return {"object": len(value)}
+        # Strings and scalars, the usual members, are shaped here rather than by a recursive call.
+        shapes: dict[str, Any] = {}
+        inner = depth + 1
+        for k, v in value.items():
+            member = type(v)
+            if member is str:
+                shapes[str(k)] = {"string": len(v)}
+            else:
+                scalar = _SCALAR_SHAPES.get(member)
+                shapes[str(k)] = scalar if scalar is not None else shape_of(v, inner)
+        return shapes
+    return type(value).__name__
+
+
 def call_records(facts: list[Any]) -> list[dict[str, Any]]:
     """A request's ``decision`` record (when a policy stage decided) and its ``call`` record.
 
-    ``facts`` is ``[ts, who, method, target, arguments, outcome, latency_ns, stages]``, each stage
-    ``[stage, effect, rule, reason, detail]``; the last decisive stage (a refusal, else the last) decides.
+    ``facts`` is ``[ts, who, method, target, arguments, shape_them, outcome, latency_ns, stages]``, each
+    stage ``[stage, effect, rule, reason, detail]``; the last refusal, else the last stage, decides. With
+    ``shape_them`` the arguments are recorded as their shape (the gateway sends their values so that it
+    does not spend its own time shaping them; they go no further than this process).
     """
-    ts, who, method, target, arguments, outcome, latency_ns, stages = facts
+    ts, who, method, target, arguments, shape_them, outcome, latency_ns, stages = facts
     what: dict[str, Any] = {"method": method}
     if target is not None:
         what["target"] = target
     if arguments is not None:
-        what["arguments"] = arguments
+        what["arguments"] = shape_of(arguments) if shape_them else arguments
     call = {"kind": "call", "ts": ts, "who": who, "what": what, "outcome": outcome, "latency_ms": round(latency_ns / 1e6, 3)}
     if not stages:
         return [call]

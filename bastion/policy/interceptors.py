@@ -45,14 +45,15 @@ _UNRESOLVED: Any = object()
 class Trail:
     """What the policy stages decided about one request."""
 
-    stages: list[tuple[str, Decision]] = field(default_factory=list)
+    # Each stage as the audit records it: (stage, effect, rule, reason, detail or None).
+    stages: list[tuple[str, Effect, str, str, dict[str, object] | None]] = field(default_factory=list)
     approval: Decision | None = None
     target: str = ""
     # The catalog entry a tools/call names, looked up once for all the stages.
     entry: Any = _UNRESOLVED
 
     def add(self, stage: str, decision: Decision) -> None:
-        self.stages.append((stage, decision))
+        self.stages.append((stage, decision.effect, decision.rule, decision.reason, decision.detail or None))
 
 
 class Trails:
@@ -142,15 +143,15 @@ class AuditInterceptor:
         params = request.params
         method = request.method
         arguments = params.get("arguments") or {} if method == "tools/call" else None
-        recorded = arguments if self._record_values or arguments is None else shape_of(arguments)
-        # Effects are str enums, written as their value.
-        stages = [(stage, d.effect, d.rule, d.reason, d.detail or None) for stage, d in trail.stages]
-        facts = (time.time(), who, method, params.get("name") or params.get("uri"), recorded, outcome, latency_ns, stages)
+        shape_them = not self._record_values
+        # Serialised now, so what is recorded is what the call carried; effects are str enums.
+        facts = (time.time(), who, method, params.get("name") or params.get("uri"), arguments, shape_them, outcome, latency_ns, trail.stages)
         try:
             self.writer.write_call(facts)  # type: ignore[union-attr]
         except TypeError:
-            # Argument values JSON cannot hold (only possible when values are recorded): their shape instead.
-            self.writer.write_call((*facts[:4], {"unrecordable": shape_of(arguments)}, *facts[5:]))  # type: ignore[union-attr]
+            # Values JSON cannot hold (never from a parsed request): their shape, taken here.
+            shaped = shape_of(arguments) if shape_them else {"unrecordable": shape_of(arguments)}
+            self.writer.write_call((*facts[:4], shaped, False, *facts[6:]))  # type: ignore[union-attr]
 
     async def aclose(self) -> None:
         if self.writer is not None:
