@@ -67,6 +67,9 @@ class AuditWriter:
     def __init__(self, path: str | os.PathLike[str], rotate_bytes: int = 50 * 1024 * 1024, key: bytes | None = None):
         self.path = Path(path).expanduser()
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Opened here first, so a trail that cannot be written stops the gateway at start, not silently later.
+        with self.path.open("ab"):
+            os.chmod(self.path, 0o600)
         self._process = subprocess.Popen(
             [sys.executable, "-I", audit_sealer.__file__, str(self.path), str(rotate_bytes)],
             stdin=subprocess.PIPE,

@@ -1,8 +1,9 @@
 """The policy interceptors, built from the pure decision functions, and ``build_policy_interceptors``.
 
 Order (outermost first): audit → authorization and list filtering → argument guards → rate limits →
-approval → the route to the server. Each stage appends its decision to the request's trail, which the audit
-interceptor writes as one ``decision`` line and one ``call`` line per request.
+approval → the route to the server; the stages after audit form one interceptor. Each stage appends its
+decision to the request's trail, which the audit interceptor writes as one ``decision`` line and one
+``call`` line per request.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -158,7 +160,7 @@ class AuditInterceptor:
             await self.writer.aclose()
 
 
-class AuthorizationInterceptor:
+class AuthorizationStage:
     """Cedar authorization; hides from lists what the principal may not use."""
 
     def __init__(self, engine: PolicyEngine, trails: Trails) -> None:
@@ -170,10 +172,21 @@ class AuthorizationInterceptor:
             request.session.identity, action, target, None, session_facts(request.session)
         )
 
-    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+    def check_call(self, request: GatewayRequest, entry: ToolEntry, trail: Trail) -> None:
+        """Refuse a ``tools/call`` the policies forbid; note one that needs a person's approval."""
+        decision = self.engine.authorize_call(
+            request.session.identity, entry, request.params.get("arguments"), session_facts(request.session)
+        )
+        trail.add("authorization", decision)
+        effect = decision.effect
+        if effect is Effect.DENY:
+            raise _refusal(POLICY_DENIED, f"Call to '{entry.exposed_name}' refused by policy", decision)
+        if effect is Effect.APPROVAL:
+            trail.approval = decision
+
+    async def handle(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        """Any request but ``tools/call``: gate reads of resources and prompts, filter lists."""
         method = request.method
-        if method == "tools/call":
-            return await self._call_tool(request, call_next)
         if method == "tools/list":
             return self._filter_tools(request, await call_next(request))
         if method == "resources/read":
@@ -188,21 +201,6 @@ class AuthorizationInterceptor:
             return self._filter(result, "prompts", lambda item: self._visible(
                 request, "get_prompt", self._prompt_target(request, str(item.get("name", "")))))
         return result
-
-    async def _call_tool(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        entry = self.trails.tool_entry(request)
-        if entry is None:
-            return await call_next(request)  # the route answers "unknown tool"; nothing to authorize
-        trail = self.trails.of(request)
-        decision = self.engine.authorize_call(
-            request.session.identity, entry, request.params.get("arguments"), session_facts(request.session)
-        )
-        trail.add("authorization", decision)
-        if decision.effect is Effect.DENY:
-            raise _refusal(POLICY_DENIED, f"Call to '{entry.exposed_name}' refused by policy", decision)
-        if decision.effect is Effect.APPROVAL:
-            trail.approval = decision
-        return await call_next(request)
 
     def _gate(self, request: GatewayRequest, action: str, target: Target) -> None:
         decision = self._authorize(request, action, target)
@@ -260,45 +258,73 @@ def _server_trust(catalog: Any, server: str) -> str:
     return "untrusted"
 
 
-class GuardInterceptor:
+class ArgumentGuards:
     """Input-schema validation and argument guards for ``tools/call``."""
 
-    def __init__(self, engine: PolicyEngine, trails: Trails) -> None:
+    def __init__(self, engine: PolicyEngine) -> None:
         self.engine = engine
-        self.trails = trails
 
-    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        if request.method == "tools/call":
-            entry = self.trails.tool_entry(request)
-            if entry is not None:
-                decision = self.engine.check_arguments(entry, request.params.get("arguments") or {})
-                self.trails.of(request).add("guards", decision)
-                if decision.effect is Effect.DENY:
-                    raise _refusal(ARGUMENT_REFUSED, f"Arguments refused by policy: {decision.reason}", decision)
-        return await call_next(request)
+    def check(self, request: GatewayRequest, entry: ToolEntry, trail: Trail) -> None:
+        decision = self.engine.check_arguments(entry, request.params.get("arguments") or {})
+        trail.add("guards", decision)
+        if decision.effect is Effect.DENY:
+            raise _refusal(ARGUMENT_REFUSED, f"Arguments refused by policy: {decision.reason}", decision)
 
 
-class RateLimitInterceptor:
+class RateLimits:
     """Token buckets; over the limit the answer is -32000 with ``data.retryAfterSeconds``."""
 
-    def __init__(self, limiter: RateLimiter, trails: Trails) -> None:
+    def __init__(self, limiter: RateLimiter) -> None:
         self.limiter = limiter
+
+    def check(self, request: GatewayRequest, entry: ToolEntry, trail: Trail) -> None:
+        verdict = self.limiter.check(request.session.identity.name, entry.server, entry.original_name)
+        if verdict.allowed:
+            return
+        decision = Decision.deny(verdict.rule, "rate limit exceeded", retryAfterSeconds=verdict.retry_after_seconds)
+        trail.add("rate_limit", decision)
+        raise GatewayError(
+            RATE_LIMITED,
+            "Rate limit exceeded; retry later",
+            {"retryAfterSeconds": verdict.retry_after_seconds, "rule": verdict.rule},
+        )
+
+
+class PolicyInterceptor:
+    """Authorization, argument guards, rate limits and approval, in that order, as one pipeline step.
+
+    A ``tools/call`` — the hot path — passes the first three stages as plain calls, so the four stages
+    cost one coroutine rather than one each; other requests go through authorization's gates and list
+    filters, then approval.
+    """
+
+    def __init__(
+        self,
+        trails: Trails,
+        authorization: AuthorizationStage,
+        guards: ArgumentGuards,
+        rate_limits: RateLimits | None,
+        approval: "ApprovalInterceptor",
+    ) -> None:
         self.trails = trails
+        self.authorization = authorization
+        self.guards = guards
+        self.rate_limits = rate_limits
+        self.approval = approval
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        if request.method == "tools/call":
-            entry = self.trails.tool_entry(request)
-            if entry is not None:
-                verdict = self.limiter.check(request.session.identity.name, entry.server, entry.original_name)
-                if not verdict.allowed:
-                    decision = Decision.deny(verdict.rule, "rate limit exceeded", retryAfterSeconds=verdict.retry_after_seconds)
-                    self.trails.of(request).add("rate_limit", decision)
-                    raise GatewayError(
-                        RATE_LIMITED,
-                        "Rate limit exceeded; retry later",
-                        {"retryAfterSeconds": verdict.retry_after_seconds, "rule": verdict.rule},
-                    )
-        return await call_next(request)
+        trail = self.trails.of(request)
+        if request.method != "tools/call":
+            return await self.authorization.handle(request, partial(self.approval, call_next=call_next))
+        entry = self.trails.tool_entry(request)
+        if entry is not None:  # else the route answers "unknown tool": nothing to decide
+            self.authorization.check_call(request, entry, trail)
+            self.guards.check(request, entry, trail)
+            if self.rate_limits is not None:
+                self.rate_limits.check(request, entry, trail)
+        if trail.approval is None:
+            return await call_next(request)
+        return await self.approval(request, call_next)
 
 
 class ApprovalInterceptor:
@@ -461,14 +487,10 @@ def build_policy_runtime(
     audit = AuditInterceptor(trails, writer, config.audit.arguments == "values")
     signer = ApprovalSigner(load_secret(config.approval.secret_file), config.approval.timeout_seconds)
     queue = ApprovalQueue(config.approval.queue_dir) if config.approval.fallback == "queue" else None
-    interceptors: list[Interceptor] = [
-        audit,
-        AuthorizationInterceptor(engine, trails),
-        GuardInterceptor(engine, trails),
-    ]
-    if config.rate_limits:
-        interceptors.append(RateLimitInterceptor(RateLimiter(config.rate_limits, clock), trails))
-    interceptors.append(ApprovalInterceptor(config, trails, signer, queue))
+    limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
+    approval = ApprovalInterceptor(config, trails, signer, queue)
+    policy = PolicyInterceptor(trails, AuthorizationStage(engine, trails), ArgumentGuards(engine), limits, approval)
+    interceptors: list[Interceptor] = [audit, policy]
     return PolicyRuntime(engine, interceptors, audit)
 
 
