@@ -1,66 +1,121 @@
-"""Start a coroutine at once, in the caller, and hand it to a Task only if it has to wait.
+"""Run a request's coroutine without an asyncio Task: started in the caller, resumed by whoever answers it.
 
-A request read from a pipe is forwarded by its coroutine; scheduled as an ordinary Task, that coroutine would
-first wait a turn of the event loop, and with a cold cache after the wake-up that turn is a measurable part of
-what one hop costs. Python 3.12's eager task factory does the same thing; this is the part of it Bastion needs.
+A request read from a pipe is forwarded by its coroutine. As an ordinary Task, that coroutine would wait a
+turn of the event loop before it starts, and another after its upstream answer arrives, each through a
+scheduled callback; on a hop whose whole cost is tens of microseconds those turns are a large part of it. A
+``RequestRunner`` runs the coroutine at once, up to its first suspension (as Python 3.12's eager tasks do),
+and when it waits on an ``Answer`` the answer's ``settle`` resumes it directly. Any other awaitable (events,
+sleeps, other futures) wakes it through the loop, exactly as a Task would be woken.
 
-While it runs eagerly the coroutine has no current task, so nothing it calls before its first suspension may
-rely on ``asyncio.current_task()`` (``asyncio.timeout`` does; ``wait_for``, locks, events and futures do not).
+A runner is not a Task: while it runs there is no current task, so code on a request's path must not rely
+on ``asyncio.current_task()`` (``asyncio.timeout`` and ``TaskGroup`` do; ``wait_for``, ``gather``, locks,
+events, queues and futures do not).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
-from typing import Any, Generator
+from typing import Any, Callable
 
-_NOT_STARTED = object()
-
-
-def start_eagerly(coroutine: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
-    """Run ``coroutine`` up to its first suspension now; return the Task that continues it, or None if it finished.
-
-    An exception raised before the first suspension propagates to the caller, as a direct call's would.
-    """
-    try:
-        yielded = coroutine.send(None)
-    except StopIteration:
-        return None
-    return loop.create_task(_Resumed(coroutine, yielded))
+log = logging.getLogger("bastion.gateway")
 
 
-class _Resumed(Coroutine[Any, Any, Any]):
-    """A started coroutine, presented to a Task as if new: its first step returns what the eager step yielded.
+class Answer(asyncio.Future):  # type: ignore[type-arg]
+    """A future for one upstream answer. A runner waiting on it is resumed inside ``settle``; anything else
+    awaiting it (a Task) is woken as by any future."""
 
-    The Task then waits on that future exactly as it would have after running the step itself. A cancellation
-    that reaches the Task before its first step is thrown into the coroutine at its suspension point, so the
-    coroutine's own clean-up runs as it would in a Task of its own.
-    """
+    __slots__ = ("resume",)
 
-    __slots__ = ("_coroutine", "_pending")
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.resume: Callable[[], None] | None = None
 
-    def __init__(self, coroutine: Coroutine[Any, Any, Any], yielded: Any) -> None:
-        self._coroutine = coroutine
-        self._pending = yielded
+    def settle(self, value: Any) -> None:
+        """Set the answer, unless the wait was already given up (cancelled or answered)."""
+        if self.done():
+            return
+        self.set_result(value)
+        resume, self.resume = self.resume, None
+        if resume is not None:
+            resume()
 
-    def send(self, value: Any) -> Any:
-        pending = self._pending
-        if pending is not _NOT_STARTED:
-            self._pending = _NOT_STARTED
-            return pending
-        return self._coroutine.send(value)
 
-    def throw(self, exc: Any, value: Any = None, traceback: Any = None) -> Any:  # type: ignore[override]
-        self._pending = _NOT_STARTED
-        if value is None and traceback is None:
-            return self._coroutine.throw(exc)
-        return self._coroutine.throw(exc, value, traceback)
+class RequestRunner:
+    """Drives one coroutine to its end: ``cancel()`` and ``finished()`` stand in for a Task's."""
 
-    def close(self) -> None:
-        self._coroutine.close()
+    __slots__ = ("_coroutine", "_loop", "_waiting", "_must_cancel", "_finished")
 
-    def __await__(self) -> Generator[Any, None, Any]:
-        raise TypeError("a resumed coroutine is driven by its Task alone")
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> None:
+        self._coroutine: Coroutine[Any, Any, Any] | None = coroutine
+        self._loop = loop
+        self._waiting: asyncio.Future[Any] | None = None
+        self._must_cancel = False
+        self._finished: asyncio.Future[None] | None = None
+        self._step()
 
-    def __repr__(self) -> str:
-        return f"<resumed {self._coroutine!r}>"
+    @property
+    def done(self) -> bool:
+        return self._coroutine is None
+
+    def finished(self) -> asyncio.Future[None]:
+        """A future done when the coroutine has ended, however it ended."""
+        if self._finished is None:
+            self._finished = self._loop.create_future()
+            if self._coroutine is None:
+                self._finished.set_result(None)
+        return self._finished
+
+    def cancel(self) -> None:
+        """Raise CancelledError in the coroutine where it waits (at once if it waits on a future that can still
+        be cancelled, else at its next step)."""
+        if self._coroutine is None:
+            return
+        if self._waiting is not None and self._cancel_waiting(self._waiting):
+            return
+        self._must_cancel = True
+
+    def _step(self, *_: Any) -> None:
+        coroutine = self._coroutine
+        if coroutine is None:
+            return
+        self._waiting = None
+        try:
+            if self._must_cancel:
+                self._must_cancel = False
+                yielded = coroutine.throw(asyncio.CancelledError())
+            else:
+                yielded = coroutine.send(None)
+        except (StopIteration, asyncio.CancelledError):
+            self._end()
+            return
+        except Exception:  # noqa: BLE001 - the coroutine's own error; it must not break the caller's transport
+            self._end()
+            log.exception("a request ended with an unhandled error")
+            return
+        if yielded is None:  # a bare yield (asyncio.sleep(0)): once round the loop
+            self._loop.call_soon(self._step)
+            return
+        yielded._asyncio_future_blocking = False
+        self._waiting = yielded
+        if type(yielded) is Answer:
+            yielded.resume = self._step
+        else:
+            yielded.add_done_callback(self._step)
+        if self._must_cancel and self._cancel_waiting(yielded):
+            self._must_cancel = False
+
+    def _cancel_waiting(self, waiting: asyncio.Future[Any]) -> bool:
+        if not waiting.cancel():
+            return False
+        if type(waiting) is Answer and waiting.resume is not None:
+            waiting.resume = None  # a cancelled answer resumes nobody: go round the loop instead
+            self._loop.call_soon(self._step)
+        return True
+
+    def _end(self) -> None:
+        self._coroutine = None
+        self._waiting = None
+        if self._finished is not None and not self._finished.done():
+            self._finished.set_result(None)

@@ -10,7 +10,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Mapping
 
 from bastion.gateway.core import SERVER_INFO, Gateway
-from bastion.gateway.eager import start_eagerly
+from bastion.gateway.eager import RequestRunner
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import ErrorResponse, InvalidFrame, Notification, Request, Response, parse_frame
@@ -53,7 +53,7 @@ class ClientConnection:
         self._drain = drain
         self._lifecycle = ServerLifecycle()
         self._session: Session | None = None  # legacy: one for the connection
-        self._tasks: dict[Any, asyncio.Task[None]] = {}
+        self._tasks: dict[Any, RequestRunner] = {}  # requests in flight, by the client's id
         self._outgoing: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
         self._outgoing_ids = itertools.count(1)
         self._listens: dict[Any, dict[str, Any]] = {}  # modern subscriptions/listen: id -> filter
@@ -101,17 +101,17 @@ class ClientConnection:
             self._send(ErrorResponse(message.id, jsonrpc.error(
                 jsonrpc.INVALID_REQUEST, f"request id {message.id!r} is already in flight")))
             return
-        task = start_eagerly(self._serve(message), self._loop)
-        if task is not None:  # still waiting for its answer
-            self._tasks[message.id] = task
+        runner = RequestRunner(self._serve(message), self._loop)
+        if not runner.done:  # still waiting for its answer
+            self._tasks[message.id] = runner
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}
         if message.method == "notifications/cancelled":
             request_id = params.get("requestId")
-            task = self._tasks.get(request_id)
-            if task is not None:
-                task.cancel()
+            runner = self._tasks.get(request_id)
+            if runner is not None:
+                runner.cancel()
             self._listens.pop(request_id, None)
         elif message.method == "notifications/roots/list_changed":
             for upstream in self.gateway.upstreams.values():
@@ -336,10 +336,10 @@ class ClientConnection:
     async def closed(self) -> None:
         """The transport is gone: abort everything this client started and release what it held."""
         self._lifecycle.transport_dropped()
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        runners = list(self._tasks.values())
+        for runner in runners:
+            runner.cancel()
+        await asyncio.gather(*(runner.finished() for runner in runners))
         for future in self._outgoing.values():
             future.cancel()
         self._outgoing.clear()

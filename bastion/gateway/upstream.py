@@ -9,6 +9,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from bastion import __version__
 from bastion.config import ServerConfig
+from bastion.gateway.eager import Answer
 from bastion.gateway.pipeline import GatewayError
 from bastion.protocol import jsonrpc
 from bastion.sandbox import spawn
@@ -311,9 +312,9 @@ class Upstream:
 
     def _begin(self, method: str, params: dict[str, Any] | None, origin: Any, origin_id: Any, progress_token: Any,
                timeout: float | None) -> Pending:
-        """Register a request and send it; its answer arrives in ``pending.context``, a future."""
+        """Register a request and send it; its answer arrives in ``pending.context``, an ``Answer``."""
         loop = self._loop
-        future: asyncio.Future[Response | ErrorResponse] = loop.create_future()
+        future = Answer(loop)
         if origin_id is None:
             origin_id = f"self:{time.monotonic_ns()}"
         deadline = loop.time() + timeout if timeout is not None else None
@@ -342,10 +343,8 @@ class Upstream:
             await asyncio.sleep(0.25)
             for pending in self._correlator.expired(loop.time()):
                 self._abandon(pending, "timed out")
-                future = pending.context
-                if isinstance(future, asyncio.Future) and not future.done():
-                    future.set_result(ErrorResponse(pending.upstream_id, jsonrpc.error(
-                        jsonrpc.REQUEST_TIMEOUT, f"server {self.name!r} did not answer {pending.method} in time")))
+                _settle(pending, ErrorResponse(pending.upstream_id, jsonrpc.error(
+                    jsonrpc.REQUEST_TIMEOUT, f"server {self.name!r} did not answer {pending.method} in time")))
 
     def _abandon(self, pending: Pending, reason: str) -> None:
         if len(self._abandoned) > 10_000:
@@ -370,10 +369,8 @@ class Upstream:
 
     def _fail_pending(self, reason: str) -> None:
         for pending in self._correlator.drain():
-            future = pending.context
-            if isinstance(future, asyncio.Future) and not future.done():
-                future.set_result(ErrorResponse(pending.upstream_id, jsonrpc.error(
-                    jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} {reason} while handling {pending.method}")))
+            _settle(pending, ErrorResponse(pending.upstream_id, jsonrpc.error(
+                jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} {reason} while handling {pending.method}")))
         self._listen_id = None
         for task in self._relays.values():
             task.cancel()
@@ -424,9 +421,7 @@ class Upstream:
             elif message.id != self._listen_id:
                 self.log.warning("server %s answered unknown request id %r; ignored", self.name, message.id)
             return
-        future = pending.context
-        if isinstance(future, asyncio.Future) and not future.done():
-            future.set_result(message)
+        _settle(pending, message)
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}
@@ -474,3 +469,7 @@ class Upstream:
             if text:
                 self.log.info("%s", text)
 
+
+def _settle(pending: Pending, answer: Response | ErrorResponse) -> None:
+    if pending.context is not None:  # the modern listen stream has nobody waiting on it
+        pending.context.settle(answer)
