@@ -150,18 +150,22 @@ class ToolIndex:
                 self.fallback_reason = "semantic search disabled"
         cache = EmbeddingCache(cache_dir, self._encoder.model_id) if cache_dir is not None and self._encoder else None
         self._dense = _VectorStore(self._encoder, doc_max_tokens, cache) if self._encoder else None
-        self._static = self._static_store(static_encoder) if self._encoder else None
+        self._static = self._static_store(static_encoder, cache_dir) if self._encoder else None
 
     @staticmethod
-    def _static_store(choice: EncoderChoice) -> _VectorStore | None:
+    def _static_store(choice: EncoderChoice, cache_dir: Path | None) -> _VectorStore | None:
         if choice == "auto":
             loaded = load_static_encoder()
             if isinstance(loaded, EncoderUnavailable):
                 logger.warning("tool search without static vectors, MiniLM runs on every query: %s", loaded.reason)
                 return None
             choice = loaded
+        if choice is None:
+            return None
+        # Cheap, but at 10,000 tools a restart would still spend seconds on them: cached too.
+        cache = EmbeddingCache(cache_dir, choice.model_id) if cache_dir is not None else None
         # The static model costs nothing per extra word, so tool texts are not cut short.
-        return _VectorStore(choice, max_tokens=2048) if choice is not None else None
+        return _VectorStore(choice, max_tokens=2048, cache=cache)
 
     # ------------------------------------------------------------------ state
 
@@ -183,8 +187,9 @@ class ToolIndex:
         return doc.tool if doc else None
 
     def close(self) -> None:
-        if self._dense is not None:
-            self._dense.close()
+        for store in (self._dense, self._static):
+            if store is not None:
+                store.close()
 
     # ---------------------------------------------------------------- writers
 
@@ -311,7 +316,7 @@ class ToolIndex:
     def _static_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:
         if self._static is None or snap.static is None or snap.static.shape[0] != len(snap.keys):
             return None
-        qvec = self._static.encoder.encode([query])[0]
+        qvec = self._static.encoder.encode([query], max_tokens=self._static.max_tokens)[0]
         return np.einsum("ij,j->i", snap.static, qvec)
 
     def _semantic_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:

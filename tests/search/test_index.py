@@ -11,6 +11,7 @@ import pytest
 
 from bastion.search.fusion import FusionWeights
 from bastion.search.index import ToolIndex
+from bastion.search.static_embedding import load_static_encoder
 from bastion.search.text import lexical_tokens, make_stemmer, semantic_text, split_identifier
 
 from .conftest import CATALOG, REPO, tool
@@ -150,9 +151,11 @@ def test_only_new_texts_are_embedded_and_the_disk_cache_survives_restart(encoder
     ix.close()
 
     again = CountingEncoder(encoder)
-    restarted = ToolIndex(encoder=again, cache_dir=tmp_path, weights=FusionWeights(gate=None))
+    static_again = CountingEncoder(load_static_encoder())
+    restarted = ToolIndex(encoder=again, cache_dir=tmp_path, weights=FusionWeights(gate=None), static_encoder=static_again)
     restarted.build([*CATALOG, flight])
     assert again.texts == 0, "every tool text was in the on-disk cache"
+    assert static_again.texts == 0, "static vectors are cached on disk too"
     after = restarted.search("mail a colleague", 3)
     assert names(after) == names(before)
     assert [round(s, 4) for _, s in after] == [round(s, 4) for _, s in before]
