@@ -54,32 +54,39 @@ class RateLimiter:
 
     def __init__(self, limits: Sequence[RateLimitConfig], clock: Callable[[], float] = time.monotonic) -> None:
         self._limits = tuple(limits)
-        # Patterns compiled once; "*" needs no matching at all.
-        self._matchers = tuple(None if l.match == "*" else re.compile(fnmatch.translate(l.match)) for l in self._limits)
+        # Per limit, what the hot path needs: its scope, a compiled pattern (None for "*", which every
+        # subject matches) and whether each principal has a bucket of its own.
+        self._plans = tuple(
+            (
+                index,
+                limit.scope,
+                None if limit.match == "*" else re.compile(fnmatch.translate(limit.match)),
+                limit.per_principal or limit.scope == "principal",
+            )
+            for index, limit in enumerate(self._limits)
+        )
         self._clock = clock
         self._buckets: dict[tuple[int, str, str], TokenBucket] = {}
 
     def check(self, principal: str, server: str, tool: str) -> RateVerdict:
-        if not self._limits:
+        if not self._plans:
             return _ADMITTED
         now = self._clock()
         wait, rule = 0.0, ""
         taken: list[TokenBucket] = []
-        matchers = self._matchers  # None for "*", which every subject matches
-        for index, limit in enumerate(self._limits):
-            scope = limit.scope
+        for index, scope, matcher, own_bucket in self._plans:
             subject = principal if scope == "principal" else server if scope == "server" else f"{server}/{tool}"
-            matcher = matchers[index]
             if matcher is not None and not matcher.match(subject):
                 continue
-            owner = principal if limit.per_principal or scope == "principal" else ""
-            key = (index, subject, owner)
+            key = (index, subject, principal if own_bucket else "")
             bucket = self._buckets.get(key)
             if bucket is None:
+                limit = self._limits[index]
                 bucket = self._buckets[key] = TokenBucket(limit.rate, limit.burst, limit.burst, now)
             delay = bucket.take(now)
             if delay > 0:
                 if delay > wait:
+                    limit = self._limits[index]
                     wait, rule = delay, f"rate:{limit.scope}:{limit.match}"
             else:
                 taken.append(bucket)
