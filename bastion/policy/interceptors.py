@@ -316,7 +316,9 @@ class PolicyInterceptor:
         trail = self.trails.of(request)
         if request.method != "tools/call":
             return await self.authorization.handle(request, partial(self.approval, call_next=call_next))
-        entry = self.trails.tool_entry(request)
+        entry = trail.entry
+        if entry is _UNRESOLVED:
+            entry = trail.entry = _tool_entry(request)
         if entry is not None:  # else the route answers "unknown tool": nothing to decide
             self.authorization.check_call(request, entry, trail)
             self.guards.check(request, entry, trail)
