@@ -339,6 +339,11 @@ class CedarAuthorizer:
         paths = list(paths)
         return CedarAuthorizer(load_policy_sources(paths, include_default or not paths))
 
+    @property
+    def reads_arguments(self) -> bool:
+        """Whether some policy's decision can depend on a call's arguments (then decisions vary per call)."""
+        return self._reads_arguments
+
     def _reads(self, attribute: str) -> bool:
         return self._context_used is None or attribute in self._context_used
 

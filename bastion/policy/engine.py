@@ -134,6 +134,7 @@ class PolicyEngine:
         self._pinned = pinned or (lambda entry: False)
         self._guards_by_tool: dict[tuple[str, str, str], tuple[CompiledGuard, ...]] = {}
         self._targets: dict[int, tuple[ToolEntry, Target]] = {}
+        self._call_decisions: dict[tuple[int, int, int], tuple[Identity, ToolEntry, SessionFacts | None, Decision]] = {}
 
     def tool_target(self, entry: ToolEntry) -> Target:
         # The catalog hands out the same entry object on every call; build its entity once.
@@ -156,7 +157,19 @@ class PolicyEngine:
     def authorize_call(
         self, identity: Identity, entry: ToolEntry, arguments: Mapping[str, Any] | None, session: SessionFacts | None
     ) -> Decision:
-        return self.authorizer.authorize(identity, "call_tool", self.tool_target(entry), arguments, session)
+        if self.authorizer.reads_arguments:
+            return self.authorizer.authorize(identity, "call_tool", self.tool_target(entry), arguments, session)
+        # Identity, entry and session facts are immutable and the same objects call after call: their
+        # decision is found by identity, without building and hashing the authorizer's full cache key.
+        key = (id(identity), id(entry), id(session))
+        known = self._call_decisions.get(key)
+        if known is not None and known[0] is identity and known[1] is entry and known[2] is session:
+            return known[3]
+        decision = self.authorizer.authorize(identity, "call_tool", self.tool_target(entry), arguments, session)
+        if len(self._call_decisions) > 4096:
+            self._call_decisions.clear()
+        self._call_decisions[key] = (identity, entry, session, decision)
+        return decision
 
     def check_arguments(self, entry: ToolEntry, arguments: Any) -> Decision:
         """Input schema, then every guard that applies; the first refusal wins."""
