@@ -314,7 +314,7 @@ class Upstream:
                timeout: float | None) -> Pending:
         """Register a request and send it; its answer arrives in ``pending.context``, an ``Answer``."""
         loop = self._loop
-        future = Answer(loop)
+        future = Answer(loop=loop)
         if origin_id is None:
             origin_id = f"self:{time.monotonic_ns()}"
         deadline = loop.time() + timeout if timeout is not None else None

@@ -160,7 +160,7 @@ def to_dict(message: Message) -> dict[str, Any]:
 
 def encode(message: Message) -> bytes:
     """Serialize a message as one newline-terminated frame (orjson never emits raw newlines)."""
-    return orjson.dumps(to_dict(message)) + b"\n"
+    return orjson.dumps(to_dict(message), option=orjson.OPT_APPEND_NEWLINE)
 
 
 def error(code: int, message: str, data: Any = None) -> dict[str, Any]:

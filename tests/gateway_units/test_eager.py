@@ -23,7 +23,7 @@ async def test_a_coroutine_that_never_waits_finishes_in_the_caller() -> None:
 
 async def test_the_part_before_the_first_wait_runs_in_the_caller_and_settle_resumes_the_rest_at_once() -> None:
     loop = asyncio.get_running_loop()
-    answer = Answer(loop)
+    answer = Answer(loop=loop)
     seen: list[str] = []
 
     async def forward() -> None:
@@ -39,7 +39,7 @@ async def test_the_part_before_the_first_wait_runs_in_the_caller_and_settle_resu
 
 async def test_an_answer_also_wakes_an_ordinary_task() -> None:
     loop = asyncio.get_running_loop()
-    answer = Answer(loop)
+    answer = Answer(loop=loop)
     task = asyncio.create_task(asyncio.wait_for(answer, 5))
     await asyncio.sleep(0)
     answer.settle("ok")
@@ -47,11 +47,11 @@ async def test_an_answer_also_wakes_an_ordinary_task() -> None:
 
 
 async def test_settling_twice_or_after_cancelling_changes_nothing() -> None:
-    answer = Answer(asyncio.get_running_loop())
+    answer = Answer(loop=asyncio.get_running_loop())
     answer.settle(1)
     answer.settle(2)
     assert answer.result() == 1
-    cancelled = Answer(asyncio.get_running_loop())
+    cancelled = Answer(loop=asyncio.get_running_loop())
     cancelled.cancel()
     cancelled.settle(3)
     assert cancelled.cancelled()
@@ -79,7 +79,7 @@ async def test_other_awaitables_wake_the_runner_through_the_loop() -> None:
 @pytest.mark.parametrize("waits_on", ["answer", "future", "sleep"])
 async def test_cancel_raises_where_the_coroutine_waits_so_its_cleanup_runs(waits_on: str) -> None:
     loop = asyncio.get_running_loop()
-    answer = Answer(loop)
+    answer = Answer(loop=loop)
     future: asyncio.Future[None] = loop.create_future()
     cleanup: list[str] = []
 
@@ -128,7 +128,7 @@ async def test_an_unhandled_error_ends_the_runner_and_is_logged_not_raised_into_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     loop = asyncio.get_running_loop()
-    answer = Answer(loop)
+    answer = Answer(loop=loop)
 
     async def fails_after_answer() -> None:
         await answer
