@@ -14,6 +14,7 @@ import asyncio
 import collections
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 _CLOSE = object()
 _DRAIN_SECONDS = 0.05
 _WAKE_AT = 4096
+_READY_SECONDS = 30.0
 
 
 class AuditWriter:
@@ -71,20 +73,35 @@ class AuditWriter:
         with self.path.open("ab"):
             os.chmod(self.path, 0o600)
         self._process = subprocess.Popen(
-            [sys.executable, "-I", audit_sealer.__file__, str(self.path), str(rotate_bytes)],
+            # -P: the sealer's own directory (bastion/policy) must not shadow the modules it imports.
+            [sys.executable, "-P", audit_sealer.__file__, str(self.path), str(rotate_bytes)],
             stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             close_fds=True,
             # Its own session: a terminal's Ctrl-C for the gateway must not end the trail before the gateway does.
             start_new_session=True,
         )
         self._pipe = self._process.stdin.fileno()  # type: ignore[union-attr]
-        self._pending: collections.deque[Any] = collections.deque([KEY_PREFIX + (key.hex().encode() if key else b"") + b"\n"])
-        self._wake = threading.Event()
         self._closed = False  # no more records accepted
+        self._send(KEY_PREFIX + (key.hex().encode() if key else b"") + b"\n")
+        self._await_ready()
+        self._pending: collections.deque[Any] = collections.deque()
+        self._wake = threading.Event()
         self._closing = False
         self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="bastion-audit", daemon=True)
         self._thread.start()
+
+    def _await_ready(self) -> None:
+        """Wait until the sealer holds the trail's chain head: a trail that cannot be sealed stops the start."""
+        answer = self._process.stdout  # type: ignore[union-attr]
+        ready, _, _ = select.select([answer], [], [], _READY_SECONDS)
+        line = answer.readline() if ready else b""
+        answer.close()
+        if line != audit_sealer.READY:
+            self._process.kill()
+            self._process.wait()
+            raise RuntimeError(f"the audit sealer for {self.path} did not start (see its error output above)")
 
     def write(self, record: dict[str, Any]) -> None:
         """Queue ``record`` (stamped now unless it has a ``ts``); never blocks on I/O."""

@@ -29,6 +29,7 @@ import orjson
 
 GENESIS = "0" * 64
 KEY_PREFIX = b"key:"
+READY = b"ready\n"  # told the gateway once the chain head is read and the file is open
 _SORT_KEYS = orjson.OPT_SORT_KEYS
 _sha256 = hashlib.sha256
 
@@ -217,12 +218,13 @@ class Sealer:
         self._file.close()
 
 
-def serve(source: int, path: Path, rotate_bytes: int) -> None:
+def serve(source: int, answer: int, path: Path, rotate_bytes: int) -> None:
     """Read lines from ``source`` until its end, sealing and writing each chunk as it arrives."""
     lines = _lines(source)
     first = next(lines, [KEY_PREFIX])
     key = bytes.fromhex(first[0].removeprefix(KEY_PREFIX).decode()) or None
     sealer = Sealer(path, rotate_bytes, key)
+    os.write(answer, READY)
     for line in first[1:]:
         sealer.take(line)
     for chunk in lines:
@@ -253,7 +255,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     path, rotate_bytes = Path(argv[1]), int(argv[2])
-    serve(sys.stdin.fileno(), path, rotate_bytes)
+    serve(sys.stdin.fileno(), sys.stdout.fileno(), path, rotate_bytes)
     return 0
 
 

@@ -186,3 +186,13 @@ def test_cli_verify_exit_status(rotated: Path) -> None:
     write_lines(victim, lines)
     bad = subprocess.run([*BASTION, "audit", "verify", str(rotated)], capture_output=True, text=True)
     assert bad.returncode == 1 and "TAMPERED" in bad.stderr
+
+
+def test_a_trail_that_cannot_be_continued_stops_the_writer_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(b'{"kind": "call", "no": "seq or hash"}\n')  # the chain head cannot be read
+    with pytest.raises(RuntimeError, match="did not start"):
+        AuditWriter(path)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(OSError):
+        AuditWriter(tmp_path / "a-file" / "audit.jsonl")  # no directory can hold it
