@@ -2,8 +2,9 @@
 
 The gateway sends it one JSON value per line on its standard input: an object is a finished record, an
 array is the facts of one request, from which ``call_records`` builds its ``decision`` and ``call`` records.
-The first line is ``key:`` and the HMAC key in hex (nothing after it for plain SHA-256). Lines are sealed in the order they arrive,
-which is the order of the decisions. At the end of its input it syncs the file to disk and exits.
+The first line is ``key:`` and the HMAC key in hex (nothing after it for plain SHA-256). Once it holds the
+chain head it answers ``ready`` on its standard output. Lines are sealed in the order they arrive, which is
+the order of the decisions. At the end of its input it syncs the file to disk and exits.
 
 Encoding and hashing records is Python work; in a thread of the gateway it would hold the GIL the event
 loop needs, so it runs here, beside the loop. This file imports nothing from Bastion, so it starts as a
@@ -91,7 +92,8 @@ def call_records(facts: list[Any]) -> list[dict[str, Any]]:
         what["target"] = target
     if arguments is not None:
         what["arguments"] = shape_of(arguments) if shape_them else arguments
-    call = {"kind": "call", "ts": ts, "who": who, "what": what, "outcome": outcome, "latency_ms": round(latency_ns / 1e6, 3)}
+    latency_ms = round(latency_ns / 1e6, 3)
+    call = {"kind": "call", "ts": ts, "who": who, "what": what, "outcome": outcome, "latency_ms": latency_ms}
     if not stages:
         return [call]
     final = next((stage for stage in reversed(stages) if stage[1] == "deny"), stages[-1])

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping
 
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
@@ -141,13 +141,15 @@ class AuditInterceptor:
         who = session.facts.get(_WHO)
         if who is None:
             identity = session.identity
-            who = session.facts[_WHO] = {"name": identity.name, "groups": list(identity.groups), "session": session.session_id}
+            who = {"name": identity.name, "groups": list(identity.groups), "session": session.session_id}
+            session.facts[_WHO] = who
         params = request.params
         method = request.method
         arguments = params.get("arguments") or {} if method == "tools/call" else None
         shape_them = not self._record_values
         # Serialised now, so what is recorded is what the call carried; effects are str enums.
-        facts = (time.time(), who, method, params.get("name") or params.get("uri"), arguments, shape_them, outcome, latency_ns, trail.stages)
+        target = params.get("name") or params.get("uri")
+        facts = (time.time(), who, method, target, arguments, shape_them, outcome, latency_ns, trail.stages)
         try:
             self.writer.write_call(facts)  # type: ignore[union-attr]
         except TypeError:
