@@ -220,3 +220,26 @@ def test_nothing_reaches_the_client_before_its_initialize_result(tmp_path):
         assert first.get("id") == 0 and "result" in first
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("capabilities", [["tools"], {"tools": "yes"}], ids=["not-an-object", "values-not-objects"])
+def test_a_server_whose_discover_answer_is_malformed_is_reported_and_retried_while_the_others_serve(
+    tmp_path, capabilities
+):
+    # Poses as a 2026-07-28 server with capabilities Bastion cannot use. Its start must fail with a reason and be
+    # retried; the client's initialize must not wait out ready_timeout for a supervisor that died silently.
+    discover = {"supportedVersions": ["2026-07-28"], "capabilities": capabilities}
+    bad = raw_server(tag="malformed-discover", env={"RAW_SERVER_DISCOVER": json.dumps(discover)})
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"servers": {"bad": bad, "good": raw_server(tag="good")}, "ready_timeout": 600}))
+    client = RawClient(config)
+    try:
+        client.initialize()
+        names = [tool["name"] for tool in client.request(1, "tools/list", {})["result"]["tools"]]
+        assert "good__echo" in names and not any(name.startswith("bad__") for name in names)
+        answer = _call(client, 2, "good__echo", {"text": "fine"})
+        assert answer["result"]["content"][0]["text"] == "fine"
+    finally:
+        _, stderr = client.close()
+    assert "server bad: handshake failed" in stderr
+    assert "restarting in" in stderr

@@ -117,7 +117,12 @@ class Upstream:
         failures = 0
         while not self._closing:
             self._started_at = time.monotonic()
-            reason = await self._run_once()
+            try:
+                reason = await self._run_once()
+            except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server is restarted, never abandoned
+                self.log.exception("server %s: internal error while running it", self.name)
+                await self._stop_process()
+                reason = f"internal error in Bastion ({type(exc).__name__}: {exc})"
             if self._closing:
                 return
             self.ready.clear()
@@ -177,6 +182,9 @@ class Upstream:
             handshake.result()
         except GatewayError as exc:
             return f"handshake failed: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - an answer Bastion cannot use fails this start, not supervision
+            self.log.debug("server %s: handshake answer not usable", self.name, exc_info=True)
+            return f"handshake failed: Bastion could not use the server's answer ({type(exc).__name__}: {exc})"
         return None
 
     async def _stop_process(self) -> None:
@@ -189,6 +197,8 @@ class Upstream:
         if self.era in (None, "modern"):
             result = await self._probe_discover(forced=self.era == "modern")
             if result is not None:
+                if not isinstance(result.get("capabilities", {}), dict):
+                    raise GatewayError(jsonrpc.INTERNAL_ERROR, "the server's capabilities are not an object")
                 self.era = "modern"
                 self.protocol_version = next(v for v in MODERN_VERSIONS if v in result["supportedVersions"])
                 self.capabilities = result.get("capabilities") or {}
