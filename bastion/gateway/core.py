@@ -165,11 +165,8 @@ class Gateway:
     async def _route(self, request: GatewayRequest) -> dict[str, Any]:
         method = request.method
         params = request.params
-        if method == "tools/call":
-            name = params.get("name")
-            entry = self.catalog.tool(name) if type(name) is str else None
-            if entry is None:
-                entry = await self._find(self.catalog.tool, name, "tool")
+        if method == "tools/call":  # first: nearly every request is one
+            entry = await self._find(self.catalog.tool, params.get("name"), "tool")
             return await self._forward(request, entry.server, {**params, "name": entry.original_name})
         if method in _LISTS:
             kind, key, _ = _LISTS[method]

@@ -53,7 +53,7 @@ class ClientConnection:
         self._drain = drain
         self._lifecycle = ServerLifecycle()
         self._session: Session | None = None  # legacy: one for the connection
-        self._tasks: dict[Any, RequestRunner] = {}  # requests in flight, by the client's id
+        self._running: dict[Any, RequestRunner] = {}  # requests in flight, by the client's id
         self._outgoing: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
         self._outgoing_ids = itertools.count(1)
         self._listens: dict[Any, dict[str, Any]] = {}  # modern subscriptions/listen: id -> filter
@@ -97,19 +97,19 @@ class ClientConnection:
             jsonrpc.INVALID_REQUEST, f"message of at least {size} bytes exceeds the limit of {self._max_bytes} bytes")))
 
     def _on_request(self, message: Request) -> None:
-        if message.id in self._tasks:
+        if message.id in self._running:
             self._send(ErrorResponse(message.id, jsonrpc.error(
                 jsonrpc.INVALID_REQUEST, f"request id {message.id!r} is already in flight")))
             return
         runner = RequestRunner(self._serve(message), self._loop)
         if not runner.done:  # still waiting for its answer
-            self._tasks[message.id] = runner
+            self._running[message.id] = runner
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}
         if message.method == "notifications/cancelled":
             request_id = params.get("requestId")
-            runner = self._tasks.get(request_id)
+            runner = self._running.get(request_id)
             if runner is not None:
                 runner.cancel()
             self._listens.pop(request_id, None)
@@ -148,7 +148,7 @@ class ClientConnection:
             log.exception("internal error while serving %s", message.method)
             self._send(ErrorResponse(message.id, jsonrpc.error(jsonrpc.INTERNAL_ERROR, "internal error in Bastion")))
         finally:
-            self._tasks.pop(message.id, None)
+            self._running.pop(message.id, None)
             self._log_opt_ins.pop(message.id, None)
 
     def _refused_log_level(self, message: Request) -> ErrorResponse | None:
@@ -336,7 +336,7 @@ class ClientConnection:
     async def closed(self) -> None:
         """The transport is gone: abort everything this client started and release what it held."""
         self._lifecycle.transport_dropped()
-        runners = list(self._tasks.values())
+        runners = list(self._running.values())
         for runner in runners:
             runner.cancel()
         await asyncio.gather(*(runner.finished() for runner in runners))

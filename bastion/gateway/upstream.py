@@ -22,7 +22,7 @@ from bastion.protocol.jsonrpc import (
     Response,
     parse_frame,
 )
-from bastion.protocol.lifecycle import ClientLifecycle
+from bastion.protocol.lifecycle import ClientLifecycle, capabilities_problem
 from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, MODERN_VERSIONS, modern_meta
 from bastion.protocol.framing import LineFramer, Oversize
 from bastion.transport.stdio import CoalescingWriter
@@ -197,8 +197,9 @@ class Upstream:
         if self.era in (None, "modern"):
             result = await self._probe_discover(forced=self.era == "modern")
             if result is not None:
-                if not isinstance(result.get("capabilities", {}), dict):
-                    raise GatewayError(jsonrpc.INTERNAL_ERROR, "the server's capabilities are not an object")
+                problem = capabilities_problem(result)
+                if problem is not None:
+                    raise GatewayError(jsonrpc.INTERNAL_ERROR, problem)
                 self.era = "modern"
                 self.protocol_version = next(v for v in MODERN_VERSIONS if v in result["supportedVersions"])
                 self.capabilities = result.get("capabilities") or {}
@@ -318,7 +319,7 @@ class Upstream:
 
     async def _exchange(self, method: str, params: dict[str, Any] | None) -> Response | ErrorResponse:
         """A request Bastion makes on its own behalf (the handshake and its probe)."""
-        return await self._answer(self._begin(method, params, _SELF, f"self:{time.monotonic_ns()}", None, None))
+        return await self._answer(self._begin(method, params, _SELF, None, None, None))
 
     def _begin(self, method: str, params: dict[str, Any] | None, origin: Any, origin_id: Any, progress_token: Any,
                timeout: float | None) -> Pending:

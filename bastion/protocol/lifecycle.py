@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from bastion.protocol.jsonrpc import INVALID_REQUEST, ErrorResponse, Message, Notification, Request, Response, error
 
@@ -49,6 +49,13 @@ def _reject(message: Message, reason: str, close: bool) -> Verdict:
     if isinstance(message, Request):
         reply = ErrorResponse(message.id, error(INVALID_REQUEST, reason))
     return Verdict(Action.REJECT_AND_CLOSE if close else Action.REJECT, reply)
+
+
+def capabilities_problem(result: Mapping[str, Any]) -> str | None:
+    """Why the capabilities in a server's initialize or server/discover result are unusable, or None."""
+    if not isinstance(result.get("capabilities", {}), dict):
+        return "the server's capabilities are not an object"
+    return None
 
 
 class ServerLifecycle:
@@ -125,9 +132,10 @@ class ClientLifecycle:
         if version not in self.supported_versions:
             self.state = State.SHUTDOWN
             return f"the server answered with protocol version {version!r}, which Bastion does not speak"
-        if not isinstance(result.get("capabilities", {}), dict):
+        problem = capabilities_problem(result)
+        if problem is not None:
             self.state = State.SHUTDOWN
-            return "the server's capabilities are not an object"
+            return problem
         self.server_result = result
         return None
 
