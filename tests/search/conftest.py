@@ -33,9 +33,13 @@ CATALOG = [
 ]
 
 
+def installed(loaded, what: str):
+    """The encoder a loader returned; a missing packaged model fails the test run rather than skipping it."""
+    if isinstance(loaded, EncoderUnavailable):
+        pytest.fail(f"the packaged {what} must be installed for these tests: {loaded.reason}")
+    return loaded
+
+
 @pytest.fixture(scope="session")
 def encoder():
-    loaded = load_default_encoder()
-    if isinstance(loaded, EncoderUnavailable):
-        pytest.fail(f"the packaged embedding model must be installed for these tests: {loaded.reason}")
-    return loaded
+    return installed(load_default_encoder(), "embedding model")

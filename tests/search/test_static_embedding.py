@@ -12,18 +12,14 @@ import textwrap
 import numpy as np
 import pytest
 
-from bastion.search.embedding import EncoderUnavailable
 from bastion.search.static_embedding import StaticEncoder, load_static_encoder, read_safetensor
 
-from .conftest import REPO
+from .conftest import REPO, installed
 
 
 @pytest.fixture(scope="module")
 def static():
-    loaded = load_static_encoder()
-    if isinstance(loaded, EncoderUnavailable):
-        pytest.fail(f"the packaged static model must be installed for these tests: {loaded.reason}")
-    return loaded
+    return installed(load_static_encoder(), "static model")
 
 
 def write_safetensors(path, name, array):
