@@ -156,12 +156,13 @@ async def time_calls(
 
 async def stage_costs(runtime: Any, batch: Sequence[GatewayRequest]) -> dict[str, float]:
     """Median CPU time of each policy stage on a tools/call, and of the audit hand-over (all leaf calls)."""
-    audit, policy = runtime.interceptors
+    (policy,) = runtime.interceptors
+    audit = runtime.audit
     stages = {
         "authorization (Cedar, cached decision)": (policy.authorization, "check_call"),
         "argument guards (schema, path, URL)": (policy.guards, "check"),
         "rate limit": (policy.rate_limits, "check"),
-        "audit hand-over (the sealer process does the rest)": (audit, "_hand_over"),
+        "audit hand-over (the sealer process does the rest)": (audit, "hand_over"),
     }
     samples: dict[str, list[float]] = {label: [] for label in stages}
 

@@ -53,6 +53,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _CLOSE = object()
+_ONE_LINE = orjson.OPT_APPEND_NEWLINE
 _DRAIN_SECONDS = 0.05
 _WAKE_AT = 4096
 _READY_SECONDS = 30.0
@@ -108,7 +109,7 @@ class AuditWriter:
         if self._closed:
             return
         record.setdefault("ts", time.time())
-        self._queue(orjson.dumps(record))
+        self._queue(orjson.dumps(record, option=_ONE_LINE))
 
     def write_call(self, facts: tuple[Any, ...]) -> None:
         """Queue a request's facts, from which the sealer builds its records (``call_records``).
@@ -117,11 +118,11 @@ class AuditWriter:
         """
         if self._closed:
             return
-        self._queue(orjson.dumps(facts))
+        self._queue(orjson.dumps(facts, option=_ONE_LINE))
 
     def _queue(self, line: bytes) -> None:
         pending = self._pending
-        pending.append(line + b"\n")
+        pending.append(line)
         if len(pending) > _WAKE_AT:
             self._wake.set()
 

@@ -24,6 +24,7 @@ from bastion.policy.config import (
 from bastion.policy.decision import Decision, Effect, GuardResult
 from bastion.policy.guards import PathRules, SchemaCache, ShellRules, UrlRules, check_path, check_schema
 from bastion.policy.guards import check_shell_argument, check_url
+from bastion.policy.guards.schema import check_compiled
 
 _MISSING = object()
 SCHEMA_RULE = "schema:inputSchema"
@@ -104,6 +105,13 @@ def compile_guard(config: GuardConfig, schemas: SchemaCache) -> CompiledGuard:
     return CompiledGuard(rule, config.tool, config.argument, check)
 
 
+@dataclass(frozen=True, slots=True)
+class _ArgumentPlan:
+    entry: ToolEntry
+    validator: Any  # compiled input schema, a ValueError when it cannot compile, None: not checked
+    guards: tuple[tuple[str, bool, Callable[[Any], GuardResult], str], ...]  # (argument, is a pointer, check, rule)
+
+
 @dataclass(slots=True)
 class CallReport:
     """Every stage's decision for one call, and the overall outcome."""
@@ -138,6 +146,7 @@ class PolicyEngine:
         self.guards: tuple[CompiledGuard, ...] = tuple(compile_guard(g, self.schemas) for g in config.guards)
         self._pinned = pinned or (lambda entry: False)
         self._guards_by_tool: dict[tuple[str, str, str], tuple[CompiledGuard, ...]] = {}
+        self._argument_plans: dict[int, _ArgumentPlan] = {}
         self._targets: dict[int, tuple[ToolEntry, Target]] = {}
         self._call_decisions: dict[tuple[int, int, int], tuple[Identity, ToolEntry, SessionFacts | None, Decision]] = {}
 
@@ -176,28 +185,49 @@ class PolicyEngine:
         self._call_decisions[key] = (identity, entry, session, decision)
         return decision
 
+    def argument_plan(self, entry: ToolEntry) -> "_ArgumentPlan":
+        """What checking ``entry``'s arguments takes, worked out once per catalog entry."""
+        # The catalog hands out the same entry object on every call (a changed definition is a new entry).
+        known = self._argument_plans.get(id(entry))
+        if known is not None and known.entry is entry:
+            return known
+        schema = entry.definition.get("inputSchema") if self.config.schema_validation else None
+        plan = _ArgumentPlan(
+            entry,
+            self.schemas.validator(schema) if schema is not None else None,
+            tuple((g.argument, g.argument.startswith("/"), g.check, g.rule) for g in self.guards_for(entry)),
+        )
+        if len(self._argument_plans) > 4096:
+            self._argument_plans.clear()
+        self._argument_plans[id(entry)] = plan
+        return plan
+
     def check_arguments(self, entry: ToolEntry, arguments: Any) -> Decision:
         """Input schema, then every guard that applies; the first refusal wins."""
-        if self.config.schema_validation:
-            verdict = check_schema(arguments, entry.definition.get("inputSchema"), self.schemas)
-            if not verdict.ok:
-                return Decision.deny(SCHEMA_RULE, verdict.reason or "")
-        plain = type(arguments) is dict
-        for guard in self.guards_for(entry):
-            where = guard.argument
-            values: Any
-            if plain and not where.startswith("/"):
-                # An argument name: the same values ``_pointer_values`` yields, without a generator.
+        plan = self.argument_plan(entry)
+        if plan.validator is not None:
+            verdict = check_compiled(arguments, plan.validator)
+            if verdict.reason is not None:
+                return Decision.deny(SCHEMA_RULE, verdict.reason)
+        by_name = type(arguments) is dict
+        for where, pointer, check, rule in plan.guards:
+            if by_name and not pointer:
+                # An argument name: the values ``_pointer_values`` would yield, without a generator.
                 node = arguments.get(where, _MISSING)
                 if node is _MISSING:
                     continue
-                values = node if type(node) is list else (node,)
+                if type(node) is not list:
+                    reason = check(node).reason
+                    if reason is not None:
+                        return Decision.deny(rule, f"argument '{where}': {reason}")
+                    continue
+                values: Any = node
             else:
                 values = _pointer_values(arguments, where)
             for value in values:
-                verdict = guard.check(value)
-                if verdict.reason is not None:
-                    return Decision.deny(guard.rule, f"argument '{where}': {verdict.reason}")
+                reason = check(value).reason
+                if reason is not None:
+                    return Decision.deny(rule, f"argument '{where}': {reason}")
         return _ARGUMENTS_ACCEPTED
 
     def decide_call(

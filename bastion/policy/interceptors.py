@@ -1,9 +1,10 @@
-"""The policy interceptors, built from the pure decision functions, and ``build_policy_interceptors``.
+"""The policy interceptor, built from the pure decision functions, and ``build_policy_interceptors``.
 
-Order (outermost first): audit → authorization and list filtering → argument guards → rate limits →
-approval → the route to the server; the stages after audit form one interceptor. Each stage appends its
-decision to the request's trail, which the audit interceptor writes as one ``decision`` line and one
-``call`` line per request.
+One interceptor runs every stage, in order: authorization and list filtering → argument guards → rate
+limits → approval → the route to the server; around them all, the audit trail. Each stage appends its
+decision to the request's trail, which the audit writes as one ``decision`` line and one ``call`` line
+per request. One interceptor rather than one per stage: on the hot path a pipeline step costs more than
+most of the checks.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
 from bastion.policy.approval import (
@@ -40,9 +41,6 @@ _REMEMBERED = "bastion.policy.approved_tools"
 _WHO = "bastion.policy.audit_who"
 
 
-_UNRESOLVED: Any = object()
-
-
 @dataclass(slots=True)
 class Trail:
     """What the policy stages decided about one request."""
@@ -50,43 +48,9 @@ class Trail:
     # Each stage as the audit records it: (stage, effect, rule, reason, detail or None).
     stages: list[tuple[str, Effect, str, str, dict[str, object] | None]] = field(default_factory=list)
     approval: Decision | None = None
-    target: str = ""
-    # The catalog entry a tools/call names, looked up once for all the stages.
-    entry: Any = _UNRESOLVED
 
     def add(self, stage: str, decision: Decision) -> None:
         self.stages.append((stage, decision.effect, decision.rule, decision.reason, decision.detail or None))
-
-
-class Trails:
-    """The trail of each request in flight, keyed by the request object (shared by the interceptors)."""
-
-    def __init__(self) -> None:
-        self._by_request: dict[int, Trail] = {}
-
-    def open(self, request: GatewayRequest) -> Trail:
-        trail = self._by_request[id(request)] = Trail()
-        return trail
-
-    def close(self, request: GatewayRequest) -> None:
-        self._by_request.pop(id(request), None)
-
-    def tool_entry(self, request: GatewayRequest) -> ToolEntry | None:
-        """The catalog entry a ``tools/call`` names, looked up once per request."""
-        trail = self._by_request.get(id(request))
-        if trail is None:
-            return _tool_entry(request)
-        entry = trail.entry
-        if entry is _UNRESOLVED:
-            entry = trail.entry = _tool_entry(request)
-        return entry
-
-    def of(self, request: GatewayRequest) -> Trail:
-        trail = self._by_request.get(id(request))
-        if trail is None:
-            # Fail closed: without the trail, an approval required by authorization would be lost.
-            raise RuntimeError("policy interceptors must run behind the AuditInterceptor that opens the trail")
-        return trail
 
 
 def session_facts(session: Session) -> SessionFacts:
@@ -111,31 +75,14 @@ def _lookup(catalog: Any, kind: str, key: str) -> Any:
     return finder(key) if callable(finder) else None
 
 
-class AuditInterceptor:
-    """Opens each request's trail and hands its facts to the audit writer, which builds the records."""
+class AuditTrail:
+    """Hands each request's facts to the audit writer, which builds the records."""
 
-    def __init__(self, trails: Trails, writer: AuditWriter | None, record_values: bool) -> None:
-        self.trails = trails
+    def __init__(self, writer: AuditWriter | None, record_values: bool) -> None:
         self.writer = writer
         self._record_values = record_values
 
-    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        trail = self.trails.open(request)
-        started = time.perf_counter_ns()
-        outcome: Any = "error"
-        try:
-            result = await call_next(request)
-            outcome = result.get("resultType", "complete") if isinstance(result, dict) else "complete"
-            return result
-        except GatewayError as error:
-            outcome = error.code
-            raise
-        finally:
-            self.trails.close(request)
-            if self.writer is not None:
-                self._hand_over(request, trail, outcome, time.perf_counter_ns() - started)
-
-    def _hand_over(self, request: GatewayRequest, trail: Trail, outcome: Any, latency_ns: int) -> None:
+    def hand_over(self, request: GatewayRequest, trail: Trail, outcome: Any, latency_ns: int) -> None:
         """Only what is cheap happens here; the audit sealer turns these facts into the records."""
         session = request.session
         who = session.facts.get(_WHO)
@@ -165,9 +112,8 @@ class AuditInterceptor:
 class AuthorizationStage:
     """Cedar authorization; hides from lists what the principal may not use."""
 
-    def __init__(self, engine: PolicyEngine, trails: Trails) -> None:
+    def __init__(self, engine: PolicyEngine) -> None:
         self.engine = engine
-        self.trails = trails
 
     def _authorize(self, request: GatewayRequest, action: str, target: Target) -> Decision:
         return self.engine.authorizer.authorize(
@@ -186,15 +132,17 @@ class AuthorizationStage:
         if effect is Effect.APPROVAL:
             trail.approval = decision
 
-    async def handle(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+    async def handle(self, request: GatewayRequest, trail: Trail, call_next: Handler) -> dict[str, Any]:
         """Any request but ``tools/call``: gate reads of resources and prompts, filter lists."""
         method = request.method
         if method == "tools/list":
             return self._filter_tools(request, await call_next(request))
         if method == "resources/read":
-            self._gate(request, "read_resource", self._resource_target(request, str(request.params.get("uri", ""))))
+            uri = str(request.params.get("uri", ""))
+            self._gate(request, trail, "read_resource", self._resource_target(request, uri))
         elif method == "prompts/get":
-            self._gate(request, "get_prompt", self._prompt_target(request, str(request.params.get("name", ""))))
+            name = str(request.params.get("name", ""))
+            self._gate(request, trail, "get_prompt", self._prompt_target(request, name))
         result = await call_next(request)
         if method == "resources/list":
             return self._filter(result, "resources", lambda item: self._visible(
@@ -204,9 +152,8 @@ class AuthorizationStage:
                 request, "get_prompt", self._prompt_target(request, str(item.get("name", "")))))
         return result
 
-    def _gate(self, request: GatewayRequest, action: str, target: Target) -> None:
+    def _gate(self, request: GatewayRequest, trail: Trail, action: str, target: Target) -> None:
         decision = self._authorize(request, action, target)
-        trail = self.trails.of(request)
         trail.add("authorization", decision)
         if decision.effect is Effect.DENY:
             raise _refusal(POLICY_DENIED, "Request refused by policy", decision)
@@ -293,64 +240,73 @@ class RateLimits:
 
 
 class PolicyInterceptor:
-    """Authorization, argument guards, rate limits and approval, in that order, as one pipeline step.
+    """The audit trail around authorization, argument guards, rate limits and approval, as one pipeline step.
 
-    A ``tools/call`` — the hot path — passes the first three stages as plain calls, so the four stages
-    cost one coroutine rather than one each; other requests go through authorization's gates and list
-    filters, then approval.
+    A ``tools/call`` — the hot path — passes the first three stages as plain calls; other requests go
+    through authorization's gates and list filters, then approval.
     """
 
     def __init__(
         self,
-        trails: Trails,
+        audit: AuditTrail,
         authorization: AuthorizationStage,
         guards: ArgumentGuards,
         rate_limits: RateLimits | None,
-        approval: "ApprovalInterceptor",
+        approval: "ApprovalStage",
     ) -> None:
-        self.trails = trails
+        self.audit = audit
         self.authorization = authorization
         self.guards = guards
         self.rate_limits = rate_limits
         self.approval = approval
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        trail = self.trails.of(request)
+        trail = Trail()
+        started = time.perf_counter_ns()
+        outcome: Any = "error"
+        try:
+            result = await self._decide_and_call(request, trail, call_next)
+            outcome = result.get("resultType", "complete") if isinstance(result, dict) else "complete"
+            return result
+        except GatewayError as error:
+            outcome = error.code
+            raise
+        finally:
+            if self.audit.writer is not None:
+                self.audit.hand_over(request, trail, outcome, time.perf_counter_ns() - started)
+
+    def _decide_and_call(self, request: GatewayRequest, trail: Trail, call_next: Handler) -> Awaitable[dict[str, Any]]:
         if request.method != "tools/call":
-            return await self.authorization.handle(request, partial(self.approval, call_next=call_next))
-        entry = trail.entry
-        if entry is _UNRESOLVED:
-            entry = trail.entry = _tool_entry(request)
+            return self.authorization.handle(request, trail, partial(self.approval.run, trail=trail, call_next=call_next))
+        entry = _tool_entry(request)
         if entry is not None:  # else the route answers "unknown tool": nothing to decide
             self.authorization.check_call(request, entry, trail)
             self.guards.check(request, entry, trail)
             if self.rate_limits is not None:
                 self.rate_limits.check(request, entry, trail)
         if trail.approval is None:
-            return await call_next(request)
-        return await self.approval(request, call_next)
+            return call_next(request)
+        return self.approval.run(request, trail, call_next, entry)
 
 
-class ApprovalInterceptor:
+class ApprovalStage:
     """Asks a person before calls a policy marked ``@approval("required")``."""
 
-    def __init__(
-        self, config: PolicyConfig, trails: Trails, signer: ApprovalSigner, queue: ApprovalQueue | None
-    ) -> None:
+    def __init__(self, config: PolicyConfig, signer: ApprovalSigner, queue: ApprovalQueue | None) -> None:
         self.settings = config.approval
-        self.trails = trails
         self.signer = signer
         self.queue = queue
         # Calls a person approved, so the retries of a multi-round-trip call are not asked again.
         self._grants: dict[tuple[str, str, str], float] = {}
 
-    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        trail = self.trails.of(request)
+    async def run(
+        self, request: GatewayRequest, trail: Trail, call_next: Handler, entry: ToolEntry | None = None
+    ) -> dict[str, Any]:
+        """Pass the request on when no policy asked for approval; otherwise ask, then pass it on or refuse."""
         if trail.approval is None:
             return await call_next(request)
         session = request.session
         name = str(request.params.get("name") or request.params.get("uri") or "")
-        entry = self.trails.tool_entry(request) if request.method == "tools/call" else None
         server = entry.server if entry else ""
         label = entry.original_name if entry else name  # the server's own name for it, shown to the person
         arguments = request.params.get("arguments")
@@ -453,7 +409,7 @@ class PolicyRuntime:
 
     engine: PolicyEngine
     interceptors: list[Interceptor]
-    audit: AuditInterceptor
+    audit: AuditTrail
 
     def authorize_server_request(self, identity: Identity, server: str, method: str, trust: str = "untrusted") -> Decision:
         decision = authorize_server_request(self.engine.authorizer, identity, server, method, trust)
@@ -483,21 +439,19 @@ def build_policy_runtime(
     pinned: Callable[[ToolEntry], bool] | None = None,
 ) -> PolicyRuntime:
     engine = engine or PolicyEngine(config, pinned=pinned)
-    trails = Trails()
     writer = audit_writer
     if writer is None and config.audit.enabled:
         key = load_secret(config.audit.key_file) if config.audit.key_file else None
         writer = AuditWriter(config.audit.path, config.audit.rotate_bytes, key)
-    audit = AuditInterceptor(trails, writer, config.audit.arguments == "values")
+    audit = AuditTrail(writer, config.audit.arguments == "values")
     signer = ApprovalSigner(load_secret(config.approval.secret_file), config.approval.timeout_seconds)
     queue = ApprovalQueue(config.approval.queue_dir) if config.approval.fallback == "queue" else None
     limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
-    approval = ApprovalInterceptor(config, trails, signer, queue)
-    policy = PolicyInterceptor(trails, AuthorizationStage(engine, trails), ArgumentGuards(engine), limits, approval)
-    interceptors: list[Interceptor] = [audit, policy]
-    return PolicyRuntime(engine, interceptors, audit)
+    approval = ApprovalStage(config, signer, queue)
+    policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
+    return PolicyRuntime(engine, [policy], audit)
 
 
 def build_policy_interceptors(config: PolicyConfig, **options: Any) -> list[Interceptor]:
-    """The policy interceptors in order; the first (audit) has ``aclose()`` to flush the trail at shutdown."""
+    """The policy interceptors in order (one); flush the audit trail at shutdown with ``PolicyRuntime.aclose``."""
     return build_policy_runtime(config, **options).interceptors

@@ -67,10 +67,50 @@ class RateLimiter:
         )
         self._clock = clock
         self._buckets: dict[tuple[int, str, str], TokenBucket] = {}
+        self._rules = tuple(f"rate:{limit.scope}:{limit.match}" for limit in self._limits)
+        # The buckets a (principal, server, tool) draws from, found once: matching patterns and building
+        # keys on every call would cost more than taking the tokens.
+        self._routes: dict[tuple[str, str, str], tuple[tuple[int, TokenBucket], ...]] = {}
+
+    def _route(self, principal: str, server: str, tool: str, now: float) -> tuple[tuple[int, TokenBucket], ...]:
+        route = []
+        for index, scope, matcher, own_bucket in self._plans:
+            subject = principal if scope == "principal" else server if scope == "server" else f"{server}/{tool}"
+            if matcher is not None and not matcher.match(subject):
+                continue
+            key = (index, subject, principal if own_bucket else "")
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                limit = self._limits[index]
+                bucket = self._buckets[key] = TokenBucket(limit.rate, limit.burst, limit.burst, now)
+            route.append((index, bucket))
+        if len(self._routes) > 4096:
+            self._routes.clear()  # the buckets themselves stay in ``_buckets``
+        found = self._routes[(principal, server, tool)] = tuple(route)
+        return found
 
     def check(self, principal: str, server: str, tool: str) -> RateVerdict:
         if not self._plans:
             return _ADMITTED
+        now = self._clock()
+        route = self._routes.get((principal, server, tool))
+        if route is None:
+            route = self._route(principal, server, tool, now)
+        wait, refused = 0.0, -1
+        taken: list[TokenBucket] = []
+        for index, bucket in route:
+            delay = bucket.take(now)
+            if delay > 0:
+                if delay > wait:
+                    wait, refused = delay, index
+            else:
+                taken.append(bucket)
+        if wait > 0:
+            # A refused call must not spend tokens from the buckets that did admit it.
+            for bucket in taken:
+                bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
+            return RateVerdict(wait, self._rules[refused])
+        return _ADMITTED
         now = self._clock()
         wait, rule = 0.0, ""
         taken: list[TokenBucket] = []

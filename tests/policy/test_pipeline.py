@@ -296,7 +296,7 @@ async def test_server_request_hook(tmp_path: Path, gateway_factory) -> None:
     assert not runtime.authorize_server_request(ALICE, "raw", "sampling/createMessage").allowed
 
 
-async def test_interceptors_without_the_trail_fail_closed(tmp_path: Path) -> None:
+async def test_approval_without_a_way_to_ask_is_refused_with_the_audit_off(tmp_path: Path) -> None:
     from bastion.gateway.pipeline import ToolEntry, build_pipeline
 
     runtime = build_policy_runtime(policy_config(tmp_path, audit={"enabled": False}))
@@ -315,10 +315,6 @@ async def test_interceptors_without_the_trail_fail_closed(tmp_path: Path) -> Non
         def tools(self) -> list[ToolEntry]:
             return [self.entry]
 
-    handler = build_pipeline(runtime.interceptors[1:], route)  # the audit interceptor left out
-    with pytest.raises(RuntimeError):
-        await handler(GatewayRequest("tools/call", {"name": "raw__big", "arguments": {}}, session(), OneTool()))
-    assert reached == []
     full = build_pipeline(runtime.interceptors, route)
     error = await refusal(full(GatewayRequest("tools/call", {"name": "raw__big", "arguments": {}}, session(), OneTool())))
     assert "cannot ask" in error.message and reached == []

@@ -12,7 +12,7 @@ import os
 import posixpath
 import re
 from stat import S_ISLNK
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bastion.policy.decision import PASS, GuardResult, refuse
 from bastion.policy.guards.decoding import (
@@ -21,6 +21,7 @@ from bastion.policy.guards.decoding import (
     decode_hex_literals,
     has_control_characters,
 )
+from bastion.policy.guards.nofollow import NO_LINK, symlink_free
 
 # Characters whose encoded form in a path is an attack, never a file name: a client that means "." writes ".".
 _PATH_SYNTAX = "./\\%:;~"
@@ -35,8 +36,9 @@ _THROUGH_A_LINK = "the path leads outside the allowed directories through a symb
 # In printable ASCII, these mark an encoding, an escape or a spelling that only some servers treat as
 # traversal: percent and backslash escapes, Tomcat ";" parameters, "~" homes, ":" drives and URLs, hex
 # literals, dot runs, and dots or spaces that end a name (Windows drops them).
-_NOT_PLAIN = ("%", "\\", ";", "~", ":", "0x", "0X", "...", "./", " /")
+_NOT_PLAIN = re.compile(r"%|\\|;|~|:|0[xX]|\.\.\.|\./| /")
 _NOT_PLAIN_ENDINGS = (".", " ")
+_PLACEMENTS_KEPT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,13 @@ class PathRules:
     resolve_symlinks: bool = True
     allow_hidden: bool = False
     allow_backslash: bool = False
+    # Roots with no symbolic link in their own path: below them, one openat2 call answers for a whole
+    # path (``nofollow``), since any link it meets is below the root.
+    linkless_roots: frozenset[str] = frozenset()
+    # Where each plain value lands (or why it is refused): a pure function of the value and the rules.
+    _placements: dict[str, "tuple[str, str] | GuardResult"] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @staticmethod
     def build(
@@ -63,7 +72,8 @@ class PathRules:
             raise ValueError("a path guard needs at least one root")
         base_dir = posixpath.normpath(os.path.abspath(os.path.expanduser(base))) if base else lexical[0]
         resolved = tuple(os.path.realpath(r) for r in lexical)
-        return PathRules(lexical, base_dir, resolved, resolve_symlinks, allow_hidden, allow_backslash)
+        linkless = frozenset(r for r, real in zip(lexical, resolved) if r == real)
+        return PathRules(lexical, base_dir, resolved, resolve_symlinks, allow_hidden, allow_backslash, linkless)
 
 
 def _root_of(path: str, roots: tuple[str, ...]) -> str | None:
@@ -136,7 +146,13 @@ def check_path(value: object, rules: PathRules) -> GuardResult:
 
 def _check_plain(value: str, rules: PathRules) -> GuardResult:
     """A value without encodings, escapes, quirks or drive letters: it is its only reading."""
-    placed = _place(value, rules)
+    placements = rules._placements
+    placed = placements.get(value)
+    if placed is None:
+        placed = _place(value, rules)
+        if len(placements) >= _PLACEMENTS_KEPT:
+            placements.clear()
+        placements[value] = placed
     if type(placed) is GuardResult:
         return placed
     if rules.resolve_symlinks and not _resolves_inside(placed[0], placed[1], rules):
@@ -169,12 +185,12 @@ def _check_readings(value: str, rules: PathRules) -> GuardResult:
 
 def _plain(value: str) -> bool:
     """Printable ASCII with none of the marks of another reading (str methods: no regex on the hot path)."""
-    if not (value.isascii() and value.isprintable()) or value.endswith(_NOT_PLAIN_ENDINGS):
-        return False
-    for mark in _NOT_PLAIN:
-        if mark in value:
-            return False
-    return True
+    return (
+        value.isascii()
+        and value.isprintable()
+        and not value.endswith(_NOT_PLAIN_ENDINGS)
+        and _NOT_PLAIN.search(value) is None
+    )
 
 
 def _place(reading: str, rules: PathRules) -> tuple[str, str] | GuardResult:
@@ -196,6 +212,8 @@ def _resolves_inside(absolute: str, root: str, rules: PathRules) -> bool:
     ``absolute`` is normal (no empty, "." or ".." component), so each prefix ending before a "/" is a
     component's path.
     """
+    if symlink_free is not None and root in rules.linkless_roots and symlink_free(absolute) is NO_LINK:
+        return True
     end, size = (len(root) if root != "/" else 0), len(absolute)
     while end < size:
         end = absolute.find("/", end + 1)

@@ -66,8 +66,12 @@ def _describe(error: Any) -> str:
 def check_schema(arguments: Any, schema: Mapping[str, Any] | None, cache: SchemaCache) -> GuardResult:
     if schema is None:
         return PASS
-    validator = cache.validator(schema)
-    if isinstance(validator, ValueError):
+    return check_compiled(arguments, cache.validator(schema))
+
+
+def check_compiled(arguments: Any, validator: Any) -> GuardResult:
+    """``arguments`` against a validator from ``SchemaCache.validator`` (a ValueError when it failed to compile)."""
+    if type(validator) is ValueError:
         return refuse("the tool's input schema cannot be compiled offline")
     if validator.is_valid(arguments):
         return PASS

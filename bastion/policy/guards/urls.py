@@ -119,8 +119,12 @@ class UrlRules:
     _allow: _HostMatcher | None = field(init=False, repr=False, compare=False)
     _deny: _HostMatcher | None = field(init=False, repr=False, compare=False)
     _internal: _HostMatcher | None = field(init=False, repr=False, compare=False)
+    # Verdicts by (host, scheme, port): a pure function of them and the rules, and agents call the
+    # same few hosts again and again.
+    _verdicts: dict[tuple[str, str, int | None], GuardResult] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_verdicts", {})
         object.__setattr__(self, "_allow", _host_pattern(self.allow_hosts))
         object.__setattr__(self, "_deny", _host_pattern(self.deny_hosts))
         object.__setattr__(self, "_internal", _host_pattern(self.internal_hosts))
@@ -201,12 +205,27 @@ def check_url(value: object, rules: UrlRules) -> GuardResult:
         port = int(port_text) if port_text else None
         if port is not None and port > 65535:
             return refuse("the URL is malformed")
-        return _judge_host(plain.group(2).lower(), scheme, port, rules)
+        return _judged(plain.group(2).lower(), scheme, port, rules)
     parsed = _parse(value, rules)
     if isinstance(parsed, GuardResult):
         return parsed
     scheme, raw_host, port = parsed
-    return _judge_host(_normal_host(raw_host), scheme, port, rules)
+    return _judged(_normal_host(raw_host), scheme, port, rules)
+
+
+_VERDICTS_KEPT = 4096
+
+
+def _judged(host: str, scheme: str, port: int | None, rules: UrlRules) -> GuardResult:
+    verdicts = rules._verdicts
+    key = (host, scheme, port)
+    verdict = verdicts.get(key)
+    if verdict is None:
+        verdict = _judge_host(host, scheme, port, rules)
+        if len(verdicts) >= _VERDICTS_KEPT:
+            verdicts.clear()
+        verdicts[key] = verdict
+    return verdict
 
 
 def _parse(value: str, rules: UrlRules) -> tuple[str, str, int | None] | GuardResult:
