@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from bastion.config import ConfigError, load_config
-from tests.support import BASTION, VENV_BIN, raw_server, write_config
+from tests.support import BASTION, raw_server, write_config
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -111,28 +111,3 @@ class RateLimiter:
                 bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
             return RateVerdict(wait, self._rules[refused])
         return _ADMITTED
-        now = self._clock()
-        wait, rule = 0.0, ""
-        taken: list[TokenBucket] = []
-        for index, scope, matcher, own_bucket in self._plans:
-            subject = principal if scope == "principal" else server if scope == "server" else f"{server}/{tool}"
-            if matcher is not None and not matcher.match(subject):
-                continue
-            key = (index, subject, principal if own_bucket else "")
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                limit = self._limits[index]
-                bucket = self._buckets[key] = TokenBucket(limit.rate, limit.burst, limit.burst, now)
-            delay = bucket.take(now)
-            if delay > 0:
-                if delay > wait:
-                    limit = self._limits[index]
-                    wait, rule = delay, f"rate:{limit.scope}:{limit.match}"
-            else:
-                taken.append(bucket)
-        if wait > 0:
-            # A refused call must not spend tokens from the buckets that did admit it.
-            for bucket in taken:
-                bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
-            return RateVerdict(wait, rule)
-        return _ADMITTED

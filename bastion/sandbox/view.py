@@ -120,17 +120,6 @@ def _venv_root(path: str) -> str | None:
 
 
 def _node_modules_root(path: str) -> str | None:
-    """The outermost ``node_modules`` above ``path``: Node resolves a package's dependencies by walking up to it."""
-    found = None
-    directory = os.path.dirname(path)
-    while directory not in ("/", ""):
-        if os.path.basename(directory) == "node_modules":
-            found = directory
-        directory = os.path.dirname(directory)
-    return found
-
-
-def _node_modules_root(path: str) -> str | None:
     """``/app/node_modules`` for anything inside it: a package resolves its dependencies up that tree."""
     parts = path.split("/")
     if "node_modules" not in parts:
