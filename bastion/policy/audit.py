@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 _CLOSE = object()
 _ONE_LINE = orjson.OPT_APPEND_NEWLINE
 _DRAIN_SECONDS = 0.05
+_RESTART_AFTER_SECONDS = 10.0  # a replacement sealer that dies sooner than this is not replaced again
 _WAKE_AT = 4096
 _READY_SECONDS = 30.0
 
@@ -65,6 +66,9 @@ class AuditWriter:
     Queuing costs the caller one serialisation and a deque append; a thread of this process moves the
     queue into the sealer's pipe (a system call, during which it does not hold the GIL). The queue's
     order is the order of decisions, and the sealer chains in that order.
+
+    A sealer that dies is started again, and its successor first seals a ``gap`` record: the lines the
+    dead one had taken but not yet written are lost, and the trail says so rather than hiding it.
     """
 
     def __init__(self, path: str | os.PathLike[str], rotate_bytes: int = 50 * 1024 * 1024, key: bytes | None = None):
@@ -73,9 +77,24 @@ class AuditWriter:
         # Opened here first, so a trail that cannot be written stops the gateway at start, not silently later.
         with self.path.open("ab"):
             os.chmod(self.path, 0o600)
+        self._rotate_bytes = rotate_bytes
+        self._key = key
+        self._closed = False  # no more records accepted
+        self._sealer_lost = False  # no sealer, and none could be started: records are dropped
+        self._replaced_at: float | None = None
+        self._start_sealer()
+        self._pending: collections.deque[Any] = collections.deque()
+        self._wake = threading.Event()
+        self._closing = False
+        self._close_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="bastion-audit", daemon=True)
+        self._thread.start()
+
+    def _start_sealer(self) -> None:
+        """Start a sealer and wait until it holds the chain head; raises RuntimeError when it cannot."""
         self._process = subprocess.Popen(
             # -P: the sealer's own directory (bastion/policy) must not shadow the modules it imports.
-            [sys.executable, "-P", audit_sealer.__file__, str(self.path), str(rotate_bytes)],
+            [sys.executable, "-P", audit_sealer.__file__, str(self.path), str(self._rotate_bytes)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -83,15 +102,11 @@ class AuditWriter:
             start_new_session=True,
         )
         self._pipe = self._process.stdin.fileno()  # type: ignore[union-attr]
-        self._closed = False  # no more records accepted
-        self._send(KEY_PREFIX + (key.hex().encode() if key else b"") + b"\n")
+        key_line = KEY_PREFIX + (self._key.hex().encode() if self._key else b"") + b"\n"
+        if self._send(key_line) != len(key_line):
+            self._process.wait()
+            raise RuntimeError(f"the audit sealer for {self.path} exited at start (see its error output above)")
         self._await_ready()
-        self._pending: collections.deque[Any] = collections.deque()
-        self._wake = threading.Event()
-        self._closing = False
-        self._close_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="bastion-audit", daemon=True)
-        self._thread.start()
 
     def _await_ready(self) -> None:
         """Wait until the sealer holds the trail's chain head: a trail that cannot be sealed stops the start."""
@@ -140,20 +155,53 @@ class AuditWriter:
                     break
                 lines.append(item)
             if lines:
-                self._send(b"".join(lines))
+                self._deliver(b"".join(lines))
             if closing:
                 self._finish()
                 return
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes) -> int:
+        """Write ``data`` into the sealer's pipe; returns how many bytes it took (fewer once it is gone)."""
         view = memoryview(data)
+        sent = 0
         try:
-            while view:
-                view = view[os.write(self._pipe, view) :]
-        except OSError as error:
-            if not self._closed:
-                log.error("the audit sealer stopped (%s): audit records are being lost", error)
-            self._closed = True
+            while sent < len(data):
+                sent += os.write(self._pipe, view[sent:])
+        except OSError:
+            pass
+        return sent
+
+    def _deliver(self, data: bytes) -> None:
+        """Send whole lines to the sealer, starting a new one (after a ``gap`` record) if it has died."""
+        while not self._sealer_lost:
+            sent = self._send(data)
+            if sent == len(data):
+                return
+            # Lines the pipe took whole were the dead sealer's; the rest go to its successor.
+            data = data[data.rfind(b"\n", 0, sent) + 1 :]
+            self._replace_sealer()
+
+    def _replace_sealer(self) -> None:
+        status = self._process.wait()
+        now = time.monotonic()
+        if self._replaced_at is not None and now - self._replaced_at < _RESTART_AFTER_SECONDS:
+            log.error("the audit sealer exited with status %s soon after a restart: audit records are being lost", status)
+            self._closed = self._sealer_lost = True
+            return
+        self._replaced_at = now
+        log.error("the audit sealer exited with status %s; starting another", status)
+        try:
+            self._start_sealer()
+        except (OSError, RuntimeError) as error:
+            log.error("the audit sealer could not be started again (%s): audit records are being lost", error)
+            self._closed = self._sealer_lost = True
+            return
+        gap = {
+            "kind": "gap",
+            "ts": time.time(),
+            "reason": f"the audit sealer exited with status {status}; records it had not yet written are missing",
+        }
+        self._send(orjson.dumps(gap, option=_ONE_LINE))  # if this one dies too, the next delivery finds out
 
     def _finish(self) -> None:
         self._process.stdin.close()  # type: ignore[union-attr]

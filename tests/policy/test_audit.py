@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -196,3 +198,59 @@ def test_a_trail_that_cannot_be_continued_stops_the_writer_at_start(tmp_path: Pa
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(OSError):
         AuditWriter(tmp_path / "a-file" / "audit.jsonl")  # no directory can hold it
+
+
+def _written(path: Path, count: int) -> None:
+    """Wait until ``count`` records are on disk (the writer drains its queue every few milliseconds)."""
+    for _ in range(400):
+        if path.exists() and len(read_lines(path)) >= count:
+            return
+        time.sleep(0.025)
+    raise AssertionError(f"{path} never reached {count} records")
+
+
+def _kill_sealer(writer: AuditWriter) -> None:
+    writer._process.send_signal(signal.SIGKILL)
+    writer._process.wait()
+
+
+def test_a_sealer_that_dies_is_replaced_and_the_trail_records_the_gap(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    writer = AuditWriter(path)
+    for i in range(10):
+        writer.write({"kind": "call", "i": i})
+    _written(path, 10)
+    first = writer._process.pid
+    _kill_sealer(writer)
+    for i in range(10, 20):
+        writer.write({"kind": "call", "i": i})
+    writer.close()
+    assert writer._process.pid != first
+    records = [orjson.loads(line) for line in read_lines(path)]
+    assert [r["kind"] for r in records] == ["call"] * 10 + ["gap"] + ["call"] * 10 + ["shutdown"]
+    assert "exited with status -9" in records[10]["reason"]
+    assert [r["i"] for r in records if r["kind"] == "call"] == list(range(20))
+    report = verify([path])
+    assert report.ok and report.records == 22
+
+
+def test_a_replacement_sealer_that_dies_at_once_is_given_up_without_hanging(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    writer = AuditWriter(path)
+    writer.write({"kind": "call", "i": 0})
+    _written(path, 1)
+    _kill_sealer(writer)
+    writer.write({"kind": "call", "i": 1})
+    _written(path, 3)  # the gap record and the call after it, written by the replacement
+    _kill_sealer(writer)
+    writer.write({"kind": "call", "i": 2})
+    for _ in range(400):  # the writer notices on its next drain and stops taking records
+        if writer._closed:
+            break
+        time.sleep(0.025)
+    assert writer._closed
+    writer.write({"kind": "call", "i": 3})  # dropped, never raises
+    writer.close()
+    kinds = [orjson.loads(line)["kind"] for line in read_lines(path)]
+    assert kinds == ["call", "gap", "call"]
+    assert verify([path]).ok
