@@ -64,13 +64,15 @@ def shape_of(value: Any, depth: int = 0) -> Any:
     if kind is dict or isinstance(value, Mapping):
         if depth >= 3:
             return {"object": len(value)}
-        # Strings and scalars, the usual members, are shaped here rather than by a recursive call.
+        # Strings, arrays and scalars, the usual members, are shaped here rather than by a recursive call.
         shapes: dict[str, Any] = {}
         inner = depth + 1
         for k, v in value.items():
             member = type(v)
             if member is str:
                 shapes[str(k)] = {"string": len(v)}
+            elif member is list:
+                shapes[str(k)] = {"array": len(v)}
             else:
                 scalar = _SCALAR_SHAPES.get(member)
                 shapes[str(k)] = scalar if scalar is not None else shape_of(v, inner)
@@ -79,12 +81,34 @@ def shape_of(value: Any, depth: int = 0) -> Any:
 
 
 def call_records(facts: list[Any]) -> list[dict[str, Any]]:
-    """A request's ``decision`` record (when a policy stage decided) and its ``call`` record.
+    """A request's records as the sealer writes them, read back as objects (without ``seq`` and ``prev``)."""
+    records = []
+    for head, middle, tail in call_parts(facts, StageParts()):
+        record = orjson.loads(b"%b%b0%b}" % (head, middle, tail))
+        del record["prev"], record["seq"]
+        records.append(record)
+    return records
+
+
+# A record's JSON is head + prev + middle + seq + tail + "}", where prev is the previous record's hash as
+# it stands between quotes (head ends with the opening one, middle starts with the closing one). All but
+# the chain's two members is made before the record's turn in the chain comes.
+RecordParts = tuple[bytes, bytes, bytes]
+_PREV = b',"prev":"'
+
+
+def call_parts(facts: list[Any], stage_parts: StageParts) -> list[RecordParts]:
+    """A request's ``decision`` record (when a policy stage decided) and its ``call`` record, as parts.
 
     ``facts`` is ``[ts, who, method, target, arguments, shape_them, outcome, latency_ns, stages]``, each
     stage ``[stage, effect, rule, reason, detail]``; the last refusal, else the last stage, decides. With
     ``shape_them`` the arguments are recorded as their shape (the gateway sends their values so that it
     does not spend its own time shaping them; they go no further than this process).
+
+    The records' members are sorted by name, so ``ts``, ``what`` and ``who`` end both: they are serialised
+    once. Each part is serialised by orjson with sorted keys inside an object, at the depth it has in the
+    record, so a record's bytes are those of serialising it whole, and a value too deep for orjson fails
+    here as it would there.
     """
     ts, who, method, target, arguments, shape_them, outcome, latency_ns, stages = facts
     what: dict[str, Any] = {"method": method}
@@ -93,24 +117,58 @@ def call_records(facts: list[Any]) -> list[dict[str, Any]]:
     if arguments is not None:
         what["arguments"] = shape_of(arguments) if shape_them else arguments
     latency_ms = round(latency_ns / 1e6, 3)
-    call = {"kind": "call", "ts": ts, "who": who, "what": what, "outcome": outcome, "latency_ms": latency_ms}
-    if not stages:
+    decided = stage_parts.of(stages) if stages else None
+    shared_tail = b"," + _dumps_sorted({"ts": ts, "what": what, "who": who})[1:-1]
+    call_head = _dumps_sorted({"kind": "call", "latency_ms": latency_ms, "outcome": outcome})[:-1] + _PREV
+    call = (call_head, b'","seq":', shared_tail)
+    if decided is None:
         return [call]
+    head, middle, stages_member = decided
+    return [(head, middle, stages_member + shared_tail), call]
+
+
+def decision_parts(stages: Any) -> RecordParts:
+    """The parts of a ``decision`` record but its shared tail: the last is its ``stages`` member."""
     final = next((stage for stage in reversed(stages) if stage[1] == "deny"), stages[-1])
-    decision = {
-        "kind": "decision",
-        "ts": ts,
-        "who": who,
-        "what": what,
-        "decision": final[1],
-        "rule": final[2],
-        "reason": final[3],
-        "stages": [
-            {"stage": stage, "decision": effect, "rule": rule, "reason": reason, **(detail or {})}
-            for stage, effect, rule, reason, detail in stages
-        ],
-    }
-    return [decision, call]
+    decision, rule, reason = final[1], final[2], final[3]
+    recorded = [
+        {"stage": stage, "decision": effect, "rule": rule, "reason": reason, **(detail or {})}
+        for stage, effect, rule, reason, detail in stages
+    ]
+    head = _dumps_sorted({"decision": decision, "kind": "decision"})[:-1] + _PREV
+    middle = b'",' + _dumps_sorted({"reason": reason, "rule": rule})[1:-1] + b',"seq":'
+    return head, middle, b"," + _dumps_sorted({"stages": recorded})[1:-1]
+
+
+class StageParts:
+    """``decision_parts`` kept by the stages' own JSON: the same few decisions repeat call after call."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit  # distinct stage lists kept: a refusal's reason may name what it refused
+        self._parts: dict[bytes, RecordParts] = {}
+
+    def of(self, stages: Any) -> RecordParts:
+        try:
+            key = orjson.dumps(stages)
+        except TypeError:
+            return decision_parts(stages)  # too deep to be a key, and to be recorded: fails there
+        parts = self._parts.get(key)
+        if parts is None:
+            if len(self._parts) >= self._limit:
+                self._parts.clear()
+            parts = self._parts[key] = decision_parts(stages)
+        return parts
+
+
+class Unwritable(Exception):
+    """A value orjson cannot write (nested too deep): raised apart from a malformed request's TypeError."""
+
+
+def _dumps_sorted(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value, option=_SORT_KEYS)
+    except TypeError as error:  # orjson.JSONEncodeError is TypeError itself
+        raise Unwritable(error) from error
 
 
 def rotated_name(path: Path, first_seq: int) -> Path:
@@ -155,7 +213,11 @@ class Sealer:
         self.path = path
         self._rotate_bytes = rotate_bytes
         self._key = key
-        self._seq, self._prev = self._chain_head()
+        # Copied for each record: with a key, its pads are hashed once, not per record.
+        self._hash = hmac.new(key, digestmod=hashlib.sha256) if key else _sha256()
+        self._stage_parts = StageParts()
+        self._seq, prev = self._chain_head()
+        self._prev = orjson.dumps(prev)[1:-1]  # as it stands between quotes
         first = _first_record(path)
         self._file_first_seq = first["seq"] if first else self._seq
         self._file = self._open()
@@ -178,17 +240,33 @@ class Sealer:
         """Seal the records one input line stands for."""
         try:
             message = orjson.loads(line)
-            records = call_records(message) if type(message) is list else [message]
+            parts = call_parts(message, self._stage_parts) if type(message) is list else None
+        except Unwritable as unwritable:
+            raise unwritable.__cause__ from None  # it stopped the sealer when records were written whole
         except (orjson.JSONDecodeError, TypeError, ValueError) as error:
             # The gap stays visible in the trail instead of silently shortening it.
-            records = [{"kind": "unrecordable", "error": str(error)[:200]}]
-        for record in records:
-            self._add(record)
+            message, parts = {"kind": "unrecordable", "error": str(error)[:200]}, None
+        if parts is None:
+            self._add(message)
+        else:
+            self._seal(parts)
+
+    def _seal(self, parts: list[RecordParts]) -> None:
+        for head, middle, tail in parts:
+            unclosed = b"".join((head, self._prev, middle, orjson.dumps(self._seq), tail))
+            state = self._hash.copy()
+            state.update(unclosed)
+            state.update(b"}")
+            digest = state.hexdigest().encode()
+            self._append(b"".join((unclosed, b',"hash":"', digest, b'"}\n')), digest)
 
     def _add(self, record: dict[str, Any]) -> None:
         record["seq"] = self._seq
-        record["prev"] = self._prev
+        record["prev"] = orjson.loads(b'"%b"' % self._prev)
         line, digest = sealed_line(record, self._key)
+        self._append(line, digest.encode())
+
+    def _append(self, line: bytes, digest: bytes) -> None:
         if self._position + len(line) > self._rotate_bytes and self._position > 0:
             self.write()
             self._rotate(self._seq)
