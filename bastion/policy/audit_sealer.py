@@ -1,14 +1,16 @@
 """The audit trail's sealer: a process of its own that chains, hashes, writes and rotates the records.
 
 The gateway sends it one JSON value per line on its standard input: an object is a finished record, an
-array is the facts of one request, from which ``call_records`` builds its ``decision`` and ``call`` records.
+array is the facts of one request, from which ``call_parts`` makes its ``decision`` and ``call`` records.
 The first line is ``key:`` and the HMAC key in hex (nothing after it for plain SHA-256). Once it holds the
 chain head it answers ``ready`` on its standard output. Lines are sealed in the order they arrive, which is
 the order of the decisions. At the end of its input it syncs the file to disk and exits.
 
 Encoding and hashing records is Python work; in a thread of the gateway it would hold the GIL the event
 loop needs, so it runs here, beside the loop. This file imports nothing from Bastion, so it starts as a
-plain script, without loading the gateway.
+plain script, without loading the gateway. Its time per request is kept low by serialising what a
+request's two records share once and what repeats across requests (the stages' part) once per kind; the
+bytes are those of serialising each record whole with sorted keys, as verification does.
 
 Each record carries ``seq``, ``prev`` (the hash of the record before it) and ``hash`` (SHA-256, or
 HMAC-SHA-256 with a key, over the canonical JSON of the record without ``hash``). When the file would
@@ -118,13 +120,27 @@ def call_parts(facts: list[Any], stage_parts: StageParts) -> list[RecordParts]:
         what["arguments"] = shape_of(arguments) if shape_them else arguments
     latency_ms = round(latency_ns / 1e6, 3)
     decided = stage_parts.of(stages) if stages else None
-    shared_tail = b"," + _dumps_sorted({"ts": ts, "what": what, "who": who})[1:-1]
-    call_head = _dumps_sorted({"kind": "call", "latency_ms": latency_ms, "outcome": outcome})[:-1] + _PREV
+    try:
+        shared_tail = b"," + orjson.dumps({"ts": ts, "what": what, "who": who}, option=_SORT_KEYS)[1:-1]
+        if type(outcome) is str:  # as usual: nothing nested, so no depth to serialise it at
+            call_head = _CALL_HEAD % (orjson.dumps(latency_ms), orjson.dumps(outcome))
+        else:
+            members = {"kind": "call", "latency_ms": latency_ms, "outcome": outcome}
+            call_head = orjson.dumps(members, option=_SORT_KEYS)[:-1] + _PREV
+    except TypeError as error:  # orjson.JSONEncodeError is TypeError itself
+        raise Unwritable(error) from error
     call = (call_head, b'","seq":', shared_tail)
     if decided is None:
         return [call]
     head, middle, stages_member = decided
     return [(head, middle, stages_member + shared_tail), call]
+
+
+_CALL_HEAD = b'{"kind":"call","latency_ms":%b,"outcome":%b' + _PREV
+
+
+class Unwritable(Exception):
+    """A value orjson cannot write (nested too deep), told apart from a malformed request's TypeError."""
 
 
 def decision_parts(stages: Any) -> RecordParts:
@@ -135,9 +151,13 @@ def decision_parts(stages: Any) -> RecordParts:
         {"stage": stage, "decision": effect, "rule": rule, "reason": reason, **(detail or {})}
         for stage, effect, rule, reason, detail in stages
     ]
-    head = _dumps_sorted({"decision": decision, "kind": "decision"})[:-1] + _PREV
-    middle = b'",' + _dumps_sorted({"reason": reason, "rule": rule})[1:-1] + b',"seq":'
-    return head, middle, b"," + _dumps_sorted({"stages": recorded})[1:-1]
+    try:
+        head = orjson.dumps({"decision": decision, "kind": "decision"}, option=_SORT_KEYS)[:-1] + _PREV
+        middle = b'",' + orjson.dumps({"reason": reason, "rule": rule}, option=_SORT_KEYS)[1:-1] + b',"seq":'
+        stages_member = b"," + orjson.dumps({"stages": recorded}, option=_SORT_KEYS)[1:-1]
+    except TypeError as error:
+        raise Unwritable(error) from error
+    return head, middle, stages_member
 
 
 class StageParts:
@@ -158,17 +178,6 @@ class StageParts:
                 self._parts.clear()
             parts = self._parts[key] = decision_parts(stages)
         return parts
-
-
-class Unwritable(Exception):
-    """A value orjson cannot write (nested too deep): raised apart from a malformed request's TypeError."""
-
-
-def _dumps_sorted(value: Any) -> bytes:
-    try:
-        return orjson.dumps(value, option=_SORT_KEYS)
-    except TypeError as error:  # orjson.JSONEncodeError is TypeError itself
-        raise Unwritable(error) from error
 
 
 def rotated_name(path: Path, first_seq: int) -> Path:
