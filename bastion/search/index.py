@@ -134,6 +134,9 @@ class ToolIndex:
         self._stem = make_stemmer()
         self._write_lock = threading.Lock()
         self._snapshot = _Snapshot()
+        # How many searches ran the sentence model (the gate skips it when the cheap ranking is sure).
+        self.searches = 0
+        self.semantic_searches = 0
         self.fallback_reason: str | None = None
         self._encoder: TextEncoder | None
         if encoder == "auto":
@@ -274,12 +277,14 @@ class ToolIndex:
             scores = self._semantic_scores(snap, query)
             return scores[candidates] if scores is not None else None
 
-        scores, _ = gated_fuse(
+        scores, semantic_ran = gated_fuse(
             lexical[candidates] if lexical is not None else None,
             static[candidates] if static is not None else None,
             semantic,
             self.weights,
         )
+        self.searches += 1
+        self.semantic_searches += semantic_ran
         best = top_k(scores, k)
         return [(snap.keys[candidates[i]], float(scores[i])) for i in best]
 

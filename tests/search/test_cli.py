@@ -45,6 +45,10 @@ def test_eval_json_report(catalog_files, mode):
     assert report["recall"]["recall@1"] >= 2 / 3
     assert 0 < report["latency_ms_p50"] <= report["latency_ms_p99"]
     assert report["build_seconds"] > 0
+    if mode == "lexical":
+        assert report["semantic_share"] is None
+    else:
+        assert 0.0 <= report["semantic_share"] <= 1.0
 
 
 def test_eval_human_report_goes_to_stderr(catalog_files):

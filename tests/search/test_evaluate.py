@@ -10,6 +10,7 @@ from bastion.search.evaluate import (
     CatalogFileError,
     EvalQuery,
     evaluate_index,
+    format_report,
     load_catalog,
     load_queries,
     ndcg_at_k,
@@ -17,6 +18,7 @@ from bastion.search.evaluate import (
     reciprocal_rank,
     score_rankings,
 )
+from bastion.search.fusion import FusionWeights
 from bastion.search.index import ToolIndex
 
 from .conftest import CATALOG
@@ -64,6 +66,16 @@ def test_evaluate_index_end_to_end_on_a_tiny_catalog():
     assert report.mode == "lexical" and report.tools == len(tools) and report.queries == 3
     assert 0 < report.latency_ms_p50 <= report.latency_ms_p99
     assert report.build_seconds > 0
+
+
+def test_evaluation_counts_the_queries_that_ran_the_sentence_model():
+    tools = [dict(t, id=f"id{i}") for i, t in enumerate(CATALOG)]
+    queries = [EvalQuery("open an issue on github", frozenset({"id0"})), EvalQuery("weather in Rome", frozenset({"id2"}))]
+    always = evaluate_index(tools, queries, make_index=lambda: ToolIndex(key_field="id", weights=FusionWeights(gate=None)))
+    assert always.mode == "hybrid" and always.semantic_share == 1.0
+    assert "sentence model ran on 100% of the queries" in format_report(always)
+    lexical = evaluate_index(tools, queries, make_index=lambda: ToolIndex(key_field="id", encoder=None))
+    assert lexical.semantic_share is None and "sentence model" not in format_report(lexical)
 
 
 def test_catalog_and_query_files_are_validated_with_line_numbers(tmp_path):
