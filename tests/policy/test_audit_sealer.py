@@ -203,7 +203,7 @@ def assert_same_trail(
 ) -> list[bytes]:
     """Seal ``lines`` with the sealer and with the reference, each continuing ``existing``; the files must match.
 
-    Lines are sealed and written one by one, as the sealer process does. Returns the sealed lines.
+    Lines are sealed and written one by one, as the sealer process does. Returns the lines of the trail.
     """
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
@@ -268,14 +268,20 @@ DENIED = [
 EDGE_CASES: dict[str, list[bytes]] = {
     "usual call, repeated (stage parts reused)": [facts_line(), facts_line(ts=2.5), facts_line(latency_ns=1500)],
     "refusal decides over a later allow, with detail": [facts_line(stages=DENIED)],
-    "two refusals: the last decides": [facts_line(stages=[DENIED[1], ["rate_limit", "deny", "rate", "too many", None]])],
+    "two refusals: the last decides": [
+        facts_line(stages=[DENIED[1], ["rate_limit", "deny", "rate", "too many", None]])
+    ],
     "no stages": [facts_line(stages=[])],
     "stages null": [orjson.dumps([1.0, {}, "tools/list", None, None, True, "complete", 5, None])],
     "detail keys collide with the stage's own": [
-        facts_line(stages=[["guards", "deny", "r", "why", {"decision": "overridden", "stage": 7, "rule": None, "zzz": 1}]])
+        facts_line(
+            stages=[["guards", "deny", "r", "why", {"decision": "overridden", "stage": 7, "rule": None, "zzz": 1}]]
+        )
     ],
     "detail keys sort among the stage's": [
-        facts_line(stages=[["guards", "allow", "r", "why", {"aaa": 1, "reasonable": 2, "s": 3, "é": 4, "Z": 5, "": 6}]])
+        facts_line(
+            stages=[["guards", "allow", "r", "why", {"aaa": 1, "reasonable": 2, "s": 3, "é": 4, "Z": 5, "": 6}]]
+        )
     ],
     "detail empty object": [facts_line(stages=[["guards", "allow", "r", "why", {}]])],
     "strings needing escapes everywhere": [
@@ -312,8 +318,13 @@ EDGE_CASES: dict[str, list[bytes]] = {
     "unrecordable: stage not a list": [facts_line(stages=[5]), facts_line(stages=7), facts_line(stages=True)],
     "unrecordable: detail not an object": [facts_line(stages=[["guards", "deny", "r", "why", [1, 2]]])],
     "weird stages that still record": [facts_line(stages="abcde"), facts_line(stages={"abcde": 1, "vwxyz": 2})],
-    "plain records": [orjson.dumps({"kind": "shutdown", "ts": 1.0}), orjson.dumps({"seq": "mine", "prev": 1, "z": {"b": 1, "a": 2}})],
-    "mixed: plain, facts, broken, facts": [orjson.dumps({"kind": "start"}), facts_line(), b"nope", facts_line(stages=DENIED)],
+    "plain records": [
+        orjson.dumps({"kind": "shutdown", "ts": 1.0}),
+        orjson.dumps({"seq": "mine", "prev": 1, "z": {"b": 1, "a": 2}}),
+    ],
+    "mixed: plain, facts, broken, facts": [
+        orjson.dumps({"kind": "start"}), facts_line(), b"nope", facts_line(stages=DENIED)
+    ],
     # The earlier code stopped on these (the sealer process exited): so must the sealer, at the same line.
     "stops: stage too short for its rule": [facts_line(), facts_line(stages=[["a", "deny"]])],
     "stops: stages a short string": [facts_line(stages="ab")],
@@ -375,7 +386,8 @@ def test_rotation_splits_where_the_reference_splits() -> None:
     ids=["usual", "escapes", "odd types"],
 )
 def test_continuing_an_existing_trail(last: dict[str, Any]) -> None:
-    existing = orjson.dumps({"kind": "start", "seq": 0, "prev": GENESIS, "hash": "0" * 64}) + b"\n" + orjson.dumps(last) + b"\n"
+    first = {"kind": "start", "seq": 0, "prev": GENESIS, "hash": "0" * 64}
+    existing = orjson.dumps(first) + b"\n" + orjson.dumps(last) + b"\n"
     lines = [facts_line(), orjson.dumps({"kind": "plain"}), b"broken", facts_line(stages=DENIED)]
     assert_same_trail(lines, None, existing=existing)
     assert_same_trail(lines, KEY, existing=existing)
@@ -462,11 +474,13 @@ def test_generated_facts_rotate_as_the_reference_does(facts: list[list[Any]], ro
 
 
 def test_a_trail_sealed_by_the_process_verifies_and_matches_the_reference(tmp_path: Path) -> None:
+    alice = {"name": "alice", "groups": ["dev"], "session": "s1"}
+    escaped = {"name": 'esc"aped\n', "groups": ["é"], "session": "s4"}
     facts = [
-        (1.5, {"name": "alice", "groups": ["dev"], "session": "s1"}, "tools/call", "fs__read", {"path": "a"}, True, "complete", 1000, ALLOWED),
-        (2.5, {"name": "bob", "groups": [], "session": "s2"}, "tools/call", "fs__write", {"path": "/etc"}, False, -32001, 2500, DENIED),
-        (3.5, {"name": "carol", "groups": [], "session": "s3"}, "tools/list", None, None, True, "complete", 3, []),
-        (4.5, {"name": 'esc"aped\n', "groups": ["é"], "session": "s4"}, "resources/read", "file:///x", None, True, "complete", 4, ALLOWED),
+        (1.5, alice, "tools/call", "fs__read", {"path": "a"}, True, "complete", 1000, ALLOWED),
+        (2.5, alice, "tools/call", "fs__write", {"path": "/etc"}, False, -32001, 2500, DENIED),
+        (3.5, alice, "tools/list", None, None, True, "complete", 3, []),
+        (4.5, escaped, "resources/read", "file:///x", None, True, "complete", 4, ALLOWED),
     ]
     for key in (None, KEY):
         path = tmp_path / f"{'keyed' if key else 'plain'}.jsonl"
