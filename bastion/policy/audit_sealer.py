@@ -139,6 +139,10 @@ def call_parts(facts: list[Any], stage_parts: StageParts) -> list[RecordParts]:
 _CALL_HEAD = b'{"kind":"call","latency_ms":%b,"outcome":%b' + _PREV
 
 
+def _unrecordable(error: BaseException | None) -> dict[str, Any]:
+    return {"kind": "unrecordable", "error": str(error)[:200]}
+
+
 class Unwritable(Exception):
     """A value orjson cannot write (nested too deep), told apart from a malformed request's TypeError."""
 
@@ -251,14 +255,19 @@ class Sealer:
             message = orjson.loads(line)
             parts = call_parts(message, self._stage_parts) if type(message) is list else None
         except Unwritable as unwritable:
-            raise unwritable.__cause__ from None  # it stopped the sealer when records were written whole
+            message, parts = _unrecordable(unwritable.__cause__), None
         except (orjson.JSONDecodeError, TypeError, ValueError) as error:
             # The gap stays visible in the trail instead of silently shortening it.
-            message, parts = {"kind": "unrecordable", "error": str(error)[:200]}, None
-        if parts is None:
-            self._add(message)
-        else:
+            message, parts = _unrecordable(error), None
+        if parts is not None:
             self._seal(parts)
+            return
+        try:
+            self._add(message)
+        except TypeError as error:
+            if type(message) is not dict:
+                raise
+            self._add(_unrecordable(error))  # nested deeper than orjson writes
 
     def _seal(self, parts: list[RecordParts]) -> None:
         for head, middle, tail in parts:

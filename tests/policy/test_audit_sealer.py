@@ -148,6 +148,9 @@ class ReferenceSealer:
         try:
             message = orjson.loads(line)
             records = reference_call_records(message) if type(message) is list else [message]
+            for record in records:
+                if type(record) is dict:
+                    orjson.dumps(record, option=_SORT_KEYS)  # nested deeper than orjson writes: unrecordable
         except (orjson.JSONDecodeError, TypeError, ValueError) as error:
             records = [{"kind": "unrecordable", "error": str(error)[:200]}]
         for record in records:
@@ -360,14 +363,18 @@ DEEP_PLACES = {
 
 
 @pytest.mark.parametrize(("line", "limit_matters"), DEEP_PLACES.values(), ids=DEEP_PLACES.keys())
-def test_values_at_the_depth_limit_record_or_stop_as_before(line: bytes, limit_matters: bool) -> None:
+def test_values_past_the_depth_limit_make_an_unrecordable_record(line: bytes, limit_matters: bool) -> None:
     # orjson writes 254 levels of nesting and no more; a record holds its values one or more levels down.
-    # Around that limit, the earlier code recorded, made an "unrecordable" record or stopped: so must this.
+    # Past that limit the request is sealed as "unrecordable" (the earlier code stopped the sealer there).
     sealed_counts = set()
     for depth in range(247, 258):
         nested = b"[" * depth + b"]" * depth
-        sealed_counts.add(len(assert_same_trail([facts_line(), line.replace(DEEP, nested)])))
+        trail = assert_same_trail([facts_line(), line.replace(DEEP, nested)])
+        sealed_counts.add(len(trail))
     assert (len(sealed_counts) > 1) == limit_matters
+    if limit_matters:
+        last = orjson.loads(trail[-1])
+        assert last["kind"] == "unrecordable" and "ecursion" in last["error"]
 
 
 def test_rotation_splits_where_the_reference_splits() -> None:
