@@ -35,6 +35,7 @@ from bastion.gateway.pipeline import GatewayRequest, Identity, Session, ToolEntr
 from bastion.policy.cedar_engine import CedarAuthorizer, SessionFacts, Target, ToolFacts  # noqa: E402
 from bastion.policy.config import PolicyConfig  # noqa: E402
 from bastion.policy.guards import PathRules, SchemaCache, UrlRules, check_path, check_schema, check_url  # noqa: E402
+from bastion.policy.guards.nofollow import symlink_free  # noqa: E402
 from bastion.policy.interceptors import build_policy_runtime  # noqa: E402
 
 TARGET_ADDED_P50_US = 50.0
@@ -219,6 +220,11 @@ def _lstat(path: str) -> None:
         pass
 
 
+def _probe(path: str) -> None:
+    if symlink_free is not None:
+        symlink_free(path + "/projects/report-1/chapter 2.md")
+
+
 def component_costs(data_root: Path, cat: BenchCatalog, workdir: Path) -> list[tuple[str, float]]:
     import jsonschema
 
@@ -245,7 +251,8 @@ def component_costs(data_root: Path, cat: BenchCatalog, workdir: Path) -> list[t
         micro("path guard, plain name", lambda: check_path("projects/report-1/chapter 2.md", path_rules)),
         micro("path guard, encoded name", lambda: check_path("projects/report%201/caf%C3%A9.md", path_rules)),
         micro("url guard", lambda: check_url("https://docs.example.com/page/1?q=2", url_rules)),
-        micro("one lstat system call (path guard uses ~1 per directory level)", lambda: _lstat(str(data_root))),
+        micro("link check in one openat2 call (the path guard's system call)", lambda: _probe(str(data_root))),
+        micro("one lstat call (the fallback walk makes one per directory level)", lambda: _lstat(str(data_root))),
     ]
 
 

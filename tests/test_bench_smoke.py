@@ -130,3 +130,19 @@ def test_echo_fixture_answers_its_latest_version_to_an_unknown_offer() -> None:
          "params": {"protocolVersion": "1999-01-01", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
     ])
     assert answers[0]["result"]["protocolVersion"] == "2025-11-25"
+
+
+def test_policy_benchmark_runs_and_writes_every_audit_record(tmp_path: Path) -> None:
+    figures_file = tmp_path / "policy.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "policy_overhead.py"), "--calls", "200", "--rounds", "1",
+         "--json", str(figures_file)],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    figures = orjson.loads(figures_file.read_bytes())
+    assert figures["calls_per_pipeline"] == 200
+    assert 0 < figures["on_p50_us"] <= figures["on_p99_us"]
+    # Warm-up and timed calls, a decision and a call record each, the stage-cost pass, and the shutdown record.
+    assert figures["audit_lines"] == 2 * (200 + 200 + 200) + 1
+    assert "added" in result.stderr and "target" in result.stderr
