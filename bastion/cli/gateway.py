@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -29,8 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.set_defaults(handler=_check)
 
     tools = sub.add_parser(
-        "tools", help="the federated tool catalog as a table; `tools stats` token costs; `tools eval` search quality",
-        usage="bastion tools [CONFIG] [-v|-q] | bastion tools stats [CONFIG] ... | bastion tools eval --tools ... ",
+        "tools", help="the federated tool catalog as a table; `tools stats` token costs; `tools eval` search quality; "
+        "`tools pin` pins the tool definitions",
+        usage="bastion tools [CONFIG] [-v|-q] | bastion tools stats [CONFIG] ... | bastion tools eval --tools ... "
+        "| bastion tools pin [CONFIG] [--output FILE]",
     )
     tools.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     tools.set_defaults(handler=_tools_dispatch)
@@ -99,6 +102,12 @@ def _check(args: argparse.Namespace) -> int:
     for name, server in config.servers.items():
         state = "" if server.enabled else " (disabled)"
         print(f"{name}: {server.command} {' '.join(server.args)}{state}", file=sys.stderr)
+    if config.policy is not None:
+        from bastion.policy.engine import PolicyEngine
+
+        engine = PolicyEngine(config.policy)  # parses and validates the Cedar policies, reads the pins
+        files = ", ".join(str(p) for p in config.policy.policy_paths()) or "the default policy"
+        print(f"policy: {files}; {len(engine.guards)} guard(s)", file=sys.stderr)
     print(f"bastion: configuration OK, {len(config.servers)} server(s)", file=sys.stderr)
     return 0
 
@@ -121,6 +130,8 @@ def _tools_dispatch(args: argparse.Namespace) -> int:
         from bastion.search.cli import eval_main
 
         return eval_main(rest[1:])
+    if rest and rest[0] == "pin":
+        return _pin(rest[1:])
     if rest and rest[0] == "stats":
         from bastion.search.cli import stats_main
 
@@ -129,6 +140,44 @@ def _tools_dispatch(args: argparse.Namespace) -> int:
     parser.add_argument("config", nargs="?")
     _verbosity(parser)
     return _tools(parser.parse_args(rest))
+
+
+def _pin(argv: list[str]) -> int:
+    from bastion.policy.pins import pins_of, write_pins
+
+    parser = argparse.ArgumentParser(
+        prog="bastion tools pin",
+        description="record the live tool definitions as the pinned ones (policy.pins, unless --output)",
+    )
+    parser.add_argument("config", nargs="?")
+    parser.add_argument("--output", help="where to write the pins (default: the configuration's policy.pins)")
+    _verbosity(parser)
+    args = parser.parse_args(argv)
+    setup_logging(args)
+    config = _load(args)
+    if config is None:
+        return 2
+    configured = config.policy.pins_path() if config.policy is not None else None
+    target = Path(args.output) if args.output else configured
+    if target is None:
+        print("bastion: no pins file: set policy.pins in the configuration, or give --output FILE", file=sys.stderr)
+        return 2
+    # Starting the gateway reads the pins it is about to replace; a file still to be written is no error here.
+    config = config.model_copy(update={"policy": config.policy.model_copy(update={"pins": None})}) if configured else config
+
+    async def work(gateway: Gateway, session: Session) -> int:
+        entries = list(gateway.catalog.tools())
+        down = [n for n, u in gateway.upstreams.items() if not u.ready.is_set()]
+        if down:
+            print(f"bastion: not pinned: {', '.join(down)} did not start; pins are written from every server",
+                  file=sys.stderr)
+            return 1
+        write_pins(target, pins_of(entries))
+        print(f"bastion: pinned {len(entries)} tool(s) from {len(gateway.upstreams)} server(s) in {target}",
+              file=sys.stderr)
+        return 0
+
+    return run_loop(with_gateway(config, work))
 
 
 def _live_catalog(config_path: str | None) -> dict[str, list[dict[str, Any]]]:

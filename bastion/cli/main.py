@@ -14,7 +14,15 @@ def main(argv: list[str] | None = None) -> int:
     for register in commands.registrars():
         register(sub)
     args = parser.parse_args(argv)
-    return int(args.handler(args) or 0)
+    from bastion.policy.config import PolicyStartError
+
+    try:
+        return int(args.handler(args) or 0)
+    except PolicyStartError as error:
+        # Policy files, pins, keys and the audit trail are read when the gateway is built: a problem with
+        # one of them is the configuration's, reported like one.
+        print(f"bastion: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import orjson
 
 from bastion.policy import audit_sealer
+from bastion.policy.config import PolicyStartError
 from bastion.policy.audit_sealer import (
     GENESIS,
     KEY_PREFIX,
@@ -52,6 +53,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class AuditStartError(PolicyStartError, RuntimeError):
+    """The audit trail cannot be opened or continued: the gateway does not start without it."""
+
 _CLOSE = object()
 _ONE_LINE = orjson.OPT_APPEND_NEWLINE
 _DRAIN_SECONDS = 0.05
@@ -73,10 +79,15 @@ class AuditWriter:
 
     def __init__(self, path: str | os.PathLike[str], rotate_bytes: int = 50 * 1024 * 1024, key: bytes | None = None):
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Opened here first, so a trail that cannot be written stops the gateway at start, not silently later.
-        with self.path.open("ab"):
-            os.chmod(self.path, 0o600)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # Opened here first, so a trail that cannot be written stops the gateway at start, not silently later.
+            with self.path.open("ab"):
+                os.chmod(self.path, 0o600)
+        except OSError as error:
+            raise AuditStartError(
+                f"{self.path}: cannot open the audit trail ({error.strerror}); fix its permissions or set audit.path"
+            ) from None
         self._rotate_bytes = rotate_bytes
         self._key = key
         self._closed = False  # no more records accepted
@@ -105,7 +116,7 @@ class AuditWriter:
         key_line = KEY_PREFIX + (self._key.hex().encode() if self._key else b"") + b"\n"
         if self._send(key_line) != len(key_line):
             self._process.wait()
-            raise RuntimeError(f"the audit sealer for {self.path} exited at start (see its error output above)")
+            raise AuditStartError(f"the audit sealer for {self.path} exited at start (see its error output above)")
         self._await_ready()
 
     def _await_ready(self) -> None:
@@ -117,7 +128,7 @@ class AuditWriter:
         if line != audit_sealer.READY:
             self._process.kill()
             self._process.wait()
-            raise RuntimeError(f"the audit sealer for {self.path} did not start (see its error output above)")
+            raise AuditStartError(f"the audit sealer for {self.path} did not start (see its error output above)")
 
     def write(self, record: dict[str, Any]) -> None:
         """Queue ``record`` (stamped now unless it has a ``ts``); never blocks on I/O."""

@@ -24,6 +24,7 @@ import orjson
 
 from bastion.gateway.pipeline import Identity, ToolEntry
 from bastion.policy.cedar_text import DEFAULT_POLICY, NAMESPACE, SCHEMA
+from bastion.policy.config import PolicyStartError
 from bastion.policy.decision import Decision, Effect
 
 ACTIONS = (
@@ -45,7 +46,7 @@ SERVER_REQUEST_ACTIONS = {
 DEFAULT_DENY_RULE = "default-deny"
 
 
-class PolicyLoadError(ValueError):
+class PolicyLoadError(PolicyStartError, ValueError):
     """A policy file that cannot be used; the message names the file and line."""
 
 

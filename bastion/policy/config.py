@@ -12,6 +12,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+class PolicyStartError(Exception):
+    """The policy section cannot be put to work; the message names the file and the fix."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -131,7 +135,12 @@ class PolicyConfig(_Strict):
     approval: ApprovalConfig = Field(default_factory=ApprovalConfig)
     rate_limits: list[RateLimitConfig] = Field(default_factory=list)
     audit: AuditConfig = Field(default_factory=AuditConfig)
-    base_dir: str | None = Field(default=None, description="directory relative policy_files are read from")
+    pins: str | None = Field(
+        default=None,
+        description="JSON file of pinned tool definitions (written by `bastion tools pin`); tools whose definition "
+        "still matches their pin have resource.pinned == true",
+    )
+    base_dir: str | None = Field(default=None, description="directory relative policy_files and pins are read from")
 
     @model_validator(mode="after")
     def _files_named(self) -> "PolicyConfig":
@@ -141,5 +150,11 @@ class PolicyConfig(_Strict):
         return self
 
     def policy_paths(self) -> list[Path]:
+        return [self._beside(p) for p in self.policy_files]
+
+    def pins_path(self) -> Path | None:
+        return self._beside(self.pins) if self.pins else None
+
+    def _beside(self, name: str) -> Path:
         base = Path(self.base_dir).expanduser() if self.base_dir else Path.cwd()
-        return [(base / Path(p).expanduser()) for p in self.policy_files]
+        return base / Path(name).expanduser()

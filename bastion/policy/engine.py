@@ -25,6 +25,7 @@ from bastion.policy.decision import Decision, Effect, GuardResult
 from bastion.policy.guards import PathRules, SchemaCache, ShellRules, UrlRules, check_path, check_schema
 from bastion.policy.guards import check_shell_argument, check_url
 from bastion.policy.guards.schema import check_compiled
+from bastion.policy.pins import PinnedTools, read_pins
 
 _MISSING = object()
 SCHEMA_RULE = "schema:inputSchema"
@@ -144,7 +145,7 @@ class PolicyEngine:
         )
         self.schemas = SchemaCache()
         self.guards: tuple[CompiledGuard, ...] = tuple(compile_guard(g, self.schemas) for g in config.guards)
-        self._pinned = pinned or (lambda entry: False)
+        self._pinned = pinned or _pins_from(config)
         self._guards_by_tool: dict[tuple[str, str, str], tuple[CompiledGuard, ...]] = {}
         self._argument_plans: dict[int, _ArgumentPlan] = {}
         self._targets: dict[int, tuple[ToolEntry, Target]] = {}
@@ -244,6 +245,14 @@ class PolicyEngine:
             return report
         report.stages.append(("guards", self.check_arguments(entry, arguments or {})))
         return report
+
+
+def _pins_from(config: PolicyConfig) -> Callable[[ToolEntry], bool]:
+    """Pinned-ness from the configured pins file; without one, no tool is pinned."""
+    path = config.pins_path()
+    if path is None:
+        return lambda entry: False
+    return PinnedTools(read_pins(path))
 
 
 def load_policy_config(path: Path) -> tuple[PolicyConfig, list[dict[str, Any]]]:

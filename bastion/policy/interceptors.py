@@ -29,7 +29,7 @@ from bastion.policy.approval import (
 )
 from bastion.policy.audit import AuditWriter, shape_of
 from bastion.policy.cedar_engine import SessionFacts, Target, authorize_server_request
-from bastion.policy.config import PolicyConfig
+from bastion.policy.config import PolicyConfig, PolicyStartError
 from bastion.policy.decision import Decision, Effect
 from bastion.policy.engine import PolicyEngine
 from bastion.policy.ratelimit import RATE_LIMITED, RateLimiter
@@ -430,6 +430,15 @@ class PolicyRuntime:
         await self.audit.aclose()
 
 
+def _secret(path: str | None, setting: str) -> bytes:
+    try:
+        return load_secret(path)
+    except (OSError, ValueError) as error:
+        raise PolicyStartError(
+            f"{path}: cannot use it as a key ({error}); fix {setting}, or delete the file to have a new key made"
+        ) from None
+
+
 def build_policy_runtime(
     config: PolicyConfig,
     *,
@@ -441,10 +450,10 @@ def build_policy_runtime(
     engine = engine or PolicyEngine(config, pinned=pinned)
     writer = audit_writer
     if writer is None and config.audit.enabled:
-        key = load_secret(config.audit.key_file) if config.audit.key_file else None
+        key = _secret(config.audit.key_file, "audit.key_file") if config.audit.key_file else None
         writer = AuditWriter(config.audit.path, config.audit.rotate_bytes, key)
     audit = AuditTrail(writer, config.audit.arguments == "values")
-    signer = ApprovalSigner(load_secret(config.approval.secret_file), config.approval.timeout_seconds)
+    signer = ApprovalSigner(_secret(config.approval.secret_file, "approval.secret_file"), config.approval.timeout_seconds)
     queue = ApprovalQueue(config.approval.queue_dir) if config.approval.fallback == "queue" else None
     limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
     approval = ApprovalStage(config, signer, queue)
