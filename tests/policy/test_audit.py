@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bastion.policy.audit import AuditWriter, expand_trail, record_hash, shape_of, trail_files, verify
+from bastion.policy.audit import AuditStartError, AuditWriter, expand_trail, record_hash, shape_of, trail_files, verify
 
 BASTION = [sys.executable, "-m", "bastion"]
 
@@ -196,7 +196,7 @@ def test_a_trail_that_cannot_be_continued_stops_the_writer_at_start(tmp_path: Pa
     with pytest.raises(RuntimeError, match="did not start"):
         AuditWriter(path)
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(OSError):
+    with pytest.raises(AuditStartError, match="a-file/audit.jsonl: cannot open the audit trail"):
         AuditWriter(tmp_path / "a-file" / "audit.jsonl")  # no directory can hold it
 
 
