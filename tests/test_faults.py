@@ -207,7 +207,7 @@ def test_stray_prints_cannot_reach_the_protocol_channel():
 
 
 
-def test_nothing_reaches_the_client_before_its_initialize_result(tmp_path):
+def test_nothing_reaches_the_client_before_its_initialize_result_and_pipelined_requests_wait_for_it(tmp_path):
     config = write_config(tmp_path / "c.json", {"raw": raw_server(), "raw2": raw_server(tag="second")})
     client = RawClient(config)
     try:
@@ -215,8 +215,14 @@ def test_nothing_reaches_the_client_before_its_initialize_result(tmp_path):
         client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "p", "version": "0"}}})
         client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        client.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         first = client.recv(timeout=60)
         assert first.get("id") == 0 and "result" in first
+        # A request pipelined behind the handshake is served once the handshake is, from the full catalog.
+        listed = client.recv(timeout=60)
+        assert listed.get("id") == 1
+        names = {tool["name"] for tool in listed["result"]["tools"]}
+        assert {"raw__echo", "raw2__echo"} <= names
     finally:
         client.close()
 

@@ -60,6 +60,8 @@ class ClientConnection:
         self._log_opt_ins: dict[Any, str] = {}  # modern requests in flight that opted in to logs: id -> level
         self._log_level: str | None = None  # legacy logging/setLevel
         self._answered_initialize = False  # notifications wait until the client has its initialize result
+        # Requests a client pipelines behind its initialize wait for the handshake (and the servers it waits for).
+        self._handshake = asyncio.Event()
         self._max_bytes = gateway.config.max_message_bytes
         self._loop = asyncio.get_running_loop()
         gateway.attach(self)
@@ -132,8 +134,13 @@ class ClientConnection:
             if self.era == "modern":
                 reply = await self._serve_modern(message)
             elif message.method == "initialize":
-                reply = await self._initialize(message)
+                try:
+                    reply = await self._initialize(message)
+                finally:
+                    self._handshake.set()
             else:
+                if not self._handshake.is_set() and message.method != "ping":
+                    await self._handshake.wait()
                 # Modern servers log only for requests that opt in. A legacy client gets every level until it sends
                 # logging/setLevel (legacy servers behave that way), so its requests opt in at its level, else debug.
                 reply = self._refused_log_level(message) or await self._dispatch(
