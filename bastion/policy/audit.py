@@ -64,6 +64,17 @@ _DRAIN_SECONDS = 0.05
 _RESTART_AFTER_SECONDS = 10.0  # a replacement sealer that dies sooner than this is not replaced again
 _WAKE_AT = 4096
 _READY_SECONDS = 30.0
+MAX_PENDING = 100_000  # lines queued for the sealer; beyond this, records are counted and dropped
+
+
+class _Gap:
+    """Stands in the queue where records were dropped, counting them (the sealer writes a ``gap`` record)."""
+
+    __slots__ = ("dropped", "closed")
+
+    def __init__(self) -> None:
+        self.dropped = 0
+        self.closed = False
 
 
 class AuditWriter:
@@ -74,10 +85,19 @@ class AuditWriter:
     order is the order of decisions, and the sealer chains in that order.
 
     A sealer that dies is started again, and its successor first seals a ``gap`` record: the lines the
-    dead one had taken but not yet written are lost, and the trail says so rather than hiding it.
+    dead one had taken but not yet written are lost, and the trail says so rather than hiding it. A sealer
+    that falls behind (a stalled disk) makes the queue hold at most ``max_pending`` lines: the gateway's
+    memory stays bounded, and the records dropped meanwhile are counted in a ``gap`` record where they
+    would have been.
     """
 
-    def __init__(self, path: str | os.PathLike[str], rotate_bytes: int = 50 * 1024 * 1024, key: bytes | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        rotate_bytes: int = 50 * 1024 * 1024,
+        key: bytes | None = None,
+        max_pending: int = MAX_PENDING,
+    ):
         self.path = Path(path).expanduser()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -95,6 +115,9 @@ class AuditWriter:
         self._replaced_at: float | None = None
         self._start_sealer()
         self._pending: collections.deque[Any] = collections.deque()
+        self._max_pending = max_pending
+        self._gap: _Gap | None = None  # the run of dropped records in progress
+        self._gap_lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
         self._close_lock = threading.Lock()
@@ -148,9 +171,29 @@ class AuditWriter:
 
     def _queue(self, line: bytes) -> None:
         pending = self._pending
-        pending.append(line)
-        if len(pending) > _WAKE_AT:
-            self._wake.set()
+        if len(pending) < self._max_pending:
+            if self._gap is not None:
+                with self._gap_lock:
+                    self._gap = None  # the run of drops has ended; a later one gets a gap of its own
+            pending.append(line)
+            if len(pending) > _WAKE_AT:
+                self._wake.set()
+            return
+        with self._gap_lock:
+            gap = self._gap
+            if gap is None or gap.closed:
+                gap = self._gap = _Gap()
+                pending.append(gap)
+            gap.dropped += 1
+        self._wake.set()
+
+    def _gap_line(self, gap: _Gap) -> bytes:
+        with self._gap_lock:
+            gap.closed = True
+            dropped = gap.dropped
+        log.error("%d audit record(s) dropped: the audit sealer fell behind", dropped)
+        reason = f"{dropped} record(s) dropped here: the audit sealer fell behind"
+        return orjson.dumps({"kind": "gap", "ts": time.time(), "reason": reason}, option=_ONE_LINE)
 
     def _run(self) -> None:
         pending = self._pending
@@ -164,7 +207,7 @@ class AuditWriter:
                 if item is _CLOSE:
                     closing = True
                     break
-                lines.append(item)
+                lines.append(self._gap_line(item) if type(item) is _Gap else item)
             if lines:
                 self._deliver(b"".join(lines))
             if closing:
@@ -225,8 +268,9 @@ class AuditWriter:
         with self._close_lock:
             if not self._closing:
                 self._closing = True
-                self.write({"kind": "shutdown"})
                 self._closed = True
+                # Past the queue's bound if need be: the trail's last word is that it ended cleanly.
+                self._pending.append(orjson.dumps({"kind": "shutdown", "ts": time.time()}, option=_ONE_LINE))
                 self._pending.append(_CLOSE)
                 self._wake.set()
         self._thread.join()

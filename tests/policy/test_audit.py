@@ -254,3 +254,24 @@ def test_a_replacement_sealer_that_dies_at_once_is_given_up_without_hanging(tmp_
     kinds = [orjson.loads(line)["kind"] for line in read_lines(path)]
     assert kinds == ["call", "gap", "call"]
     assert verify([path]).ok
+
+
+def test_a_sealer_that_falls_behind_bounds_the_queue_and_counts_what_it_drops(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    writer = AuditWriter(path, max_pending=50)
+    writer._process.send_signal(signal.SIGSTOP)  # a sealer stuck on a stalled disk
+    try:
+        for i in range(3000):
+            writer.write({"kind": "call", "i": i, "padding": "x" * 200})
+        assert len(writer._pending) <= 50 + 3000 // 50  # the lines, and at most one gap marker between them
+    finally:
+        writer._process.send_signal(signal.SIGCONT)
+    writer.close()
+    records = [orjson.loads(line) for line in read_lines(path)]
+    gaps = [r for r in records if r["kind"] == "gap"]
+    kept = [r["i"] for r in records if r["kind"] == "call"]
+    dropped = sum(int(g["reason"].split()[0]) for g in gaps)
+    assert gaps and "the audit sealer fell behind" in gaps[0]["reason"]
+    assert len(kept) + dropped == 3000 and kept == sorted(kept)
+    assert records[-1]["kind"] == "shutdown"
+    assert verify([path]).ok
