@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 from bastion.gateway.pipeline import Identity, ToolEntry
 from bastion.policy.cedar_engine import CedarAuthorizer, SessionFacts, Target, ToolFacts
@@ -28,6 +28,7 @@ from bastion.policy.guards.schema import check_compiled
 from bastion.policy.pins import PinnedTools, read_pins
 
 _MISSING = object()
+_T = TypeVar("_T")
 SCHEMA_RULE = "schema:inputSchema"
 # Decisions are frozen; the one for accepted arguments is the same every time.
 _ARGUMENTS_ACCEPTED = Decision.allow("guards", "arguments accepted")
@@ -106,9 +107,31 @@ def compile_guard(config: GuardConfig, schemas: SchemaCache) -> CompiledGuard:
     return CompiledGuard(rule, config.tool, config.argument, check)
 
 
+class _PerEntry(Generic[_T]):
+    """Values worked out once per catalog entry, bounded.
+
+    The catalog hands out the same entry object on every call, and a changed definition is a new entry, so
+    the entry's identity is the key (checked against the entry itself, since ids are reused).
+    """
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[ToolEntry, _T]] = {}
+
+    def find(self, entry: ToolEntry) -> _T | None:
+        known = self._by_id.get(id(entry))
+        return known[1] if known is not None and known[0] is entry else None
+
+    def keep(self, entry: ToolEntry, value: _T) -> _T:
+        if len(self._by_id) > 4096:
+            self._by_id.clear()
+        self._by_id[id(entry)] = (entry, value)
+        return value
+
+
 @dataclass(frozen=True, slots=True)
 class _ArgumentPlan:
-    entry: ToolEntry
     validator: Any  # compiled input schema, a ValueError when it cannot compile, None: not checked
     guards: tuple[tuple[str, bool, Callable[[Any], GuardResult], str], ...]  # (argument, is a pointer, check, rule)
 
@@ -146,28 +169,15 @@ class PolicyEngine:
         self.schemas = SchemaCache()
         self.guards: tuple[CompiledGuard, ...] = tuple(compile_guard(g, self.schemas) for g in config.guards)
         self._pinned = pinned or _pins_from(config)
-        self._guards_by_tool: dict[tuple[str, str, str], tuple[CompiledGuard, ...]] = {}
-        self._argument_plans: dict[int, _ArgumentPlan] = {}
-        self._targets: dict[int, tuple[ToolEntry, Target]] = {}
+        self._argument_plans: _PerEntry[_ArgumentPlan] = _PerEntry()
+        self._targets: _PerEntry[Target] = _PerEntry()
         self._call_decisions: dict[tuple[int, int, int], tuple[Identity, ToolEntry, SessionFacts | None, Decision]] = {}
 
     def tool_target(self, entry: ToolEntry) -> Target:
-        # The catalog hands out the same entry object on every call; build its entity once.
-        known = self._targets.get(id(entry))
-        if known is not None and known[0] is entry:
-            return known[1]
-        target = Target.for_tool(ToolFacts.of(entry, self._pinned(entry)))
-        if len(self._targets) > 4096:
-            self._targets.clear()
-        self._targets[id(entry)] = (entry, target)
+        target = self._targets.find(entry)
+        if target is None:
+            target = self._targets.keep(entry, Target.for_tool(ToolFacts.of(entry, self._pinned(entry))))
         return target
-
-    def guards_for(self, entry: ToolEntry) -> tuple[CompiledGuard, ...]:
-        key = (entry.server, entry.original_name, entry.exposed_name)
-        found = self._guards_by_tool.get(key)
-        if found is None:
-            found = self._guards_by_tool[key] = tuple(g for g in self.guards if g.applies_to(entry))
-        return found
 
     def authorize_call(
         self, identity: Identity, entry: ToolEntry, arguments: Mapping[str, Any] | None, session: SessionFacts | None
@@ -188,20 +198,18 @@ class PolicyEngine:
 
     def argument_plan(self, entry: ToolEntry) -> "_ArgumentPlan":
         """What checking ``entry``'s arguments takes, worked out once per catalog entry."""
-        # The catalog hands out the same entry object on every call (a changed definition is a new entry).
-        known = self._argument_plans.get(id(entry))
-        if known is not None and known.entry is entry:
-            return known
-        schema = entry.definition.get("inputSchema") if self.config.schema_validation else None
-        plan = _ArgumentPlan(
-            entry,
-            self.schemas.validator(schema) if schema is not None else None,
-            tuple((g.argument, g.argument.startswith("/"), g.check, g.rule) for g in self.guards_for(entry)),
-        )
-        if len(self._argument_plans) > 4096:
-            self._argument_plans.clear()
-        self._argument_plans[id(entry)] = plan
+        plan = self._argument_plans.find(entry)
+        if plan is None:
+            plan = self._argument_plans.keep(entry, self._plan_arguments(entry))
         return plan
+
+    def _plan_arguments(self, entry: ToolEntry) -> "_ArgumentPlan":
+        schema = entry.definition.get("inputSchema") if self.config.schema_validation else None
+        guards = (g for g in self.guards if g.applies_to(entry))
+        return _ArgumentPlan(
+            self.schemas.validator(schema) if schema is not None else None,
+            tuple((g.argument, g.argument.startswith("/"), g.check, g.rule) for g in guards),
+        )
 
     def check_arguments(self, entry: ToolEntry, arguments: Any) -> Decision:
         """Input schema, then every guard that applies; the first refusal wins."""

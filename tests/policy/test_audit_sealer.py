@@ -25,6 +25,8 @@ from bastion.policy.audit_sealer import (
     GENESIS,
     Sealer,
     StageParts,
+    _first_record,
+    _last_record,
     call_records,
     decision_parts,
     rotated_name,
@@ -36,6 +38,7 @@ from tests.properties import JSON_INTS, JSON_OBJECTS, JSON_TEXT, JSON_VALUES, PR
 KEY = b"k" * 32
 
 # ---- The reference: the sealer's record building and sealing as they were, unchanged. ----
+# (Reading the chain head did not change: the reference reads it with the sealer's own functions.)
 
 _SORT_KEYS = orjson.OPT_SORT_KEYS
 _SCALAR_SHAPES = {bool: "boolean", int: "number", float: "number", type(None): "null"}
@@ -100,38 +103,13 @@ def reference_call_records(facts: list[Any]) -> list[dict[str, Any]]:
     return [decision, call]
 
 
-def _reference_last_record(path: Path) -> dict[str, Any] | None:
-    try:
-        with path.open("rb") as file:
-            file.seek(0, os.SEEK_END)
-            size = file.tell()
-            file.seek(max(0, size - 65536))
-            lines = file.read().splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            return orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-    return None
-
-
-def _reference_first_record(path: Path) -> dict[str, Any] | None:
-    try:
-        with path.open("rb") as file:
-            return orjson.loads(file.readline())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return None
-
-
 class ReferenceSealer:
     def __init__(self, path: Path, rotate_bytes: int, key: bytes | None) -> None:
         self.path = path
         self._rotate_bytes = rotate_bytes
         self._key = key
         self._seq, self._prev = self._chain_head()
-        first = _reference_first_record(path)
+        first = _first_record(path)
         self._file_first_seq = first["seq"] if first else self._seq
         self._file = io.FileIO(self.path, "ab")
         self._position = self._file.tell()
@@ -139,7 +117,7 @@ class ReferenceSealer:
 
     def _chain_head(self) -> tuple[int, str]:
         for candidate in reversed(trail_files(self.path)):
-            last = _reference_last_record(candidate)
+            last = _last_record(candidate)
             if last is not None:
                 return int(last["seq"]) + 1, str(last["hash"])
         return 0, GENESIS

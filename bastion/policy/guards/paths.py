@@ -184,7 +184,7 @@ def _check_readings(value: str, rules: PathRules) -> GuardResult:
 
 
 def _plain(value: str) -> bool:
-    """Printable ASCII with none of the marks of another reading (str methods: no regex on the hot path)."""
+    """Printable ASCII with none of the marks of another reading."""
     return (
         value.isascii()
         and value.isprintable()
