@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import select
@@ -77,6 +78,10 @@ class _Gap:
         self.closed = False
 
 
+def _gap_record(reason: str) -> bytes:
+    return orjson.dumps({"kind": "gap", "ts": time.time(), "reason": reason}, option=_ONE_LINE)
+
+
 class AuditWriter:
     """Queues records from any thread or coroutine for the sealer process, which chains and writes them.
 
@@ -125,7 +130,7 @@ class AuditWriter:
         self._thread.start()
 
     def _start_sealer(self) -> None:
-        """Start a sealer and wait until it holds the chain head; raises RuntimeError when it cannot."""
+        """Start a sealer and wait until it holds the chain head; raises AuditStartError when it cannot."""
         self._process = subprocess.Popen(
             # -P: the sealer's own directory (bastion/policy) must not shadow the modules it imports.
             [sys.executable, "-P", audit_sealer.__file__, str(self.path), str(self._rotate_bytes)],
@@ -192,8 +197,7 @@ class AuditWriter:
             gap.closed = True
             dropped = gap.dropped
         log.error("%d audit record(s) dropped: the audit sealer fell behind", dropped)
-        reason = f"{dropped} record(s) dropped here: the audit sealer fell behind"
-        return orjson.dumps({"kind": "gap", "ts": time.time(), "reason": reason}, option=_ONE_LINE)
+        return _gap_record(f"{dropped} record(s) dropped here: the audit sealer fell behind")
 
     def _run(self) -> None:
         pending = self._pending
@@ -237,25 +241,25 @@ class AuditWriter:
 
     def _replace_sealer(self) -> None:
         status = self._process.wait()
+        with contextlib.suppress(OSError):
+            self._process.stdin.close()  # type: ignore[union-attr]  # the dead sealer's end of the pipe
         now = time.monotonic()
         if self._replaced_at is not None and now - self._replaced_at < _RESTART_AFTER_SECONDS:
-            log.error("the audit sealer exited with status %s soon after a restart: audit records are being lost", status)
+            log.error("the audit sealer exited with status %s soon after a restart: audit records are being lost",
+                      status)
             self._closed = self._sealer_lost = True
             return
         self._replaced_at = now
         log.error("the audit sealer exited with status %s; starting another", status)
         try:
             self._start_sealer()
-        except (OSError, RuntimeError) as error:
+        except (OSError, AuditStartError) as error:
             log.error("the audit sealer could not be started again (%s): audit records are being lost", error)
             self._closed = self._sealer_lost = True
             return
-        gap = {
-            "kind": "gap",
-            "ts": time.time(),
-            "reason": f"the audit sealer exited with status {status}; records it had not yet written are missing",
-        }
-        self._send(orjson.dumps(gap, option=_ONE_LINE))  # if this one dies too, the next delivery finds out
+        # If this one dies too, the next delivery finds out.
+        missing = f"the audit sealer exited with status {status}; records it had not yet written are missing"
+        self._send(_gap_record(missing))
 
     def _finish(self) -> None:
         self._process.stdin.close()  # type: ignore[union-attr]
