@@ -18,10 +18,19 @@ def marks(tmp_path):
     return tmp_path / "marks.txt"
 
 
-@pytest.fixture
-def client(tmp_path, marks):
+# With no interceptor configured a tools/call is passed straight to its server (``DirectCall``); a policy section
+# that allows everything puts the pipeline in between. Both ways must look the same to the client and the server.
+ALLOW_ALL = "permit(principal, action, resource);\n"
+
+
+@pytest.fixture(params=["direct", "pipeline"])
+def client(request, tmp_path, marks):
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({"servers": {"raw": raw_server(marks)}, "max_message_bytes": 65536}))
+    settings: dict = {"servers": {"raw": raw_server(marks)}, "max_message_bytes": 65536}
+    if request.param == "pipeline":
+        (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
+        settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}
+    config.write_text(json.dumps(settings))
     c = RawClient(config)
     yield c
     c.close()

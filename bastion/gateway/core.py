@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 from bastion import __version__
 from bastion.config import GatewayConfig
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
+from bastion.gateway.eager import DirectCall
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Interceptor, build_pipeline
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending
+from bastion.protocol.jsonrpc import ErrorResponse, Response
 
 if TYPE_CHECKING:
     from bastion.gateway.frontend import ClientConnection
@@ -68,6 +70,7 @@ class Gateway:
             exposure.append(SearchExposure(self.tool_index(), config.tools.always_list))
         chain = [*exposure, *(self.policy.interceptors if self.policy else ()), *interceptors]
         self.handle = build_pipeline(chain, self._route)
+        self._pipeline_is_empty = not chain
         self._connections: dict[str, ClientConnection] = {}
         self._started = False
         self._refreshes: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -193,6 +196,23 @@ class Gateway:
         if method == "ping":
             return {}
         raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+
+    def forward_tool_call(self, origin: str, request_id: Any, params: dict[str, Any] | None,
+                          deliver: Callable[[Response | ErrorResponse | None], None]) -> DirectCall | None:
+        """Pass a legacy client's tools/call straight to the server that owns the tool, when nothing has to see it
+        on the way: no interceptor is configured and the call carries no ``_meta`` (a progress token) to rewrite.
+
+        None means the request takes the pipeline, which also explains every refusal (an unknown tool, a server
+        not ready); what both ways send the server and the client is the same.
+        """
+        if not self._pipeline_is_empty or params is None or "_meta" in params:
+            return None
+        name = params.get("name")
+        entry = self.catalog.tool(name) if type(name) is str else None
+        if entry is None:
+            return None
+        return self.upstreams[entry.server].forward(
+            "tools/call", {**params, "name": entry.original_name}, origin=origin, origin_id=request_id, deliver=deliver)
 
     async def _find(self, lookup: Callable[[str], _Found | None], name: Any, kind: str) -> _Found:
         """The catalog entry a client's name stands for; -32602 when there is none (after servers still starting)."""

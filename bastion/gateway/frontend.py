@@ -4,6 +4,7 @@ notifications. The transport feeds it frames and gives it a way to send them."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import uuid
@@ -103,9 +104,27 @@ class ClientConnection:
             self._send(ErrorResponse(message.id, jsonrpc.error(
                 jsonrpc.INVALID_REQUEST, f"request id {message.id!r} is already in flight")))
             return
+        if message.method == "tools/call" and self.era == "legacy" and self._handshake.is_set():
+            call = self.gateway.forward_tool_call(self.id, message.id, message.params,
+                                                  functools.partial(self._answer_directly, message.id))
+            if call is not None:
+                self._running[message.id] = call
+                return
         runner = RequestRunner(self._serve(message), self._loop)
         if not runner.done:  # still waiting for its answer
             self._running[message.id] = runner
+
+    def _answer_directly(self, request_id: Any, answer: Response | ErrorResponse | None) -> None:
+        """The answer to a call the gateway passed straight to its server; None when the client cancelled it."""
+        self._running.pop(request_id, None)
+        if answer is None:
+            return
+        if type(answer) is Response:
+            result = answer.result
+            self._send(Response(request_id, _legacy_result(result) if "resultType" in result or "_meta" in result
+                                else result))
+        else:
+            self._send(ErrorResponse(request_id, GatewayError.from_error(answer.error).to_error()))
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}

@@ -9,11 +9,11 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from bastion import __version__
 from bastion.config import ServerConfig
-from bastion.gateway.eager import Answer
+from bastion.gateway.eager import Answer, DirectCall
 from bastion.gateway.pipeline import GatewayError
 from bastion.protocol import jsonrpc
 from bastion.sandbox import spawn
-from bastion.protocol.correlation import Correlator, Pending
+from bastion.protocol.correlation import Correlator, DuplicateRequestId, Pending
 from bastion.protocol.jsonrpc import (
     ErrorResponse,
     InvalidFrame,
@@ -298,6 +298,25 @@ class Upstream:
             raise GatewayError.from_error(answer.error)
         return answer.result
 
+    def forward(self, method: str, params: dict[str, Any], *, origin: Any, origin_id: Any,
+                deliver: Callable[[Response | ErrorResponse | None], None]) -> DirectCall | None:
+        """Send a client's request as it is, its answer going straight to ``deliver`` (see ``DirectCall``).
+
+        None when it needs what only ``request`` does: a server not ready (the error says why) or of the modern
+        era (its requests carry the client's capabilities), or a send that failed.
+        """
+        if self.era != "legacy" or not self.ready.is_set():
+            return None
+        call = DirectCall(deliver, self._abandon_for_client)
+        try:
+            call.pending = self._begin(method, params, origin, origin_id, None, self.config.request_timeout, call)
+        except (GatewayError, DuplicateRequestId):
+            return None
+        return call
+
+    def _abandon_for_client(self, pending: Pending) -> None:
+        self._abandon(pending, "cancelled by the client")
+
     def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None,
                          client_capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if params is None:
@@ -322,10 +341,11 @@ class Upstream:
         return await self._answer(self._begin(method, params, _SELF, None, None, None))
 
     def _begin(self, method: str, params: dict[str, Any] | None, origin: Any, origin_id: Any, progress_token: Any,
-               timeout: float | None) -> Pending:
-        """Register a request and send it; its answer arrives in ``pending.context``, an ``Answer``."""
+               timeout: float | None, context: Any = None) -> Pending:
+        """Register a request and send it; its answer arrives in ``pending.context``: an ``Answer``, or the
+        ``context`` given (anything with ``settle(answer)``)."""
         loop = self._loop
-        future = Answer(loop=loop)
+        future = Answer(loop=loop) if context is None else context
         if origin_id is None:
             origin_id = f"self:{time.monotonic_ns()}"
         deadline = loop.time() + timeout if timeout is not None else None

@@ -1,0 +1,146 @@
+"""DirectCall, and when the gateway passes a tools/call straight to its server instead of through the pipeline:
+in process, against a real server subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from bastion.config import GatewayConfig
+from bastion.gateway.core import Gateway
+from bastion.gateway.eager import DirectCall
+from bastion.protocol.jsonrpc import UPSTREAM_UNAVAILABLE, ErrorResponse, Response
+
+from tests.support import raw_server, wait_for
+
+
+def test_a_direct_call_delivers_its_answer_once() -> None:
+    delivered: list[Any] = []
+    abandoned: list[Any] = []
+    call = DirectCall(delivered.append, abandoned.append)
+    call.pending = "pending"
+    call.settle("answer")
+    call.settle("again")
+    call.cancel()
+    assert delivered == ["answer"] and abandoned == [] and call.done
+
+
+def test_cancelling_a_direct_call_abandons_it_upstream_and_delivers_nothing_to_answer() -> None:
+    delivered: list[Any] = []
+    abandoned: list[Any] = []
+    call = DirectCall(delivered.append, abandoned.append)
+    call.pending = "pending"
+    call.cancel()
+    call.settle("late answer")
+    assert abandoned == ["pending"] and delivered == [None]
+
+
+async def test_a_cancelled_direct_call_is_finished_at_once() -> None:
+    call = DirectCall(lambda _: None, lambda _: None)
+    call.cancel()
+    assert (await asyncio.wait_for(call.finished(), 1)) is None
+
+
+class Deliveries:
+    def __init__(self) -> None:
+        self.answers: dict[Any, Any] = {}
+        self.arrived = asyncio.Event()
+
+    def to(self, request_id: Any):
+        def deliver(answer: Any) -> None:
+            self.answers[request_id] = answer
+            self.arrived.set()
+        return deliver
+
+    async def wait_for(self, request_id: Any) -> Any:
+        while request_id not in self.answers:
+            self.arrived.clear()
+            await asyncio.wait_for(self.arrived.wait(), 20)
+        return self.answers[request_id]
+
+
+async def started(tmp_path: Path, **gateway_options: Any) -> tuple[Gateway, Path]:
+    marks = tmp_path / "marks.txt"
+    config = GatewayConfig.model_validate({"servers": {"raw": raw_server(marks, sandbox="none")}})
+    gateway = Gateway(config, **gateway_options)
+    gateway.start({})
+    await gateway.wait_ready()
+    return gateway, marks
+
+
+async def test_with_no_interceptor_a_plain_call_goes_straight_to_its_server_and_back(tmp_path: Path) -> None:
+    gateway, _ = await started(tmp_path)
+    try:
+        deliveries = Deliveries()
+        call = gateway.forward_tool_call("client", 1, {"name": "raw__echo", "arguments": {"text": "hi"}},
+                                         deliveries.to(1))
+        assert isinstance(call, DirectCall)
+        answer = await deliveries.wait_for(1)
+        assert type(answer) is Response and answer.result["content"][0]["text"] == "hi"
+        assert call.done
+    finally:
+        await gateway.close()
+
+
+async def test_calls_that_need_the_pipeline_are_left_to_it(tmp_path: Path) -> None:
+    gateway, _ = await started(tmp_path)
+    try:
+        deliver = Deliveries().to("x")
+        assert gateway.forward_tool_call("client", 1, None, deliver) is None
+        assert gateway.forward_tool_call("client", 2, {"name": "raw__nope"}, deliver) is None  # its error is the pipeline's
+        assert gateway.forward_tool_call("client", 3, {"name": ["raw__echo"]}, deliver) is None
+        progress = {"name": "raw__echo", "arguments": {}, "_meta": {"progressToken": "p"}}  # the token is remapped
+        assert gateway.forward_tool_call("client", 4, progress, deliver) is None
+    finally:
+        await gateway.close()
+
+    async def passthrough(request: Any, call_next: Any) -> dict[str, Any]:
+        return await call_next(request)
+
+    intercepted, _ = await started(tmp_path, interceptors=[passthrough])
+    try:
+        assert intercepted.forward_tool_call("client", 1, {"name": "raw__echo", "arguments": {}},
+                                             Deliveries().to(1)) is None
+    finally:
+        await intercepted.close()
+
+
+async def test_a_cancelled_direct_call_reaches_the_server_as_a_cancellation(tmp_path: Path) -> None:
+    gateway, marks = await started(tmp_path)
+    try:
+        deliveries = Deliveries()
+        call = gateway.forward_tool_call("client", 7, {"name": "raw__slow", "arguments": {}}, deliveries.to(7))
+        assert call is not None
+        call.cancel()
+        assert deliveries.answers == {7: None}
+        assert await asyncio.to_thread(wait_for, lambda: "cancelled" in marks.read_text())
+    finally:
+        await gateway.close()
+
+
+async def test_a_server_crash_answers_a_direct_call_with_an_error_at_once(tmp_path: Path) -> None:
+    gateway, _ = await started(tmp_path)
+    try:
+        deliveries = Deliveries()
+        assert gateway.forward_tool_call("client", 9, {"name": "raw__crash", "arguments": {}}, deliveries.to(9))
+        answer = await deliveries.wait_for(9)
+        assert type(answer) is ErrorResponse and answer.error["code"] == UPSTREAM_UNAVAILABLE
+        assert "raw" in answer.error["message"]
+    finally:
+        await gateway.close()
+
+
+async def test_a_modern_server_is_left_to_the_pipeline() -> None:
+    discover = ('{"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "resultType": "complete", '
+                '"_meta": {"io.modelcontextprotocol/serverInfo": {"name": "raw", "version": "1"}}}')
+    config = GatewayConfig.model_validate({"servers": {"raw": {**raw_server(None, sandbox="none"),
+                                                               "env": {"RAW_SERVER_DISCOVER": discover}}}})
+    gateway = Gateway(config)
+    gateway.start({})
+    await gateway.wait_ready()
+    try:
+        assert gateway.upstreams["raw"].era == "modern"
+        assert gateway.forward_tool_call("client", 1, {"name": "raw__echo", "arguments": {}}, Deliveries().to(1)) is None
+    finally:
+        await gateway.close()
