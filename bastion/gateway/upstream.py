@@ -354,7 +354,7 @@ class Upstream:
         if progress_token is not None and params is not None:
             params["_meta"]["progressToken"] = pending.upstream_progress_token
         try:
-            self._send(Request(pending.upstream_id, method, params))
+            self._write(jsonrpc.request_frame(pending.upstream_id, method, params))
         except GatewayError:
             self._correlator.resolve(pending.upstream_id)
             raise
@@ -390,11 +390,14 @@ class Upstream:
             self._send(Notification(method, params))
 
     def _send(self, message: jsonrpc.Message) -> None:
+        self._write(jsonrpc.encode(message))
+
+    def _write(self, frame: bytes) -> None:
         frames = self._frames
         if frames is None:
             raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not running")
         try:
-            frames.write(jsonrpc.encode(message))
+            frames.write(frame)
         except (ConnectionError, RuntimeError) as exc:
             raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not reachable: {exc}") from None
 

@@ -141,26 +141,30 @@ def _invalid(reply_id: RequestId | None, reason: str) -> InvalidFrame:
     return InvalidFrame(reason, ErrorResponse(reply_id, {"code": INVALID_REQUEST, "message": f"Invalid request: {reason}"}))
 
 
-def to_dict(message: Message) -> dict[str, Any]:
-    kind = type(message)
-    if kind is Response:
-        return {"jsonrpc": "2.0", "id": message.id, "result": message.result}
-    if kind is Request:
-        out: dict[str, Any] = {"jsonrpc": "2.0", "id": message.id, "method": message.method}
-        if message.params is not None:
-            out["params"] = message.params
-        return out
-    if kind is Notification:
-        out = {"jsonrpc": "2.0", "method": message.method}
-        if message.params is not None:
-            out["params"] = message.params
-        return out
-    return {"jsonrpc": "2.0", "id": message.id, "error": message.error}
+_NEWLINE_AFTER = orjson.OPT_APPEND_NEWLINE
+
+
+def request_frame(request_id: RequestId, method: str, params: dict[str, Any] | None) -> bytes:
+    """A request as one frame, with no ``Request`` built first: Bastion sends one for every call it forwards."""
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return orjson.dumps(message, option=_NEWLINE_AFTER)
 
 
 def encode(message: Message) -> bytes:
     """Serialize a message as one newline-terminated frame (orjson never emits raw newlines)."""
-    return orjson.dumps(to_dict(message), option=orjson.OPT_APPEND_NEWLINE)
+    kind = type(message)
+    if kind is Response:
+        return orjson.dumps({"jsonrpc": "2.0", "id": message.id, "result": message.result}, option=_NEWLINE_AFTER)
+    if kind is Request:
+        return request_frame(message.id, message.method, message.params)
+    if kind is Notification:
+        out: dict[str, Any] = {"jsonrpc": "2.0", "method": message.method}
+        if message.params is not None:
+            out["params"] = message.params
+        return orjson.dumps(out, option=_NEWLINE_AFTER)
+    return orjson.dumps({"jsonrpc": "2.0", "id": message.id, "error": message.error}, option=_NEWLINE_AFTER)
 
 
 def error(code: int, message: str, data: Any = None) -> dict[str, Any]:

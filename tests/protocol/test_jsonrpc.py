@@ -15,6 +15,7 @@ from bastion.protocol.jsonrpc import (
     PARSE_ERROR,
     ErrorResponse,
     InvalidFrame,
+    Message,
     Notification,
     Request,
     Response,
@@ -23,7 +24,7 @@ from bastion.protocol.jsonrpc import (
     is_valid_id,
     parse_frame,
     parse_message,
-    to_dict,
+    request_frame,
 )
 
 from tests.properties import JSON_INTS, JSON_OBJECTS, JSON_TEXT, JSON_VALUES, PROPERTY, REQUEST_IDS
@@ -281,15 +282,22 @@ def test_is_valid_id(value: object, valid: bool) -> None:
 
 
 # ----------------------------------------------------------------------------------------- encoding
-def test_to_dict_omits_absent_params() -> None:
-    assert to_dict(Request(1, "ping", None)) == {"jsonrpc": "2.0", "id": 1, "method": "ping"}
-    assert to_dict(Notification("n", None)) == {"jsonrpc": "2.0", "method": "n"}
-    assert to_dict(Request(1, "ping", {})) == {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}}
+def decoded(message: Message) -> dict:
+    frame = encode(message)
+    assert frame.endswith(b"\n") and frame.count(b"\n") == 1
+    return orjson.loads(frame)
 
 
-def test_to_dict_of_responses() -> None:
-    assert to_dict(Response("a", {"x": 1})) == {"jsonrpc": "2.0", "id": "a", "result": {"x": 1}}
-    assert to_dict(ErrorResponse(None, {"code": -32700, "message": "m"})) == {
+def test_encoding_omits_absent_params() -> None:
+    assert decoded(Request(1, "ping", None)) == {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    assert decoded(Notification("n", None)) == {"jsonrpc": "2.0", "method": "n"}
+    assert decoded(Request(1, "ping", {})) == {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}}
+    assert request_frame(1, "ping", {}) == encode(Request(1, "ping", {}))
+
+
+def test_encoding_of_responses() -> None:
+    assert decoded(Response("a", {"x": 1})) == {"jsonrpc": "2.0", "id": "a", "result": {"x": 1}}
+    assert decoded(ErrorResponse(None, {"code": -32700, "message": "m"})) == {
         "jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "m"}}
 
 
