@@ -174,6 +174,28 @@ def test_client_cancellation_reaches_the_server_and_gets_no_answer(client, marks
     assert reply["id"] == 12
 
 
+@pytest.mark.parametrize("way", ["direct", "pipeline"])
+def test_a_call_the_server_does_not_answer_in_time_gets_a_timeout_error_and_is_cancelled_upstream(tmp_path, marks, way):
+    settings: dict = {"servers": {"raw": raw_server(marks, request_timeout=1.0)}}
+    if way == "pipeline":
+        (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
+        settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps(settings))
+    client = RawClient(config)
+    try:
+        client.initialize()
+        started = time.monotonic()
+        answer = _call(client, 1, "raw__slow", timeout=20)
+        assert answer["error"]["code"] == -32003
+        assert "did not answer tools/call in time" in answer["error"]["message"]
+        assert 0.9 < time.monotonic() - started < 15
+        assert wait_for(lambda: "cancelled" in marks.read_text())
+        _still_works(client)
+    finally:
+        client.close()
+
+
 def test_client_disconnect_mid_call_cancels_upstream_and_leaves_no_process(tmp_path, marks):
     tag = f"disconnect-{uuid.uuid4().hex}"
     config = write_config(tmp_path / "c.json", {"raw": raw_server(marks, tag=tag)})
