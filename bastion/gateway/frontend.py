@@ -120,9 +120,7 @@ class ClientConnection:
         if answer is None:
             return
         if type(answer) is Response:
-            result = answer.result
-            self._send(Response(request_id, _legacy_result(result) if "resultType" in result or "_meta" in result
-                                else result))
+            self._send(Response(request_id, _legacy_result(answer.result)))
         else:
             self._send(ErrorResponse(request_id, GatewayError.from_error(answer.error).to_error()))
 
@@ -242,7 +240,7 @@ class ClientConnection:
             return ErrorResponse(message.id, exc.to_error())
         if self.era == "modern":
             result = self._modern_result(message.method, result)
-        elif "resultType" in result or "_meta" in result:
+        else:
             result = _legacy_result(result)
         return Response(message.id, result)
 
@@ -374,6 +372,8 @@ class ClientConnection:
 
 def _legacy_result(result: dict[str, Any]) -> dict[str, Any]:
     """Drop the 2026-07-28 envelope fields a modern server adds; a handshake-era client has no use for them."""
+    if "resultType" not in result and "_meta" not in result:
+        return result
     result = {k: v for k, v in result.items() if k != "resultType"}
     meta = result.get("_meta")
     if isinstance(meta, dict):
