@@ -144,3 +144,25 @@ async def test_a_modern_server_is_left_to_the_pipeline() -> None:
         assert gateway.forward_tool_call("client", 1, {"name": "raw__echo", "arguments": {}}, Deliveries().to(1)) is None
     finally:
         await gateway.close()
+
+
+async def test_many_direct_calls_in_flight_each_get_their_own_answer_and_leave_nothing_behind(tmp_path: Path) -> None:
+    gateway, marks = await started(tmp_path)
+    try:
+        deliveries = Deliveries()
+        slow = [gateway.forward_tool_call("client", f"slow-{i}", {"name": "raw__slow", "arguments": {}},
+                                          deliveries.to(f"slow-{i}")) for i in range(20)]
+        for i in range(200):
+            assert gateway.forward_tool_call("client", i, {"name": "raw__echo", "arguments": {"text": f"t{i}"}},
+                                             deliveries.to(i)) is not None
+        for call in slow:
+            assert call is not None
+            call.cancel()
+        for i in range(200):
+            answer = await deliveries.wait_for(i)
+            assert type(answer) is Response and answer.result["content"][0]["text"] == f"t{i}"
+        assert all(deliveries.answers[f"slow-{i}"] is None for i in range(20))
+        assert len(gateway.upstreams["raw"]._correlator) == 0
+        assert await asyncio.to_thread(wait_for, lambda: marks.read_text().count("cancelled") == 20)
+    finally:
+        await gateway.close()
