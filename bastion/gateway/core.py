@@ -10,7 +10,7 @@ from bastion import __version__
 from bastion.config import GatewayConfig
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.eager import DirectCall
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Interceptor, build_pipeline
+from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Interceptor, Session, build_pipeline
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
@@ -197,13 +197,15 @@ class Gateway:
             return {}
         raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
 
-    def forward_tool_call(self, origin: str, request_id: Any, params: dict[str, Any] | None,
+    def forward_tool_call(self, session: Session, request_id: Any, params: dict[str, Any] | None,
+                          log_level: str | None,
                           deliver: Callable[[Response | ErrorResponse | None], None]) -> DirectCall | None:
         """Pass a legacy client's tools/call straight to the server that owns the tool, when nothing has to see it
         on the way: no interceptor is configured and the call carries no ``_meta`` (a progress token) to rewrite.
 
         None means the request takes the pipeline, which also explains every refusal (an unknown tool, a server
-        not ready); what both ways send the server and the client is the same.
+        not ready); what both ways send the server and the client is the same. A modern server's
+        ``input_required`` answer is delivered as it is, for the caller to complete with ``finish_tool_call``.
         """
         if not self._pipeline_is_empty or params is None or "_meta" in params:
             return None
@@ -211,8 +213,12 @@ class Gateway:
         entry = self.catalog.tool(name) if type(name) is str else None
         if entry is None:
             return None
-        return self.upstreams[entry.server].forward(
-            "tools/call", {**params, "name": entry.original_name}, origin=origin, origin_id=request_id, deliver=deliver)
+        upstream = self.upstreams[entry.server]
+        # Only a modern server reads the client's capabilities per request; a legacy one had them at the handshake.
+        capabilities = _relayable(session.client_capabilities) if upstream.era == "modern" else None
+        return upstream.forward("tools/call", {**params, "name": entry.original_name}, origin=session.session_id,
+                                origin_id=request_id, deliver=deliver, log_level=log_level,
+                                client_capabilities=capabilities)
 
     async def _find(self, lookup: Callable[[str], _Found | None], name: Any, kind: str) -> _Found:
         """The catalog entry a client's name stands for; -32602 when there is none (after servers still starting)."""
@@ -253,15 +259,26 @@ class Gateway:
             client_capabilities=capabilities,
         )
         if session.era != "modern" and result.get("resultType") == "input_required":
-            capabilities = _relayable(session.client_capabilities)
-            for _ in range(_MAX_INPUT_ROUNDS):
-                if result.get("resultType") != "input_required":
-                    break
-                result = await self._drive_input_required(request, upstream, params, result, capabilities)
-            else:
-                raise GatewayError(jsonrpc.INTERNAL_ERROR,
-                                   f"server {server!r} kept asking for input after {_MAX_INPUT_ROUNDS} rounds")
+            result = await self.drive_input_required(request, server, params, result)
         return result
+
+    async def finish_tool_call(self, request: GatewayRequest, result: dict[str, Any]) -> dict[str, Any]:
+        """Complete a tools/call ``forward_tool_call`` sent, whose server answered ``input_required``."""
+        entry = await self._find(self.catalog.tool, request.params.get("name"), "tool")
+        return await self.drive_input_required(request, entry.server, {**request.params, "name": entry.original_name},
+                                               result)
+
+    async def drive_input_required(self, request: GatewayRequest, server: str, params: dict[str, Any],
+                                   result: dict[str, Any]) -> dict[str, Any]:
+        """Answer a modern server's ``input_required`` rounds by asking a legacy client, until the call completes."""
+        upstream = self.upstreams[server]
+        capabilities = _relayable(request.session.client_capabilities)
+        for _ in range(_MAX_INPUT_ROUNDS):
+            if result.get("resultType") != "input_required":
+                return result
+            result = await self._drive_input_required(request, upstream, params, result, capabilities)
+        raise GatewayError(jsonrpc.INTERNAL_ERROR,
+                           f"server {server!r} kept asking for input after {_MAX_INPUT_ROUNDS} rounds")
 
     async def _drive_input_required(self, request: GatewayRequest, upstream: Upstream, params: dict[str, Any],
                                     result: dict[str, Any], capabilities: dict[str, Any]) -> dict[str, Any]:

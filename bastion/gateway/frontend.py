@@ -8,7 +8,7 @@ import functools
 import itertools
 import logging
 import uuid
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from bastion.gateway.core import SERVER_INFO, Gateway
 from bastion.gateway.eager import RequestRunner
@@ -104,25 +104,31 @@ class ClientConnection:
             self._send(ErrorResponse(message.id, jsonrpc.error(
                 jsonrpc.INVALID_REQUEST, f"request id {message.id!r} is already in flight")))
             return
-        if message.method == "tools/call" and self.era == "legacy" and self._handshake.is_set():
-            call = self.gateway.forward_tool_call(self.id, message.id, message.params,
-                                                  functools.partial(self._answer_directly, message.id))
+        session = self._session
+        if message.method == "tools/call" and self.era == "legacy" and session is not None and self._handshake.is_set():
+            call = self.gateway.forward_tool_call(session, message.id, message.params, self._log_level or "debug",
+                                                  functools.partial(self._answer_directly, message))
             if call is not None:
                 self._running[message.id] = call
                 return
-        runner = RequestRunner(self._serve(message), self._loop)
-        if not runner.done:  # still waiting for its answer
-            self._running[message.id] = runner
+        self._run(self._serve(message), message.id)
 
-    def _answer_directly(self, request_id: Any, answer: Response | ErrorResponse | None) -> None:
+    def _run(self, coroutine: Coroutine[Any, Any, None], request_id: Any) -> None:
+        runner = RequestRunner(coroutine, self._loop)
+        if not runner.done:  # still waiting for its answer
+            self._running[request_id] = runner
+
+    def _answer_directly(self, message: Request, answer: Response | ErrorResponse | None) -> None:
         """The answer to a call the gateway passed straight to its server; None when the client cancelled it."""
-        self._running.pop(request_id, None)
+        self._running.pop(message.id, None)
         if answer is None:
             return
-        if type(answer) is Response:
-            self._send(Response(request_id, _legacy_result(answer.result)))
+        if type(answer) is ErrorResponse:
+            self._send(ErrorResponse(message.id, GatewayError.from_error(answer.error).to_error()))
+        elif answer.result.get("resultType") == "input_required":
+            self._run(self._serve(message, answer.result), message.id)
         else:
-            self._send(ErrorResponse(request_id, GatewayError.from_error(answer.error).to_error()))
+            self._send(Response(message.id, _legacy_result(answer.result)))
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}
@@ -146,9 +152,12 @@ class ClientConnection:
             future.set_result(message)
 
     # ---------------------------------------------------------------------------------------- serving
-    async def _serve(self, message: Request) -> None:
+    async def _serve(self, message: Request, input_required: dict[str, Any] | None = None) -> None:
+        """Answer one request; ``input_required`` is a modern server's first answer to a call sent directly."""
         try:
-            if self.era == "modern":
+            if input_required is not None:
+                reply = await self._finish_tool_call(message, input_required)
+            elif self.era == "modern":
                 reply = await self._serve_modern(message)
             elif message.method == "initialize":
                 try:
@@ -243,6 +252,15 @@ class ClientConnection:
         else:
             result = _legacy_result(result)
         return Response(message.id, result)
+
+    async def _finish_tool_call(self, message: Request, input_required: dict[str, Any]) -> jsonrpc.Message:
+        request = GatewayRequest(message.method, message.params or {}, self._session or self._anonymous_session(),
+                                 self.gateway.catalog, request_id=message.id, log_level=self._log_level or "debug")
+        try:
+            result = await self.gateway.finish_tool_call(request, input_required)
+        except GatewayError as exc:
+            return ErrorResponse(message.id, exc.to_error())
+        return Response(message.id, _legacy_result(result))
 
     def _modern_result(self, method: str, result: dict[str, Any]) -> dict[str, Any]:
         result = dict(result)

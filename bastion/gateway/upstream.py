@@ -299,14 +299,18 @@ class Upstream:
         return answer.result
 
     def forward(self, method: str, params: dict[str, Any], *, origin: Any, origin_id: Any,
-                deliver: Callable[[Response | ErrorResponse | None], None]) -> DirectCall | None:
-        """Send a client's request as it is, its answer going straight to ``deliver`` (see ``DirectCall``).
+                deliver: Callable[[Response | ErrorResponse | None], None], log_level: str | None = None,
+                client_capabilities: Mapping[str, Any] | None = None) -> DirectCall | None:
+        """Send a client's request, its answer going straight to ``deliver`` (see ``DirectCall``); what goes out
+        is what ``request`` would send.
 
-        None when it needs what only ``request`` does: a server not ready (the error says why) or of the modern
-        era (its requests carry the client's capabilities), or a send that failed.
+        None when the request needs what only ``request`` does: a server not ready (its error says why), or a
+        send that failed.
         """
-        if self.era != "legacy" or not self.ready.is_set():
+        if not self.ready.is_set():
             return None
+        if self.era == "modern":
+            params = self._outgoing_params(params, None, log_level, client_capabilities)
         call = DirectCall(deliver, self._abandon_for_client)
         try:
             call.pending = self._begin(method, params, origin, origin_id, None, self.config.request_timeout, call)

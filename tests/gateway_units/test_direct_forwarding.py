@@ -10,9 +10,12 @@ from typing import Any
 from bastion.config import GatewayConfig
 from bastion.gateway.core import Gateway
 from bastion.gateway.eager import DirectCall
+from bastion.gateway.pipeline import Identity, Session
 from bastion.protocol.jsonrpc import UPSTREAM_UNAVAILABLE, ErrorResponse, Response
 
 from tests.support import raw_server, wait_for
+
+SESSION = Session(Identity("local"), "legacy", "2025-11-25", {}, None, "client")
 
 
 def test_a_direct_call_delivers_its_answer_once() -> None:
@@ -73,7 +76,7 @@ async def test_with_no_interceptor_a_plain_call_goes_straight_to_its_server_and_
     gateway, _ = await started(tmp_path)
     try:
         deliveries = Deliveries()
-        call = gateway.forward_tool_call("client", 1, {"name": "raw__echo", "arguments": {"text": "hi"}},
+        call = gateway.forward_tool_call(SESSION, 1, {"name": "raw__echo", "arguments": {"text": "hi"}}, "debug",
                                          deliveries.to(1))
         assert isinstance(call, DirectCall)
         answer = await deliveries.wait_for(1)
@@ -87,11 +90,11 @@ async def test_calls_that_need_the_pipeline_are_left_to_it(tmp_path: Path) -> No
     gateway, _ = await started(tmp_path)
     try:
         deliver = Deliveries().to("x")
-        assert gateway.forward_tool_call("client", 1, None, deliver) is None
-        assert gateway.forward_tool_call("client", 2, {"name": "raw__nope"}, deliver) is None  # its error is the pipeline's
-        assert gateway.forward_tool_call("client", 3, {"name": ["raw__echo"]}, deliver) is None
+        assert gateway.forward_tool_call(SESSION, 1, None, "debug", deliver) is None
+        assert gateway.forward_tool_call(SESSION, 2, {"name": "raw__nope"}, "debug", deliver) is None  # the pipeline explains it
+        assert gateway.forward_tool_call(SESSION, 3, {"name": ["raw__echo"]}, "debug", deliver) is None
         progress = {"name": "raw__echo", "arguments": {}, "_meta": {"progressToken": "p"}}  # the token is remapped
-        assert gateway.forward_tool_call("client", 4, progress, deliver) is None
+        assert gateway.forward_tool_call(SESSION, 4, progress, "debug", deliver) is None
     finally:
         await gateway.close()
 
@@ -100,7 +103,7 @@ async def test_calls_that_need_the_pipeline_are_left_to_it(tmp_path: Path) -> No
 
     intercepted, _ = await started(tmp_path, interceptors=[passthrough])
     try:
-        assert intercepted.forward_tool_call("client", 1, {"name": "raw__echo", "arguments": {}},
+        assert intercepted.forward_tool_call(SESSION, 1, {"name": "raw__echo", "arguments": {}}, "debug",
                                              Deliveries().to(1)) is None
     finally:
         await intercepted.close()
@@ -110,7 +113,7 @@ async def test_a_cancelled_direct_call_reaches_the_server_as_a_cancellation(tmp_
     gateway, marks = await started(tmp_path)
     try:
         deliveries = Deliveries()
-        call = gateway.forward_tool_call("client", 7, {"name": "raw__slow", "arguments": {}}, deliveries.to(7))
+        call = gateway.forward_tool_call(SESSION, 7, {"name": "raw__slow", "arguments": {}}, "debug", deliveries.to(7))
         assert call is not None
         call.cancel()
         assert deliveries.answers == {7: None}
@@ -123,7 +126,7 @@ async def test_a_server_crash_answers_a_direct_call_with_an_error_at_once(tmp_pa
     gateway, _ = await started(tmp_path)
     try:
         deliveries = Deliveries()
-        assert gateway.forward_tool_call("client", 9, {"name": "raw__crash", "arguments": {}}, deliveries.to(9))
+        assert gateway.forward_tool_call(SESSION, 9, {"name": "raw__crash", "arguments": {}}, "debug", deliveries.to(9))
         answer = await deliveries.wait_for(9)
         assert type(answer) is ErrorResponse and answer.error["code"] == UPSTREAM_UNAVAILABLE
         assert "raw" in answer.error["message"]
@@ -131,7 +134,7 @@ async def test_a_server_crash_answers_a_direct_call_with_an_error_at_once(tmp_pa
         await gateway.close()
 
 
-async def test_a_modern_server_is_left_to_the_pipeline() -> None:
+async def test_a_modern_server_gets_the_call_directly_with_the_modern_envelope() -> None:
     discover = ('{"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "resultType": "complete", '
                 '"_meta": {"io.modelcontextprotocol/serverInfo": {"name": "raw", "version": "1"}}}')
     config = GatewayConfig.model_validate({"servers": {"raw": {**raw_server(None, sandbox="none"),
@@ -141,7 +144,12 @@ async def test_a_modern_server_is_left_to_the_pipeline() -> None:
     await gateway.wait_ready()
     try:
         assert gateway.upstreams["raw"].era == "modern"
-        assert gateway.forward_tool_call("client", 1, {"name": "raw__echo", "arguments": {}}, Deliveries().to(1)) is None
+        deliveries = Deliveries()
+        call = gateway.forward_tool_call(SESSION, 1, {"name": "raw__echo", "arguments": {"text": "m"}}, "debug",
+                                         deliveries.to(1))
+        assert isinstance(call, DirectCall)
+        answer = await deliveries.wait_for(1)
+        assert type(answer) is Response and answer.result["content"][0]["text"] == "m"
     finally:
         await gateway.close()
 
@@ -150,10 +158,10 @@ async def test_many_direct_calls_in_flight_each_get_their_own_answer_and_leave_n
     gateway, marks = await started(tmp_path)
     try:
         deliveries = Deliveries()
-        slow = [gateway.forward_tool_call("client", f"slow-{i}", {"name": "raw__slow", "arguments": {}},
+        slow = [gateway.forward_tool_call(SESSION, f"slow-{i}", {"name": "raw__slow", "arguments": {}}, "debug",
                                           deliveries.to(f"slow-{i}")) for i in range(20)]
         for i in range(200):
-            assert gateway.forward_tool_call("client", i, {"name": "raw__echo", "arguments": {"text": f"t{i}"}},
+            assert gateway.forward_tool_call(SESSION, i, {"name": "raw__echo", "arguments": {"text": f"t{i}"}}, "debug",
                                              deliveries.to(i)) is not None
         for call in slow:
             assert call is not None
