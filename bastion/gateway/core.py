@@ -205,7 +205,8 @@ class Gateway:
 
         None means the request takes the pipeline, which also explains every refusal (an unknown tool, a server
         not ready); what both ways send the server and the client is the same. A modern server's
-        ``input_required`` answer is delivered as it is, for the caller to complete with ``finish_tool_call``.
+        ``input_required`` answer is delivered as it is, for the caller to complete with ``finish_tool_call`` and
+        the call's ``params``; only the 2026-07-28 era has such answers.
         """
         if not self._pipeline_is_empty or params is None or "_meta" in params:
             return None
@@ -216,9 +217,11 @@ class Gateway:
         upstream = self.upstreams[entry.server]
         # Only a modern server reads the client's capabilities per request; a legacy one had them at the handshake.
         capabilities = _relayable(session.client_capabilities) if upstream.era == "modern" else None
-        return upstream.forward("tools/call", {**params, "name": entry.original_name}, origin=session.session_id,
-                                origin_id=request_id, deliver=deliver, log_level=log_level,
-                                client_capabilities=capabilities)
+        call = upstream.forward("tools/call", {**params, "name": entry.original_name}, session.session_id, request_id,
+                                deliver, log_level, capabilities)
+        if call is not None and capabilities is not None:
+            call.params = params
+        return call
 
     async def _find(self, lookup: Callable[[str], _Found | None], name: Any, kind: str) -> _Found:
         """The catalog entry a client's name stands for; -32602 when there is none (after servers still starting)."""

@@ -132,12 +132,15 @@ class DirectCall:
     makes for a crash or a timeout), or ``None`` when the client cancelled the call and is owed no answer.
     """
 
-    __slots__ = ("_deliver", "_abandon", "pending", "done")
+    __slots__ = ("_deliver", "_abandon", "pending", "params", "done")
 
     def __init__(self, deliver: Callable[[Any], None], abandon: Callable[[Any], None]) -> None:
         self._deliver = deliver
         self._abandon = abandon  # given ``pending``: forget the call and tell the server it is given up
         self.pending: Any = None  # the upstream's record of the call
+        # Kept only when a modern server may answer ``input_required`` and the call must be retried with them:
+        # every object a call holds while in flight is more for the garbage collector to walk.
+        self.params: Any = None
         self.done = False
 
     def settle(self, answer: Any) -> None:

@@ -107,7 +107,7 @@ class ClientConnection:
         session = self._session
         if message.method == "tools/call" and self.era == "legacy" and session is not None and self._handshake.is_set():
             call = self.gateway.forward_tool_call(session, message.id, message.params, self._log_level or "debug",
-                                                  functools.partial(self._answer_directly, message))
+                                                  functools.partial(self._answer_directly, message.id))
             if call is not None:
                 self._running[message.id] = call
                 return
@@ -118,17 +118,22 @@ class ClientConnection:
         if not runner.done:  # still waiting for its answer
             self._running[request_id] = runner
 
-    def _answer_directly(self, message: Request, answer: Response | ErrorResponse | None) -> None:
+    def _answer_directly(self, request_id: Any, answer: Response | ErrorResponse | None) -> None:
         """The answer to a call the gateway passed straight to its server; None when the client cancelled it."""
-        self._running.pop(message.id, None)
+        call = self._running.pop(request_id, None)
         if answer is None:
             return
         if type(answer) is ErrorResponse:
-            self._send(ErrorResponse(message.id, GatewayError.from_error(answer.error).to_error()))
-        elif answer.result.get("resultType") == "input_required":
-            self._run(self._serve(message, answer.result), message.id)
-        else:
-            self._send(Response(message.id, _legacy_result(answer.result)))
+            self._send(ErrorResponse(request_id, GatewayError.from_error(answer.error).to_error()))
+            return
+        result = answer.result
+        if "resultType" in result or "_meta" in result:  # from a modern server
+            params = getattr(call, "params", None)
+            if result.get("resultType") == "input_required" and params is not None:
+                self._run(self._serve(Request(request_id, "tools/call", params), result), request_id)
+                return
+            result = _legacy_result(result)
+        self._send(Response(request_id, result))
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}

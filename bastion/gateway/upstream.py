@@ -298,7 +298,7 @@ class Upstream:
             raise GatewayError.from_error(answer.error)
         return answer.result
 
-    def forward(self, method: str, params: dict[str, Any], *, origin: Any, origin_id: Any,
+    def forward(self, method: str, params: dict[str, Any], origin: Any, origin_id: Any,
                 deliver: Callable[[Response | ErrorResponse | None], None], log_level: str | None = None,
                 client_capabilities: Mapping[str, Any] | None = None) -> DirectCall | None:
         """Send a client's request, its answer going straight to ``deliver`` (see ``DirectCall``); what goes out
