@@ -205,8 +205,9 @@ class Gateway:
 
         None means the request takes the pipeline, which also explains every refusal (an unknown tool, a server
         not ready); what both ways send the server and the client is the same. A modern server's
-        ``input_required`` answer is delivered as it is, for the caller to complete with ``finish_tool_call`` and
-        the call's ``params``; only the 2026-07-28 era has such answers.
+        ``input_required`` answer is delivered as it is, for the caller to complete with ``drive_input_required``
+        and the call's ``resume`` (the same server and params, whatever the catalog has become meanwhile); only
+        the 2026-07-28 era has such answers.
         """
         if not self._pipeline_is_empty or params is None or "_meta" in params:
             return None
@@ -217,10 +218,10 @@ class Gateway:
         upstream = self.upstreams[entry.server]
         # Only a modern server reads the client's capabilities per request; a legacy one had them at the handshake.
         capabilities = _relayable(session.client_capabilities) if upstream.era == "modern" else None
-        call = upstream.forward("tools/call", {**params, "name": entry.original_name}, session.session_id, request_id,
-                                deliver, log_level, capabilities)
+        sent = {**params, "name": entry.original_name}
+        call = upstream.forward("tools/call", sent, session.session_id, request_id, deliver, log_level, capabilities)
         if call is not None and capabilities is not None:
-            call.params = params
+            call.resume = (entry.server, sent)
         return call
 
     async def _find(self, lookup: Callable[[str], _Found | None], name: Any, kind: str) -> _Found:
@@ -264,12 +265,6 @@ class Gateway:
         if session.era != "modern" and result.get("resultType") == "input_required":
             result = await self.drive_input_required(request, server, params, result)
         return result
-
-    async def finish_tool_call(self, request: GatewayRequest, result: dict[str, Any]) -> dict[str, Any]:
-        """Complete a tools/call ``forward_tool_call`` sent, whose server answered ``input_required``."""
-        entry = await self._find(self.catalog.tool, request.params.get("name"), "tool")
-        return await self.drive_input_required(request, entry.server, {**request.params, "name": entry.original_name},
-                                               result)
 
     async def drive_input_required(self, request: GatewayRequest, server: str, params: dict[str, Any],
                                    result: dict[str, Any]) -> dict[str, Any]:

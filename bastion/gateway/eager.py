@@ -132,15 +132,16 @@ class DirectCall:
     makes for a crash or a timeout), or ``None`` when the client cancelled the call and is owed no answer.
     """
 
-    __slots__ = ("_deliver", "_abandon", "pending", "params", "done")
+    __slots__ = ("_deliver", "_abandon", "pending", "resume", "done")
 
     def __init__(self, deliver: Callable[[Any], None], abandon: Callable[[Any], None]) -> None:
         self._deliver = deliver
         self._abandon = abandon  # given ``pending``: forget the call and tell the server it is given up
         self.pending: Any = None  # the upstream's record of the call
-        # Kept only when a modern server may answer ``input_required`` and the call must be retried with them:
-        # every object a call holds while in flight is more for the garbage collector to walk.
-        self.params: Any = None
+        # (server, params as sent) when a modern server may answer ``input_required`` and the call must be retried
+        # there; kept for no other call, since every object a call holds in flight is more for the garbage
+        # collector to walk.
+        self.resume: tuple[str, dict[str, Any]] | None = None
         self.done = False
 
     def settle(self, answer: Any) -> None:

@@ -128,9 +128,11 @@ class ClientConnection:
             return
         result = answer.result
         if "resultType" in result or "_meta" in result:  # from a modern server
-            params = getattr(call, "params", None)
-            if result.get("resultType") == "input_required" and params is not None:
-                self._run(self._serve(Request(request_id, "tools/call", params), result), request_id)
+            resume = getattr(call, "resume", None)
+            if result.get("resultType") == "input_required" and resume is not None:
+                server, params = resume
+                finish = self._finish_tool_call(request_id, server, params, result)
+                self._run(self._serve(Request(request_id, "tools/call", params), finish), request_id)
                 return
             result = _legacy_result(result)
         self._send(Response(request_id, result))
@@ -157,11 +159,11 @@ class ClientConnection:
             future.set_result(message)
 
     # ---------------------------------------------------------------------------------------- serving
-    async def _serve(self, message: Request, input_required: dict[str, Any] | None = None) -> None:
-        """Answer one request; ``input_required`` is a modern server's first answer to a call sent directly."""
+    async def _serve(self, message: Request, finish: Awaitable[jsonrpc.Message] | None = None) -> None:
+        """Answer one request; ``finish``, when given, makes the answer (the rest of a call sent directly)."""
         try:
-            if input_required is not None:
-                reply = await self._finish_tool_call(message, input_required)
+            if finish is not None:
+                reply = await finish
             elif self.era == "modern":
                 reply = await self._serve_modern(message)
             elif message.method == "initialize":
@@ -258,14 +260,16 @@ class ClientConnection:
             result = _legacy_result(result)
         return Response(message.id, result)
 
-    async def _finish_tool_call(self, message: Request, input_required: dict[str, Any]) -> jsonrpc.Message:
-        request = GatewayRequest(message.method, message.params or {}, self._session or self._anonymous_session(),
-                                 self.gateway.catalog, request_id=message.id, log_level=self._log_level or "debug")
+    async def _finish_tool_call(self, request_id: Any, server: str, params: dict[str, Any],
+                                input_required: dict[str, Any]) -> jsonrpc.Message:
+        """A call sent directly to a modern server that answered ``input_required``: drive its rounds there."""
+        request = GatewayRequest("tools/call", params, self._session or self._anonymous_session(),
+                                 self.gateway.catalog, request_id=request_id, log_level=self._log_level or "debug")
         try:
-            result = await self.gateway.finish_tool_call(request, input_required)
+            result = await self.gateway.drive_input_required(request, server, params, input_required)
         except GatewayError as exc:
-            return ErrorResponse(message.id, exc.to_error())
-        return Response(message.id, _legacy_result(result))
+            return ErrorResponse(request_id, exc.to_error())
+        return Response(request_id, _legacy_result(result))
 
     def _modern_result(self, method: str, result: dict[str, Any]) -> dict[str, Any]:
         result = dict(result)

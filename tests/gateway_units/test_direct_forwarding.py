@@ -63,9 +63,12 @@ class Deliveries:
         return self.answers[request_id]
 
 
-async def started(tmp_path: Path, **gateway_options: Any) -> tuple[Gateway, Path]:
+async def started(tmp_path: Path, server_env: dict[str, str] | None = None, **gateway_options: Any
+                  ) -> tuple[Gateway, Path]:
     marks = tmp_path / "marks.txt"
-    config = GatewayConfig.model_validate({"servers": {"raw": raw_server(marks, sandbox="none")}})
+    server = raw_server(marks, sandbox="none")
+    server["env"] = {**server["env"], **(server_env or {})}
+    config = GatewayConfig.model_validate({"servers": {"raw": server}})
     gateway = Gateway(config, **gateway_options)
     gateway.start({})
     await gateway.wait_ready()
@@ -79,6 +82,7 @@ async def test_with_no_interceptor_a_plain_call_goes_straight_to_its_server_and_
         call = gateway.forward_tool_call(SESSION, 1, {"name": "raw__echo", "arguments": {"text": "hi"}}, "debug",
                                          deliveries.to(1))
         assert isinstance(call, DirectCall)
+        assert call.resume is None  # a handshake-era server never asks for input: nothing is held for it
         answer = await deliveries.wait_for(1)
         assert type(answer) is Response and answer.result["content"][0]["text"] == "hi"
         assert call.done
@@ -134,20 +138,18 @@ async def test_a_server_crash_answers_a_direct_call_with_an_error_at_once(tmp_pa
         await gateway.close()
 
 
-async def test_a_modern_server_gets_the_call_directly_with_the_modern_envelope() -> None:
+async def test_a_modern_server_gets_the_call_directly_and_keeps_what_a_retry_needs(tmp_path: Path) -> None:
     discover = ('{"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "resultType": "complete", '
                 '"_meta": {"io.modelcontextprotocol/serverInfo": {"name": "raw", "version": "1"}}}')
-    config = GatewayConfig.model_validate({"servers": {"raw": {**raw_server(None, sandbox="none"),
-                                                               "env": {"RAW_SERVER_DISCOVER": discover}}}})
-    gateway = Gateway(config)
-    gateway.start({})
-    await gateway.wait_ready()
+    gateway, _ = await started(tmp_path, {"RAW_SERVER_DISCOVER": discover})
     try:
         assert gateway.upstreams["raw"].era == "modern"
         deliveries = Deliveries()
         call = gateway.forward_tool_call(SESSION, 1, {"name": "raw__echo", "arguments": {"text": "m"}}, "debug",
                                          deliveries.to(1))
         assert isinstance(call, DirectCall)
+        # An input_required answer is retried on the same server with the params as sent, under the server's name.
+        assert call.resume == ("raw", {"name": "echo", "arguments": {"text": "m"}})
         answer = await deliveries.wait_for(1)
         assert type(answer) is Response and answer.result["content"][0]["text"] == "m"
     finally:
