@@ -74,6 +74,10 @@ class RawClient:
         self.send_bytes(json.dumps(obj).encode() + b"\n")
 
     def recv(self, timeout: float = 30.0) -> dict:
+        return json.loads(self.recv_line(timeout))
+
+    def recv_line(self, timeout: float = 30.0) -> bytes:
+        """The next frame as the bytes Bastion wrote, without its newline."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
@@ -86,7 +90,7 @@ class RawClient:
                     raise EOFError("bastion closed its stdout")
                 self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        return line
 
     def recv_response(self, request_id, timeout: float = 30.0) -> dict:
         """The response to ``request_id``, skipping notifications in between."""

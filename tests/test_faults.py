@@ -115,6 +115,54 @@ def test_response_to_unknown_id_is_ignored(client):
     _still_works(client)
 
 
+@pytest.fixture
+def verbatim_client(request, tmp_path, marks):
+    """A client whose server's echo writes its text as the result's JSON, byte for byte."""
+    server = raw_server(marks)
+    server["env"]["RAW_SERVER_ECHO_VERBATIM"] = "1"
+    settings: dict = {"servers": {"raw": server}}
+    if getattr(request, "param", "direct") == "pipeline":
+        (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
+        settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps(settings))
+    c = RawClient(config)
+    c.initialize()
+    yield c
+    c.close()
+
+
+# Spacing, key order and an integer wider than 64 bits: none of it would survive a decode and re-encode.
+UNUSUAL_RESULT = ('{ "n" : 123456789012345678901234567890,\n  "content": [{"type": "text", "text": "caf\u00e9 \\"q\\""}] }'
+                  .replace("\n", " "))
+
+
+def test_a_result_passed_straight_through_reaches_the_client_as_the_bytes_its_server_sent(verbatim_client):
+    verbatim_client.send({"jsonrpc": "2.0", "id": "c-1", "method": "tools/call",
+                          "params": {"name": "raw__echo", "arguments": {"text": UNUSUAL_RESULT}}})
+    line = verbatim_client.recv_line()
+    assert line == b'{"jsonrpc":"2.0","id":"c-1","result":' + UNUSUAL_RESULT.encode() + b"}"
+    assert json.loads(line)["result"]["n"] == 123456789012345678901234567890
+
+
+@pytest.mark.parametrize("verbatim_client", ["direct", "pipeline"], indirect=True)
+def test_a_result_with_2026_fields_reaches_a_handshake_era_client_without_them(verbatim_client):
+    result = ('{"content": [{"type": "text", "text": "m"}], "resultType": "complete", '
+              '"_meta": {"io.modelcontextprotocol/serverInfo": {"name": "x"}, "trace": "t-1"}}')
+    answer = _call(verbatim_client, 1, "raw__echo", {"text": result})
+    assert answer["result"] == {"content": [{"type": "text", "text": "m"}], "_meta": {"trace": "t-1"}}
+
+
+@pytest.mark.parametrize("verbatim_client", ["direct", "pipeline"], indirect=True)
+def test_a_result_that_must_be_read_but_cannot_be_is_an_error_not_a_hang(verbatim_client):
+    # 1e400 is valid JSON but no float. The pipeline reads every result; the direct path reads this one for its
+    # _meta, which may hold fields a handshake-era client must not see.
+    answer = _call(verbatim_client, 1, "raw__echo", {"text": '{"content": [], "_meta": {"a": 1}, "n": 1e400}'})
+    assert answer["error"]["code"] == -32603 and "could not be read" in answer["error"]["message"]
+    fine = _call(verbatim_client, 2, "raw__echo", {"text": '{"content": [{"type": "text", "text": "fine"}]}'})
+    assert fine["result"]["content"][0]["text"] == "fine"
+
+
 def test_requests_before_initialize_close_the_connection(tmp_path, marks):
     config = write_config(tmp_path / "c.json", {"raw": raw_server(marks)})
     client = RawClient(config)

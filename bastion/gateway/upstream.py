@@ -21,6 +21,7 @@ from bastion.protocol.jsonrpc import (
     Request,
     Response,
     parse_frame,
+    parse_raw_response,
 )
 from bastion.protocol.lifecycle import ClientLifecycle, capabilities_problem
 from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, MODERN_VERSIONS, modern_meta
@@ -436,6 +437,16 @@ class Upstream:
             return
         if not frame or frame.isspace():
             return
+        answer = parse_raw_response(frame, self._max_bytes)
+        if answer is not None:
+            pending = self._correlator.resolve(answer.id)
+            if pending is None:
+                self._unexpected_answer(answer.id)
+            elif type(pending.context) is DirectCall:  # the result only passes through: it stays bytes
+                pending.context.settle(answer)
+            else:
+                _settle(pending, answer.decoded())
+            return
         message = parse_frame(frame, self._max_bytes)
         kind = type(message)
         if kind is Response or kind is ErrorResponse:
@@ -454,12 +465,15 @@ class Upstream:
     def _on_response(self, message: Response | ErrorResponse) -> None:
         pending = self._correlator.resolve(message.id)
         if pending is None:
-            if message.id in self._abandoned:
-                self._abandoned.discard(message.id)
-            elif message.id != self._listen_id:
-                self.log.warning("server %s answered unknown request id %r; ignored", self.name, message.id)
-            return
-        _settle(pending, message)
+            self._unexpected_answer(message.id)
+        else:
+            _settle(pending, message)
+
+    def _unexpected_answer(self, request_id: Any) -> None:
+        if request_id in self._abandoned:
+            self._abandoned.discard(request_id)
+        elif request_id != self._listen_id:
+            self.log.warning("server %s answered unknown request id %r; ignored", self.name, request_id)
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}

@@ -29,7 +29,7 @@ class LineFramer:
 
     def feed(self, data: bytes) -> list[bytes | Oversize]:
         if (data[-1:] == NEWLINE and not self._partial and self._discarded is None and len(data) <= self.max_bytes
-                and CR not in data):
+                and 13 not in data):  # an int: `bytes in bytes` raises and catches a TypeError inside
             # The usual read: whole frames only, none of them over the limit, no line endings to strip.
             return data[:-1].split(NEWLINE)  # type: ignore[return-value]
         frames: list[bytes | Oversize] = []

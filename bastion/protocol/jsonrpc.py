@@ -6,8 +6,9 @@ Everything here works on bytes and plain objects; nothing reads or writes a tran
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Literal, Union
 
+import msgspec
 import orjson
 
 PARSE_ERROR = -32700
@@ -58,6 +59,54 @@ class ErrorResponse:
 Message = Union[Request, Notification, Response, ErrorResponse]
 
 
+@dataclass(slots=True)
+class RawResponse:
+    """A success response whose result is still the JSON it arrived as.
+
+    A result that only passes through Bastion need never become Python objects: it is sent on as the same bytes,
+    under the id its requester used, at a fraction of the cost of decoding and re-encoding it (and without the
+    object tree of a large result). ``decoded()`` gives the ordinary ``Response`` for anything that looks inside.
+    """
+
+    id: int
+    result: msgspec.Raw  # the exact bytes of the result object
+    frame: bytes  # the whole frame it arrived in, for byte searches
+
+    def decoded(self) -> Response | ErrorResponse:
+        """The ordinary response, or an error saying why the result cannot be held as Python objects (valid JSON
+        that orjson refuses, such as a number too large for a float)."""
+        parsed = parse_frame(self.frame, len(self.frame))
+        if type(parsed) is Response:
+            return parsed
+        reason = parsed.reason if type(parsed) is InvalidFrame else "not a response"
+        return ErrorResponse(self.id, error(INTERNAL_ERROR, f"the server's result could not be read: {reason}"))
+
+    def reframed(self, request_id: RequestId) -> bytes:
+        """This response as a frame answering ``request_id``."""
+        return b"".join((_RESULT_HEAD, orjson.dumps(request_id), _RESULT_MIDDLE, self.result, _RESULT_TAIL))
+
+
+_RESULT_HEAD = b'{"jsonrpc":"2.0","id":'
+_RESULT_MIDDLE = b',"result":'
+_RESULT_TAIL = b"}\n"
+_NO_RAW = msgspec.Raw()
+
+
+class _ResponseShape(msgspec.Struct, gc=False):
+    """A success response with an integer id. Decoding into it checks the whole frame's JSON syntax, and keeps the
+    result as bytes; members it does not name are skipped, as ``parse_message`` ignores them."""
+
+    jsonrpc: Literal["2.0"]
+    id: int
+    result: msgspec.Raw
+    method: msgspec.Raw = _NO_RAW  # present: a request after all
+    error: msgspec.Raw = _NO_RAW  # present as well as a result: invalid
+
+
+_decode_response_shape = msgspec.json.Decoder(_ResponseShape).decode
+_OBJECT_START = ord("{")
+
+
 @dataclass(frozen=True, slots=True)
 class InvalidFrame:
     """A frame that is not a valid message. ``reply`` is the error response owed to the sender, if any."""
@@ -82,6 +131,31 @@ def parse_frame(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Mes
         reason = "invalid UTF-8" if "utf-8" in str(exc).lower() else f"malformed JSON: {exc}"
         return InvalidFrame(reason, ErrorResponse(None, {"code": PARSE_ERROR, "message": f"Parse error: {reason}"}))
     return parse_message(value)
+
+
+def parse_raw_response(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> RawResponse | None:
+    """The frame as a ``RawResponse`` when it is a valid success response with an integer id (the answer to every
+    request Bastion sends a server), else None: ``parse_frame`` then says what the frame is.
+
+    Valid means what ``parse_frame`` would accept: well-formed JSON in UTF-8, ``jsonrpc`` "2.0", an object result
+    and no ``method`` or ``error``.
+    """
+    if len(frame) > max_bytes:
+        return None
+    try:
+        shape = _decode_response_shape(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    result = shape.result
+    if shape.method or shape.error or memoryview(result)[0] != _OBJECT_START:
+        return None
+    # The JSON decoder does not check the UTF-8 inside strings it skips (all of the result's).
+    if not frame.isascii():
+        try:
+            frame.decode()
+        except UnicodeDecodeError:
+            return None
+    return RawResponse(shape.id, result, frame)
 
 
 def parse_message(value: Any) -> Message | InvalidFrame:

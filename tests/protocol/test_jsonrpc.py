@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from bastion.protocol.jsonrpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    INTERNAL_ERROR,
     INVALID_REQUEST,
     PARSE_ERROR,
     ErrorResponse,
     InvalidFrame,
     Message,
     Notification,
+    RawResponse,
     Request,
     Response,
     encode,
@@ -24,6 +26,7 @@ from bastion.protocol.jsonrpc import (
     is_valid_id,
     parse_frame,
     parse_message,
+    parse_raw_response,
     request_frame,
 )
 
@@ -393,3 +396,77 @@ def test_size_limit_is_exact(message: object, slack: int) -> None:
         assert parsed == message
     else:
         assert isinstance(parsed, InvalidFrame) and "exceeds the limit" in parsed.reason
+
+
+# ------------------------------------------------------------------------------ results kept as bytes
+def _agrees_with_parse_frame(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    raw = parse_raw_response(frame, max_bytes)
+    parsed = parse_frame(frame, max_bytes)
+    if raw is not None and type(parsed) is InvalidFrame:  # valid JSON that orjson cannot hold, such as 1e400
+        decoded = raw.decoded()
+        assert "number" in parsed.reason and type(decoded) is ErrorResponse and decoded.id == raw.id
+        assert parsed.reason in decoded.error["message"]
+    elif raw is not None:
+        assert isinstance(raw, RawResponse)
+        assert type(parsed) is Response and parsed.id == raw.id and type(raw.id) is int
+        assert orjson.loads(bytes(raw.result)) == parsed.result
+        assert raw.decoded() == parsed
+    elif type(parsed) is Response and type(parsed.id) is int:
+        raise AssertionError(f"a plain success response was not recognised: {frame!r}")
+
+
+@PROPERTY
+@given(MESSAGE_SHAPED)
+def test_raw_response_parsing_agrees_with_parse_frame_on_message_shaped_objects(value: dict) -> None:
+    _agrees_with_parse_frame(orjson.dumps(value))
+
+
+@PROPERTY
+@given(st.binary(max_size=300))
+def test_raw_response_parsing_agrees_with_parse_frame_on_arbitrary_bytes(frame: bytes) -> None:
+    _agrees_with_parse_frame(frame)
+
+
+@PROPERTY
+@given(JSON_INTS, JSON_OBJECTS, st.sampled_from([b"", b" ", b"\t\n "]))
+def test_a_result_passes_through_as_its_exact_bytes(request_id: int, result: dict, space: bytes) -> None:
+    body = orjson.dumps(result, option=orjson.OPT_INDENT_2)  # not the bytes orjson would write by default
+    frame = b'{' + space + b'"id":' + str(request_id).encode() + b',"result":' + space + body + space + b',"jsonrpc":"2.0"}'
+    raw = parse_raw_response(frame)
+    if not -(2**63) <= request_id < 2**63:
+        return  # wider than the decoder's integers: parse_frame takes it (and no id Bastion sends is that wide)
+    assert raw is not None and bytes(raw.result) == body
+    reframed = raw.reframed("client-7")
+    assert reframed.endswith(b"}\n") and reframed.count(b"\n") == 1 + body.count(b"\n")
+    assert orjson.loads(reframed) == {"jsonrpc": "2.0", "id": "client-7", "result": result}
+
+
+@pytest.mark.parametrize(
+    "frame, why",
+    [
+        (b'{"jsonrpc":"2.0","id":1,"result":{"a":"\xff"}}', "invalid UTF-8 inside the result"),
+        (b'{"jsonrpc":"2.0","id":1,"result":[]}', "a result that is not an object"),
+        (b'{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"m"}}', "both result and error"),
+        (b'{"jsonrpc":"2.0","id":"1","result":{}}', "a string id (Bastion sends integers)"),
+        (b'{"jsonrpc":"2.0","id":true,"result":{}}', "a boolean id"),
+        (b'{"jsonrpc":"1.0","id":1,"result":{}}', "the wrong version"),
+        (b'{"jsonrpc":"2.0","id":1,"result":{"a":1,}}', "a trailing comma"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"m","result":{}}', "a method"),
+    ],
+)
+def test_anything_unusual_is_left_to_parse_frame(frame: bytes, why: str) -> None:
+    assert parse_raw_response(frame) is None, why
+
+
+def test_the_size_limit_applies_to_raw_responses_too() -> None:
+    frame = b'{"jsonrpc":"2.0","id":1,"result":{"text":"' + b"x" * 100 + b'"}}'
+    assert parse_raw_response(frame, max_bytes=len(frame)) is not None
+    assert parse_raw_response(frame, max_bytes=len(frame) - 1) is None
+
+
+def test_a_number_orjson_cannot_hold_passes_through_but_cannot_be_decoded() -> None:
+    raw = parse_raw_response(b'{"jsonrpc":"2.0","id":1,"result":{"a":1e400}}')
+    assert raw is not None and bytes(raw.result) == b'{"a":1e400}'  # valid JSON, sent on as it is
+    decoded = raw.decoded()
+    assert type(decoded) is ErrorResponse and decoded.id == 1 and decoded.error["code"] == INTERNAL_ERROR
+    assert "could not be read" in decoded.error["message"] and "infinity" in decoded.error["message"]
