@@ -15,7 +15,6 @@ from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending
-from bastion.protocol.jsonrpc import ErrorResponse, Response
 
 if TYPE_CHECKING:
     from bastion.gateway.frontend import ClientConnection
@@ -199,7 +198,7 @@ class Gateway:
 
     def forward_tool_call(self, session: Session, request_id: Any, params: dict[str, Any] | None,
                           log_level: str | None,
-                          deliver: Callable[[Response | ErrorResponse | None], None]) -> DirectCall | None:
+                          deliver: Callable[[Any, Any], None]) -> DirectCall | None:
         """Pass a legacy client's tools/call straight to the server that owns the tool, when nothing has to see it
         on the way: no interceptor is configured and the call carries no ``_meta`` (a progress token) to rewrite.
 

@@ -128,15 +128,18 @@ class DirectCall:
     the connection's table of running requests where a ``RequestRunner`` would, with the same ``done``,
     ``cancel()`` and ``finished()``.
 
-    ``deliver`` gets the server's answer (``Response`` or ``ErrorResponse``, including the errors Bastion
-    makes for a crash or a timeout), or ``None`` when the client cancelled the call and is owed no answer.
+    ``deliver(origin_id, answer)`` gets the client's id for the call and the server's answer: a ``RawResponse``
+    (a result that only passes through), an ``ErrorResponse`` (including the errors Bastion makes for a crash or a
+    timeout), or ``None`` when the client cancelled the call and is owed no answer. One ``deliver`` serves all of a
+    connection's calls.
     """
 
-    __slots__ = ("_deliver", "_abandon", "pending", "resume", "done")
+    __slots__ = ("_deliver", "_abandon", "origin_id", "pending", "resume", "done")
 
-    def __init__(self, deliver: Callable[[Any], None], abandon: Callable[[Any], None]) -> None:
+    def __init__(self, deliver: Callable[[Any, Any], None], abandon: Callable[[Any], None], origin_id: Any) -> None:
         self._deliver = deliver
         self._abandon = abandon  # given ``pending``: forget the call and tell the server it is given up
+        self.origin_id = origin_id
         self.pending: Any = None  # the upstream's record of the call
         # (server, params as sent) when a modern server may answer ``input_required`` and the call must be retried
         # there; kept for no other call, since every object a call holds in flight is more for the garbage
@@ -148,14 +151,16 @@ class DirectCall:
         if self.done:
             return
         self.done = True
-        self._deliver(answer)
+        self.pending = None  # it refers back to this call: without this the pair waits for the garbage collector
+        self._deliver(self.origin_id, answer)
 
     def cancel(self) -> None:
         if self.done:
             return
         self.done = True
-        self._abandon(self.pending)
-        self._deliver(None)
+        pending, self.pending = self.pending, None
+        self._abandon(pending)
+        self._deliver(self.origin_id, None)
 
     def finished(self) -> asyncio.Future[None]:
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()

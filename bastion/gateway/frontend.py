@@ -4,7 +4,6 @@ notifications. The transport feeds it frames and gives it a way to send them."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import uuid
@@ -63,6 +62,7 @@ class ClientConnection:
         self._answered_initialize = False  # notifications wait until the client has its initialize result
         # Requests a client pipelines behind its initialize wait for the handshake (and the servers it waits for).
         self._handshake = asyncio.Event()
+        self._direct_session: Session | None = None  # a handshake-era session once its handshake is done
         self._max_bytes = gateway.config.max_message_bytes
         self._loop = asyncio.get_running_loop()
         gateway.attach(self)
@@ -104,10 +104,10 @@ class ClientConnection:
             self._send(ErrorResponse(message.id, jsonrpc.error(
                 jsonrpc.INVALID_REQUEST, f"request id {message.id!r} is already in flight")))
             return
-        session = self._session
-        if message.method == "tools/call" and self.era == "legacy" and session is not None and self._handshake.is_set():
+        session = self._direct_session
+        if session is not None and message.method == "tools/call":
             call = self.gateway.forward_tool_call(session, message.id, message.params, self._log_level or "debug",
-                                                  functools.partial(self._answer_directly, message.id))
+                                                  self._answer_directly)
             if call is not None:
                 self._running[message.id] = call
                 return
@@ -179,6 +179,7 @@ class ClientConnection:
                     reply = await self._initialize(message)
                 finally:
                     self._handshake.set()
+                    self._direct_session = self._session
             else:
                 if not self._handshake.is_set() and message.method != "ping":
                     await self._handshake.wait()

@@ -300,7 +300,7 @@ class Upstream:
         return answer.result
 
     def forward(self, method: str, params: dict[str, Any], origin: Any, origin_id: Any,
-                deliver: Callable[[Response | ErrorResponse | None], None], log_level: str | None = None,
+                deliver: Callable[[Any, Any], None], log_level: str | None = None,
                 client_capabilities: Mapping[str, Any] | None = None) -> DirectCall | None:
         """Send a client's request, its answer going straight to ``deliver`` (see ``DirectCall``); what goes out
         is what ``request`` would send.
@@ -312,7 +312,7 @@ class Upstream:
             return None
         if self.era == "modern":
             params = self._outgoing_params(params, None, log_level, client_capabilities)
-        call = DirectCall(deliver, self._abandon_for_client)
+        call = DirectCall(deliver, self._abandon_for_client, origin_id)
         try:
             call.pending = self._begin(method, params, origin, origin_id, None, self.config.request_timeout, call)
         except (GatewayError, DuplicateRequestId):

@@ -18,29 +18,29 @@ from tests.support import raw_server, wait_for
 SESSION = Session(Identity("local"), "legacy", "2025-11-25", {}, None, "client")
 
 
-def test_a_direct_call_delivers_its_answer_once() -> None:
+def test_a_direct_call_delivers_its_answer_once_under_the_clients_id() -> None:
     delivered: list[Any] = []
     abandoned: list[Any] = []
-    call = DirectCall(delivered.append, abandoned.append)
+    call = DirectCall(lambda *delivery: delivered.append(delivery), abandoned.append, "c-1")
     call.pending = "pending"
     call.settle("answer")
     call.settle("again")
     call.cancel()
-    assert delivered == ["answer"] and abandoned == [] and call.done
+    assert delivered == [("c-1", "answer")] and abandoned == [] and call.done
 
 
 def test_cancelling_a_direct_call_abandons_it_upstream_and_delivers_nothing_to_answer() -> None:
     delivered: list[Any] = []
     abandoned: list[Any] = []
-    call = DirectCall(delivered.append, abandoned.append)
+    call = DirectCall(lambda *delivery: delivered.append(delivery), abandoned.append, 5)
     call.pending = "pending"
     call.cancel()
     call.settle("late answer")
-    assert abandoned == ["pending"] and delivered == [None]
+    assert abandoned == ["pending"] and delivered == [(5, None)]
 
 
 async def test_a_cancelled_direct_call_is_finished_at_once() -> None:
-    call = DirectCall(lambda _: None, lambda _: None)
+    call = DirectCall(lambda *_: None, lambda _: None, 1)
     call.cancel()
     assert (await asyncio.wait_for(call.finished(), 1)) is None
 
@@ -51,7 +51,8 @@ class Deliveries:
         self.arrived = asyncio.Event()
 
     def to(self, request_id: Any):
-        def deliver(answer: Any) -> None:
+        def deliver(origin_id: Any, answer: Any) -> None:
+            assert origin_id == request_id
             self.answers[request_id] = answer
             self.arrived.set()
         return deliver
