@@ -15,6 +15,7 @@ from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending
+from bastion.transport.stdio import WriteBatch
 
 if TYPE_CHECKING:
     from bastion.gateway.frontend import ClientConnection
@@ -54,8 +55,12 @@ class Gateway:
         self.catalog = Catalog([
             ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust) for name, cfg in enabled.items()
         ])
+        # Shared by every pipe Bastion reads and writes, clients' and servers' alike: a frame is written while the
+        # chunk that caused it is handled, and the frame may go to any of them.
+        self.writes = WriteBatch()
         self.upstreams = {
-            name: Upstream(name, cfg, self, launcher, config.max_message_bytes) for name, cfg in enabled.items()
+            name: Upstream(name, cfg, self, launcher, config.max_message_bytes, self.writes)
+            for name, cfg in enabled.items()
         }
         self._tool_index: Any = None
         self.policy = build_policy_runtime(config.policy) if config.policy is not None else None

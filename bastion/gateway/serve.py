@@ -18,7 +18,7 @@ log = logging.getLogger("bastion")
 async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) -> None:
     done = asyncio.Event()
     writer = await open_protocol_writer(protocol_fd)
-    frames = CoalescingWriter(writer)
+    frames = CoalescingWriter(writer, gateway.writes)
     connection = ClientConnection(gateway, frames.write, identity=identity, close=done.set, drain=frames.drain)
 
     def on_frame(frame: bytes | Oversize) -> None:
@@ -30,7 +30,7 @@ async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) ->
         else:
             connection.feed(frame)
 
-    await read_stdin(on_frame, done.set, gateway.config.max_message_bytes)
+    await read_stdin(on_frame, done.set, gateway.config.max_message_bytes, gateway.writes)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, done.set)

@@ -26,7 +26,7 @@ from bastion.protocol.jsonrpc import (
 from bastion.protocol.lifecycle import ClientLifecycle, capabilities_problem
 from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, MODERN_VERSIONS, modern_meta
 from bastion.protocol.framing import LineFramer, Oversize
-from bastion.transport.stdio import CoalescingWriter
+from bastion.transport.stdio import CoalescingWriter, WriteBatch
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
 _PROBE_TIMEOUT = 10.0  # legacy servers answer the probe with an error at once; silence is rare
@@ -71,6 +71,7 @@ class Upstream:
         listener: UpstreamListener,
         launch: Launcher,
         max_message_bytes: int,
+        writes: WriteBatch,
     ) -> None:
         self.name = name
         self.config = config
@@ -78,6 +79,7 @@ class Upstream:
         self._listener = listener
         self._launch = launch
         self._max_bytes = max_message_bytes
+        self._writes = writes
         self.client_capabilities: dict[str, Any] = {}
         self.era: str | None = None if config.era == "auto" else config.era
         self.protocol_version: str | None = None
@@ -146,7 +148,7 @@ class Upstream:
         except Exception as exc:  # noqa: BLE001 - any launch failure is reported, never raised into the gateway
             return f"failed to start: {exc}"
         process = self._process
-        self._frames = CoalescingWriter(process.stdin)
+        self._frames = CoalescingWriter(process.stdin, self._writes)
         stderr_task = asyncio.create_task(self._pump_stderr(process))
         reader_task = asyncio.create_task(self._read(process))
         sweeper = asyncio.create_task(self._sweep_deadlines())
@@ -421,9 +423,16 @@ class Upstream:
         framer = LineFramer(self._max_bytes)
         ended = asyncio.Event()
 
+        writes = self._writes
+
         def on_data(data: bytes) -> None:
-            for frame in framer.feed(data) if data else framer.eof():
-                self._on_frame(frame)
+            opened = writes.open()
+            try:
+                for frame in framer.feed(data) if data else framer.eof():
+                    self._on_frame(frame)
+            finally:
+                if opened:
+                    writes.close()
             if not data:
                 ended.set()
 

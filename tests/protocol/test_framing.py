@@ -20,7 +20,7 @@ from bastion.protocol.jsonrpc import (
     parse_frame,
 )
 from bastion.protocol.framing import LineFramer, Oversize
-from bastion.transport.stdio import FrameReceiver
+from bastion.transport.stdio import FrameReceiver, WriteBatch
 
 from tests.properties import PROPERTY
 
@@ -155,7 +155,7 @@ async def test_frames_over_a_real_pipe() -> None:
     read_fd, write_fd = os.pipe()
     frames: list[bytes | Oversize] = []
     ended = asyncio.Event()
-    receiver = FrameReceiver(LineFramer(100_000), frames.append, ended.set)
+    receiver = FrameReceiver(LineFramer(100_000), frames.append, ended.set, WriteBatch())
     with os.fdopen(read_fd, "rb", buffering=0) as source:
         transport, _ = await loop.connect_read_pipe(lambda: receiver, source)
         try:
