@@ -145,6 +145,25 @@ def test_a_result_passed_straight_through_reaches_the_client_as_the_bytes_its_se
     assert json.loads(line)["result"]["n"] == 123456789012345678901234567890
 
 
+def test_arguments_passed_straight_through_reach_the_server_as_the_bytes_the_client_sent(tmp_path, marks):
+    server = raw_server(marks)
+    server["env"]["RAW_SERVER_MARK_CALLS"] = "1"
+    config = write_config(tmp_path / "c.json", {"raw": server})
+    client = RawClient(config)
+    try:
+        client.initialize()
+        # A float's spelling and an integer wider than 64 bits: a decode and re-encode would change both.
+        arguments = b'{"text": "exact", "n": 123456789012345678901234567890, "f": 1.10}'
+        client.send_bytes(b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", '
+                          b'"params": {"name": "raw__echo", "arguments": ' + arguments + b'}}\n')
+        assert client.recv_response(3)["result"]["content"][0]["text"] == "exact"
+        calls = [line for line in marks.read_text().splitlines() if line.startswith("call ")]
+        assert len(calls) == 1 and ('"arguments":' + arguments.decode()) in calls[0]
+        assert '"name":"echo"' in calls[0]  # renamed for its server all the same
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("verbatim_client", ["direct", "pipeline"], indirect=True)
 def test_a_result_with_2026_fields_reaches_a_handshake_era_client_without_them(verbatim_client):
     result = ('{"content": [{"type": "text", "text": "m"}], "resultType": "complete", '

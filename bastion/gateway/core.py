@@ -228,6 +228,28 @@ class Gateway:
             call.resume = (entry.server, sent)
         return call
 
+    def forward_raw_tool_call(self, session: Session, request_id: Any, params: dict[str, Any], log_level: str | None,
+                              deliver: Callable[[Any, Any], None]) -> DirectCall | None:
+        """``forward_tool_call`` for params whose values are still raw JSON (``RawRequest``): the arguments go to
+        the server as the bytes the client sent. Only a handshake-era server takes them so; a modern one needs
+        its envelope stamped into decoded params, and None leaves such a call to the caller's other ways."""
+        if not self._pipeline_is_empty or "_meta" in params:
+            return None
+        entry = self.catalog.tool(jsonrpc.raw_string(params.get("name")))
+        if entry is None:
+            return None
+        upstream = self.upstreams[entry.server]
+        if upstream.era != "legacy":
+            return None
+        sent = {**params, "name": entry.original_name}
+        return upstream.forward("tools/call", sent, session.session_id, request_id, deliver, log_level,
+                                encode=jsonrpc.raw_request_frame)
+
+    @property
+    def forwards_directly(self) -> bool:
+        """Whether calls may skip the pipeline (no interceptor is configured)."""
+        return self._pipeline_is_empty
+
     async def _find(self, lookup: Callable[[str], _Found | None], name: Any, kind: str) -> _Found:
         """The catalog entry a client's name stands for; -32602 when there is none (after servers still starting)."""
         found = lookup(name) if isinstance(name, str) else None

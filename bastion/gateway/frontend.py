@@ -13,7 +13,16 @@ from bastion.gateway.core import SERVER_INFO, Gateway
 from bastion.gateway.eager import RequestRunner
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
-from bastion.protocol.jsonrpc import ErrorResponse, InvalidFrame, Notification, RawResponse, Request, Response, parse_frame
+from bastion.protocol.jsonrpc import (
+    ErrorResponse,
+    InvalidFrame,
+    Notification,
+    RawResponse,
+    Request,
+    Response,
+    parse_frame,
+    parse_raw_request,
+)
 from bastion.protocol.lifecycle import Action, ServerLifecycle, State
 from bastion.protocol.versions import (
     DISCOVER,
@@ -69,6 +78,9 @@ class ClientConnection:
 
     # ------------------------------------------------------------------------------------------ input
     def feed(self, frame: bytes) -> None:
+        session = self._direct_session
+        if session is not None and self._lifecycle.state is State.ACTIVE and self._forward_raw(session, frame):
+            return
         if not frame or frame.isspace():  # a blank line is no message; isspace stops at the first other byte
             return
         message = parse_frame(frame, self._max_bytes)
@@ -112,6 +124,20 @@ class ClientConnection:
                 self._running[message.id] = call
                 return
         self._run(self._serve(message), message.id)
+
+    def _forward_raw(self, session: Session, frame: bytes) -> bool:
+        """Pass a tools/call to its server with its arguments as the client sent them, when the gateway can: the
+        usual request of an established handshake-era session with no interceptor. False leaves the frame to
+        ``feed``'s full parse (which also answers every refusal)."""
+        request = parse_raw_request(frame, self._max_bytes)
+        if request is None or request.method != "tools/call" or request.id in self._running:
+            return False
+        call = self.gateway.forward_raw_tool_call(session, request.id, request.params, self._log_level or "debug",
+                                                  self._answer_directly)
+        if call is None:
+            return False
+        self._running[request.id] = call
+        return True
 
     def _run(self, coroutine: Coroutine[Any, Any, None], request_id: Any) -> None:
         runner = RequestRunner(coroutine, self._loop)
@@ -179,7 +205,7 @@ class ClientConnection:
                     reply = await self._initialize(message)
                 finally:
                     self._handshake.set()
-                    self._direct_session = self._session
+                    self._direct_session = self._session if self.gateway.forwards_directly else None
             else:
                 if not self._handshake.is_set() and message.method != "ping":
                     await self._handshake.wait()

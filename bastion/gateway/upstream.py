@@ -303,12 +303,14 @@ class Upstream:
 
     def forward(self, method: str, params: dict[str, Any], origin: Any, origin_id: Any,
                 deliver: Callable[[Any, Any], None], log_level: str | None = None,
-                client_capabilities: Mapping[str, Any] | None = None) -> DirectCall | None:
+                client_capabilities: Mapping[str, Any] | None = None,
+                encode: Callable[[Any, str, Any], bytes] = jsonrpc.request_frame) -> DirectCall | None:
         """Send a client's request, its answer going straight to ``deliver`` (see ``DirectCall``); what goes out
         is what ``request`` would send.
 
         None when the request needs what only ``request`` does: a server not ready (its error says why), or a
-        send that failed.
+        send that failed. ``encode`` frames the request (``raw_request_frame`` for params holding raw JSON, which
+        only a handshake-era server is sent).
         """
         if not self.ready.is_set():
             return None
@@ -316,7 +318,8 @@ class Upstream:
             params = self._outgoing_params(params, None, log_level, client_capabilities)
         call = DirectCall(deliver, self._abandon_for_client, origin_id)
         try:
-            call.pending = self._begin(method, params, origin, origin_id, None, self.config.request_timeout, call)
+            call.pending = self._begin(method, params, origin, origin_id, None, self.config.request_timeout, call,
+                                       encode)
         except (GatewayError, DuplicateRequestId):
             return None
         return call
@@ -348,7 +351,8 @@ class Upstream:
         return await self._answer(self._begin(method, params, _SELF, None, None, None))
 
     def _begin(self, method: str, params: dict[str, Any] | None, origin: Any, origin_id: Any, progress_token: Any,
-               timeout: float | None, context: Any = None) -> Pending:
+               timeout: float | None, context: Any = None,
+               encode: Callable[[Any, str, Any], bytes] = jsonrpc.request_frame) -> Pending:
         """Register a request and send it; its answer arrives in ``pending.context``: an ``Answer``, or the
         ``context`` given (anything with ``settle(answer)``)."""
         loop = self._loop
@@ -361,7 +365,7 @@ class Upstream:
         if progress_token is not None and params is not None:
             params["_meta"]["progressToken"] = pending.upstream_progress_token
         try:
-            self._write(jsonrpc.request_frame(pending.upstream_id, method, params))
+            self._write(encode(pending.upstream_id, method, params))
         except GatewayError:
             self._correlator.resolve(pending.upstream_id)
             raise

@@ -104,6 +104,31 @@ class _ResponseShape(msgspec.Struct, gc=False):
 
 
 _decode_response_shape = msgspec.json.Decoder(_ResponseShape).decode
+
+
+@dataclass(slots=True)
+class RawRequest:
+    """A request whose params are decoded one level deep: each member's value is still the JSON it arrived as.
+
+    Enough to route a call (its name) and to send it on (``raw_request_frame``) without decoding the arguments
+    and encoding them again.
+    """
+
+    id: RequestId
+    method: str
+    params: dict[str, msgspec.Raw]
+
+
+class _RequestShape(msgspec.Struct, gc=False):
+    jsonrpc: Literal["2.0"]
+    id: Union[int, str]
+    method: str
+    params: dict[str, msgspec.Raw]
+
+
+_decode_request_shape = msgspec.json.Decoder(_RequestShape).decode
+_encode_with_raw = msgspec.json.Encoder().encode
+_decode_string = msgspec.json.Decoder(str).decode
 _OBJECT_START = ord("{")
 
 
@@ -156,6 +181,35 @@ def parse_raw_response(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
         except UnicodeDecodeError:
             return None
     return RawResponse(shape.id, result, frame)
+
+
+def parse_raw_request(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> RawRequest | None:
+    """The frame as a ``RawRequest`` when it is a valid request with params, else None: ``parse_frame`` then says
+    what the frame is. Valid means what ``parse_frame`` would accept (as for ``parse_raw_response``)."""
+    if len(frame) > max_bytes:
+        return None
+    try:
+        shape = _decode_request_shape(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if not shape.method:
+        return None
+    if not frame.isascii():
+        try:
+            frame.decode()
+        except UnicodeDecodeError:
+            return None
+    return RawRequest(shape.id, shape.method, shape.params)
+
+
+def raw_string(value: msgspec.Raw | None) -> str | None:
+    """A raw JSON value that is a string, decoded; None for anything else."""
+    if value is None:
+        return None
+    try:
+        return _decode_string(value)
+    except msgspec.ValidationError:
+        return None
 
 
 def parse_message(value: Any) -> Message | InvalidFrame:
@@ -224,6 +278,11 @@ def request_frame(request_id: RequestId, method: str, params: dict[str, Any] | N
     if params is not None:
         message["params"] = params
     return orjson.dumps(message, option=_NEWLINE_AFTER)
+
+
+def raw_request_frame(request_id: RequestId, method: str, params: dict[str, Any]) -> bytes:
+    """``request_frame`` for params whose values may be ``msgspec.Raw`` (written as they are)."""
+    return _encode_with_raw({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + b"\n"
 
 
 def encode(message: Message) -> bytes:

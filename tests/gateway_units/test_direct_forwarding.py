@@ -11,7 +11,7 @@ from bastion.config import GatewayConfig
 from bastion.gateway.core import Gateway
 from bastion.gateway.eager import DirectCall
 from bastion.gateway.pipeline import Identity, Session
-from bastion.protocol.jsonrpc import UPSTREAM_UNAVAILABLE, ErrorResponse, RawResponse, Response
+from bastion.protocol.jsonrpc import UPSTREAM_UNAVAILABLE, ErrorResponse, RawResponse, Response, parse_raw_request
 
 from tests.support import raw_server, wait_for
 
@@ -185,3 +185,46 @@ def _text(answer: Any) -> str:
     decoded = answer.decoded()
     assert type(decoded) is Response
     return decoded.result["content"][0]["text"]
+
+
+def _raw_params(params: str) -> dict[str, Any]:
+    request = parse_raw_request(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ' + params.encode() + b"}")
+    assert request is not None
+    return request.params
+
+
+async def test_raw_params_go_straight_to_a_handshake_era_server(tmp_path: Path) -> None:
+    gateway, _ = await started(tmp_path)
+    try:
+        deliveries = Deliveries()
+        call = gateway.forward_raw_tool_call(SESSION, 1, _raw_params('{"name": "raw__echo", "arguments": {"text": "r"}}'),
+                                             "debug", deliveries.to(1))
+        assert isinstance(call, DirectCall)
+        assert _text(await deliveries.wait_for(1)) == "r"
+        deliver = deliveries.to("x")
+        for params in ('{"name": "raw__nope", "arguments": {}}', '{"name": ["raw__echo"]}', '{"arguments": {}}',
+                       '{"name": "raw__echo", "arguments": {}, "_meta": {"progressToken": 1}}'):
+            assert gateway.forward_raw_tool_call(SESSION, 2, _raw_params(params), "debug", deliver) is None, params
+    finally:
+        await gateway.close()
+
+
+async def test_raw_params_are_not_sent_to_a_modern_server_or_past_an_interceptor(tmp_path: Path) -> None:
+    discover = ('{"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "resultType": "complete", '
+                '"_meta": {"io.modelcontextprotocol/serverInfo": {"name": "raw", "version": "1"}}}')
+    params = _raw_params('{"name": "raw__echo", "arguments": {"text": "m"}}')
+    modern, _ = await started(tmp_path, {"RAW_SERVER_DISCOVER": discover})
+    try:  # its envelope is stamped into decoded params: the call is left to forward_tool_call
+        assert modern.forward_raw_tool_call(SESSION, 1, params, "debug", Deliveries().to(1)) is None
+    finally:
+        await modern.close()
+
+    async def passthrough(request: Any, call_next: Any) -> dict[str, Any]:
+        return await call_next(request)
+
+    intercepted, _ = await started(tmp_path, interceptors=[passthrough])
+    try:
+        assert not intercepted.forwards_directly
+        assert intercepted.forward_raw_tool_call(SESSION, 1, params, "debug", Deliveries().to(1)) is None
+    finally:
+        await intercepted.close()

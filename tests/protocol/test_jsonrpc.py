@@ -26,7 +26,10 @@ from bastion.protocol.jsonrpc import (
     is_valid_id,
     parse_frame,
     parse_message,
+    parse_raw_request,
     parse_raw_response,
+    raw_request_frame,
+    raw_string,
     request_frame,
 )
 
@@ -470,3 +473,67 @@ def test_a_number_orjson_cannot_hold_passes_through_but_cannot_be_decoded() -> N
     decoded = raw.decoded()
     assert type(decoded) is ErrorResponse and decoded.id == 1 and decoded.error["code"] == INTERNAL_ERROR
     assert "could not be read" in decoded.error["message"] and "infinity" in decoded.error["message"]
+
+
+# ------------------------------------------------------------------------------ params kept as bytes
+def _request_agrees_with_parse_frame(frame: bytes) -> None:
+    raw = parse_raw_request(frame)
+    parsed = parse_frame(frame)
+    if raw is not None and type(parsed) is InvalidFrame:  # valid JSON that orjson cannot hold, such as 1e400
+        assert "number" in parsed.reason
+    elif raw is not None:
+        assert type(parsed) is Request and (parsed.id, parsed.method) == (raw.id, raw.method)
+        assert {key: orjson.loads(bytes(value)) for key, value in raw.params.items()} == parsed.params
+    elif type(parsed) is Request and parsed.params is not None:
+        raise AssertionError(f"a request with params was not recognised: {frame!r}")
+
+
+@PROPERTY
+@given(MESSAGE_SHAPED)
+def test_raw_request_parsing_agrees_with_parse_frame_on_message_shaped_objects(value: dict) -> None:
+    _request_agrees_with_parse_frame(orjson.dumps(value))
+
+
+@PROPERTY
+@given(st.binary(max_size=300))
+def test_raw_request_parsing_agrees_with_parse_frame_on_arbitrary_bytes(frame: bytes) -> None:
+    _request_agrees_with_parse_frame(frame)
+
+
+@PROPERTY
+@given(REQUEST_IDS, JSON_TEXT.filter(bool), JSON_OBJECTS, JSON_TEXT)
+def test_raw_params_are_sent_on_as_they_came_with_only_what_is_replaced_changed(
+        request_id: object, method: str, params: dict, name: str) -> None:
+    raw = parse_raw_request(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}))
+    if type(request_id) is int and not -(2**63) <= request_id < 2**63:
+        return  # wider than the decoder's integers: parse_frame takes it
+    assert raw is not None and raw.id == request_id and raw.method == method
+    frame = raw_request_frame(9, method, {**raw.params, "name": name})
+    assert frame.endswith(b"\n") and frame.count(b"\n") == 1
+    assert parse_frame(frame[:-1]) == Request(9, method, {**params, "name": name})
+
+
+def test_a_raw_string_is_decoded_and_anything_else_is_none() -> None:
+    raw = parse_raw_request(b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"caf\\u00e9","b":["x"],"c":null}}')
+    assert raw is not None
+    assert raw_string(raw.params["a"]) == "caf\u00e9"
+    assert raw_string(raw.params["b"]) is None and raw_string(raw.params["c"]) is None
+    assert raw_string(raw.params.get("missing")) is None
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"m"}',  # no params: nothing to keep raw
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":null}',
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":[1]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"","params":{}}',
+        b'{"jsonrpc":"2.0","id":1.5,"method":"m","params":{}}',
+        b'{"jsonrpc":"2.0","id":null,"method":"m","params":{}}',
+        b'{"jsonrpc":"2.0","method":"m","params":{}}',  # a notification
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"\xff"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1,}}',
+    ],
+)
+def test_anything_but_a_plain_request_with_params_is_left_to_parse_frame(frame: bytes) -> None:
+    assert parse_raw_request(frame) is None
