@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -180,6 +181,23 @@ def test_a_result_that_must_be_read_but_cannot_be_is_an_error_not_a_hang(verbati
     assert answer["error"]["code"] == -32603 and "could not be read" in answer["error"]["message"]
     fine = _call(verbatim_client, 2, "raw__echo", {"text": '{"content": [{"type": "text", "text": "fine"}]}'})
     assert fine["result"]["content"][0]["text"] == "fine"
+
+
+@pytest.mark.parametrize("sandbox", ["default", "none"])
+def test_a_server_talks_over_plain_pipes_not_sockets(tmp_path, marks, sandbox):
+    # A unix socket pair costs the kernel about twice what a pipe does for every frame, on both sides.
+    tag = f"pipes-{uuid.uuid4().hex[:8]}"
+    server = raw_server(marks, tag=tag, **({"sandbox": {"profile": "none"}} if sandbox == "none" else {}))
+    client = RawClient(write_config(tmp_path / "c.json", {"raw": server}))
+    try:
+        client.initialize()
+        _still_works(client)
+        pids = pids_with_tag(tag)  # in a sandbox, bubblewrap and the server
+        assert pids
+        for pid in pids:
+            assert [os.readlink(f"/proc/{pid}/fd/{fd}").split(":")[0] for fd in (0, 1)] == ["pipe", "pipe"]
+    finally:
+        client.close()
 
 
 def test_requests_before_initialize_close_the_connection(tmp_path, marks):
