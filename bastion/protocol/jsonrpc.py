@@ -6,7 +6,7 @@ Everything here works on bytes and plain objects; nothing reads or writes a tran
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, TypeVar, Union
 
 import msgspec
 import orjson
@@ -127,6 +127,7 @@ class _RequestShape(msgspec.Struct, gc=False):
 
 
 _decode_request_shape = msgspec.json.Decoder(_RequestShape).decode
+_Shape = TypeVar("_Shape", _ResponseShape, _RequestShape)
 _encode_with_raw = msgspec.json.Encoder().encode
 _decode_string = msgspec.json.Decoder(str).decode
 _OBJECT_START = ord("{")
@@ -165,41 +166,36 @@ def parse_raw_response(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
     Valid means what ``parse_frame`` would accept: well-formed JSON in UTF-8, ``jsonrpc`` "2.0", an object result
     and no ``method`` or ``error``.
     """
-    if len(frame) > max_bytes:
+    shape = _shape_of(frame, max_bytes, _decode_response_shape)
+    if shape is None or shape.method or shape.error or memoryview(shape.result)[0] != _OBJECT_START:
         return None
-    try:
-        shape = _decode_response_shape(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    result = shape.result
-    if shape.method or shape.error or memoryview(result)[0] != _OBJECT_START:
-        return None
-    # The JSON decoder does not check the UTF-8 inside strings it skips (all of the result's).
-    if not frame.isascii():
-        try:
-            frame.decode()
-        except UnicodeDecodeError:
-            return None
-    return RawResponse(shape.id, result, frame)
+    return RawResponse(shape.id, shape.result, frame)
 
 
 def parse_raw_request(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> RawRequest | None:
     """The frame as a ``RawRequest`` when it is a valid request with params, else None: ``parse_frame`` then says
     what the frame is. Valid means what ``parse_frame`` would accept (as for ``parse_raw_response``)."""
+    shape = _shape_of(frame, max_bytes, _decode_request_shape)
+    if shape is None or not shape.method:
+        return None
+    return RawRequest(shape.id, shape.method, shape.params)
+
+
+def _shape_of(frame: bytes, max_bytes: int, decode: Callable[[bytes], _Shape]) -> _Shape | None:
+    """``decode(frame)`` for a frame within the limit, well-formed and in UTF-8 throughout; else None."""
     if len(frame) > max_bytes:
         return None
     try:
-        shape = _decode_request_shape(frame)
+        shape = decode(frame)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if not shape.method:
-        return None
+    # The decoder does not check the UTF-8 inside the strings it skips: all of those in the raw values.
     if not frame.isascii():
         try:
             frame.decode()
         except UnicodeDecodeError:
             return None
-    return RawRequest(shape.id, shape.method, shape.params)
+    return shape
 
 
 def raw_string(value: msgspec.Raw | None) -> str | None:
