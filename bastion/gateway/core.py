@@ -74,7 +74,7 @@ class Gateway:
             exposure.append(SearchExposure(self.tool_index(), config.tools.always_list))
         chain = [*exposure, *(self.policy.interceptors if self.policy else ()), *interceptors]
         self.handle = build_pipeline(chain, self._route)
-        self._pipeline_is_empty = not chain
+        self.forwards_directly = not chain  # no interceptor: a call may skip the pipeline
         self._connections: dict[str, ClientConnection] = {}
         self._started = False
         self._refreshes: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -213,7 +213,7 @@ class Gateway:
         and the call's ``resume`` (the same server and params, whatever the catalog has become meanwhile); only
         the 2026-07-28 era has such answers.
         """
-        if not self._pipeline_is_empty or params is None or "_meta" in params:
+        if not self.forwards_directly or params is None or "_meta" in params:
             return None
         name = params.get("name")
         entry = self.catalog.tool(name) if type(name) is str else None
@@ -233,7 +233,7 @@ class Gateway:
         """``forward_tool_call`` for params whose values are still raw JSON (``RawRequest``): the arguments go to
         the server as the bytes the client sent. Only a handshake-era server takes them so; a modern one needs
         its envelope stamped into decoded params, and None leaves such a call to the caller's other ways."""
-        if not self._pipeline_is_empty or "_meta" in params:
+        if not self.forwards_directly or "_meta" in params:
             return None
         entry = self.catalog.tool(jsonrpc.raw_string(params.get("name")))
         if entry is None:
@@ -244,11 +244,6 @@ class Gateway:
         sent = {**params, "name": entry.original_name}
         return upstream.forward("tools/call", sent, session.session_id, request_id, deliver, log_level,
                                 encode=jsonrpc.raw_request_frame)
-
-    @property
-    def forwards_directly(self) -> bool:
-        """Whether calls may skip the pipeline (no interceptor is configured)."""
-        return self._pipeline_is_empty
 
     async def _find(self, lookup: Callable[[str], _Found | None], name: Any, kind: str) -> _Found:
         """The catalog entry a client's name stands for; -32602 when there is none (after servers still starting)."""

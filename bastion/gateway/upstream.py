@@ -18,6 +18,7 @@ from bastion.protocol.jsonrpc import (
     ErrorResponse,
     InvalidFrame,
     Notification,
+    RawResponse,
     Request,
     Response,
     parse_frame,
@@ -430,13 +431,7 @@ class Upstream:
         writes = self._writes
 
         def on_data(data: bytes) -> None:
-            opened = writes.open()
-            try:
-                for frame in framer.feed(data) if data else framer.eof():
-                    self._on_frame(frame)
-            finally:
-                if opened:
-                    writes.close()
+            writes.deliver(framer.feed(data) if data else framer.eof(), self._on_frame)
             if not data:
                 ended.set()
 
@@ -452,13 +447,7 @@ class Upstream:
             return
         answer = parse_raw_response(frame, self._max_bytes)
         if answer is not None:
-            pending = self._correlator.resolve(answer.id)
-            if pending is None:
-                self._unexpected_answer(answer.id)
-            elif type(pending.context) is DirectCall:  # the result only passes through: it stays bytes
-                pending.context.settle(answer)
-            else:
-                _settle(pending, answer.decoded())
+            self._on_response(answer)
             return
         message = parse_frame(frame, self._max_bytes)
         kind = type(message)
@@ -475,18 +464,18 @@ class Upstream:
         shown = frame[:200].decode("utf-8", "replace")
         self.log.warning("server %s wrote non-protocol output on stdout (%s), ignored: %r", self.name, invalid.reason, shown)
 
-    def _on_response(self, message: Response | ErrorResponse) -> None:
+    def _on_response(self, message: Response | ErrorResponse | RawResponse) -> None:
         pending = self._correlator.resolve(message.id)
         if pending is None:
-            self._unexpected_answer(message.id)
-        else:
-            _settle(pending, message)
-
-    def _unexpected_answer(self, request_id: Any) -> None:
-        if request_id in self._abandoned:
-            self._abandoned.discard(request_id)
-        elif request_id != self._listen_id:
-            self.log.warning("server %s answered unknown request id %r; ignored", self.name, request_id)
+            if message.id in self._abandoned:
+                self._abandoned.discard(message.id)
+            elif message.id != self._listen_id:
+                self.log.warning("server %s answered unknown request id %r; ignored", self.name, message.id)
+            return
+        # A result only passes through a DirectCall, and stays bytes; anyone else reads it.
+        if type(message) is RawResponse and type(pending.context) is not DirectCall:
+            message = message.decoded()
+        _settle(pending, message)
 
     def _on_notification(self, message: Notification) -> None:
         params = message.params or {}

@@ -73,9 +73,6 @@ class _Started:
     stdin: asyncio.StreamWriter
     stdout: _StdoutPipe
 
-    def close_pipes(self) -> None:
-        self.stdin.close()
-
 
 async def _start(*argv: str, limit: int, **options: object) -> _Started:
     """Start a server with plain pipes for stdin and stdout, the protocol channel.
@@ -409,7 +406,7 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         for fd in fds:
             os.close(fd)
         if started is not None:
-            started.close_pipes()
+            started.stdin.close()  # stdout closes itself when the server is gone
             if started.process.returncode is None:
                 _quietly(os.kill, started.process.pid, signal.SIGKILL)
                 await started.process.wait()

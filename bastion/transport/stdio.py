@@ -6,20 +6,21 @@ import asyncio
 import os
 import stat
 import sys
-from typing import Callable
+from typing import Callable, Iterable, TypeVar
 
 from bastion.protocol.framing import LineFramer, Oversize
 
 _DRAIN_ABOVE = 1024 * 1024
+_Frame = TypeVar("_Frame")
 
 
 class WriteBatch:
     """Frames written while one chunk of input is handled leave in as few writes as possible.
 
     Nearly every frame Bastion writes is caused by a chunk it read: a client's requests, a server's answers. A
-    receiver handles each chunk between ``open()`` and ``close()``. Meanwhile each writer sends its first frame at
-    once (a lone frame is never held back) and holds the rest, and ``close()`` sends each writer's held frames in
-    one write. Under load many frames come out of one chunk, and one syscall for all of them instead of one each
+    receiver hands each chunk's frames to ``deliver``. Meanwhile each writer sends its first frame at
+    once (a lone frame is never held back) and holds the rest, and when the chunk is done each writer's held
+    frames leave in one write. Under load many frames come out of one chunk, and one syscall for all of them instead of one each
     is most of what a hop costs at high concurrency. Flushing when the chunk is done, rather than from a callback
     scheduled on the loop, also spares an idle turn of the loop (a poll of its own) after every burst.
 
@@ -32,23 +33,25 @@ class WriteBatch:
         self.is_open = False
         self._held: list[CoalescingWriter] = []
 
-    def open(self) -> bool:
-        """Start a chunk; False when one is already being handled (the outer one flushes)."""
-        if self.is_open:
-            return False
+    def deliver(self, frames: Iterable[_Frame], on_frame: Callable[[_Frame], None]) -> None:
+        """Hand one chunk's frames to ``on_frame``, then send what its writers held, even if handling failed. A
+        chunk delivered inside another (nothing nests on the loop, but a caller may) leaves that to the outer one."""
+        outermost = not self.is_open
         self.is_open = True
-        return True
+        try:
+            for frame in frames:
+                on_frame(frame)
+        finally:
+            if outermost:
+                self.is_open = False
+                held = self._held
+                if held:
+                    self._held = []
+                    for writer in held:
+                        writer.flush()
 
     def hold(self, writer: CoalescingWriter) -> None:
         self._held.append(writer)
-
-    def close(self) -> None:
-        self.is_open = False
-        held = self._held
-        if held:
-            self._held = []
-            for writer in held:
-                writer.flush()
 
 
 class CoalescingWriter:
@@ -95,13 +98,7 @@ class FrameReceiver(asyncio.Protocol):
         self._batch = batch
 
     def data_received(self, data: bytes) -> None:
-        opened = self._batch.open()
-        try:
-            for frame in self._framer.feed(data):
-                self._on_frame(frame)
-        finally:
-            if opened:
-                self._batch.close()
+        self._batch.deliver(self._framer.feed(data), self._on_frame)
 
     def eof_received(self) -> bool:
         for frame in self._framer.eof():

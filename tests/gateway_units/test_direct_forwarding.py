@@ -45,6 +45,11 @@ async def test_a_cancelled_direct_call_is_finished_at_once() -> None:
     assert (await asyncio.wait_for(call.finished(), 1)) is None
 
 
+async def _passthrough(request: Any, call_next: Any) -> dict[str, Any]:
+    """An interceptor that changes nothing: enough to put the pipeline in the way."""
+    return await call_next(request)
+
+
 class Deliveries:
     def __init__(self) -> None:
         self.answers: dict[Any, Any] = {}
@@ -105,10 +110,7 @@ async def test_calls_that_need_the_pipeline_are_left_to_it(tmp_path: Path) -> No
     finally:
         await gateway.close()
 
-    async def passthrough(request: Any, call_next: Any) -> dict[str, Any]:
-        return await call_next(request)
-
-    intercepted, _ = await started(tmp_path, interceptors=[passthrough])
+    intercepted, _ = await started(tmp_path, interceptors=[_passthrough])
     try:
         assert intercepted.forward_tool_call(SESSION, 1, {"name": "raw__echo", "arguments": {}}, "debug",
                                              Deliveries().to(1)) is None
@@ -219,10 +221,7 @@ async def test_raw_params_are_not_sent_to_a_modern_server_or_past_an_interceptor
     finally:
         await modern.close()
 
-    async def passthrough(request: Any, call_next: Any) -> dict[str, Any]:
-        return await call_next(request)
-
-    intercepted, _ = await started(tmp_path, interceptors=[passthrough])
+    intercepted, _ = await started(tmp_path, interceptors=[_passthrough])
     try:
         assert not intercepted.forwards_directly
         assert intercepted.forward_raw_tool_call(SESSION, 1, params, "debug", Deliveries().to(1)) is None

@@ -55,28 +55,36 @@ async def test_outside_a_chunk_every_frame_leaves_at_once(pipes) -> None:
 
 async def test_in_a_chunk_the_first_frame_leaves_at_once_and_the_rest_when_the_chunk_is_done(pipes) -> None:
     batch, one, other = pipes
-    assert batch.open()
-    one.writer.write(b"a1\n")
-    other.writer.write(b"b1\n")
-    assert one.arrived() == b"a1\n" and other.arrived() == b"b1\n"  # a lone frame is never held back
-    one.writer.write(b"a2\n")
-    one.writer.write(b"a3\n")
-    other.writer.write(b"b2\n")
-    assert one.arrived() == b"" and other.arrived() == b""
-    batch.close()
+
+    def handle(step: str) -> None:
+        if step == "first frames":
+            one.writer.write(b"a1\n")
+            other.writer.write(b"b1\n")
+            assert one.arrived() == b"a1\n" and other.arrived() == b"b1\n"  # a lone frame is never held back
+        else:
+            one.writer.write(b"a2\n")
+            one.writer.write(b"a3\n")
+            other.writer.write(b"b2\n")
+            assert one.arrived() == b"" and other.arrived() == b""
+
+    batch.deliver(["first frames", "more frames"], handle)
     assert one.arrived() == b"a2\na3\n" and other.arrived() == b"b2\n"
     one.writer.write(b"a4\n")  # the chunk is over: at once again
     assert one.arrived() == b"a4\n"
 
 
-async def test_a_chunk_opened_inside_another_leaves_the_flush_to_the_outer_one(pipes) -> None:
+async def test_a_chunk_delivered_inside_another_leaves_the_flush_to_the_outer_one(pipes) -> None:
     batch, pipe, _ = pipes
-    assert batch.open()
-    pipe.writer.write(b"1\n")
-    assert not batch.open()  # already open
-    pipe.writer.write(b"2\n")
-    assert pipe.arrived() == b"1\n"
-    batch.close()
+
+    def inner(frame: bytes) -> None:
+        pipe.writer.write(frame)
+
+    def outer(frame: bytes) -> None:
+        pipe.writer.write(frame)
+        batch.deliver([b"2\n"], inner)
+        assert pipe.arrived() == b"1\n"  # the inner chunk's end sent nothing
+
+    batch.deliver([b"1\n"], outer)
     assert pipe.arrived() == b"2\n"
 
 
