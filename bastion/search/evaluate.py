@@ -132,6 +132,8 @@ class EvalReport:
     latency_ms_p99: float
     # Share of the queries on which the sentence model ran (None in lexical mode).
     semantic_share: float | None = None
+    # Which sentence model ran, float or integer products (None in lexical mode).
+    model: str | None = None
     notes: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -176,6 +178,7 @@ def evaluate_index(
         latency_ms_p50=percentile_ms(latencies, 50),
         latency_ms_p99=percentile_ms(latencies, 99),
         semantic_share=index.semantic_searches / index.searches if index.mode != "lexical" and index.searches else None,
+        model=index.model_id,
         notes=notes,
     )
 
@@ -190,6 +193,6 @@ def format_report(report: EvalReport) -> str:
         f"  query latency p50 {report.latency_ms_p50:.2f} ms, p99 {report.latency_ms_p99:.2f} ms",
     ]
     if report.semantic_share is not None:
-        lines.append(f"  sentence model ran on {report.semantic_share:.0%} of the queries")
+        lines.append(f"  sentence model {report.model} ran on {report.semantic_share:.0%} of the queries")
     lines += [f"  note: {n}" for n in report.notes]
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from bastion.search.embedding import (
     TextEncoder,
     load_default_encoder,
 )
-from bastion.search.fusion import FusionWeights, gated_fuse, top_k
+from bastion.search.fusion import FusionWeights, default_weights, gated_fuse, top_k
 from bastion.search.static_embedding import load_static_encoder
 from bastion.search.text import lexical_text, lexical_tokens, make_stemmer, semantic_text
 
@@ -122,15 +122,14 @@ class ToolIndex:
     ) -> None:
         """``doc_max_tokens`` bounds the word pieces embedded per tool: embedding cost grows
         linearly with it. 128 keeps the parameters (best recall); 32 keeps about the name and
-        the description's first sentence, three times cheaper for about 1 point of Recall@5
-        on BFCL (docs/search.md).
+        the description's first sentence, three to four times cheaper for about 1 point of
+        Recall@5 on BFCL (the README's tool-search figures).
 
         ``static_encoder``: the static token vectors used alongside MiniLM ("auto": the
         packaged WordLlama vectors when MiniLM is in use; ``None``: MiniLM runs on every
         query and nothing is searchable semantically until every tool is embedded)."""
         self.key_field = key_field
         self.doc_max_tokens = doc_max_tokens
-        self.weights = weights or FusionWeights()
         self._stem = make_stemmer()
         self._write_lock = threading.Lock()
         self._snapshot = _Snapshot()
@@ -151,6 +150,7 @@ class ToolIndex:
             self._encoder = encoder
             if encoder is None:
                 self.fallback_reason = "semantic search disabled"
+        self.weights = weights or default_weights(getattr(self._encoder, "integer_products", False))
         cache = EmbeddingCache(cache_dir, self._encoder.model_id) if cache_dir is not None and self._encoder else None
         self._dense = _VectorStore(self._encoder, doc_max_tokens, cache) if self._encoder else None
         self._static = self._static_store(static_encoder, cache_dir) if self._encoder else None
@@ -175,6 +175,11 @@ class ToolIndex:
     @property
     def mode(self) -> Literal["hybrid", "lexical"]:
         return "hybrid" if self._encoder is not None else "lexical"
+
+    @property
+    def model_id(self) -> str | None:
+        """The sentence model in use (its float or integer-product variant), None in lexical mode."""
+        return self._encoder.model_id if self._encoder is not None else None
 
     def __len__(self) -> int:
         return len(self._snapshot.keys)

@@ -1,13 +1,14 @@
 """Turning MCP tool definitions and queries into the text each retriever sees.
 
-Only the tool definition itself is used (name, title, description, parameter names and
-their descriptions): nothing is learned from queries, so any catalog is handled alike.
+Only the tool definition itself is used (name, title, description, and every parameter's
+name, description and allowed values, nested ones too): nothing is learned from queries, so
+any catalog is handled alike.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from bm25s.stopwords import STOPWORDS_EN
 
@@ -26,24 +27,57 @@ def split_identifier(name: str) -> str:
     return _NAME_SEPARATORS.sub(" ", spaced).strip().lower()
 
 
-def _properties(tool: dict[str, Any]) -> dict[str, Any]:
-    schema = tool.get("inputSchema")
-    if not isinstance(schema, dict):
-        return {}
-    props = schema.get("properties")
-    return props if isinstance(props, dict) else {}
+# Schemas come from servers: the walk into nested objects and array items is bounded.
+MAX_PARAMETER_DEPTH = 4
+MAX_PARAMETERS = 64
+# Allowed values say what a tool can do ("add", "delete", "COOL"). BM25 takes many; the
+# sentence model fewer, since its text is cut at a word-piece budget and a long list would
+# push later parameters out.
+MAX_LEXICAL_CHOICES = 20
+MAX_SEMANTIC_CHOICES = 10
 
 
-def _parameter_texts(tool: dict[str, Any]) -> list[tuple[str, str]]:
-    out = []
-    for pname, spec in _properties(tool).items():
-        desc = spec.get("description", "") if isinstance(spec, dict) else ""
-        out.append((split_identifier(str(pname)), desc if isinstance(desc, str) else ""))
-    return out
+class Parameter(NamedTuple):
+    name: str  # identifier split into words
+    description: str
+    choices: tuple[str, ...]  # string enum values, split into words
 
 
-def _str_field(tool: dict[str, Any], key: str) -> str:
-    value = tool.get(key)
+def _choices(spec: dict[str, Any]) -> tuple[str, ...]:
+    items = spec.get("items")
+    enum = spec.get("enum", items.get("enum") if isinstance(items, dict) else None)
+    if not isinstance(enum, list):
+        return ()
+    return tuple(split_identifier(v) for v in enum if isinstance(v, str) and v)
+
+
+def parameters(tool: dict[str, Any]) -> list[Parameter]:
+    """Every parameter of the input schema, nested ones included, in schema order.
+
+    A tool whose whole input is one object (``body: {windStrength, coolTargetTemperature}``)
+    says what it does only in the names and descriptions inside that object.
+    """
+    found: list[Parameter] = []
+
+    def walk(schema: Any, depth: int) -> None:
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(props, dict):
+            return
+        for pname, spec in props.items():
+            if len(found) >= MAX_PARAMETERS:
+                return
+            spec = spec if isinstance(spec, dict) else {}
+            found.append(Parameter(split_identifier(str(pname)), _str_field(spec, "description"), _choices(spec)))
+            if depth < MAX_PARAMETER_DEPTH:
+                walk(spec, depth + 1)
+                walk(spec.get("items"), depth + 1)
+
+    walk(tool.get("inputSchema"), 0)
+    return found
+
+
+def _str_field(obj: dict[str, Any], key: str) -> str:
+    value = obj.get(key)
     return value if isinstance(value, str) else ""
 
 
@@ -51,9 +85,8 @@ def lexical_text(tool: dict[str, Any]) -> str:
     """All searchable words of a tool, name words weighted up."""
     name = split_identifier(_str_field(tool, "name"))
     parts = [" ".join([name] * NAME_REPEAT), _str_field(tool, "title"), _str_field(tool, "description")]
-    for pname, pdesc in _parameter_texts(tool):
-        parts.append(pname)
-        parts.append(pdesc)
+    for param in parameters(tool):
+        parts.extend((param.name, param.description, " ".join(param.choices[:MAX_LEXICAL_CHOICES])))
     return " ".join(p for p in parts if p)
 
 
@@ -63,9 +96,16 @@ def semantic_text(tool: dict[str, Any]) -> str:
     title = _str_field(tool, "title")
     head = f"{name} ({title})" if title and title.lower() != name else name
     text = f"{head}: {_str_field(tool, 'description')}".strip()
-    params = _parameter_texts(tool)
-    if params:
-        text += " Parameters: " + "; ".join(f"{p}: {d}" if d else p for p, d in params)
+    rendered = [_render_parameter(p) for p in parameters(tool)]
+    if rendered:
+        text += " Parameters: " + "; ".join(rendered)
+    return text
+
+
+def _render_parameter(param: Parameter) -> str:
+    text = f"{param.name}: {param.description}" if param.description else param.name
+    if param.choices:
+        text += " (" + ", ".join(param.choices[:MAX_SEMANTIC_CHOICES]) + ")"
     return text
 
 

@@ -46,9 +46,10 @@ def test_eval_json_report(catalog_files, mode):
     assert 0 < report["latency_ms_p50"] <= report["latency_ms_p99"]
     assert report["build_seconds"] > 0
     if mode == "lexical":
-        assert report["semantic_share"] is None
+        assert report["semantic_share"] is None and report["model"] is None
     else:
         assert 0.0 <= report["semantic_share"] <= 1.0
+        assert report["model"].startswith("minilm-l6-")
 
 
 def test_eval_human_report_goes_to_stderr(catalog_files):

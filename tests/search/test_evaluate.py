@@ -73,9 +73,11 @@ def test_evaluation_counts_the_queries_that_ran_the_sentence_model():
     queries = [EvalQuery("open an issue on github", frozenset({"id0"})), EvalQuery("weather in Rome", frozenset({"id2"}))]
     always = evaluate_index(tools, queries, make_index=lambda: ToolIndex(key_field="id", weights=FusionWeights(gate=None)))
     assert always.mode == "hybrid" and always.semantic_share == 1.0
-    assert "sentence model ran on 100% of the queries" in format_report(always)
+    assert always.model is not None and always.model.startswith("minilm-l6-")
+    assert f"sentence model {always.model} ran on 100% of the queries" in format_report(always)
     lexical = evaluate_index(tools, queries, make_index=lambda: ToolIndex(key_field="id", encoder=None))
-    assert lexical.semantic_share is None and "sentence model" not in format_report(lexical)
+    assert lexical.semantic_share is None and lexical.model is None
+    assert "sentence model" not in format_report(lexical)
 
 
 def test_catalog_and_query_files_are_validated_with_line_numbers(tmp_path):

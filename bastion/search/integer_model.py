@@ -1,0 +1,74 @@
+"""MiniLM with integer matrix products, derived on this machine from the packaged model.
+
+The packaged model stores int8 weights but multiplies in float32. On a CPU with integer
+dot-product instructions (x86 VNNI, Arm's dot product) onnxruntime multiplies int8 weights by
+activations quantized per batch (``DynamicQuantizeMatMul``) over twice as fast. Weights are
+quantized per output channel: per tensor, the vectors drift further from the float model's.
+
+Without those instructions onnxruntime's integer path may saturate and is not much faster, so
+the packaged model is used as it is. The derived file is written once into the cache
+directory (atomically, so processes sharing it never read half a file) and reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger("bastion.search")
+
+RECIPE = "dynamic-int8-per-channel-1"
+_DOT_PRODUCT_FLAGS = re.compile(r"\b(avx512_vnni|avx_vnni|asimddp)\b")
+
+
+class _DropAdvice(logging.Filter):
+    """The quantizer advises, on the root logger, a pre-processing step that cannot handle
+    this graph (its symbolic shape inference gives up); the folding above does what it would."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
+
+
+def cpu_has_integer_dot_product(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    try:
+        return _DOT_PRODUCT_FLAGS.search(cpuinfo.read_text(errors="replace")) is not None
+    except OSError:
+        return False
+
+
+def integer_model(source: Path, source_sha256: str, directory: Path) -> Path | str:
+    """Path of the derived model (made on first use), or why it cannot be made."""
+    try:
+        import onnxruntime as ort
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:
+        return f"{exc.name or exc} is not installed"
+    target = directory / f"minilm-l6-{RECIPE}-{source_sha256[:16]}-ort{ort.__version__}.onnx"
+    if target.is_file():
+        return target
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory) as work:
+            floating = Path(work) / "float.onnx"
+            # onnxruntime's basic optimisation folds the weights' int8-to-float steps into
+            # plain float weights, which the quantizer then re-quantizes per channel.
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.optimized_model_filepath = str(floating)
+            options.log_severity_level = 3
+            ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
+            quantized = Path(work) / "integer.onnx"
+            advice = _DropAdvice()
+            logging.getLogger().addFilter(advice)
+            try:
+                quantize_dynamic(floating, quantized, weight_type=QuantType.QInt8, per_channel=True)
+            finally:
+                logging.getLogger().removeFilter(advice)
+            os.replace(quantized, target)
+    except Exception as exc:  # onnx/onnxruntime raise their own types for what they cannot convert
+        return f"deriving the integer model failed: {exc}"
+    logger.info("derived MiniLM with integer products: %s", target)
+    return target

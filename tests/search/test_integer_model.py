@@ -1,0 +1,110 @@
+"""MiniLM with integer matrix products, derived locally from the packaged model."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+import pytest
+
+from bastion.search.embedding import load_default_encoder
+from bastion.search.index import ToolIndex
+from bastion.search.integer_model import cpu_has_integer_dot_product, integer_model
+
+from .conftest import CATALOG, installed
+
+TEXTS = [
+    "Open a new issue in a GitHub repository.",
+    "what's the temperature in Paris",
+    "set cool mode with a temperature of 24 degrees and high wind strength",
+    "Convert an amount of money from one currency to another. Parameters: amount; target currency code",
+]
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ("fpu sse avx2 fma avx512f avx512_vnni avx512_bf16", True),
+        ("fpu sse avx2 fma avx_vnni", True),
+        ("fp asimd evtstrm asimddp sha512", True),
+        ("fpu sse avx2 fma avx512f", False),
+        ("fpu sse avx2 fma avx512_vnnix", False),
+    ],
+)
+def test_integer_dot_products_are_read_from_cpu_flags(tmp_path, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert cpu_has_integer_dot_product(cpuinfo) is expected
+    assert cpu_has_integer_dot_product(tmp_path / "missing") is False
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    models = tmp_path_factory.mktemp("models")
+    integer = installed(load_default_encoder(integer_products=True, model_dir=models), "embedding model")
+    floating = installed(load_default_encoder(integer_products=False), "embedding model")
+    return integer, floating, models
+
+
+def test_the_derived_model_multiplies_integers_and_is_made_once(both):
+    onnx = pytest.importorskip("onnx")
+    integer, floating, models = both
+    (derived,) = models.glob("*.onnx")
+    ops = collections.Counter(node.op_type for node in onnx.load(str(derived)).graph.node)
+    assert ops["DynamicQuantizeMatMul"] + ops["MatMulInteger"] >= 36, ops  # 6 layers x 6 weight matrices
+    assert integer.model_id == derived.stem != floating.model_id, "vectors of the two are cached apart"
+    stamp = derived.stat().st_mtime_ns
+    again = installed(load_default_encoder(integer_products=True, model_dir=models), "embedding model")
+    assert again.model_id == integer.model_id
+    assert derived.stat().st_mtime_ns == stamp and list(models.iterdir()) == [derived]
+
+
+def test_integer_vectors_stay_close_to_the_float_model(both):
+    integer, floating, _ = both
+    a, b = integer.encode(TEXTS, max_tokens=128), floating.encode(TEXTS, max_tokens=128)
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-4)
+    assert float(np.min(np.sum(a * b, axis=1))) > 0.97
+    # Same neighbours: each text is closest to itself in the other model's space.
+    assert list(np.argmax(a @ b.T, axis=1)) == list(range(len(TEXTS)))
+
+
+def test_search_with_the_integer_model_ranks_like_the_float_model(both):
+    integer, floating, _ = both
+    queries = ["open a github issue about the crash", "notify my boss by mail", "what's the weather in Oslo"]
+    found = []
+    for encoder in (integer, floating):
+        ix = ToolIndex(encoder=encoder)
+        ix.build(CATALOG)
+        found.append([ix.search(q, 1)[0][0] for q in queries])
+    assert found[0] == found[1] == ["create_issue", "send_email", "get_weather"]
+
+
+def test_a_model_that_cannot_be_converted_gives_a_reason_and_no_file(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    reason = integer_model(broken, "0" * 64, tmp_path / "models")
+    assert isinstance(reason, str) and reason.startswith("deriving the integer model failed")
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_an_unwritable_model_directory_falls_back_to_float_products(tmp_path, caplog):
+    if os.geteuid() == 0:
+        blocked = tmp_path / "file-not-dir"
+        blocked.write_text("")  # even root cannot make a directory below a regular file
+        target = blocked / "models"
+    else:
+        target = tmp_path / "ro"
+        target.mkdir(mode=0o500)
+    with caplog.at_level("WARNING", logger="bastion.search"):
+        encoder = installed(load_default_encoder(integer_products=True, model_dir=target), "embedding model")
+    assert encoder.model_id.startswith("minilm-l6-int8-")
+    assert any("MiniLM multiplies in float32" in r.getMessage() for r in caplog.records)
+
+
+def test_the_gate_lets_cheaper_minilm_run_on_more_queries(both):
+    integer, floating, _ = both
+    assert integer.integer_products and not floating.integer_products
+    cheap, full = ToolIndex(encoder=integer).weights, ToolIndex(encoder=floating).weights
+    assert cheap.gate is not None and full.gate is not None and cheap.gate > full.gate
+    assert ToolIndex(encoder=floating, weights=cheap).weights is cheap, "explicit weights are kept"
