@@ -51,7 +51,7 @@ def integer_model(source: Path, source_sha256: str, directory: Path) -> Path | s
         return target
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as work:
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".deriving-") as work:
             floating = Path(work) / "float.onnx"
             # onnxruntime's basic optimisation folds the weights' int8-to-float steps into
             # plain float weights, which the quantizer then re-quantizes per channel.
