@@ -8,6 +8,7 @@ any catalog is handled alike.
 from __future__ import annotations
 
 import re
+from itertools import islice
 from typing import Any, Callable, Iterable, NamedTuple
 
 from bm25s.stopwords import STOPWORDS_EN
@@ -30,9 +31,9 @@ def split_identifier(name: str) -> str:
 # Schemas come from servers: the walk into nested objects and array items is bounded.
 MAX_PARAMETER_DEPTH = 4
 MAX_PARAMETERS = 64
-# Allowed values say what a tool can do ("add", "delete", "COOL"). BM25 takes many; the
-# sentence model fewer, since its text is cut at a word-piece budget and a long list would
-# push later parameters out.
+# Allowed values say what a tool can do ("add", "delete", "COOL"). BM25 takes more than the
+# sentence model, whose text is cut at a word-piece budget: a long list would push later
+# parameters out.
 MAX_LEXICAL_CHOICES = 20
 MAX_SEMANTIC_CHOICES = 10
 
@@ -48,7 +49,7 @@ def _choices(spec: dict[str, Any]) -> tuple[str, ...]:
     enum = spec.get("enum", items.get("enum") if isinstance(items, dict) else None)
     if not isinstance(enum, list):
         return ()
-    return tuple(split_identifier(v) for v in enum if isinstance(v, str) and v)
+    return tuple(islice((split_identifier(v) for v in enum if isinstance(v, str) and v), MAX_LEXICAL_CHOICES))
 
 
 def parameters(tool: dict[str, Any]) -> list[Parameter]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bastion.search.index import ToolIndex
 from bastion.search.text import (
+    MAX_LEXICAL_CHOICES,
     MAX_PARAMETERS,
     MAX_SEMANTIC_CHOICES,
     Parameter,
@@ -71,6 +72,9 @@ def test_hostile_schemas_are_read_within_bounds():
         node = child
     tool = {"name": "deep", "description": "", "inputSchema": deep}
     assert [p.name for p in parameters(tool)] == ["p0", "p1", "p2", "p3", "p4"]
+
+    huge_enum = {"name": "e", "inputSchema": {"properties": {"mode": {"enum": [f"m{i}" for i in range(100_000)]}}}}
+    assert len(parameters(huge_enum)[0].choices) == MAX_LEXICAL_CHOICES
 
     wide = {"name": "wide", "inputSchema": {"properties": {f"p{i}": {"enum": [f"v{j}" for j in range(500)]} for i in range(500)}}}
     found = parameters(wide)
