@@ -15,6 +15,7 @@ import logging
 import os
 import sqlite3
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -47,17 +48,22 @@ class EncoderUnavailable:
 
 
 class OnnxMiniLMEncoder:
-    """MiniLM-L6 mean-pooled sentence vectors (sentence-transformers' pipeline) on onnxruntime."""
+    """MiniLM-L6 mean-pooled sentence vectors (sentence-transformers' pipeline) on onnxruntime.
+
+    ``threads``: how many batches are embedded at once (0: one per core this process may use).
+    """
 
     def __init__(
         self, model_path: Path, tokenizer_path: Path, model_id: str, threads: int = 0, *, integer_products: bool = False
     ) -> None:
-        # Batches of tool texts use every core; a single query runs on one thread, which on
-        # two cores is as fast (its matrices are too small to split well) and leaves the
-        # other core to the gateway.
-        self._batch_session = self._session(model_path, threads)
-        self._single_session = self._session(model_path, 1)
-        self._input_names = {i.name for i in self._batch_session.get_inputs()}
+        # One single-threaded session, run from a thread per core at once (onnxruntime allows
+        # concurrent runs and releases the GIL). A batch per core keeps the cores busier than
+        # one run split across them: 10-19% less wall time for a catalog. A query runs on one
+        # thread, which on two cores is as fast (its matrices are too small to split well)
+        # and leaves the other core to the gateway.
+        self._session = self._open_session(model_path)
+        self._workers = threads or len(os.sched_getaffinity(0))
+        self._input_names = {i.name for i in self._session.get_inputs()}
         self._tokenizer_path = tokenizer_path
         # A tokenizers.Tokenizer keeps truncation/padding settings as mutable state, so each
         # thread gets its own copy rather than sharing one behind a lock.
@@ -66,17 +72,13 @@ class OnnxMiniLMEncoder:
         self.integer_products = integer_products
 
     @staticmethod
-    def _session(model_path: Path, threads: int):
+    def _open_session(model_path: Path):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
-        # Spinning worker threads burn a core while idle and stall when the gateway's own
-        # threads want it; blocking waits cost microseconds here.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if threads:
-            options.intra_op_num_threads = threads
+        options.intra_op_num_threads = 1
         return ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
 
     def _tokenizer(self, max_tokens: int):
@@ -95,24 +97,32 @@ class OnnxMiniLMEncoder:
         out = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
         if not texts:
             return out
-        tokenizer = self._tokenizer(max_tokens)
         # Similar lengths batched together waste little compute on padding.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        batch = max(1, _BATCH_TOKENS // max_tokens)
-        for start in range(0, len(order), batch):
-            idx = order[start : start + batch]
-            out[idx] = self._encode_batch(tokenizer, [texts[i] for i in idx])
+        size = max(1, _BATCH_TOKENS // max_tokens)
+        batches = [order[start : start + size] for start in range(0, len(order), size)]
+
+        def embed(rows: list[int]) -> None:
+            out[rows] = self._encode_batch([texts[i] for i in rows], max_tokens)
+
+        workers = min(self._workers, len(batches))
+        if workers <= 1:
+            for rows in batches:
+                embed(rows)
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="bastion-embed") as pool:
+                for _ in pool.map(embed, batches):
+                    pass
         return out
 
-    def _encode_batch(self, tokenizer, texts: list[str]) -> np.ndarray:
-        encodings = tokenizer.encode_batch(texts)
+    def _encode_batch(self, texts: list[str], max_tokens: int) -> np.ndarray:
+        encodings = self._tokenizer(max_tokens).encode_batch(texts)
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._input_names:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        session = self._single_session if len(texts) == 1 else self._batch_session
-        hidden = session.run(None, feeds)[0]
+        hidden = self._session.run(None, feeds)[0]
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)

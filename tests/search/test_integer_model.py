@@ -108,3 +108,12 @@ def test_the_gate_lets_cheaper_minilm_run_on_more_queries(both):
     cheap, full = ToolIndex(encoder=integer).weights, ToolIndex(encoder=floating).weights
     assert cheap.gate is not None and full.gate is not None and cheap.gate > full.gate
     assert ToolIndex(encoder=floating, weights=cheap).weights is cheap, "explicit weights are kept"
+
+
+def test_batches_embedded_in_parallel_match_one_at_a_time(both):
+    integer, floating, models = both
+    texts = [f"{t} (variant {i})" for i, t in enumerate(TEXTS * 10)]  # several batches
+    for parallel, integer_products in ((integer, True), (floating, False)):
+        sequential = installed(load_default_encoder(1, integer_products=integer_products, model_dir=models),
+                               "embedding model")
+        assert np.array_equal(parallel.encode(texts, max_tokens=128), sequential.encode(texts, max_tokens=128))
