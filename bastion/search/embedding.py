@@ -62,7 +62,9 @@ class OnnxMiniLMEncoder:
         # thread, which on two cores is as fast (its matrices are too small to split well)
         # and leaves the other core to the gateway.
         self._session = self._open_session(model_path)
-        self._workers = threads or len(os.sched_getaffinity(0))
+        workers = threads or len(os.sched_getaffinity(0))
+        # Kept for the encoder's life: each worker's tokenizer copy (below) loads once.
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bastion-embed") if workers > 1 else None
         self._input_names = {i.name for i in self._session.get_inputs()}
         self._tokenizer_path = tokenizer_path
         # A tokenizers.Tokenizer keeps truncation/padding settings as mutable state, so each
@@ -105,14 +107,12 @@ class OnnxMiniLMEncoder:
         def embed(rows: list[int]) -> None:
             out[rows] = self._encode_batch([texts[i] for i in rows], max_tokens)
 
-        workers = min(self._workers, len(batches))
-        if workers <= 1:
+        if self._pool is None or len(batches) == 1:
             for rows in batches:
                 embed(rows)
         else:
-            with ThreadPoolExecutor(workers, thread_name_prefix="bastion-embed") as pool:
-                for _ in pool.map(embed, batches):
-                    pass
+            for _ in self._pool.map(embed, batches):
+                pass
         return out
 
     def _encode_batch(self, texts: list[str], max_tokens: int) -> np.ndarray:

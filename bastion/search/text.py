@@ -41,7 +41,7 @@ MAX_SEMANTIC_CHOICES = 10
 class Parameter(NamedTuple):
     name: str  # identifier split into words
     description: str
-    choices: tuple[str, ...]  # string enum values, split into words
+    choices: tuple[str, ...]  # string enum values, split into words, at most MAX_LEXICAL_CHOICES
 
 
 def _choices(spec: dict[str, Any]) -> tuple[str, ...]:
@@ -87,7 +87,7 @@ def lexical_text(tool: dict[str, Any]) -> str:
     name = split_identifier(_str_field(tool, "name"))
     parts = [" ".join([name] * NAME_REPEAT), _str_field(tool, "title"), _str_field(tool, "description")]
     for param in parameters(tool):
-        parts.extend((param.name, param.description, " ".join(param.choices[:MAX_LEXICAL_CHOICES])))
+        parts.extend((param.name, param.description, " ".join(param.choices)))
     return " ".join(p for p in parts if p)
 
 
