@@ -22,6 +22,10 @@ class FusionWeights:
     answered without running the transformer on it (``None``: always run it). 9.0 sends
     about a fifth of the BFCL queries down the cheap path at no measured cost in Recall@5
     (see :func:`default_weights` for CPUs where MiniLM costs twice as much).
+
+    ``coverage``: for a query made of several requests, how much the top k is chosen to
+    cover each request rather than by the whole query's score alone (see
+    :func:`cover_requests`; ``None``: never).
     """
 
     lexical: float = 0.20
@@ -29,6 +33,7 @@ class FusionWeights:
     semantic: float = 0.55
     cheap_lexical: float = 0.30
     gate: float | None = 9.0
+    coverage: float | None = 0.4
     method: Literal["zscore", "rrf"] = "zscore"
     rrf_k: float = 10.0
 
@@ -80,6 +85,17 @@ def cheap_fuse(lexical: np.ndarray | None, static: np.ndarray, weights: FusionWe
     return fuse_parts([(weights.cheap_lexical, lexical), (1.0 - weights.cheap_lexical, static)], "zscore")
 
 
+def request_fuse(lexical: np.ndarray | None, static: np.ndarray | None, weights: FusionWeights, n: int) -> np.ndarray:
+    """The cheap ranking of one request of several, as weighted z-scores even when only one
+    retriever has an opinion, since :func:`cover_requests` compares requests' scores on one
+    scale (zeros when neither has)."""
+    scores = np.zeros(n, dtype=np.float32)
+    for weight, part in ((weights.cheap_lexical, lexical), (1.0 - weights.cheap_lexical, static)):
+        if part is not None:
+            scores += weight * _zscore(part.astype(np.float32, copy=False))
+    return scores
+
+
 def confident(scores: np.ndarray, gate: float | None) -> bool:
     """Whether the cheap ranking's leader stands out enough to skip the transformer.
 
@@ -104,6 +120,57 @@ def gated_fuse(lexical: np.ndarray | None, static: np.ndarray | None, semantic: 
     if lexical is None and sem is None:
         raise ValueError("no scores to fuse")
     return fuse(lexical, sem, weights, static), sem is not None
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+# Only the whole query's leaders and each request's own leaders can be picked: beyond them a
+# tool neither matches the query nor any request well enough to enter a top k.
+COVERAGE_POOL = 100
+COVERAGE_PER_REQUEST = 3
+
+
+def cover_requests(scores: np.ndarray, request_scores: np.ndarray, k: int, weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """The k best candidates for a query made of several requests, best first, with the
+    gain each was picked for (non-increasing).
+
+    Ranking by the whole query's ``scores`` alone fills the top k with tools for its most
+    prominent request. Instead, each pick maximises ``(1 - weight) * P(tool | query) +
+    weight * sum over requests r of P(tool | r) * P(r not yet covered) / len(requests)``
+    (explicit query-aspect diversification, xQuAD), where each P is a softmax over the
+    candidates of z-scored fused scores (``scores``: one per candidate; ``request_scores``:
+    one row per request). A request one pick already covers well counts less for the next.
+    """
+    n = len(scores)
+    if k <= 0 or n == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    p_query = _softmax(scores.astype(np.float64))
+    p_request = _softmax(request_scores.astype(np.float64))
+    leaders = [np.argpartition(-scores, min(COVERAGE_POOL, n) - 1)[:COVERAGE_POOL]]
+    per = min(COVERAGE_PER_REQUEST, n)
+    leaders.append(np.argpartition(-request_scores, per - 1, axis=1)[:, :per].ravel())
+    pool = np.unique(np.concatenate(leaders))
+    uncovered = np.full(len(request_scores), 1.0 / len(request_scores))
+    picks, gains = [], []
+    available = np.ones(len(pool), dtype=bool)
+    for _ in range(min(k, len(pool))):
+        gain = (1.0 - weight) * p_query[pool] + weight * (uncovered @ p_request[:, pool])
+        gain[~available] = -np.inf
+        best = int(np.argmax(gain))  # the pool is sorted: ties go to the lower index, as in top_k
+        picks.append(pool[best])
+        gains.append(gain[best])
+        available[best] = False
+        uncovered = uncovered * (1.0 - p_request[:, pool[best]])
+    if k > len(picks):  # past the pool: the whole query's order
+        taken = set(picks)
+        rest = [i for i in top_k(scores, k) if i not in taken][: k - len(picks)]
+        floor = gains[-1] if gains else 0.0
+        picks.extend(rest)
+        gains.extend([floor] * len(rest))
+    return np.asarray(picks, dtype=np.int64), np.asarray(gains, dtype=np.float32)
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:

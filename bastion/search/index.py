@@ -28,9 +28,9 @@ from bastion.search.embedding import (
     TextEncoder,
     load_default_encoder,
 )
-from bastion.search.fusion import FusionWeights, default_weights, gated_fuse, top_k
+from bastion.search.fusion import FusionWeights, cover_requests, default_weights, gated_fuse, request_fuse, top_k
 from bastion.search.static_embedding import load_static_encoder
-from bastion.search.text import lexical_text, lexical_tokens, make_stemmer, semantic_text
+from bastion.search.text import lexical_text, lexical_tokens, make_stemmer, requests, semantic_text
 
 logger = logging.getLogger("bastion.search")
 
@@ -267,6 +267,10 @@ class ToolIndex:
     def search(self, query: str, k: int = 5, allowed: Allowed | None = None) -> list[tuple[str, float]]:
         """The k best tools for ``query`` as ``[(key, score)]``, best first.
 
+        A query made of several requests (:func:`~bastion.search.text.requests`) gets a top k
+        that covers each of them (:func:`~bastion.search.fusion.cover_requests`); its scores
+        are then the gains each tool was picked for. Scores compare within one answer only.
+
         ``allowed`` is applied before ranking: a tool it rejects is never returned and never
         pushes a permitted tool out of the top k.
         """
@@ -290,8 +294,20 @@ class ToolIndex:
         )
         self.searches += 1
         self.semantic_searches += semantic_ran
+        parts = requests(query) if self.weights.coverage else []
+        if len(parts) > 1:
+            per_request = np.stack([self._request_scores(snap, part, candidates) for part in parts])
+            best, gains = cover_requests(scores, per_request, k, self.weights.coverage)
+            return [(snap.keys[candidates[i]], float(g)) for i, g in zip(best, gains)]
         best = top_k(scores, k)
         return [(snap.keys[candidates[i]], float(scores[i])) for i in best]
+
+    def _request_scores(self, snap: _Snapshot, request: str, candidates: np.ndarray) -> np.ndarray:
+        """One request's cheap ranking: BM25 and the static vectors, without MiniLM, which
+        would cost a run per request."""
+        lexical, static = self._lexical_scores(snap, request), self._static_scores(snap, request)
+        return request_fuse(lexical[candidates] if lexical is not None else None,
+                            static[candidates] if static is not None else None, self.weights, len(candidates))
 
     async def search_async(self, query: str, k: int = 5, allowed: Allowed | None = None) -> list[tuple[str, float]]:
         """:meth:`search` on a worker thread: embedding a query takes milliseconds of CPU that

@@ -129,3 +129,27 @@ def lexical_tokens(text: str, stem: Callable[[list[str]], list[str]] | None) -> 
 
 def iter_tokens(texts: Iterable[str], stem: Callable[[list[str]], list[str]] | None) -> list[list[str]]:
     return [lexical_tokens(t, stem) for t in texts]
+
+
+# A message that asks for several things ("First, convert 5000 yen to dollars. Then, ...")
+# needs a tool for each. Sentences, and clauses joined by sequencing words, are taken as
+# separate requests; "and" alone is not, since it joins a request's own arguments too.
+_SEQUENCING = (r"(?:and then|and also|then|also|additionally|in addition|as well as|after that|afterwards"
+               r"|moreover|furthermore|finally|lastly|besides)")
+_ORDINAL = r"(?:first|second|third|fourth|fifth|next)(?:ly)?"
+_REQUEST_BOUNDARY = re.compile(rf"(?<=[.?!;:])\s+|\n+|,?\s+\b{_SEQUENCING}\b,?\s+|\b{_ORDINAL},\s+", re.IGNORECASE)
+# What is left of a boundary at the start of a sentence ("Then, what is ...").
+_LEADING_BOUNDARY = re.compile(rf"^(?:{_SEQUENCING}|{_ORDINAL})\b,?\s*", re.IGNORECASE)
+_REQUEST_TRIM = " ,.;:?!\"'"
+_CONTENT_WORD = re.compile(r"[^\W\d_]{3,}")
+# Bounds the work a long message can cause: every request is scored against the catalog.
+MAX_REQUESTS = 8
+
+
+def requests(query: str) -> list[str]:
+    """The parts of ``query`` that read as separate requests, in order (at most
+    :data:`MAX_REQUESTS`). Fragments with fewer than two words of three letters or more
+    ("Thanks.", "Second, 3.") are not requests. A single request comes back alone."""
+    parts = (_LEADING_BOUNDARY.sub("", p.strip(_REQUEST_TRIM)).strip(_REQUEST_TRIM) for p in _REQUEST_BOUNDARY.split(query) if p)
+    found = [p for p in parts if len(_CONTENT_WORD.findall(p)) >= 2]
+    return found[:MAX_REQUESTS]

@@ -5,7 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bastion.search.fusion import FusionWeights, confident, fuse, fuse_parts, gated_fuse
+from bastion.search.fusion import (
+    COVERAGE_PER_REQUEST,
+    COVERAGE_POOL,
+    FusionWeights,
+    confident,
+    cover_requests,
+    fuse,
+    fuse_parts,
+    gated_fuse,
+    request_fuse,
+    top_k,
+)
 
 
 def test_confident_needs_a_leader_far_above_the_catalog_mean():
@@ -54,3 +65,51 @@ def test_fuse_parts_leaves_out_missing_and_zero_weight_parts():
     assert np.allclose(fuse_parts([(0.5, a), (0.5, b)]), 0.0)
     with pytest.raises(ValueError):
         fuse_parts([(1.0, None)])
+
+
+def _two_requests():
+    """Tools 0-2 serve request A, tool 3 serves request B; the whole query leans on A."""
+    scores = np.array([3.0, 2.8, 2.6, 2.0, 0.0, -1.0], dtype=np.float32)
+    per_request = np.array([[3.0, 2.9, 2.8, 0.0, 0.0, 0.0],   # A: three near-equal tools
+                            [0.0, 0.0, 0.0, 4.0, 0.5, 0.0]],  # B: one clear tool
+                           dtype=np.float32)
+    return scores, per_request
+
+
+def test_cover_requests_gives_each_request_a_place_in_the_top_k():
+    scores, per_request = _two_requests()
+    assert list(top_k(scores, 2)) == [0, 1]
+    picks, gains = cover_requests(scores, per_request, 2, 0.4)
+    assert list(picks) == [0, 3]
+    assert np.all(np.diff(gains) <= 0), "gains must not increase down the ranking"
+    everything, _ = cover_requests(scores, per_request, 10, 0.4)
+    assert sorted(everything) == list(range(6)), "k beyond the candidates returns each once"
+
+
+def test_cover_requests_without_weight_is_the_whole_query_ranking():
+    scores, per_request = _two_requests()
+    assert list(cover_requests(scores, per_request, 6, 0.0)[0]) == list(top_k(scores, 6))
+    tied = np.zeros(5, dtype=np.float32)
+    assert list(cover_requests(tied, np.zeros((2, 5), dtype=np.float32), 3, 0.4)[0]) == [0, 1, 2]
+    assert len(cover_requests(scores, per_request, 0, 0.4)[0]) == 0
+    assert len(cover_requests(np.empty(0), np.empty((2, 0)), 5, 0.4)[0]) == 0
+
+
+def test_cover_requests_beyond_the_pool_continues_in_the_whole_query_order():
+    rng = np.random.default_rng(3)
+    n = COVERAGE_POOL * 3
+    scores, per_request = rng.normal(size=n).astype(np.float32), rng.normal(size=(3, n)).astype(np.float32)
+    picks, gains = cover_requests(scores, per_request, n, 0.4)
+    assert sorted(picks) == list(range(n))
+    assert np.all(np.diff(gains) <= 0)
+    # Past the pool (the query's leaders and each request's three), the query's order resumes.
+    past_pool = picks[COVERAGE_POOL + 3 * COVERAGE_PER_REQUEST:]
+    assert np.all(np.diff(scores[past_pool]) <= 0)
+
+
+def test_request_fuse_is_z_scored_even_with_one_retriever():
+    static = np.array([0.1, 0.2, 0.9], dtype=np.float32)
+    alone = request_fuse(None, static, FusionWeights(), 3)
+    assert alone.argmax() == 2 and abs(float(alone.mean())) < 1e-6
+    assert np.allclose(alone.std(), 1.0 - FusionWeights().cheap_lexical)
+    assert not request_fuse(None, None, FusionWeights(), 3).any()

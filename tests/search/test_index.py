@@ -288,3 +288,30 @@ def test_without_the_static_model_package_minilm_still_searches_and_says_so_once
     warnings = [line for line in proc.stderr.splitlines() if "without static vectors" in line]
     assert len(warnings) == 1, proc.stderr
     assert "wordllama" in warnings[0]
+
+
+CURRENCY_TOOLS = [
+    tool("get_exchange_rate", "Current exchange rate between two currencies.", base="Base currency", quote="Quote currency"),
+    tool("currency_history", "Historical exchange rates of a currency over time.", currency="Currency code"),
+]
+TWO_REQUESTS = ("Convert 5000 Japanese yen into US dollars and tell me today's yen exchange rate. "
+                "Then, what is the weather in Paris?")
+
+
+@pytest.mark.parametrize("mode", ["lexical", "hybrid"])
+def test_a_message_of_several_requests_gets_a_tool_for_each(encoder, mode):
+    ix = ToolIndex(encoder=None if mode == "lexical" else encoder)
+    ix.build(CATALOG + CURRENCY_TOOLS)
+    covered = names(ix.search(TWO_REQUESTS, 3))
+    assert "get_weather" in covered and covered[0] in {"get_exchange_rate", "convertCurrency"}
+    hits = ix.search(TWO_REQUESTS, 3)
+    assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+
+    if mode == "hybrid":
+        ix.weights = FusionWeights(coverage=None)
+        assert "get_weather" not in names(ix.search(TWO_REQUESTS, 3)), "without coverage currency tools fill the top 3"
+
+    ix.weights = FusionWeights()
+    assert "get_weather" not in names(ix.search(TWO_REQUESTS, 3, allowed=lambda n: n != "get_weather"))
+    single = names(ix.search("Convert 5000 Japanese yen into US dollars at today's exchange rate", 3))
+    assert "get_weather" not in single

@@ -88,3 +88,32 @@ def test_hostile_schemas_are_read_within_bounds():
     for broken in ({"name": "x", "inputSchema": "nope"}, {"name": "x", "inputSchema": {"properties": []}}, {"name": "x"}):
         assert parameters(broken) == []
         assert semantic_text(broken) == "x:"
+
+
+def test_requests_split_sentences_sequencing_words_and_enumerations():
+    from bastion.search.text import requests
+
+    assert requests("Convert 5000 yen into dollars. Then, what is the weather in Paris?") == [
+        "Convert 5000 yen into dollars", "what is the weather in Paris"]
+    assert requests("First, book a flight to Rome; second, reserve a hotel near the station") == [
+        "book a flight to Rome", "reserve a hotel near the station"]
+    assert requests("List my open pull requests and also close the stale issues\nsend the summary by email") == [
+        "List my open pull requests", "close the stale issues", "send the summary by email"]
+
+
+def test_a_single_request_stays_whole_and_fragments_are_not_requests():
+    from bastion.search.text import requests
+
+    # "and" joins one request's own arguments: no split.
+    assert requests("Get temperature and humidity for Boston and Rome") == ["Get temperature and humidity for Boston and Rome"]
+    assert requests("Thanks. Find flights to Oslo. Second, 3.") == ["Find flights to Oslo"]
+    assert requests("") == [] and requests("?!. ;") == []
+    assert len(requests("東京の天気を教えてください。明日の予定も。")) <= 1  # no spaces: not split
+
+
+def test_requests_are_bounded_for_long_messages():
+    from bastion.search.text import MAX_REQUESTS, requests
+
+    message = " ".join(f"Please fetch report number {i}." for i in range(500))
+    parts = requests(message)
+    assert len(parts) == MAX_REQUESTS and parts[0] == "Please fetch report number 0"
