@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-from tests.support import RawClient, pids_with_tag, raw_server, wait_for, write_config
+from tests.support import BASTION, RawClient, pids_with_tag, raw_server, wait_for, write_config
 
 
 @pytest.fixture
@@ -364,3 +366,85 @@ def test_a_server_whose_discover_answer_is_malformed_is_reported_and_retried_whi
         _, stderr = client.close()
     assert "server bad: handshake failed" in stderr
     assert "restarting in" in stderr
+
+
+# What a client's launcher leaves on Bastion's stdio: a pipe or terminal the event loop can watch, or a regular file
+# or /dev/null, which epoll refuses (and libuv, under uvloop, answers a refusal by aborting the process).
+def _stdout_for(kind: str, file):
+    return {"pipe": subprocess.PIPE, "file": file, "devnull": subprocess.DEVNULL}[kind]
+
+
+def _copy_to(source, path: Path) -> None:
+    with path.open("ab") as sink:
+        while chunk := os.read(source.fileno(), 1 << 16):
+            sink.write(chunk)
+            sink.flush()
+
+
+def _frames(out: Path) -> list[dict]:
+    """The complete lines Bastion has written so far, each of which must be a JSON-RPC message."""
+    *complete, _partial = out.read_bytes().split(b"\n")
+    messages = [json.loads(line) for line in complete]
+    assert all(isinstance(m, dict) and m.get("jsonrpc") == "2.0" for m in messages), messages
+    return messages
+
+
+def _await_answer(proc: subprocess.Popen, out: Path, request_id) -> dict:
+    def answer():
+        return next((m for m in _frames(out) if m.get("id") == request_id and "method" not in m), None)
+
+    wait_for(lambda: answer() is not None or proc.poll() is not None, timeout=60)
+    found = answer()
+    assert found is not None, f"no answer to {request_id!r}; bastion exited with {proc.poll()}"
+    return found
+
+
+@pytest.mark.parametrize("stdout", ["pipe", "file"])
+def test_closing_stdin_after_a_session_ends_bastion_with_status_0(tmp_path, stdout):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server()})
+    out, err = tmp_path / "stdout.bin", tmp_path / "stderr.txt"
+    with out.open("wb") as sink, err.open("wb") as stderr:
+        proc = subprocess.Popen([BASTION, "run", str(config)], stdin=subprocess.PIPE,
+                                stdout=_stdout_for(stdout, sink), stderr=stderr)
+    copier = None
+    if stdout == "pipe":
+        copier = threading.Thread(target=_copy_to, args=(proc.stdout, out), daemon=True)
+        copier.start()
+
+    def send(message: dict) -> None:
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        proc.stdin.flush()
+
+    try:
+        send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "eof-test", "version": "0"}}})
+        assert "result" in _await_answer(proc, out, 0)
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert "raw__echo" in {tool["name"] for tool in _await_answer(proc, out, 1)["result"]["tools"]}
+        proc.stdin.close()  # the client is gone
+        assert proc.wait(timeout=30) == 0, err.read_text(errors="replace")[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if copier is not None:
+        copier.join(timeout=10)
+        proc.stdout.close()
+    assert out.read_bytes().endswith(b"\n")
+    assert [m.get("id") for m in _frames(out) if "method" not in m] == [0, 1]
+
+
+@pytest.mark.parametrize("stdout", ["pipe", "file", "devnull"])
+@pytest.mark.parametrize("stdin", ["closed-pipe", "devnull"])
+def test_a_client_that_sends_nothing_ends_bastion_with_status_0(tmp_path, stdin, stdout):
+    config = write_config(tmp_path / "c.json", {"raw": raw_server()})
+    out = tmp_path / "stdout.bin"
+    with out.open("wb") as sink:
+        done = subprocess.run(
+            [BASTION, "run", str(config)], stdout=_stdout_for(stdout, sink), stderr=subprocess.PIPE, timeout=60,
+            **({"input": b""} if stdin == "closed-pipe" else {"stdin": subprocess.DEVNULL}),
+        )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert not done.stdout and (stdout != "file" or out.read_bytes() == b"")
+    assert b"Traceback" not in done.stderr

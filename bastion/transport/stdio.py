@@ -110,6 +110,68 @@ class FrameReceiver(asyncio.Protocol):
         self._on_eof()
 
 
+def loop_can_watch(fd: int) -> bool:
+    """Whether an event loop can wait on ``fd``: pipes, sockets and terminals, yes; regular files and most other
+    devices, /dev/null among them, no.
+
+    epoll refuses those with EPERM. The stock loop raises (or never sees the end of input); uvloop's libuv treats
+    the refusal as impossible and aborts the process on its next turn. A client's launcher may well hand Bastion
+    such a descriptor (output captured to a file, input from /dev/null), so it must be read and written without
+    the loop.
+    """
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+
+
+class FileWriteTransport(asyncio.WriteTransport):
+    """The protocol channel when it is a file or a device the loop cannot watch (see ``loop_can_watch``).
+
+    A write to one never waits for a reader to make room, so each frame is written whole at once and nothing is
+    ever buffered: there is no readiness to wait for, and a drain never waits.
+    """
+
+    def __init__(self, fd: int, protocol: asyncio.BaseProtocol, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._fd = fd
+        self._protocol = protocol
+        self._loop = loop
+        self._closing = False
+        protocol.connection_made(self)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as exc:  # a full disk, say: the channel is lost as a pipe's is when its reader goes
+            self._close(exc)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._close(None)
+
+    def abort(self) -> None:
+        self._close(None)
+
+    def _close(self, exc: Exception | None) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        os.close(self._fd)
+        # As from the loop's own transports: never from inside the write or close that ended the channel.
+        self._loop.call_soon(self._protocol.connection_lost, exc)
+
+
 def protect_stdout() -> int:
     """Keep a private duplicate of fd 1 for protocol frames and point fd 1 at stderr.
 
@@ -125,8 +187,13 @@ def protect_stdout() -> int:
 async def open_protocol_writer(protocol_fd: int) -> asyncio.StreamWriter:
     """The writer for the protocol channel (the private duplicate of stdout)."""
     loop = asyncio.get_running_loop()
-    out = os.fdopen(protocol_fd, "wb", buffering=0)
-    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out)
+    transport: asyncio.WriteTransport
+    if loop_can_watch(protocol_fd):
+        out = os.fdopen(protocol_fd, "wb", buffering=0)
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out)
+    else:
+        protocol = asyncio.streams.FlowControlMixin(loop)
+        transport = FileWriteTransport(protocol_fd, protocol, loop)
     return asyncio.StreamWriter(transport, protocol, None, loop)
 
 
@@ -139,8 +206,8 @@ async def read_stdin(
     loop = asyncio.get_running_loop()
     receiver = FrameReceiver(LineFramer(max_bytes), on_frame, on_eof, batch)
     stdin = os.fdopen(stdin_fd, "rb", buffering=0, closefd=False)
-    if stat.S_ISREG(os.fstat(stdin_fd).st_mode):
-        # epoll cannot watch regular files; read them on a thread instead.
+    if not loop_can_watch(stdin_fd):
+        # A blocking read on a thread needs no readiness from epoll.
         loop.create_task(_pump_file(stdin, receiver))
     else:
         await loop.connect_read_pipe(lambda: receiver, stdin)
