@@ -41,6 +41,9 @@ EncoderChoice = TextEncoder | Literal["auto"] | None
 # the leading parameters of nearly every tool. Queries keep their first 128 too.
 DOC_MAX_TOKENS = 128
 QUERY_MAX_TOKENS = 128
+# A task description, however detailed, fits in this; past it a query is cut rather than
+# read whole by BM25 and the request splitter (a megabyte of query cost over a second).
+MAX_QUERY_CHARS = 8192
 BM25_K1 = 1.2
 BM25_B = 0.75
 
@@ -271,12 +274,15 @@ class ToolIndex:
         that covers each of them (:func:`~bastion.search.fusion.cover_requests`); its scores
         are then the gains each tool was picked for. Scores compare within one answer only.
 
+        Only the first :data:`MAX_QUERY_CHARS` characters of ``query`` are read.
+
         ``allowed`` is applied before ranking: a tool it rejects is never returned and never
         pushes a permitted tool out of the top k.
         """
         snap = self._snapshot
         if not snap.keys or k <= 0:
             return []
+        query = query[:MAX_QUERY_CHARS]
         candidates = self._candidates(snap, allowed)
         if len(candidates) == 0:
             return []
@@ -319,6 +325,7 @@ class ToolIndex:
         snap = self._snapshot
         if not snap.keys:
             return ScoreComponents((), None, None, None)
+        query = query[:MAX_QUERY_CHARS]
         return ScoreComponents(snap.keys, self._lexical_scores(snap, query), self._static_scores(snap, query),
                                self._semantic_scores(snap, query))
 

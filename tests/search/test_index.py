@@ -315,3 +315,15 @@ def test_a_message_of_several_requests_gets_a_tool_for_each(encoder, mode):
     assert "get_weather" not in names(ix.search(TWO_REQUESTS, 3, allowed=lambda n: n != "get_weather"))
     single = names(ix.search("Convert 5000 Japanese yen into US dollars at today's exchange rate", 3))
     assert "get_weather" not in single
+
+
+def test_a_huge_query_is_read_up_to_the_bound(encoder):
+    from bastion.search.index import MAX_QUERY_CHARS
+
+    ix = ToolIndex(encoder=encoder)
+    ix.build(CATALOG)
+    huge = "Find the weather in Paris. Then email the forecast to Bob. " * 20_000
+    assert len(huge) > 100 * MAX_QUERY_CHARS
+    hits = ix.search(huge, 3)
+    assert hits == ix.search(huge[:MAX_QUERY_CHARS], 3)
+    assert {"get_weather", "send_email"} <= set(names(hits))
