@@ -7,13 +7,13 @@ import asyncio
 import json
 import logging
 import os
-import stat
 import sys
 from typing import Any
 
 from pydantic import ValidationError
 
 from bastion.sandbox import SandboxConfig, SandboxError, ServerProcess, spawn
+from bastion.transport.stdio import loop_can_watch, write_all
 
 
 def register(subparsers: Any) -> None:
@@ -89,23 +89,16 @@ def run_command(args: argparse.Namespace) -> int:
         return 126
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 async def _copy(reader: asyncio.StreamReader, fd: int) -> None:
     while chunk := await reader.read(65536):
-        await asyncio.to_thread(_write_all, fd, chunk)  # a slow terminal must not stall the event loop
+        await asyncio.to_thread(write_all, fd, chunk)  # a slow terminal must not stall the event loop
 
 
 async def _feed_stdin(process: ServerProcess) -> None:
     """Our stdin to the command's; a pipe or terminal is watched by the loop, a file read in a thread."""
     loop = asyncio.get_running_loop()
-    mode = os.fstat(0).st_mode
     try:
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(0):  # epoll refuses /dev/null and files
+        if loop_can_watch(0):
             reader = asyncio.StreamReader()
             stdin = os.fdopen(0, "rb", closefd=False)
             await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)

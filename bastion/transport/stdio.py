@@ -123,6 +123,13 @@ def loop_can_watch(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write ``data`` whole to a blocking ``fd`` (``os.write`` may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class FileWriteTransport(asyncio.WriteTransport):
     """The protocol channel when it is a file or a device the loop cannot watch (see ``loop_can_watch``).
 
@@ -141,10 +148,8 @@ class FileWriteTransport(asyncio.WriteTransport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing:
             return
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self._fd, view):]
+            write_all(self._fd, data)
         except OSError as exc:  # a full disk, say: the channel is lost as a pipe's is when its reader goes
             self._close(exc)
 
