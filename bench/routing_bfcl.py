@@ -136,6 +136,23 @@ def compare_float_products(integer: ToolIndex, tools, queries, held_out, doc_tok
             "query_cpu_ms_p50": cpu_p50, "integer_query_cpu_ms_p50": integer_cpu_p50}
 
 
+def float_scale_latency(big, sample, doc_tokens: int) -> dict[str, float]:
+    """Query latency of the packaged float model on the scale catalog: what CPUs without
+    integer dot products get (its cold build alone takes minutes, hence a flag)."""
+    floating = load_default_encoder(integer_products=False)
+    if isinstance(floating, EncoderUnavailable):
+        raise SystemExit(f"float model unavailable: {floating.reason}")
+    index = ToolIndex(key_field="id", encoder=floating, doc_max_tokens=doc_tokens)
+    build_s, _ = timed_build(index, big)
+    cpu: list[float] = []
+    latency = time_queries(index, sample, cpu=cpu)
+    share = transformer_share(index, sample)
+    index.close()
+    return {"scale_build_cold_s": build_s, "scale_latency_ms_p50": percentile_ms(latency, 50),
+            "scale_latency_ms_p99": percentile_ms(latency, 99), "scale_cpu_ms_p50": percentile_ms(cpu, 50),
+            "scale_transformer_share": share}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/routing/bfcl")
@@ -143,6 +160,8 @@ def main() -> int:
     ap.add_argument("--latency-queries", type=int, default=500, help="queries timed on the scale catalog")
     ap.add_argument("--doc-tokens", type=int, default=128, help="word pieces embedded per tool")
     ap.add_argument("--compact-tokens", type=int, default=32, help="also time a cold scale build at this budget (0: skip)")
+    ap.add_argument("--float-scale", action="store_true",
+                    help="also time the float model's queries on the scale catalog (builds it cold: minutes)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -216,6 +235,8 @@ def main() -> int:
         results["scale_latency_ms_p99"] = percentile_ms(hybrid_lat, 99)
         results["scale_lexical_latency_ms_p50"] = percentile_ms(lexical_lat, 50)
         results["scale_lexical_latency_ms_p99"] = percentile_ms(lexical_lat, 99)
+        if args.float_scale and isinstance(results.get("float_products"), dict):
+            results["float_products"].update(float_scale_latency(big, sample, args.doc_tokens))  # type: ignore[union-attr]
         for ix in (index, big_index, warm):
             ix.close()
 
@@ -251,6 +272,11 @@ def main() -> int:
             f"({results['bfcl_build_cpu_s'] / fp['bfcl_build_cpu_s']:.2f}x); held-out R@5 "
             f"{results['tuned_recall@5_held_out']:.3f} vs {fp['recall@5_held_out']:.3f}; "
             f"query CPU p50 {fp['integer_query_cpu_ms_p50']:.2f} ms vs {fp['query_cpu_ms_p50']:.2f} ms")
+        if "scale_latency_ms_p50" in fp:
+            log(f"float model, {args.size} tools: query p50 {fp['scale_latency_ms_p50']:.2f} ms "
+                f"({fp['scale_latency_ms_p50'] / P50_TARGET_MS:.2f}x of the {P50_TARGET_MS:.0f} ms target), "
+                f"p99 {fp['scale_latency_ms_p99']:.2f} ms, CPU p50 {fp['scale_cpu_ms_p50']:.2f} ms; MiniLM ran on "
+                f"{fp['scale_transformer_share']:.0%} of the timed queries; cold build {fp['scale_build_cold_s']:.1f} s")
     else:
         log(f"MiniLM {results['model']}: float products (this CPU has no integer dot products)")
     if "scale_build_compact_cold_s" in results:

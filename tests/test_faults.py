@@ -448,3 +448,18 @@ def test_a_client_that_sends_nothing_ends_bastion_with_status_0(tmp_path, stdin,
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     assert not done.stdout and (stdout != "file" or out.read_bytes() == b"")
     assert b"Traceback" not in done.stderr
+
+
+def test_input_that_cannot_be_read_ends_bastion_instead_of_hanging(tmp_path):
+    # Every read of this descriptor fails with EIO (it reads this process's memory from address 0, never
+    # mapped), as a failing disk's would: the input is over, as when a pipe breaks.
+    config = write_config(tmp_path / "c.json", {"raw": raw_server()})
+    failing = os.open("/proc/self/mem", os.O_RDONLY)
+    try:
+        done = subprocess.run([BASTION, "run", str(config)], stdin=failing, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(failing)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert not done.stdout
+    assert b"reading the client's input failed" in done.stderr and b"Traceback" not in done.stderr

@@ -112,6 +112,9 @@ async def _feed_stdin(process: ServerProcess) -> None:
         process.stdin.close()
     except (BrokenPipeError, ConnectionResetError):
         pass
+    except OSError as exc:  # our own input failed (EIO, say): the command sees its input end
+        print(f"bastion sandbox run: reading stdin failed ({exc}); closing the command's input", file=sys.stderr)
+        process.stdin.close()
 
 
 async def _run(command: list[str], env: dict[str, str], cwd: str | None, config: SandboxConfig) -> int:

@@ -28,7 +28,7 @@ from bastion.search.embedding import (
     TextEncoder,
     load_default_encoder,
 )
-from bastion.search.fusion import FusionWeights, cover_requests, default_weights, gated_fuse, request_fuse, top_k
+from bastion.search.fusion import FusionWeights, cover_requests, gated_fuse, request_fuse, top_k
 from bastion.search.static_embedding import load_static_encoder
 from bastion.search.text import lexical_text, lexical_tokens, make_stemmer, requests, semantic_text
 
@@ -153,7 +153,7 @@ class ToolIndex:
             self._encoder = encoder
             if encoder is None:
                 self.fallback_reason = "semantic search disabled"
-        self.weights = weights or default_weights(getattr(self._encoder, "integer_products", False))
+        self.weights = weights or FusionWeights()
         cache = EmbeddingCache(cache_dir, self._encoder.model_id) if cache_dir is not None and self._encoder else None
         self._dense = _VectorStore(self._encoder, doc_max_tokens, cache) if self._encoder else None
         self._static = self._static_store(static_encoder, cache_dir) if self._encoder else None

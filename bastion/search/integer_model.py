@@ -15,12 +15,16 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import tempfile
+import time
 from pathlib import Path
 
 logger = logging.getLogger("bastion.search")
 
 RECIPE = "dynamic-int8-per-channel-1"
+# A derivation takes seconds; a work folder this old was left by a process killed mid-way.
+ABANDONED_AFTER_S = 3600.0
 _DOT_PRODUCT_FLAGS = re.compile(r"\b(avx512_vnni|avx_vnni|asimddp)\b")
 
 
@@ -39,6 +43,18 @@ def cpu_has_integer_dot_product(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
         return False
 
 
+def remove_abandoned_work(directory: Path) -> None:
+    """Delete work folders of derivations that were killed before they could clean up; a derivation
+    still running (in another process sharing the cache) is left alone."""
+    now = time.time()
+    for work in directory.glob(".deriving-*"):
+        try:
+            if now - work.stat().st_mtime > ABANDONED_AFTER_S:
+                shutil.rmtree(work, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def integer_model(source: Path, source_sha256: str, directory: Path) -> Path | str:
     """Path of the derived model (made on first use), or why it cannot be made."""
     try:
@@ -51,6 +67,7 @@ def integer_model(source: Path, source_sha256: str, directory: Path) -> Path | s
         return target
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        remove_abandoned_work(directory)
         with tempfile.TemporaryDirectory(dir=directory, prefix=".deriving-") as work:
             floating = Path(work) / "float.onnx"
             # onnxruntime's basic optimisation folds the weights' int8-to-float steps into

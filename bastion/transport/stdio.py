@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import stat
 import sys
 from typing import Callable, Iterable, TypeVar
 
 from bastion.protocol.framing import LineFramer, Oversize
+
+logger = logging.getLogger("bastion.transport")
 
 _DRAIN_ABOVE = 1024 * 1024
 _Frame = TypeVar("_Frame")
@@ -212,13 +215,19 @@ async def read_stdin(
     receiver = FrameReceiver(LineFramer(max_bytes), on_frame, on_eof, batch)
     stdin = os.fdopen(stdin_fd, "rb", buffering=0, closefd=False)
     if not loop_can_watch(stdin_fd):
-        # A blocking read on a thread needs no readiness from epoll.
+        # A blocking read on a thread needs no readiness from epoll. The pending read's future holds the task
+        # while it waits, and the task lets no exception escape, so nothing needs to keep it.
         loop.create_task(_pump_file(stdin, receiver))
     else:
         await loop.connect_read_pipe(lambda: receiver, stdin)
 
 
 async def _pump_file(source, receiver: FrameReceiver) -> None:
-    while chunk := await asyncio.to_thread(source.read, 1 << 20):
-        receiver.data_received(chunk)
+    try:
+        while chunk := await asyncio.to_thread(source.read, 1 << 20):
+            receiver.data_received(chunk)
+    except OSError as exc:  # a directory, a failing disk: the input ends here, as a broken pipe's would
+        logger.warning("reading the client's input failed (%s); treating it as closed", exc)
+        receiver.connection_lost(exc)
+        return
     receiver.eof_received()

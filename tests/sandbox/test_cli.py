@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,20 @@ def test_run_passes_stdin_stdout_and_the_exit_status():
     assert result.returncode == 7
     assert result.stdout == "piped in\n65534\n"
     assert "exited with status 7" in result.stderr
+
+
+def test_run_ends_the_commands_input_when_its_own_cannot_be_read():
+    # Every read of this descriptor fails with EIO: this process's memory from address 0, never mapped.
+    failing = os.open("/proc/self/mem", os.O_RDONLY)
+    try:
+        result = subprocess.run([sys.executable, "-m", "bastion", "sandbox", "run", "--quiet", "--", "/bin/sh", "-c",
+                                 "cat; echo input ended"], stdin=failing, capture_output=True, text=True, cwd=REPO,
+                                timeout=60)
+    finally:
+        os.close(failing)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "input ended\n"
+    assert "reading stdin failed" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_run_reports_the_memory_kill():

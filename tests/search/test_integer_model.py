@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 
 import numpy as np
 import pytest
 
 from bastion.search.embedding import load_default_encoder
+from bastion.search.fusion import FusionWeights
 from bastion.search.index import ToolIndex
-from bastion.search.integer_model import cpu_has_integer_dot_product, integer_model
+from bastion.search.integer_model import ABANDONED_AFTER_S, cpu_has_integer_dot_product, integer_model, remove_abandoned_work
 
 from .conftest import CATALOG, installed
 
@@ -102,12 +104,13 @@ def test_an_unwritable_model_directory_falls_back_to_float_products(tmp_path, ca
     assert any("MiniLM multiplies in float32" in r.getMessage() for r in caplog.records)
 
 
-def test_the_gate_lets_cheaper_minilm_run_on_more_queries(both):
+def test_both_models_rank_with_the_same_weights(both):
+    # A lower gate for the dearer float model had cost it the Recall@5 target.
     integer, floating, _ = both
     assert integer.integer_products and not floating.integer_products
-    cheap, full = ToolIndex(encoder=integer).weights, ToolIndex(encoder=floating).weights
-    assert cheap.gate is not None and full.gate is not None and cheap.gate > full.gate
-    assert ToolIndex(encoder=floating, weights=cheap).weights is cheap, "explicit weights are kept"
+    assert ToolIndex(encoder=integer).weights == ToolIndex(encoder=floating).weights == FusionWeights()
+    explicit = FusionWeights(gate=None)
+    assert ToolIndex(encoder=floating, weights=explicit).weights is explicit, "explicit weights are kept"
 
 
 def test_batches_embedded_in_parallel_match_one_at_a_time(both):
@@ -117,3 +120,18 @@ def test_batches_embedded_in_parallel_match_one_at_a_time(both):
         sequential = installed(load_default_encoder(1, integer_products=integer_products, model_dir=models),
                                "embedding model")
         assert np.array_equal(parallel.encode(texts, max_tokens=128), sequential.encode(texts, max_tokens=128))
+
+
+def test_work_left_by_a_killed_derivation_is_removed_and_a_running_one_kept(tmp_path):
+    abandoned, running = tmp_path / ".deriving-old", tmp_path / ".deriving-new"
+    for work in (abandoned, running):
+        work.mkdir()
+        (work / "float.onnx").write_bytes(b"partial")
+    model = tmp_path / "minilm.onnx"
+    model.write_bytes(b"kept")
+    old = time.time() - ABANDONED_AFTER_S - 60
+    os.utime(abandoned, (old, old))
+    os.utime(model, (old, old))
+    remove_abandoned_work(tmp_path)
+    assert not abandoned.exists()
+    assert (running / "float.onnx").exists() and model.read_bytes() == b"kept"
