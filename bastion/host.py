@@ -51,13 +51,9 @@ class Host:
     async def find_tools(self, query: str, k: int = 5) -> list[dict[str, Any]]:
         """The ``k`` tools that best fit ``query`` among those this identity may call, best first."""
         index = await self._gateway.tool_index().current()
-        visible = {tool["name"] for tool in await self.list_tools()}
-        found = []
-        for name, _score in index.search(query, k, allowed=visible.__contains__):
-            definition = index.get(name)
-            if definition is not None:
-                found.append(dict(definition))
-        return found
+        # Described as listed now: the index ranks, but may not have caught up with a change yet.
+        visible = {tool["name"]: tool for tool in await self.list_tools()}
+        return [dict(visible[name]) for name, _score in index.search(query, k, allowed=visible.__contains__)]
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Call a tool by its federated name; policy refusals and server errors raise ``GatewayError``."""

@@ -27,35 +27,91 @@ _DISCOVERED = "search.discovered"
 
 
 class CatalogIndex:
-    """A ``ToolIndex`` that follows the federated catalog, rebuilt off the event loop when the catalog changes."""
+    """A ``ToolIndex`` that follows the federated catalog, indexed in the background, one change at a time.
+
+    A search waits only until the index first answers (BM25 and the static vectors: seconds even for thousands
+    of tools), never for MiniLM to embed the catalog (minutes on a small CPU) or for a later change to be
+    indexed. Until a change is in, searches rank the catalog as it was, and every answer is still filtered by
+    what the client may see now, so a removed or hidden tool is never returned meanwhile; a change made while
+    the catalog is first embedded is indexed after that.
+    """
 
     def __init__(self, catalog: CatalogView, make_index: Callable[[], ToolIndex] = ToolIndex) -> None:
         self._catalog = catalog
         self._make_index = make_index
         self._index: ToolIndex | None = None
-        self._indexed: dict[str, Any] = {}
-        self._lock = asyncio.Lock()
+        self._wanted: dict[str, Any] | None = None
+        self._changed = asyncio.Event()
+        self._searchable = asyncio.Event()
+        self._maintainer: asyncio.Task[None] | None = None
 
     async def current(self) -> ToolIndex:
-        async with self._lock:
-            tools = {entry.exposed_name: entry.definition for entry in self._catalog.tools()}
-            if self._index is None:
-                self._index = await asyncio.to_thread(self._make_index)
-                await asyncio.to_thread(self._index.build, list(tools.values()), progressive=True)
-            elif tools != self._indexed:
-                changed = [d for name, d in tools.items() if self._indexed.get(name) != d]
-                gone = [name for name in self._indexed if name not in tools]
-                if gone:
-                    await asyncio.to_thread(self._index.remove, gone)
-                if changed:
-                    await asyncio.to_thread(self._index.upsert, changed)
-            self._indexed = tools
-            return self._index
+        tools = {entry.exposed_name: entry.definition for entry in self._catalog.tools()}
+        if tools != self._wanted:
+            self._wanted = tools
+            self._changed.set()
+        if self._maintainer is None:
+            self._maintainer = asyncio.create_task(self._maintain())
+        if not self._searchable.is_set():
+            maintainer = self._maintainer
+            ready = asyncio.ensure_future(self._searchable.wait())
+            try:
+                await asyncio.wait({ready, maintainer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ready.cancel()
+            if not self._searchable.is_set():  # the first build failed: the next request starts over
+                self._maintainer, self._wanted = None, None
+                why = "it was closed" if maintainer.cancelled() else repr(maintainer.exception())
+                raise RuntimeError(f"the tool index could not be built: {why}")
+        assert self._index is not None
+        return self._index
 
+    async def _maintain(self) -> None:
+        loop = asyncio.get_running_loop()
+        index = await asyncio.to_thread(self._make_index)
+        indexed: dict[str, Any] = {}
+        try:
+            while True:
+                await self._changed.wait()
+                self._changed.clear()
+                tools = self._wanted or {}
+                if self._index is None:
+                    self._index = index
+                    try:
+                        await asyncio.to_thread(index.build, list(tools.values()), progressive=True,
+                                                on_searchable=lambda: loop.call_soon_threadsafe(self._searchable.set))
+                    except Exception:
+                        if not self._searchable.is_set():
+                            raise
+                        log.exception("embedding the tool catalog failed; searches use BM25 and the static vectors")
+                    indexed = tools
+                elif await self._apply(index, indexed, tools):
+                    indexed = tools
+        except BaseException:
+            if not self._searchable.is_set():
+                self._index = None
+                index.close()
+            raise
+
+    @staticmethod
+    async def _apply(index: ToolIndex, indexed: dict[str, Any], tools: dict[str, Any]) -> bool:
+        changed = [d for name, d in tools.items() if indexed.get(name) != d]
+        gone = [name for name in indexed if name not in tools]
+        try:
+            if gone:
+                await asyncio.to_thread(index.remove, gone)
+            if changed:
+                await asyncio.to_thread(index.upsert, changed)
+        except Exception:  # the index keeps answering from the catalog it had; the next change retries this one
+            log.exception("indexing a change to the tool catalog failed; searches use the previous catalog")
+            return False
+        return True
 
     def close(self) -> None:
+        if self._maintainer is not None:
+            self._maintainer.cancel()
         if self._index is not None:
-            self._index.close()
+            self._index.close()  # stops an embedding in progress within a chunk of texts
 
 
 class SearchExposure:
@@ -68,7 +124,7 @@ class SearchExposure:
             index = await self._index.current()
             visible = await _visible_tools(request, call_next)
             discovered = request.session.facts.get(_DISCOVERED, ())
-            return {"tools": search_mode_listing(index, self._always, discovered, allowed=visible.__contains__)}
+            return {"tools": search_mode_listing(index, self._always, discovered, visible)}
         if request.method != "tools/call":
             return await call_next(request)
         name = request.params.get("name")
@@ -77,7 +133,7 @@ class SearchExposure:
         if name == CALL_TOOL_NAME:
             index = await self._index.current()
             visible = await _visible_tools(request, call_next)
-            resolved = call_tool(index, request.params.get("arguments"), allowed=visible.__contains__)
+            resolved = call_tool(index, request.params.get("arguments"), visible)
             if not isinstance(resolved, ResolvedCall):
                 return resolved
             params = {**request.params, "name": resolved.name, "arguments": resolved.arguments}
@@ -87,7 +143,7 @@ class SearchExposure:
     async def _search(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         index = await self._index.current()
         visible = await _visible_tools(request, call_next)
-        result = await asyncio.to_thread(search_tools, index, request.params.get("arguments"), visible.__contains__)
+        result = await asyncio.to_thread(search_tools, index, request.params.get("arguments"), visible)
         found = [tool["name"] for tool in (result.get("structuredContent") or {}).get("tools", [])]
         self._remember(request.session, found)
         return result
@@ -104,17 +160,18 @@ class SearchExposure:
             notify("notifications/tools/list_changed")
 
 
-async def _visible_tools(request: GatewayRequest, call_next: Handler) -> set[str]:
-    """The names this principal may see: the policy-filtered tools/list, every page of it."""
-    names: set[str] = set()
+async def _visible_tools(request: GatewayRequest, call_next: Handler) -> dict[str, dict[str, Any]]:
+    """The tools this principal may see now, by name: the policy-filtered tools/list, every page of it."""
+    tools: dict[str, dict[str, Any]] = {}
     cursor = None
     while True:
         params = {"cursor": cursor} if cursor else {}
         page = await call_next(_derived(request, "tools/list", params))
-        names.update(tool["name"] for tool in page.get("tools", []) if isinstance(tool, dict))
+        tools.update((tool["name"], tool) for tool in page.get("tools", []) if isinstance(tool, dict)
+                     and isinstance(tool.get("name"), str))
         cursor = page.get("nextCursor")
         if not cursor:
-            return names
+            return tools
 
 
 def _derived(request: GatewayRequest, method: str, params: dict[str, Any]) -> GatewayRequest:

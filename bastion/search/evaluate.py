@@ -101,6 +101,8 @@ def load_catalog(path: Path) -> list[dict[str, Any]]:
             raise CatalogFileError(f"{path}:{lineno}: duplicate id {row['id']!r}")
         seen.add(row["id"])
         tools.append(row)
+    if not tools:
+        raise CatalogFileError(f"{path}: no tools (each line: a JSON object with id, name, description, inputSchema)")
     return tools
 
 
@@ -116,6 +118,8 @@ def load_queries(path: Path, known_ids: set[str] | None = None) -> list[EvalQuer
         if known_ids is not None and (unknown := [r for r in relevant if r not in known_ids]):
             raise CatalogFileError(f"{path}:{lineno}: relevant ids not in the catalog: {unknown[:5]}")
         queries.append(EvalQuery(query=query, relevant=frozenset(relevant)))
+    if not queries:
+        raise CatalogFileError(f"{path}: no queries (each line: a JSON object with query and relevant)")
     return queries
 
 

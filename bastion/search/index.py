@@ -44,6 +44,14 @@ QUERY_MAX_TOKENS = 128
 # A task description, however detailed, fits in this; past it a query is cut rather than
 # read whole by BM25 and the request splitter (a megabyte of query cost over a second).
 MAX_QUERY_CHARS = 8192
+# Texts are embedded this many at a time (a multiple of every batch size the encoder uses at the
+# default budget), so a closed index stops within a chunk and the disk cache keeps each chunk's
+# vectors even if the process dies before the catalog is done.
+EMBED_CHUNK = 256
+
+
+class IndexClosed(RuntimeError):
+    """The index was closed while it was being written."""
 BM25_K1 = 1.2
 BM25_B = 0.75
 
@@ -80,23 +88,33 @@ class _VectorStore:
     def __init__(self, encoder: TextEncoder, max_tokens: int, cache: EmbeddingCache | None = None) -> None:
         self.encoder, self.max_tokens, self._cache = encoder, max_tokens, cache
         self._by_text: dict[str, np.ndarray] = {}
+        self._closed = False
+        # The cache is closed from the caller's thread while a build may be writing it from another.
+        self._cache_lock = threading.Lock()
 
     def vectors_for(self, texts: Sequence[str]) -> np.ndarray:
         known = self._by_text
-        missing = sorted({t for t in texts if t not in known})
+        # In the order the encoder batches them (by length), so chunking changes no batch.
+        missing = sorted({t for t in texts if t not in known}, key=lambda t: (len(t), t))
         if missing and self._cache is not None:
             keys = {t: EmbeddingCache.key(t, self.max_tokens) for t in missing}
-            found = self._cache.get_many(list(keys.values()))
+            with self._cache_lock:
+                self._check_open()
+                found = self._cache.get_many(list(keys.values()))
             for text, key in keys.items():
                 if key in found:
                     known[text] = found[key]
             missing = [t for t in missing if t not in known]
-        if missing:
-            fresh = self.encoder.encode(missing, max_tokens=self.max_tokens)
-            for text, vec in zip(missing, fresh):
+        for start in range(0, len(missing), EMBED_CHUNK):
+            self._check_open()
+            chunk = missing[start : start + EMBED_CHUNK]
+            fresh = self.encoder.encode(chunk, max_tokens=self.max_tokens)
+            for text, vec in zip(chunk, fresh):
                 known[text] = vec
             if self._cache is not None:
-                self._cache.put_many({EmbeddingCache.key(t, self.max_tokens): v for t, v in zip(missing, fresh)})
+                with self._cache_lock:
+                    self._check_open()
+                    self._cache.put_many({EmbeddingCache.key(t, self.max_tokens): v for t, v in zip(chunk, fresh)})
         # Forget vectors of tools no longer listed, so memory follows the live catalog.
         live = set(texts)
         for text in [t for t in known if t not in live]:
@@ -105,9 +123,15 @@ class _VectorStore:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack([known[t] for t in texts]).astype(np.float32, copy=False)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IndexClosed("the tool index was closed")
+
     def close(self) -> None:
-        if self._cache is not None:
-            self._cache.close()
+        with self._cache_lock:
+            self._closed = True
+            if self._cache is not None:
+                self._cache.close()
 
 
 class ToolIndex:
@@ -210,19 +234,29 @@ class ToolIndex:
         index.build(tools)
         return index
 
-    def build(self, tools: Iterable[Mapping[str, Any]], *, progressive: bool = False) -> None:
+    def build(self, tools: Iterable[Mapping[str, Any]], *, progressive: bool = False,
+              on_searchable: Callable[[], None] | None = None) -> None:
         """Replace the whole catalog.
 
         ``progressive``: publish BM25 and the static vectors first (seconds), so searches
         answer while MiniLM embeds the tool texts, then switch to the full fusion.
         Embedding thousands of tools with MiniLM takes minutes on a small CPU; a gateway
-        should not be blind meanwhile.
+        should not be blind meanwhile. ``on_searchable`` is called (from this thread) as soon
+        as searches answer from the new catalog.
+
+        :meth:`close` from another thread stops a build within a chunk of texts
+        (:class:`IndexClosed`).
         """
         with self._write_lock:
             docs = {self._key(t): self._make_doc(t) for t in tools}
             if progressive and self._encoder is not None:
                 self._publish(docs, embed=False)
+                if on_searchable is not None:
+                    on_searchable()
+                    on_searchable = None
             self._publish(docs)
+        if on_searchable is not None:
+            on_searchable()
 
     def upsert(self, tools: Iterable[Mapping[str, Any]]) -> None:
         """Add or replace tools (re-embeds only texts not seen before)."""
@@ -252,7 +286,7 @@ class ToolIndex:
     def _publish(self, docs: dict[str, _Doc], *, embed: bool = True) -> None:
         keys = tuple(sorted(docs))
         lexical = None
-        if keys:
+        if any(docs[k].tokens for k in keys):  # bm25s cannot index a catalog without a single word
             lexical = bm25s.BM25(k1=BM25_K1, b=BM25_B)
             lexical.index([list(docs[k].tokens) for k in keys], show_progress=False)
         texts = [docs[k].semantic for k in keys]
@@ -287,6 +321,12 @@ class ToolIndex:
         if len(candidates) == 0:
             return []
         lexical, static = self._lexical_scores(snap, query), self._static_scores(snap, query)
+        if lexical is not None and static is None and snap.vectors is None:
+            # BM25 alone: a tool that shares no word with the query has nothing for it, and
+            # in search mode every tool found joins the client's list.
+            candidates = candidates[lexical[candidates] > 0]
+            if len(candidates) == 0:
+                return []
 
         def semantic() -> np.ndarray | None:
             scores = self._semantic_scores(snap, query)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import orjson
 
@@ -100,9 +100,14 @@ def _describe(tool: Mapping[str, Any]) -> dict[str, Any]:
 def search_tools(
     index: ToolIndex,
     arguments: Mapping[str, Any] | None,
-    allowed: Callable[[str], bool] | None = None,
+    visible: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The ``CallToolResult`` for a ``search_tools`` call: JSON text plus structured content."""
+    """The ``CallToolResult`` for a ``search_tools`` call: JSON text plus structured content.
+
+    ``visible``: the tools the caller may see now, by name (default: every indexed tool). Only
+    these are found, each described as given there: the index ranks, but may not have caught up
+    with a change to the catalog yet.
+    """
     args = arguments or {}
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
@@ -110,9 +115,10 @@ def search_tools(
     k = args.get("k", DEFAULT_K)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         return error_result(f"search_tools 'k' must be an integer from 1 to {MAX_K}")
+    definition = index.get if visible is None else visible.get
     tools = []
-    for name, _score in index.search(query, k, allowed=allowed):
-        tool = index.get(name)
+    for name, _score in index.search(query, k, allowed=None if visible is None else visible.__contains__):
+        tool = definition(name)
         if tool is not None:
             tools.append(_describe(tool))
     structured = {"tools": tools}
@@ -131,12 +137,13 @@ class ResolvedCall:
 def call_tool(
     index: ToolIndex,
     arguments: Mapping[str, Any] | None,
-    allowed: Callable[[str], bool] | None = None,
+    visible: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ResolvedCall | dict[str, Any]:
     """Validate a ``call_tool`` call: the call to forward, or an error ``CallToolResult``.
 
-    A tool that exists but is not permitted gets the same answer as one that does not
-    exist, so ``call_tool`` cannot be used to probe for hidden tools.
+    ``visible``: the tools the caller may see now, by name (default: every indexed tool). A
+    tool that exists but is not visible gets the same answer as one that does not exist, so
+    ``call_tool`` cannot be used to probe for hidden tools.
     """
     args = arguments or {}
     name = args.get("name")
@@ -147,7 +154,7 @@ def call_tool(
         inner = {}
     if not isinstance(inner, dict):
         return error_result("call_tool 'arguments' must be an object")
-    if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME) or name not in index or (allowed is not None and not allowed(name)):
+    if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME) or name not in (index if visible is None else visible):
         return error_result(f"unknown tool {name!r}; use search_tools to find available tools")
     return ResolvedCall(name=name, arguments=dict(inner))
 
@@ -156,18 +163,16 @@ def search_mode_listing(
     index: ToolIndex,
     always_listed: Iterable[str] = (),
     discovered: Iterable[str] = (),
-    allowed: Callable[[str], bool] | None = None,
+    visible: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The ``tools/list`` answer for a search-mode client, in canonical order.
 
     The two meta-tools, the configured always-listed tools, and (for clients that support
-    ``list_changed``) the tools its searches found so far. Checked against ``allowed`` on
-    every call, so a tool that policy hides later drops out of the list too.
+    ``list_changed``) the tools its searches found so far, as ``visible`` gives them (default:
+    every indexed tool). Given afresh on every call, so a tool that policy hides later drops
+    out of the list too.
     """
+    definition = index.get if visible is None else visible.get
     names = set(always_listed) | set(discovered)
-    listed = [
-        dict(tool)
-        for name in names
-        if (tool := index.get(name)) is not None and (allowed is None or allowed(name))
-    ]
+    listed = [dict(tool) for name in names if (tool := definition(name)) is not None]
     return canonical_tool_list([*meta_tool_definitions(), *listed])

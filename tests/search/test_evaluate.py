@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -96,3 +99,26 @@ def test_catalog_and_query_files_are_validated_with_line_numbers(tmp_path):
     q.write_text('{"query": "hi", "relevant": []}\n')
     with pytest.raises(CatalogFileError, match="q.jsonl:1"):
         load_queries(q)
+
+
+def test_empty_catalog_and_query_files_are_errors_not_zero_scores(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(CatalogFileError, match="empty.jsonl: no tools"):
+        load_catalog(empty)
+    with pytest.raises(CatalogFileError, match="empty.jsonl: no queries"):
+        load_queries(empty)
+
+
+def test_eval_command_refuses_an_empty_query_file_and_indexes_a_catalog_without_words(tmp_path):
+    tools, queries = tmp_path / "tools.jsonl", tmp_path / "queries.jsonl"
+    tools.write_text('{"id": "a", "name": "x", "description": "1"}\n')
+    queries.write_text("")
+    refused = subprocess.run([sys.executable, "-m", "bastion", "tools", "eval", "--tools", str(tools), "--queries",
+                              str(queries), "--lexical-only"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "no queries" in refused.stderr and refused.stdout == ""
+    queries.write_text('{"query": "x marks the spot", "relevant": ["a"]}\n')
+    done = subprocess.run([sys.executable, "-m", "bastion", "tools", "eval", "--tools", str(tools), "--queries",
+                           str(queries), "--lexical-only", "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)["recall"]["recall@5"] == 0.0  # nothing in the catalog shares a word with it

@@ -1,0 +1,118 @@
+"""The gateway's index over the federated catalog: built in the background, searchable within seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from bastion.gateway.exposure import CatalogIndex
+from bastion.gateway.pipeline import ToolEntry
+from bastion.search.index import EMBED_CHUNK, ToolIndex
+
+from .conftest import CATALOG, tool
+
+
+@dataclass
+class Catalog:
+    """The federated catalog as the gateway's interceptors see it, without servers behind it."""
+
+    definitions: list
+
+    def tools(self):
+        return [ToolEntry(exposed_name=d["name"], server="s", original_name=d["name"], definition=d)
+                for d in self.definitions]
+
+    def tool(self, exposed_name):
+        return next((e for e in self.tools() if e.exposed_name == exposed_name), None)
+
+
+class HeldEncoder:
+    """The real encoder, but embedding a catalog (several texts at once) waits until the test lets it go."""
+
+    def __init__(self, inner):
+        self.inner, self.model_id = inner, inner.model_id
+        self.started, self.release, self.returned = threading.Event(), threading.Event(), threading.Event()
+        self.calls = 0
+
+    def encode(self, texts, *, max_tokens):
+        if len(texts) == 1:
+            return self.inner.encode(texts, max_tokens=max_tokens)
+        self.calls += 1
+        self.started.set()
+        assert self.release.wait(60)
+        try:
+            return self.inner.encode(texts, max_tokens=max_tokens)
+        finally:
+            self.returned.set()
+
+
+def names(hits):
+    return [name for name, _ in hits]
+
+
+async def test_searches_answer_before_the_catalog_is_embedded_and_changes_wait_for_nothing(encoder):
+    held = HeldEncoder(encoder)
+    catalog = Catalog(list(CATALOG))
+    index = CatalogIndex(catalog, lambda: ToolIndex(encoder=held))
+    try:
+        ix = await asyncio.wait_for(index.current(), 30)
+        assert held.started.wait(30) and not ix.semantic_ready, "MiniLM is still embedding"
+        assert names(ix.search("open a github issue", 1)) == ["create_issue"]
+
+        catalog.definitions.append(tool("book_flight", "Book an airline flight between two airports."))
+        assert await asyncio.wait_for(index.current(), 5) is ix, "a change is indexed in the background"
+        assert "book_flight" not in ix, "not before the first embedding is done"
+
+        held.release.set()
+        for _ in range(600):
+            if "book_flight" in ix and ix.semantic_ready:
+                break
+            await asyncio.sleep(0.05)
+        assert ix.semantic_ready and names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"]
+
+        catalog.definitions = [d for d in catalog.definitions if d["name"] != "create_issue"]
+        await index.current()
+        for _ in range(600):
+            if "create_issue" not in ix:
+                break
+            await asyncio.sleep(0.05)
+        assert "create_issue" not in ix
+    finally:
+        held.release.set()
+        index.close()
+
+
+async def test_closing_stops_an_embedding_within_a_chunk(encoder):
+    held = HeldEncoder(encoder)
+    many = [tool(f"widget_{i}", f"Manage widget number {i} in the warehouse.") for i in range(EMBED_CHUNK * 3)]
+    index = CatalogIndex(Catalog(many), lambda: ToolIndex(encoder=held))
+    ix = await asyncio.wait_for(index.current(), 60)
+    assert held.started.wait(30)
+    index.close()
+    held.release.set()
+    assert held.returned.wait(60)
+    await asyncio.sleep(1.0)  # the next chunk, if any, would start at once
+    assert held.calls == 1, "no chunk is embedded after close"
+    assert not ix.semantic_ready
+
+
+async def test_a_first_build_that_fails_is_reported_and_the_next_request_retries():
+    attempts = []
+
+    def make_index():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise OSError("cache directory not writable")
+        return ToolIndex(encoder=None)
+
+    index = CatalogIndex(Catalog(list(CATALOG)), make_index)
+    try:
+        with pytest.raises(RuntimeError, match="cache directory not writable"):
+            await asyncio.wait_for(index.current(), 30)
+        ix = await asyncio.wait_for(index.current(), 30)
+        assert names(ix.search("open a github issue", 1)) == ["create_issue"] and len(attempts) == 2
+    finally:
+        index.close()
