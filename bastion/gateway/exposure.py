@@ -52,6 +52,7 @@ class CatalogIndex:
             self._changed.set()
         if self._maintainer is None:
             self._maintainer = asyncio.create_task(self._maintain())
+            self._maintainer.add_done_callback(_report_failure)
         if not self._searchable.is_set():
             maintainer = self._maintainer
             ready = asyncio.ensure_future(self._searchable.wait())
@@ -60,7 +61,8 @@ class CatalogIndex:
             finally:
                 ready.cancel()
             if not self._searchable.is_set():  # the first build failed: the next request starts over
-                self._maintainer, self._wanted = None, None
+                if self._maintainer is maintainer:
+                    self._maintainer, self._wanted = None, None
                 why = "it was closed" if maintainer.cancelled() else repr(maintainer.exception())
                 raise RuntimeError(f"the tool index could not be built: {why}")
         assert self._index is not None
@@ -112,6 +114,11 @@ class CatalogIndex:
             self._maintainer.cancel()
         if self._index is not None:
             self._index.close()  # stops an embedding in progress within a chunk of texts
+
+
+def _report_failure(maintainer: asyncio.Task[None]) -> None:
+    if not maintainer.cancelled() and (error := maintainer.exception()) is not None:
+        log.error("building the tool index failed: %r; the next search-mode request tries again", error)
 
 
 class SearchExposure:

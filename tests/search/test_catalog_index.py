@@ -99,7 +99,7 @@ async def test_closing_stops_an_embedding_within_a_chunk(encoder):
     assert not ix.semantic_ready
 
 
-async def test_a_first_build_that_fails_is_reported_and_the_next_request_retries():
+async def test_a_first_build_that_fails_is_reported_and_the_next_request_retries(caplog):
     attempts = []
 
     def make_index():
@@ -112,6 +112,8 @@ async def test_a_first_build_that_fails_is_reported_and_the_next_request_retries
     try:
         with pytest.raises(RuntimeError, match="cache directory not writable"):
             await asyncio.wait_for(index.current(), 30)
+        await asyncio.sleep(0)  # the failed task's callbacks run on the next turn of the loop
+        assert any("building the tool index failed" in r.getMessage() for r in caplog.records)
         ix = await asyncio.wait_for(index.current(), 30)
         assert names(ix.search("open a github issue", 1)) == ["create_issue"] and len(attempts) == 2
     finally:
