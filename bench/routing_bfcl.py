@@ -123,11 +123,16 @@ def held_out_search(index: ToolIndex, queries, held_out) -> tuple[float, float]:
     return score_rankings(rankings, [set(queries[i].relevant) for i in held_out]).recall[5], percentile_ms(cpu, 50)
 
 
-def compare_float_products(integer: ToolIndex, tools, queries, held_out, doc_tokens) -> dict[str, float]:
-    """The packaged float-product model on the same catalog: the baseline of the integer one."""
+def _float_encoder():
     floating = load_default_encoder(integer_products=False)
     if isinstance(floating, EncoderUnavailable):
         raise SystemExit(f"float model unavailable: {floating.reason}")
+    return floating
+
+
+def compare_float_products(integer: ToolIndex, tools, queries, held_out, doc_tokens) -> dict[str, float]:
+    """The packaged float-product model on the same catalog: the baseline of the integer one."""
+    floating = _float_encoder()
     index = ToolIndex(key_field="id", encoder=floating, doc_max_tokens=doc_tokens)
     build_s, build_cpu_s = timed_build(index, tools)
     recall5, cpu_p50 = held_out_search(index, queries, held_out)
@@ -139,9 +144,7 @@ def compare_float_products(integer: ToolIndex, tools, queries, held_out, doc_tok
 def float_scale_latency(big, sample, doc_tokens: int) -> dict[str, float]:
     """Query latency of the packaged float model on the scale catalog: what CPUs without
     integer dot products get (its cold build alone takes minutes, hence a flag)."""
-    floating = load_default_encoder(integer_products=False)
-    if isinstance(floating, EncoderUnavailable):
-        raise SystemExit(f"float model unavailable: {floating.reason}")
+    floating = _float_encoder()
     index = ToolIndex(key_field="id", encoder=floating, doc_max_tokens=doc_tokens)
     build_s, _ = timed_build(index, big)
     cpu: list[float] = []

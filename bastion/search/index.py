@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
 import bm25s
 import numpy as np
@@ -51,12 +52,12 @@ MAX_QUERY_CHARS = 8192
 # default budget), so a closed index stops within a chunk and the disk cache keeps each chunk's
 # vectors even if the process dies before the catalog is done.
 EMBED_CHUNK = 256
+BM25_K1 = 1.2
+BM25_B = 0.75
 
 
 class IndexClosed(RuntimeError):
     """The index was closed while it was being written."""
-BM25_K1 = 1.2
-BM25_B = 0.75
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,8 @@ class _VectorStore:
         missing = sorted({t for t in texts if t not in known}, key=lambda t: (len(t), t))
         if missing and self._cache is not None:
             keys = {t: EmbeddingCache.key(t, self.max_tokens) for t in missing}
-            with self._cache_lock:
-                self._check_open()
-                found = self._cache.get_many(list(keys.values()))
+            with self._open_cache() as cache:
+                found = cache.get_many(list(keys.values()))
             for text, key in keys.items():
                 if key in found:
                     known[text] = found[key]
@@ -115,9 +115,8 @@ class _VectorStore:
             for text, vec in zip(chunk, fresh):
                 known[text] = vec
             if self._cache is not None:
-                with self._cache_lock:
-                    self._check_open()
-                    self._cache.put_many({EmbeddingCache.key(t, self.max_tokens): v for t, v in zip(chunk, fresh)})
+                with self._open_cache() as cache:
+                    cache.put_many({EmbeddingCache.key(t, self.max_tokens): v for t, v in zip(chunk, fresh)})
         # Forget vectors of tools no longer listed, so memory follows the live catalog.
         live = set(texts)
         for text in [t for t in known if t not in live]:
@@ -129,6 +128,14 @@ class _VectorStore:
     def _check_open(self) -> None:
         if self._closed:
             raise IndexClosed("the tool index was closed")
+
+    @contextmanager
+    def _open_cache(self) -> Iterator[EmbeddingCache]:
+        """The disk cache, held so that :meth:`close` cannot close it mid-read or mid-write."""
+        with self._cache_lock:
+            self._check_open()
+            assert self._cache is not None
+            yield self._cache
 
     def close(self) -> None:
         with self._cache_lock:
@@ -252,14 +259,14 @@ class ToolIndex:
         """
         with self._write_lock:
             docs = {self._key(t): self._make_doc(t) for t in tools}
-            if progressive and self._encoder is not None:
+            early = progressive and self._encoder is not None
+            if early:
                 self._publish(docs, embed=False)
                 if on_searchable is not None:
                     on_searchable()
-                    on_searchable = None
             self._publish(docs)
-        if on_searchable is not None:
-            on_searchable()
+            if not early and on_searchable is not None:
+                on_searchable()
 
     def upsert(self, tools: Iterable[Mapping[str, Any]]) -> None:
         """Add or replace tools (re-embeds only texts not seen before)."""

@@ -97,6 +97,12 @@ def _describe(tool: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _seen(index: ToolIndex, visible: Mapping[str, Mapping[str, Any]] | None) -> Any:
+    """Where tools are looked up by name: what the caller sees now, or else the index (both answer
+    ``in`` and ``get``)."""
+    return index if visible is None else visible
+
+
 def search_tools(
     index: ToolIndex,
     arguments: Mapping[str, Any] | None,
@@ -115,10 +121,10 @@ def search_tools(
     k = args.get("k", DEFAULT_K)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         return error_result(f"search_tools 'k' must be an integer from 1 to {MAX_K}")
-    definition = index.get if visible is None else visible.get
+    seen = _seen(index, visible)
     tools = []
     for name, _score in index.search(query, k, allowed=None if visible is None else visible.__contains__):
-        tool = definition(name)
+        tool = seen.get(name)
         if tool is not None:
             tools.append(_describe(tool))
     structured = {"tools": tools}
@@ -154,7 +160,7 @@ def call_tool(
         inner = {}
     if not isinstance(inner, dict):
         return error_result("call_tool 'arguments' must be an object")
-    if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME) or name not in (index if visible is None else visible):
+    if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME) or name not in _seen(index, visible):
         return error_result(f"unknown tool {name!r}; use search_tools to find available tools")
     return ResolvedCall(name=name, arguments=dict(inner))
 
@@ -172,7 +178,7 @@ def search_mode_listing(
     every indexed tool). Given afresh on every call, so a tool that policy hides later drops
     out of the list too.
     """
-    definition = index.get if visible is None else visible.get
+    seen = _seen(index, visible)
     names = set(always_listed) | set(discovered)
-    listed = [dict(tool) for name in names if (tool := definition(name)) is not None]
+    listed = [dict(tool) for name in names if (tool := seen.get(name)) is not None]
     return canonical_tool_list([*meta_tool_definitions(), *listed])
