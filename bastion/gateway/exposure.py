@@ -11,7 +11,7 @@ import logging
 from typing import Any, Callable, Sequence
 
 from bastion.gateway.pipeline import CatalogView, GatewayRequest, Handler, Session
-from bastion.search.index import ToolIndex
+from bastion.search.index import IndexClosed, ToolIndex
 from bastion.search.meta_tools import (
     CALL_TOOL_NAME,
     SEARCH_TOOL_NAME,
@@ -32,8 +32,8 @@ class CatalogIndex:
     A search waits only until the index first answers (BM25 and the static vectors: seconds even for thousands
     of tools), never for MiniLM to embed the catalog (minutes on a small CPU) or for a later change to be
     indexed. Until a change is in, searches rank the catalog as it was, and every answer is still filtered by
-    what the client may see now, so a removed or hidden tool is never returned meanwhile; a change made while
-    the catalog is first embedded is indexed after that.
+    what the client may see now, so a removed or hidden tool is never returned meanwhile. A change made while
+    MiniLM first embeds the catalog is searchable at once by BM25 and the static vectors, and embedded with it.
     """
 
     def __init__(self, catalog: CatalogView, make_index: Callable[[], ToolIndex] = ToolIndex) -> None:
@@ -71,29 +71,42 @@ class CatalogIndex:
     async def _maintain(self) -> None:
         loop = asyncio.get_running_loop()
         index = await asyncio.to_thread(self._make_index)
-        indexed: dict[str, Any] = {}
         try:
+            await self._changed.wait()
+            self._changed.clear()
+            indexed = self._wanted or {}
+            self._index = index
+            # MiniLM embeds the first catalog on its own thread while changes keep coming in: the index
+            # makes each searchable at once (BM25 and the static vectors) and embeds it before it is done.
+            embedding = asyncio.ensure_future(asyncio.to_thread(
+                index.build, list(indexed.values()), progressive=True,
+                on_searchable=lambda: loop.call_soon_threadsafe(self._searchable.set)))
+            embedding.add_done_callback(self._report_embedding_failure)
+            searchable = asyncio.ensure_future(self._searchable.wait())
+            try:
+                await asyncio.wait({searchable, embedding}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                searchable.cancel()
+            if not self._searchable.is_set():
+                await embedding  # it failed before the index answered: raise why
             while True:
                 await self._changed.wait()
                 self._changed.clear()
                 tools = self._wanted or {}
-                if self._index is None:
-                    self._index = index
-                    try:
-                        await asyncio.to_thread(index.build, list(tools.values()), progressive=True,
-                                                on_searchable=lambda: loop.call_soon_threadsafe(self._searchable.set))
-                    except Exception:
-                        if not self._searchable.is_set():
-                            raise
-                        log.exception("embedding the tool catalog failed; searches use BM25 and the static vectors")
-                    indexed = tools
-                elif await self._apply(index, indexed, tools):
+                if await self._apply(index, indexed, tools):
                     indexed = tools
         except BaseException:
             if not self._searchable.is_set():
                 self._index = None
                 index.close()
             raise
+
+    def _report_embedding_failure(self, embedding: asyncio.Future[None]) -> None:
+        if embedding.cancelled() or not self._searchable.is_set():  # else the maintainer reports it
+            return
+        if isinstance(error := embedding.exception(), (IndexClosed, type(None))):
+            return
+        log.error("embedding the tool catalog failed: %r; searches use BM25 and the static vectors", error)
 
     @staticmethod
     async def _apply(index: ToolIndex, indexed: dict[str, Any], tools: dict[str, Any]) -> bool:
@@ -104,8 +117,10 @@ class CatalogIndex:
                 await asyncio.to_thread(index.remove, gone)
             if changed:
                 await asyncio.to_thread(index.upsert, changed)
-        except Exception:  # the index keeps answering from the catalog it had; the next change retries this one
-            log.exception("indexing a change to the tool catalog failed; searches use the previous catalog")
+        except Exception:  # the next change retries this one
+            caught_up = all(index.get(name) == d for name, d in tools.items()) and not any(n in index for n in gone)
+            log.exception("indexing a change to the tool catalog failed; searches use %s",
+                          "it without MiniLM" if caught_up else "the previous catalog")
             return False
         return True
 

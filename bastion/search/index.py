@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
@@ -168,7 +168,10 @@ class ToolIndex:
         self.key_field = key_field
         self.doc_max_tokens = doc_max_tokens
         self._stem = make_stemmer()
+        # Writers hold _write_lock briefly; a progressive build holds _build_lock while it embeds.
         self._write_lock = threading.Lock()
+        self._build_lock = threading.Lock()
+        self._embedding_behind = False  # a progressive build is embedding the published catalog
         self._snapshot = _Snapshot()
         # How many searches ran the sentence model (the gate skips it when the cheap ranking is sure).
         self.searches = 0
@@ -251,37 +254,57 @@ class ToolIndex:
         ``progressive``: publish BM25 and the static vectors first (seconds), so searches
         answer while MiniLM embeds the tool texts, then switch to the full fusion.
         Embedding thousands of tools with MiniLM takes minutes on a small CPU; a gateway
-        should not be blind meanwhile. ``on_searchable`` is called (from this thread) as soon
-        as searches answer from the new catalog.
+        should not be blind meanwhile, nor deaf to changes: an :meth:`upsert` or
+        :meth:`remove` made during that embedding is searchable at once (BM25 and the static
+        vectors) and its texts are embedded by this build before it returns.
+        ``on_searchable`` is called (from this thread) as soon as searches answer from the
+        new catalog.
 
         :meth:`close` from another thread stops a build within a chunk of texts
         (:class:`IndexClosed`).
         """
-        with self._write_lock:
-            docs = {self._key(t): self._make_doc(t) for t in tools}
-            early = progressive and self._encoder is not None
-            if early:
-                self._publish(docs, embed=False)
-                if on_searchable is not None:
-                    on_searchable()
-            self._publish(docs)
-            if not early and on_searchable is not None:
+        with self._build_lock:
+            with self._write_lock:
+                docs = {self._key(t): self._make_doc(t) for t in tools}
+                early = progressive and self._dense is not None
+                self._publish(docs, embed=not early)
+                self._embedding_behind = early
+            if on_searchable is not None:
                 on_searchable()
+            if early:
+                self._catch_up_embedding()
+
+    def _catch_up_embedding(self) -> None:
+        """Embed the published catalog's texts without holding writers back, until no writer
+        changed the catalog meanwhile; then publish the vectors."""
+        assert self._dense is not None
+        try:
+            while True:
+                snap = self._snapshot
+                vectors = self._dense.vectors_for([snap.docs[k].semantic for k in snap.keys])
+                with self._write_lock:
+                    if self._snapshot is snap:
+                        self._snapshot = replace(snap, vectors=vectors)
+                        return
+        finally:
+            with self._write_lock:
+                self._embedding_behind = False
 
     def upsert(self, tools: Iterable[Mapping[str, Any]]) -> None:
-        """Add or replace tools (re-embeds only texts not seen before)."""
+        """Add or replace tools (re-embeds only texts not seen before; during a progressive
+        build, that build embeds them)."""
         with self._write_lock:
             docs = dict(self._snapshot.docs)
             for tool in tools:
                 docs[self._key(tool)] = self._make_doc(tool)
-            self._publish(docs)
+            self._publish(docs, embed=not self._embedding_behind)
 
     def remove(self, keys: Iterable[str]) -> None:
         with self._write_lock:
             docs = dict(self._snapshot.docs)
             for key in keys:
                 docs.pop(key, None)
-            self._publish(docs)
+            self._publish(docs, embed=not self._embedding_behind)
 
     def _key(self, tool: Mapping[str, Any]) -> str:
         key = tool.get(self.key_field)
@@ -301,8 +324,14 @@ class ToolIndex:
             lexical.index([list(docs[k].tokens) for k in keys], show_progress=False)
         texts = [docs[k].semantic for k in keys]
         static = self._static.vectors_for(texts) if self._static is not None else None
-        vectors = self._dense.vectors_for(texts) if self._dense is not None and embed else None
-        self._snapshot = _Snapshot(keys=keys, docs=docs, lexical=lexical, static=static, vectors=vectors)
+        snapshot = _Snapshot(keys=keys, docs=docs, lexical=lexical, static=static)
+        if self._dense is not None and embed:
+            try:
+                snapshot = replace(snapshot, vectors=self._dense.vectors_for(texts))
+            except Exception:
+                self._snapshot = snapshot  # if MiniLM fails, searches still see the catalog as it is, without it
+                raise
+        self._snapshot = snapshot
 
     @property
     def semantic_ready(self) -> bool:

@@ -64,7 +64,12 @@ async def test_searches_answer_before_the_catalog_is_embedded_and_changes_wait_f
 
         catalog.definitions.append(tool("book_flight", "Book an airline flight between two airports."))
         assert await asyncio.wait_for(index.current(), 5) is ix, "a change is indexed in the background"
-        assert "book_flight" not in ix, "not before the first embedding is done"
+        for _ in range(600):
+            if "book_flight" in ix:
+                break
+            await asyncio.sleep(0.05)
+        assert not ix.semantic_ready and names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"], \
+            "a change is searchable while MiniLM still embeds the first catalog"
 
         held.release.set()
         for _ in range(600):
@@ -116,5 +121,43 @@ async def test_a_first_build_that_fails_is_reported_and_the_next_request_retries
         assert any("building the tool index failed" in r.getMessage() for r in caplog.records)
         ix = await asyncio.wait_for(index.current(), 30)
         assert names(ix.search("open a github issue", 1)) == ["create_issue"] and len(attempts) == 2
+    finally:
+        index.close()
+
+
+class BrokenEncoder:
+    """Answers single queries but fails on a catalog, as a model that runs out of memory would."""
+
+    def __init__(self, inner):
+        self.inner, self.model_id = inner, inner.model_id
+
+    def encode(self, texts, *, max_tokens):
+        if len(texts) > 1:
+            raise MemoryError("cannot allocate the batch")
+        return self.inner.encode(texts, max_tokens=max_tokens)
+
+
+async def test_an_embedding_that_fails_is_logged_once_and_searches_go_on(encoder, caplog):
+    index_catalog = Catalog(list(CATALOG))
+    index = CatalogIndex(index_catalog, lambda: ToolIndex(encoder=BrokenEncoder(encoder)))
+    try:
+        ix = await asyncio.wait_for(index.current(), 30)
+        for _ in range(200):
+            if any("embedding the tool catalog failed" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.05)
+        failures = [r for r in caplog.records if "fail" in r.getMessage()]
+        assert len(failures) == 1 and "MemoryError" in failures[0].getMessage(), caplog.text
+        assert not ix.semantic_ready and names(ix.search("open a github issue", 1)) == ["create_issue"]
+        assert await index.current() is ix
+
+        # A change still reaches the index; only MiniLM is missing from it.
+        index_catalog.definitions.append(tool("book_flight", "Book an airline flight between two airports."))
+        await index.current()
+        for _ in range(200):
+            if "book_flight" in ix:
+                break
+            await asyncio.sleep(0.05)
+        assert names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"] and not ix.semantic_ready
     finally:
         index.close()

@@ -246,6 +246,38 @@ def test_progressive_build_answers_lexically_while_embedding(encoder):
     assert ix.search("notify my boss by mail", 1)[0][0] == "send_email"
 
 
+def test_changes_during_a_progressive_build_are_searchable_at_once_and_embedded_by_it(encoder):
+    import threading
+
+    gated = GatedEncoder(encoder)
+    ix = ToolIndex(encoder=gated)
+    builder = threading.Thread(target=ix.build, args=(CATALOG,), kwargs={"progressive": True})
+    builder.start()
+    try:
+        assert gated.started.wait(60)
+        flight = tool("book_flight", "Book an airline seat between two airports.", origin="Departure airport")
+        writer = threading.Thread(target=ix.upsert, args=([flight],))
+        writer.start()
+        writer.join(30)
+        assert not writer.is_alive(), "a change does not wait for the catalog's embedding"
+        ix.remove(["send_email"])
+        assert not ix.semantic_ready
+        assert ix.search("book an airline seat", 1)[0][0] == "book_flight"
+        assert "send_email" not in ix and len(ix) == len(CATALOG)
+    finally:
+        gated.gate.set()
+        builder.join(60)
+    assert not builder.is_alive() and ix.semantic_ready
+    # The build embedded the new tool too: MiniLM now finds it for words it does not contain.
+    assert ix.score_components("reserve a plane ticket").semantic is not None
+    assert ix.search("reserve a plane ticket", 1)[0][0] == "book_flight"
+    assert "send_email" not in {key for key, _ in ix.search("notify my boss by mail", len(CATALOG))}
+    # Once it is done, a change is embedded as it is made again.
+    gated.texts = 0
+    ix.upsert([tool("send_sms", "Send a text message to a phone number.", number="Phone number")])
+    assert gated.texts == 1 and ix.semantic_ready
+
+
 async def test_search_async_matches_search_and_keeps_the_loop_free(encoder):
     import asyncio
 
