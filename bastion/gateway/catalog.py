@@ -51,11 +51,16 @@ class Catalog:
         self._prompts: dict[str, Named] = {}
         self._prompt_list: list[dict[str, Any]] = []
         self._resource_owner: dict[str, str] = {}
+        self._resource_list: list[dict[str, Any]] = []
         self._template_owners: list[tuple[re.Pattern[str], str, str]] = []
 
     # ------------------------------------------------------------------------------------------ updates
     def update(self, server: str, kind: str, items: list[dict[str, Any]]) -> bool:
-        """Replace one server's list of one kind; returns whether anything the client sees changed."""
+        """Replace one server's list of one kind; returns whether anything the client sees changed.
+
+        An item Bastion could not route, or that would make a client reject the whole list (a tool whose
+        ``inputSchema`` is not an object), is left out with a warning, so one bad item costs only itself."""
+        items = [item for item in items if _usable(server, kind, item)]
         current = getattr(self._items[server], kind)
         if current == items:
             return False
@@ -65,13 +70,15 @@ class Catalog:
             self._rebuild_tools()
         elif kind == "prompts":
             self._rebuild_prompts()
-        else:
+        elif kind == "resources":
             self._rebuild_resources()
+        else:
+            self._rebuild_templates()
         return True
 
     def _assign(self, kind: str) -> tuple[dict[str, Named], dict[tuple[str, str], str]]:
         """Client-facing names for every server's tools or prompts, and the way from (server, original) to them."""
-        entries = [(s, self._servers[s].prefix, item.get("name", "")) for s in self._order
+        entries = [(s, self._servers[s].prefix, item["name"]) for s in self._order
                    for item in getattr(self._items[s], kind)]
         names, collisions = assign_names(entries)
         for c in collisions:
@@ -83,9 +90,9 @@ class Catalog:
         tools: dict[str, ToolEntry] = {}
         for server in self._order:
             for tool in self._items[server].tools:
-                exposed = by_origin[(server, tool.get("name", ""))]
+                exposed = by_origin[(server, tool["name"])]
                 definition = {**tool, "name": exposed}
-                tools[exposed] = ToolEntry(exposed, server, tool.get("name", ""), definition, self._servers[server].trust)
+                tools[exposed] = ToolEntry(exposed, server, tool["name"], definition, self._servers[server].trust)
         self._tools = tools
         self._tool_list = [tools[name] for name in sorted(tools)]
 
@@ -94,28 +101,31 @@ class Catalog:
         prompts = []
         for server in self._order:
             for prompt in self._items[server].prompts:
-                prompts.append({**prompt, "name": by_origin[(server, prompt.get("name", ""))]})
+                prompts.append({**prompt, "name": by_origin[(server, prompt["name"])]})
         self._prompts = names
         self._prompt_list = sorted(prompts, key=lambda p: p["name"])
 
     def _rebuild_resources(self) -> None:
         owners: dict[str, str] = {}
+        listed: list[dict[str, Any]] = []
         for server in self._order:
             for resource in self._items[server].resources:
-                uri = resource.get("uri")
-                if not isinstance(uri, str):
-                    continue
-                if uri in owners and owners[uri] != server:
-                    log.warning("resource %s is offered by %s and %s; reads go to %s (listed first in the configuration)",
-                                uri, owners[uri], server, owners[uri])
+                uri = resource["uri"]
+                if uri in owners:
+                    if owners[uri] != server:
+                        log.warning("resource %s is offered by %s and %s; it is listed and read from %s "
+                                    "(listed first in the configuration)", uri, owners[uri], server, owners[uri])
                     continue
                 owners[uri] = server
+                listed.append(resource)
         self._resource_owner = owners
+        self._resource_list = listed
+
+    def _rebuild_templates(self) -> None:
         self._template_owners = [
             (_template_pattern(t["uriTemplate"]), t["uriTemplate"], server)
             for server in self._order
             for t in self._items[server].resourceTemplates
-            if isinstance(t.get("uriTemplate"), str)
         ]
 
     # ------------------------------------------------------------------------------------------ lookups
@@ -148,10 +158,28 @@ class Catalog:
             return [dict(entry.definition) for entry in self._tool_list]
         if kind == "prompts":
             return self._prompt_list
+        if kind == "resources":
+            return self._resource_list
         return [item for server in self._order for item in getattr(self._items[server], kind)]
 
     def server_items(self, server: str, kind: str) -> list[dict[str, Any]]:
         return getattr(self._items[server], kind)
+
+
+_KEY_FIELD = {"tools": "name", "prompts": "name", "resources": "uri", "resourceTemplates": "uriTemplate"}
+
+
+def _usable(server: str, kind: str, item: dict[str, Any]) -> bool:
+    key = _KEY_FIELD[kind]
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        problem = f"its {key!r} is {'missing' if value is None else 'not a non-empty string'}"
+    elif kind == "tools" and not isinstance(item.get("inputSchema"), dict):
+        problem = "its 'inputSchema' is not a JSON object"
+    else:
+        return True
+    log.warning("server %s: one of its %s is left out, as %s: %.200s", server, kind, problem, orjson.dumps(item).decode())
+    return False
 
 
 def _template_pattern(template: str) -> re.Pattern[str]:

@@ -226,10 +226,41 @@ def test_template_owner_prefers_the_exact_template() -> None:
     assert catalog.template_owner("nothing://{x}") is None
 
 
-def test_resources_and_templates_are_listed_in_configuration_order() -> None:
+def test_resources_and_templates_are_listed_in_configuration_order_each_uri_once() -> None:
     catalog = resources_catalog()
-    assert [r["name"] for r in catalog.listing("resources")] == ["hosts", "broken", "shadow", "x"]
-    assert [t.get("name") for t in catalog.listing("resourceTemplates")] == ["commit", "file", None, "search", "late"]
+    # "shadow" is web's copy of fs's URI: listed once, as it is read, from fs.
+    assert [r["name"] for r in catalog.listing("resources")] == ["hosts", "x"]
+    assert [t.get("name") for t in catalog.listing("resourceTemplates")] == ["commit", "file", "search", "late"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "bad", "why"),
+    [
+        ("tools", {"name": 5, "inputSchema": {"type": "object"}}, "'name' is not a non-empty string"),
+        ("tools", {"name": None, "inputSchema": {"type": "object"}}, "'name' is missing"),
+        ("tools", {"name": "", "inputSchema": {"type": "object"}}, "'name' is not a non-empty string"),
+        ("tools", {"description": "no name", "inputSchema": {"type": "object"}}, "'name' is missing"),
+        ("tools", {"name": "no_schema"}, "'inputSchema' is not a JSON object"),
+        ("tools", {"name": "list_schema", "inputSchema": []}, "'inputSchema' is not a JSON object"),
+        ("prompts", {"name": ["x"]}, "'name' is not a non-empty string"),
+        ("resources", {"uri": 5, "name": "five"}, "'uri' is not a non-empty string"),
+        ("resourceTemplates", {"name": "t"}, "'uriTemplate' is missing"),
+    ],
+)
+def test_an_item_a_client_could_not_use_is_left_out_alone_and_named(
+    kind: str, bad: dict, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = {"tools": {"name": "ok", "inputSchema": {"type": "object"}}, "prompts": {"name": "ok"},
+            "resources": {"uri": "mem://ok", "name": "ok"}, "resourceTemplates": {"uriTemplate": "mem://{x}", "name": "ok"}}[kind]
+    catalog = Catalog(SERVERS)
+    assert catalog.update("fs", kind, [bad, good])
+    assert catalog.listing(kind) == [dict(good, name="fs__ok") if kind in ("tools", "prompts") else good]
+    assert [r.getMessage() for r in caplog.records if "left out" in r.getMessage()] == [
+        f"server fs: one of its {kind} is left out, as its {why}: {orjson.dumps(bad).decode()}"]
+    # The catalog keeps working for every server afterwards.
+    other = {key: value.replace("ok", "other") if isinstance(value, str) else value for key, value in good.items()}
+    assert catalog.update("git", kind, [other])
+    assert len(catalog.listing(kind)) == 2
 
 
 # -------------------------------------------------------------------------------------------- pagination

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.support import BASTION, NODE_BIN, ROOT, VENV_BIN
+from tests.support import BASTION, NODE_BIN, ROOT, VENV_BIN, raw_server, write_config
 
 MODES = ["legacy", "2026-07-28"]
 
@@ -110,3 +110,17 @@ def test_inspector_cli_lists_and_calls_tools_through_bastion(scratch):
                             capture_output=True, text=True, timeout=180, cwd=cwd)
     assert called.returncode == 0, called.stderr[-2000:]
     assert "UTC" in called.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_malformed_tool_from_one_server_costs_that_tool_only(tmp_path, mode):
+    """The SDK validates a whole tools/list at once: one unusable definition passed on would cost every tool."""
+    bad = [{"name": 7, "inputSchema": {"type": "object"}}, {"name": "schemaless", "description": "no inputSchema"}]
+    raw = raw_server(env={"RAW_SERVER_EXTRA_TOOLS": json.dumps(bad)})
+    config = write_config(tmp_path / "bastion.json", {"raw": raw, "time": {
+        "command": str(VENV_BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]}})
+    async with _client(config, mode) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        echoed = await client.call_tool("raw__echo", {"text": "still here"})
+    assert {"raw__echo", "time__get_current_time"} <= names and "raw__schemaless" not in names
+    assert "still here" in _text(echoed)
