@@ -365,3 +365,18 @@ def test_walking_the_cursors_yields_every_item_once_in_order(items: list[int], p
             break
     assert cursor is None
     assert seen == items
+
+
+_ITEM_FIELDS = st.sampled_from(["name", "uri", "uriTemplate", "inputSchema", "description"])
+
+
+@PROPERTY
+@given(st.sampled_from(KINDS), st.lists(st.dictionaries(_ITEM_FIELDS | st.text(max_size=5), JSON_VALUES, max_size=4), max_size=6))
+def test_whatever_a_server_lists_the_catalog_keeps_only_usable_items_and_never_raises(kind: str, items: list) -> None:
+    catalog = Catalog(SERVERS)
+    catalog.update("fs", kind, copy.deepcopy(items))
+    catalog.update("web", kind, copy.deepcopy(items))
+    key = {"tools": "name", "prompts": "name", "resources": "uri", "resourceTemplates": "uriTemplate"}[kind]
+    for item in catalog.listing(kind):
+        assert isinstance(item[key], str) and item[key]
+        assert kind != "tools" or isinstance(item["inputSchema"], dict)
