@@ -53,7 +53,8 @@ class Host:
         index = await self._gateway.tool_index().current()
         # Described as listed now: the index ranks, but may not have caught up with a change yet.
         visible = {tool["name"]: tool for tool in await self.list_tools()}
-        return [dict(visible[name]) for name, _score in index.search(query, k, allowed=visible.__contains__)]
+        found = await index.search_async(query, k, allowed=visible.__contains__)
+        return [dict(visible[name]) for name, _score in found]
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Call a tool by its federated name; policy refusals and server errors raise ``GatewayError``."""

@@ -67,3 +67,20 @@ async def test_host_api_finds_and_calls_tools(tmp_path):
         assert all(t["name"] != "raw__crash" for t in await host.find_tools("crash the process", k=10))
         result = await host.call_tool("raw__echo", {"text": "from the host"})
         assert result["content"][0]["text"] == "from the host"
+
+
+def test_an_always_listed_name_no_server_offers_is_reported_once(tmp_path):
+    config = _config(tmp_path)
+    data = json.loads(config.read_text())
+    data["tools"]["always_list"] = ["raw__echo", "echo"]  # the second lacks its server's prefix
+    config.write_text(json.dumps(data))
+    client = RawClient(config)
+    try:
+        client.initialize()
+        for request_id in (1, 2):
+            listed = {t["name"] for t in client.request(request_id, "tools/list", {})["result"]["tools"]}
+            assert listed == {"search_tools", "call_tool", "raw__echo"}
+    finally:
+        _, stderr = client.close()
+    reports = [line for line in stderr.splitlines() if "always_list" in line]
+    assert len(reports) == 1 and "'echo'" in reports[0], stderr

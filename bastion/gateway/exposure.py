@@ -140,11 +140,13 @@ class SearchExposure:
     def __init__(self, index: CatalogIndex, always_list: Sequence[str] = ()) -> None:
         self._index = index
         self._always = tuple(always_list)
+        self._reported_unknown: set[str] = set()
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         if request.method == "tools/list":
             index = await self._index.current()
             visible = await _visible_tools(request, call_next)
+            self._report_unknown(request.catalog)
             discovered = request.session.facts.get(_DISCOVERED, ())
             return {"tools": search_mode_listing(index, self._always, discovered, visible)}
         if request.method != "tools/call":
@@ -161,6 +163,14 @@ class SearchExposure:
             params = {**request.params, "name": resolved.name, "arguments": resolved.arguments}
             return await call_next(_derived(request, "tools/call", params))
         return await call_next(request)
+
+    def _report_unknown(self, catalog: CatalogView) -> None:
+        """A name in always_list that no server offers is most likely a typo or an unprefixed name: say so once."""
+        for name in self._always:
+            if name not in self._reported_unknown and catalog.tool(name) is None:
+                self._reported_unknown.add(name)
+                log.warning("tools.always_list names %r, which no server offers now (tools are listed as "
+                            "<prefix>__<name>; `bastion tools CONFIG` prints them all)", name)
 
     async def _search(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         index = await self._index.current()
