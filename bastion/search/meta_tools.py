@@ -3,8 +3,8 @@
 ``search_tools`` finds the tools a task needs; ``call_tool`` invokes any permitted tool by
 name. The gateway prefixes/routes these names and performs the actual call; what is here
 only validates arguments and builds MCP ``CallToolResult`` dicts from a :class:`ToolIndex`.
-Both take the caller's ``allowed`` predicate, so a tool that policy hides from a client is
-never found by its searches nor callable through ``call_tool``.
+Both take ``visible``, the tools the caller may see now, so a tool that policy hides from a
+client is never found by its searches nor callable through ``call_tool``.
 """
 
 from __future__ import annotations

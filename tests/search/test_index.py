@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -227,7 +228,9 @@ class GatedEncoder(CountingEncoder):
         return super().encode(texts, max_tokens=max_tokens)
 
 
-def test_progressive_build_answers_lexically_while_embedding(encoder):
+@contextmanager
+def embedding_held(encoder):
+    """A progressive build of CATALOG on its own thread, held inside its first embedding until the block ends."""
     import threading
 
     gated = GatedEncoder(encoder)
@@ -236,12 +239,18 @@ def test_progressive_build_answers_lexically_while_embedding(encoder):
     builder.start()
     try:
         assert gated.started.wait(60)
-        assert not ix.semantic_ready
-        assert ix.search("open a github issue", 1)[0][0] == "create_issue"
-        assert gated.texts == 0, "no query was embedded while tool vectors were missing"
+        yield ix, gated
     finally:
         gated.gate.set()
         builder.join(60)
+    assert not builder.is_alive()
+
+
+def test_progressive_build_answers_lexically_while_embedding(encoder):
+    with embedding_held(encoder) as (ix, gated):
+        assert not ix.semantic_ready
+        assert ix.search("open a github issue", 1)[0][0] == "create_issue"
+        assert gated.texts == 0, "no query was embedded while tool vectors were missing"
     assert ix.semantic_ready
     assert ix.search("notify my boss by mail", 1)[0][0] == "send_email"
 
@@ -249,12 +258,7 @@ def test_progressive_build_answers_lexically_while_embedding(encoder):
 def test_changes_during_a_progressive_build_are_searchable_at_once_and_embedded_by_it(encoder):
     import threading
 
-    gated = GatedEncoder(encoder)
-    ix = ToolIndex(encoder=gated)
-    builder = threading.Thread(target=ix.build, args=(CATALOG,), kwargs={"progressive": True})
-    builder.start()
-    try:
-        assert gated.started.wait(60)
+    with embedding_held(encoder) as (ix, gated):
         flight = tool("book_flight", "Book an airline seat between two airports.", origin="Departure airport")
         writer = threading.Thread(target=ix.upsert, args=([flight],))
         writer.start()
@@ -264,10 +268,7 @@ def test_changes_during_a_progressive_build_are_searchable_at_once_and_embedded_
         assert not ix.semantic_ready
         assert ix.search("book an airline seat", 1)[0][0] == "book_flight"
         assert "send_email" not in ix and len(ix) == len(CATALOG)
-    finally:
-        gated.gate.set()
-        builder.join(60)
-    assert not builder.is_alive() and ix.semantic_ready
+    assert ix.semantic_ready
     # The build embedded the new tool too: MiniLM now finds it for words it does not contain.
     assert ix.score_components("reserve a plane ticket").semantic is not None
     assert ix.search("reserve a plane ticket", 1)[0][0] == "book_flight"
