@@ -279,24 +279,36 @@ def test_changes_during_a_progressive_build_are_searchable_at_once_and_embedded_
     assert gated.texts == 1 and ix.semantic_ready
 
 
+class WaitsForTheLoop:
+    """The real encoder, but embedding a query waits until the event loop has run meanwhile: a search
+    made on the loop's own thread would wait for ever (here: fail after 30 s)."""
+
+    def __init__(self, inner):
+        import threading
+
+        self.inner, self.model_id = inner, inner.model_id
+        self.embedding, self.loop_ran = threading.Event(), threading.Event()
+
+    def encode(self, texts, *, max_tokens):
+        if len(texts) == 1:
+            self.embedding.set()
+            assert self.loop_ran.wait(30), "the event loop was blocked while a query was embedded"
+        return self.inner.encode(texts, max_tokens=max_tokens)
+
+
 async def test_search_async_matches_search_and_keeps_the_loop_free(encoder):
     import asyncio
 
-    ix = ToolIndex(encoder=encoder)
+    waiting = WaitsForTheLoop(encoder)
+    ix = ToolIndex(encoder=waiting, weights=FusionWeights(gate=None))  # MiniLM embeds every query
     ix.build(CATALOG)
-    ticks = 0
-
-    async def ticker():
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    hits = await asyncio.gather(*(ix.search_async("send an email to a colleague", 3) for _ in range(5)))
-    task.cancel()
-    assert all(h == ix.search("send an email to a colleague", 3) for h in hits)
-    assert ticks > 50, "the loop kept running while queries were embedded"
+    search = asyncio.ensure_future(ix.search_async("send an email to a colleague", 3))
+    while not waiting.embedding.is_set():
+        assert not search.done(), search.exception()
+        await asyncio.sleep(0.01)
+    waiting.loop_ran.set()  # runs only if the loop is free while the query is embedded
+    hits = await asyncio.wait_for(search, 60)
+    assert hits == ix.search("send an email to a colleague", 3) and hits[0][0] == "send_email"
 
 
 # Enough tools for a clear match to stand many standard deviations above the catalog mean.
