@@ -1,6 +1,6 @@
-"""The data-plane benchmark runs at all and prints sane figures (never timing thresholds: the machine is noisy).
+"""The benchmarks run at all and print sane figures (never timing thresholds: the machine is noisy).
 
-Real processes over real pipes: the benchmark itself, the fixture echo server and the relay.
+Real processes over real pipes: the benchmarks themselves, the fixture servers, the relay and Bastion.
 """
 
 from __future__ import annotations
@@ -146,3 +146,16 @@ def test_policy_benchmark_runs_and_writes_every_audit_record(tmp_path: Path) -> 
     # Warm-up and timed calls, a decision and a call record each, the stage-cost pass, and the shutdown record.
     assert figures["audit_lines"] == 2 * (200 + 200 + 200) + 1
     assert "added" in result.stderr and "target" in result.stderr
+
+
+def test_search_mode_scale_runs_end_to_end_on_a_small_catalog() -> None:
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "search_mode_scale.py"), "--size", "300",
+                             "--calls", "50", "--searches", "3", "--json"],
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    report = orjson.loads(result.stdout)
+    assert report["tools"] == 300 and report["exit_status"] == 0
+    assert report["first_answer_s"] > 0 and report["search_ms_p50"] > 0
+    for phase in ("relay_idle_ms", "relay_indexing_ms"):
+        assert 0 < report[phase]["p50"] <= report[phase]["p99"]
+    assert "['call_tool', 'search_tools']" in result.stderr, "search mode lists the two meta-tools"

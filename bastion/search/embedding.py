@@ -63,8 +63,10 @@ class OnnxMiniLMEncoder:
         # and leaves the other core to the gateway.
         self._session = self._open_session(model_path)
         workers = threads or len(os.sched_getaffinity(0))
-        # Kept for the encoder's life: each worker's tokenizer copy (below) loads once.
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bastion-embed") if workers > 1 else None
+        # Kept for the encoder's life: each worker's tokenizer copy (below) loads once. A catalog is
+        # embedded on these threads at the lowest CPU priority: it is background work, and the calls
+        # the gateway relays and the queries it embeds (on other threads) should not queue behind it.
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bastion-embed", initializer=_yield_cpu)
         self._input_names = {i.name for i in self._session.get_inputs()}
         self._tokenizer_path = tokenizer_path
         # A tokenizers.Tokenizer keeps truncation/padding settings as mutable state, so each
@@ -107,9 +109,8 @@ class OnnxMiniLMEncoder:
         def embed(rows: list[int]) -> None:
             out[rows] = self._encode_batch([texts[i] for i in rows], max_tokens)
 
-        if self._pool is None or len(batches) == 1:
-            for rows in batches:
-                embed(rows)
+        if len(batches) == 1:  # a query, or a handful of tools: not worth a hand-off
+            embed(batches[0])
         else:
             for _ in self._pool.map(embed, batches):
                 pass
@@ -126,6 +127,14 @@ class OnnxMiniLMEncoder:
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+
+
+def _yield_cpu() -> None:
+    """Give the calling thread the lowest CPU priority (Linux sets niceness per thread)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except OSError:  # not permitted here: the thread keeps its priority
+        pass
 
 
 def load_default_encoder(

@@ -172,3 +172,32 @@ def test_bm25s_logs_at_the_applications_level_not_its_own_debug():
     import bastion.search.index  # noqa: F401  (imports bm25s, which sets its logger to DEBUG)
 
     assert logging.getLogger("bm25s").level == logging.NOTSET
+
+
+def test_a_catalog_is_embedded_at_the_lowest_cpu_priority_and_a_query_at_the_callers(both):
+    """Embedding a catalog is background work: relayed calls and searches must not queue behind it."""
+    import threading
+
+    integer, _, _ = both
+
+    def niceness(thread_id: int) -> int:
+        return os.getpriority(os.PRIO_PROCESS, thread_id)
+
+    seen: dict[int, int] = {}
+    inner = integer._encode_batch
+
+    def recording(texts, max_tokens):
+        seen[threading.get_native_id()] = niceness(threading.get_native_id())
+        return inner(texts, max_tokens)
+
+    integer._encode_batch = recording
+    try:
+        integer.encode([f"tool number {i} does a thing" for i in range(64)], max_tokens=128)
+        catalog_threads = dict(seen)
+        seen.clear()
+        integer.encode(["one query"], max_tokens=128)
+    finally:
+        del integer._encode_batch
+    caller = threading.get_native_id()
+    assert caller not in catalog_threads and set(catalog_threads.values()) == {19}
+    assert seen == {caller: niceness(caller)} and niceness(caller) != 19
