@@ -63,4 +63,5 @@ class Host:
     async def _handle(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         self._calls += 1
         request = GatewayRequest(method, params, self._session, self._gateway.catalog, request_id=f"host-{self._calls}")
-        return await self._gateway.handle(request)
+        # The configured exposure mode is for MCP clients; this API finds tools with find_tools.
+        return await self._gateway.handle_permitted(request)

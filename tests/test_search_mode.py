@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bastion.host import Host
 from tests.support import RawClient, VENV_BIN, raw_server
 
@@ -59,8 +61,12 @@ def test_search_mode_lists_meta_tools_finds_and_calls(tmp_path):
         client.close()
 
 
-async def test_host_api_finds_and_calls_tools(tmp_path):
-    async with await Host.open(_config(tmp_path, exposure="all")) as host:
+@pytest.mark.parametrize("exposure", ["all", "search"])
+async def test_host_api_finds_and_calls_tools_whatever_the_exposure_mode(tmp_path, exposure):
+    async with await Host.open(_config(tmp_path, exposure=exposure)) as host:
+        listed = {t["name"] for t in await host.list_tools()}
+        assert {"raw__echo", "time__get_current_time"} <= listed and "search_tools" not in listed
+        assert "raw__crash" not in listed  # hidden by policy
         tools = await host.find_tools("get the current time now", k=2)
         assert "time__get_current_time" in [t["name"] for t in tools]
         assert all("inputSchema" in t for t in tools)

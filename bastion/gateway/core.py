@@ -72,8 +72,11 @@ class Gateway:
             from bastion.gateway.exposure import SearchExposure
 
             exposure.append(SearchExposure(self.tool_index(), config.tools.always_list))
-        chain = [*exposure, *(self.policy.interceptors if self.policy else ()), *interceptors]
+        permitted = [*(self.policy.interceptors if self.policy else ()), *interceptors]
+        chain = [*exposure, *permitted]
         self.handle = build_pipeline(chain, self._route)
+        # The same pipeline without the exposure mode, for a frontend that finds tools itself (the host API).
+        self.handle_permitted = build_pipeline(permitted, self._route)
         self.forwards_directly = not chain  # no interceptor: a call may skip the pipeline
         self._connections: dict[str, ClientConnection] = {}
         self._started = False
