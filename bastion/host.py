@@ -53,7 +53,7 @@ class Host:
         index = await self._gateway.tool_index().current()
         # Described as listed now: the index ranks, but may not have caught up with a change yet.
         visible = {tool["name"]: tool for tool in await self.list_tools()}
-        found = await index.search_async(query, k, allowed=visible.__contains__)
+        found = await index.search_async(query, k, allowed=visible.keys())
         return [dict(visible[name]) for name, _score in found]
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -8,12 +8,16 @@ What a client of a large federation notices, measured through the real gateway o
   relay          echo tools/call round trips before the index exists (baseline) and while it is being
                  embedded: what the background work costs the data plane, as ratios within this run
   shutdown       how long the gateway takes to exit when stdin closes mid-embedding
+  with MiniLM    search_tools round trips once MiniLM's vectors are in: a second gateway on the same
+                 state directory finishes the embedding (it resumes from the first one's cache) and says
+                 so on stderr, then the searches are timed
 
 The catalog is bench/routing_catalog.py's synthetic one made from the BFCL tools. The derived MiniLM model
 is copied from the user's cache when it is there, so the run measures indexing rather than a one-off
 derivation. Absolute times drift between runs and machines; the ratios are taken within one run.
 
-Usage: .venv/bin/python bench/search_mode_scale.py [--size 10000] [--calls 5000] [--searches 30] [--json]
+Usage: .venv/bin/python bench/search_mode_scale.py [--size 10000] [--calls 5000] [--searches 30] [--no-with-minilm]
+                                                  [--minilm-searches 200] [--json]
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         finally:
             await client.close()
     search_s.sort()
+    minilm_s = await searches_with_minilm(args, bastion, config, queries, work) if args.with_minilm else []
     return {
         "tools": len(tools), "model_derived_beforehand": derived, "exit_status": status,
         "first_answer_s": first_answer_s, "first_answer_vs_target": first_answer_s / FIRST_ANSWER_TARGET_S,
@@ -124,7 +129,34 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "relay_idle_ms": {"p50": percentile_ms(idle.latencies_ns, 50), "p99": percentile_ms(idle.latencies_ns, 99)},
         "relay_indexing_ms": {"p50": percentile_ms(busy.latencies_ns, 50), "p99": percentile_ms(busy.latencies_ns, 99)},
         "shutdown_s": shutdown_s,
+        "minilm_search_ms_p50": percentile_ms(minilm_s, 50) if minilm_s else None,
+        "minilm_search_ms_p99": percentile_ms(minilm_s, 99) if minilm_s else None,
     }
+
+
+async def searches_with_minilm(args: argparse.Namespace, bastion: str, config: Path, queries: list[str],
+                               work: Path) -> list[int]:
+    """search_tools latencies (ns) from a gateway whose index has MiniLM's vectors for the whole catalog."""
+    stderr_path = work / "bastion-second.stderr"
+    with stderr_path.open("wb") as stderr:
+        client = await McpPipeClient.spawn([bastion, "run", str(config)], stderr)
+        try:
+            await client.handshake()
+            await client.request("tools/list", {})
+            log("second gateway: waiting for MiniLM to finish the catalog")
+            deadline = time.monotonic() + args.minilm_timeout
+            while b"MiniLM's vectors are in" not in stderr_path.read_bytes():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"MiniLM did not finish within {args.minilm_timeout:.0f} s")
+                await asyncio.sleep(0.5)
+            timings = []
+            for query in queries[1::max(1, len(queries) // args.minilm_searches)][: args.minilm_searches]:
+                started = time.perf_counter_ns()
+                await client.request("tools/call", {"name": "search_tools", "arguments": {"query": query, "k": 5}})
+                timings.append(time.perf_counter_ns() - started)
+            return timings
+        finally:
+            await client.close()
 
 
 def main() -> int:
@@ -133,6 +165,10 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=10_000, help="tools the big server lists")
     ap.add_argument("--calls", type=int, default=5000, help="echo calls per relay phase")
     ap.add_argument("--searches", type=int, default=30, help="search_tools calls while indexing")
+    ap.add_argument("--with-minilm", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time searches once MiniLM's vectors are in (waits for the whole embedding)")
+    ap.add_argument("--minilm-searches", type=int, default=200, help="search_tools calls timed with MiniLM")
+    ap.add_argument("--minilm-timeout", type=float, default=600, help="seconds to wait for MiniLM's vectors")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bastion-scale-") as work:
@@ -153,6 +189,9 @@ def main() -> int:
     print(f"relay p99             {busy['p99']:8.3f} ms  while indexing vs {idle['p99']:.3f} ms before: "
           f"{report['relay_p99_ratio']:.2f}x")
     print(f"exit on stdin EOF     {report['shutdown_s']:8.2f} s   (status {report['exit_status']})")
+    if report["minilm_search_ms_p50"] is not None:
+        print(f"search_tools, MiniLM  {report['minilm_search_ms_p50']:8.1f} ms  p50, p99 {report['minilm_search_ms_p99']:.1f} ms "
+              f"(whole catalog embedded; the index alone is timed by bench/routing_bfcl.py)")
     return 0
 
 

@@ -64,7 +64,8 @@ class CatalogView(Protocol):
         """The tool a client would reach under ``exposed_name``, or None."""
 
     def tools(self) -> Sequence[ToolEntry]:
-        """Every tool in the federated catalog, in a stable order."""
+        """Every tool in the federated catalog, in a stable order: a new sequence whenever the catalog changes,
+        never one changed in place, so a caller can tell that nothing changed by identity."""
 
 
 @dataclass(slots=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,7 +40,9 @@ logger = logging.getLogger("bastion.search")
 # follow the application's level like any other library.
 logging.getLogger("bm25s").setLevel(logging.NOTSET)
 
-Allowed = Callable[[str], bool]
+# Which tools a search may return: a set of keys (``dict.keys()`` will do; checked in C, fast at
+# thousands of tools), or a predicate called once per tool.
+Allowed = AbstractSet[str] | Callable[[str], bool]
 EncoderChoice = TextEncoder | Literal["auto"] | None
 
 # Longer texts cost linearly more to embed; 128 word pieces hold a name, a description and
@@ -70,6 +74,7 @@ class _Doc:
 @dataclass(frozen=True)
 class _Snapshot:
     keys: tuple[str, ...] = ()
+    key_set: frozenset[str] = frozenset()
     docs: Mapping[str, _Doc] = field(default_factory=dict)
     lexical: bm25s.BM25 | None = None
     static: np.ndarray | None = None  # static vectors, rows aligned with keys
@@ -278,6 +283,7 @@ class ToolIndex:
         """Embed the published catalog's texts without holding writers back, until no writer
         changed the catalog meanwhile; then publish the vectors."""
         assert self._dense is not None
+        started = time.perf_counter()
         try:
             while True:
                 snap = self._snapshot
@@ -285,10 +291,12 @@ class ToolIndex:
                 with self._write_lock:
                     if self._snapshot is snap:
                         self._snapshot = replace(snap, vectors=vectors)
-                        return
+                        break
         finally:
             with self._write_lock:
                 self._embedding_behind = False
+        logger.info("tool search: MiniLM's vectors are in for %d tools after %.1f s; searches use them now",
+                    len(snap.keys), time.perf_counter() - started)
 
     def upsert(self, tools: Iterable[Mapping[str, Any]]) -> None:
         """Add or replace tools (re-embeds only texts not seen before; during a progressive
@@ -324,7 +332,7 @@ class ToolIndex:
             lexical.index([list(docs[k].tokens) for k in keys], show_progress=False)
         texts = [docs[k].semantic for k in keys]
         static = self._static.vectors_for(texts) if self._static is not None else None
-        snapshot = _Snapshot(keys=keys, docs=docs, lexical=lexical, static=static)
+        snapshot = _Snapshot(keys=keys, key_set=frozenset(keys), docs=docs, lexical=lexical, static=static)
         if self._dense is not None and embed:
             try:
                 snapshot = replace(snapshot, vectors=self._dense.vectors_for(texts))
@@ -412,6 +420,10 @@ class ToolIndex:
     def _candidates(snap: _Snapshot, allowed: Allowed | None) -> np.ndarray:
         if allowed is None:
             return np.arange(len(snap.keys))
+        if isinstance(allowed, AbstractSet):
+            if allowed >= snap.key_set:  # the usual case: every indexed tool is visible
+                return np.arange(len(snap.keys))
+            return np.fromiter((i for i, key in enumerate(snap.keys) if key in allowed), dtype=np.int64)
         return np.fromiter((i for i, key in enumerate(snap.keys) if allowed(key)), dtype=np.int64)
 
     def _lexical_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:

@@ -123,7 +123,7 @@ def search_tools(
         return error_result(f"search_tools 'k' must be an integer from 1 to {MAX_K}")
     seen = _seen(index, visible)
     tools = []
-    for name, _score in index.search(query, k, allowed=None if visible is None else visible.__contains__):
+    for name, _score in index.search(query, k, allowed=None if visible is None else visible.keys()):
         tool = seen.get(name)
         if tool is not None:
             tools.append(_describe(tool))

@@ -67,10 +67,16 @@ def test_upstream_definitions_are_not_modified() -> None:
     assert tools == TOOLS
 
 
-def test_listing_hands_out_copies() -> None:
+def test_the_tool_sequence_is_new_after_each_change_and_the_same_object_until_then() -> None:
+    """Search mode tells that nothing changed by identity: it is asked on every request."""
     catalog = catalog_with(TOOLS)
-    catalog.listing("tools")[0]["name"] = "tampered"
-    assert catalog.listing("tools")[0]["name"] == "fs__read"
+    entries, listed = catalog.tools(), catalog.listing("tools")
+    assert catalog.tools() is entries and catalog.listing("tools") is listed
+    assert not catalog.update("web", "tools", [tool("fetch")])  # the same list again changes nothing
+    assert catalog.tools() is entries
+    assert catalog.update("web", "tools", [tool("fetch"), tool("post")])
+    assert catalog.tools() is not entries and "web__post" in [t["name"] for t in catalog.listing("tools")]
+    assert [e.exposed_name for e in entries] == ["fs__read", "fs__write", "git__commit", "git__status", "web__fetch"]
 
 
 def test_tool_lookup_maps_back_to_server_and_original_name() -> None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from bastion.gateway.exposure import CatalogIndex
-from bastion.gateway.pipeline import ToolEntry
+from bastion.gateway.exposure import CatalogIndex, _VisibleTools
+from bastion.gateway.pipeline import GatewayRequest, Session, ToolEntry
 from bastion.search.index import EMBED_CHUNK, ToolIndex
 
 from .conftest import CATALOG, tool
@@ -161,3 +161,22 @@ async def test_an_embedding_that_fails_is_logged_once_and_searches_go_on(encoder
         assert names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"] and not ix.semantic_ready
     finally:
         index.close()
+
+
+async def test_the_visible_map_is_made_again_only_when_the_listed_list_is_another():
+    """Search mode asks for the visible tools on every request; an unchanged list is not mapped again."""
+    pages: list[dict] = []
+
+    async def listing(request):
+        return pages.pop(0)
+
+    visible = _VisibleTools()
+    request = GatewayRequest("tools/call", {}, Session(None, "legacy", "2025-11-25", {}), Catalog([]))
+    same = [tool("a", "A."), tool("b", "B.")]
+    pages += [{"tools": same}, {"tools": same}]
+    first = await visible(request, listing)
+    assert await visible(request, listing) is first and list(first) == ["a", "b"]
+    pages.append({"tools": [tool("a", "A.")]})  # the catalog changed, or policy hid b: a new list
+    assert list(await visible(request, listing)) == ["a"]
+    pages += [{"tools": [tool("a", "A.")], "nextCursor": "p2"}, {"tools": [tool("c", "C.")]}]
+    assert list(await visible(request, listing)) == ["a", "c"], "every page is read"

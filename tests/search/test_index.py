@@ -100,6 +100,16 @@ def test_allowed_filters_before_the_cut(index):
     assert index.search("github", 5, allowed=lambda n: False) == []
 
 
+def test_allowed_as_a_set_of_names_filters_like_the_predicate(index):
+    query = "open a github repository issue"
+    visible = {t["name"]: t for t in CATALOG if t["name"] != "create_issue"}
+    assert index.search(query, 5, allowed=visible.keys()) == index.search(query, 5, allowed=visible.__contains__)
+    assert "create_issue" not in names(index.search(query, 100, allowed=visible.keys()))
+    everyone = {t["name"] for t in CATALOG} | {"a_tool_not_indexed"}
+    assert index.search(query, 5, allowed=everyone) == index.search(query, 5)
+    assert index.search(query, 5, allowed=frozenset()) == []
+
+
 def test_empty_index_and_nonsense_queries(encoder):
     ix = ToolIndex(encoder=encoder)
     assert ix.search("anything", 5) == []
