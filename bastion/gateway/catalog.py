@@ -62,6 +62,11 @@ class Catalog:
         An item Bastion could not route, or that would make a client reject the whole list (a tool whose
         ``inputSchema`` is not an object), is left out with a warning, so one bad item costs only itself."""
         items = [item for item in items if _usable(server, kind, item)]
+        if kind == "tools":
+            # Keys sorted at every depth, once per change: a client's tools/list is the same bytes whatever
+            # key order a server writes, so a model provider's prompt cache keeps hitting across restarts.
+            # (Not bastion.search.canonical: importing bastion.search loads numpy and the index.)
+            items = [orjson.loads(orjson.dumps(item, option=orjson.OPT_SORT_KEYS)) for item in items]
         current = getattr(self._items[server], kind)
         if current == items:
             return False

@@ -67,6 +67,22 @@ def test_upstream_definitions_are_not_modified() -> None:
     assert tools == TOOLS
 
 
+def test_tool_lists_are_the_same_bytes_whatever_key_order_servers_write() -> None:
+    """For prompt caches: keys sorted at every depth, whatever the server (or a restart of it) wrote."""
+    written = {"name": "search", "inputSchema": {"type": "object", "properties": {
+        "query": {"type": "string", "description": "Words"}, "limit": {"type": "integer", "minimum": 1}}},
+        "description": "Search the web", "annotations": {"readOnlyHint": True, "title": "Search"}}
+
+    def reordered(value):
+        return {k: reordered(v) for k, v in reversed(list(value.items()))} if isinstance(value, dict) else value
+
+    first, second = catalog_with({"web": [written]}), catalog_with({"web": [reordered(written)]})
+    assert list(reordered(written)) != list(written)
+    assert orjson.dumps(first.listing("tools")) == orjson.dumps(second.listing("tools"))
+    assert orjson.dumps(first.listing("tools")) == orjson.dumps(first.listing("tools"), option=orjson.OPT_SORT_KEYS)
+    assert first.listing("tools")[0] == {**written, "name": "web__search"}, "nothing but the order changes"
+
+
 def test_the_tool_sequence_is_new_after_each_change_and_the_same_object_until_then() -> None:
     """Search mode tells that nothing changed by identity: it is asked on every request."""
     catalog = catalog_with(TOOLS)
