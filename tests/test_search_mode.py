@@ -90,3 +90,32 @@ def test_an_always_listed_name_no_server_offers_is_reported_once(tmp_path):
         _, stderr = client.close()
     reports = [line for line in stderr.splitlines() if "always_list" in line]
     assert len(reports) == 1 and "'echo'" in reports[0], stderr
+
+
+def _listed_bytes(tmp_path, name, extra_tools):
+    config = tmp_path / f"{name}.json"
+    config.write_text(json.dumps({"servers": {
+        "b": raw_server(tag=f"{name}-b", env={"RAW_SERVER_EXTRA_TOOLS": json.dumps(extra_tools)}),
+        "a": raw_server(tag=f"{name}-a")}}))
+    client = RawClient(config)
+    try:
+        client.initialize()
+        client.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        while True:
+            line = client.recv_line()
+            if json.loads(line).get("id") == 1:
+                return line
+    finally:
+        client.close()
+
+
+def test_tools_list_is_the_same_bytes_whatever_key_order_a_server_writes(tmp_path):
+    """Deterministic lists for prompt caches, end to end: two gateways whose servers write keys in other orders."""
+    written = {"name": "lookup", "description": "Look a word up", "inputSchema": {
+        "type": "object", "properties": {"word": {"type": "string"}, "lang": {"type": "string"}}}}
+    reversed_keys = {"inputSchema": {"properties": {"lang": {"type": "string"}, "word": {"type": "string"}},
+                                     "type": "object"}, "description": "Look a word up", "name": "lookup"}
+    first = _listed_bytes(tmp_path, "first", [written])
+    second = _listed_bytes(tmp_path, "second", [reversed_keys])
+    assert first == second
+    assert b'"b__lookup"' in first and first.index(b'"a__big"') < first.index(b'"b__lookup"')
