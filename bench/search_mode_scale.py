@@ -10,7 +10,7 @@ What a client of a large federation notices, measured through the real gateway o
   shutdown       how long the gateway takes to exit when stdin closes mid-embedding
   with MiniLM    search_tools round trips once MiniLM's vectors are in: a second gateway on the same
                  state directory finishes the embedding (it resumes from the first one's cache) and says
-                 so on stderr, then the searches are timed
+                 so on stderr, then the searches are timed and its resident memory is read
 
 The catalog is bench/routing_catalog.py's synthetic one made from the BFCL tools. The derived MiniLM model
 is copied from the user's cache when it is there, so the run measures indexing rather than a one-off
@@ -121,7 +121,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         finally:
             await client.close()
     search_s.sort()
-    minilm_s = await searches_with_minilm(args, bastion, config, queries, work) if args.with_minilm else []
+    minilm_s, rss_mb = (await searches_with_minilm(args, bastion, config, queries, work)
+                        if args.with_minilm else ([], None))
     return {
         "tools": len(tools), "model_derived_beforehand": derived, "exit_status": status,
         "first_answer_s": first_answer_s, "first_answer_vs_target": first_answer_s / FIRST_ANSWER_TARGET_S,
@@ -131,12 +132,14 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "shutdown_s": shutdown_s,
         "minilm_search_ms_p50": percentile_ms(minilm_s, 50) if minilm_s else None,
         "minilm_search_ms_p99": percentile_ms(minilm_s, 99) if minilm_s else None,
+        "rss_mb_with_minilm": rss_mb,
     }
 
 
 async def searches_with_minilm(args: argparse.Namespace, bastion: str, config: Path, queries: list[str],
-                               work: Path) -> list[int]:
-    """search_tools latencies (ns) from a gateway whose index has MiniLM's vectors for the whole catalog."""
+                               work: Path) -> tuple[list[int], float | None]:
+    """search_tools latencies (ns) from a gateway whose index has MiniLM's vectors for the whole catalog, and
+    that gateway's resident memory afterwards (MiB, without its servers)."""
     stderr_path = work / "bastion-second.stderr"
     with stderr_path.open("wb") as stderr:
         client = await McpPipeClient.spawn([bastion, "run", str(config)], stderr)
@@ -154,7 +157,8 @@ async def searches_with_minilm(args: argparse.Namespace, bastion: str, config: P
                 started = time.perf_counter_ns()
                 await client.request("tools/call", {"name": "search_tools", "arguments": {"query": query, "k": 5}})
                 timings.append(time.perf_counter_ns() - started)
-            return timings
+            rss = client.rss_bytes()
+            return timings, (rss / 2**20 if rss is not None else None)
         finally:
             await client.close()
 
@@ -192,6 +196,8 @@ def main() -> int:
     if report["minilm_search_ms_p50"] is not None:
         print(f"search_tools, MiniLM  {report['minilm_search_ms_p50']:8.1f} ms  p50, p99 {report['minilm_search_ms_p99']:.1f} ms "
               f"(whole catalog embedded; the index alone is timed by bench/routing_bfcl.py)")
+    if report["rss_mb_with_minilm"] is not None:
+        print(f"gateway RSS           {report['rss_mb_with_minilm']:8.0f} MB  with the whole index in memory (servers not counted)")
     return 0
 
 

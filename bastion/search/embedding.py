@@ -9,6 +9,7 @@ with integer matrix products is derived from it locally (:mod:`bastion.search.in
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.resources
 import logging
@@ -85,6 +86,23 @@ class OnnxMiniLMEncoder:
         options.intra_op_num_threads = 1
         return ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
 
+    def release_memory(self) -> None:
+        """Give back the memory a catalog's batches needed: onnxruntime's arena keeps its peak for the
+        session's life (about 200 MB more after 1,233 tools, for a gateway that then only embeds queries).
+        One tiny run asks the arena to shrink, then glibc returns what was freed. The arena stays on while
+        a catalog is embedded: without it, memory went back only as far (after a trim) and the build
+        measured up to 6% more CPU."""
+        import onnxruntime as ort
+
+        shrink = ort.RunOptions()
+        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        ids = np.array([[101, 102]], dtype=np.int64)  # [CLS] [SEP]
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        if "token_type_ids" in self._input_names:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        self._session.run(None, feeds, shrink)
+        release_free_memory()
+
     def _tokenizer(self, max_tokens: int):
         from tokenizers import Tokenizer
 
@@ -127,6 +145,14 @@ class OnnxMiniLMEncoder:
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+
+
+def release_free_memory() -> None:
+    """Hand memory freed so far back to the system (glibc keeps it in its arenas otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _yield_cpu() -> None:

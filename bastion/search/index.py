@@ -122,6 +122,9 @@ class _VectorStore:
             if self._cache is not None:
                 with self._open_cache() as cache:
                     cache.put_many({EmbeddingCache.key(t, self.max_tokens): v for t, v in zip(chunk, fresh)})
+        release = getattr(self.encoder, "release_memory", None)
+        if missing and release is not None:
+            release()  # a catalog's activations: a long-running gateway should not keep them
         # Forget vectors of tools no longer listed, so memory follows the live catalog.
         live = set(texts)
         for text in [t for t in known if t not in live]:

@@ -201,3 +201,10 @@ def test_a_catalog_is_embedded_at_the_lowest_cpu_priority_and_a_query_at_the_cal
     caller = threading.get_native_id()
     assert caller not in catalog_threads and set(catalog_threads.values()) == {19}
     assert seen == {caller: niceness(caller)} and niceness(caller) != 19
+
+
+def test_releasing_a_catalogs_memory_leaves_the_vectors_as_they_were(both):
+    for encoder in both[:2]:
+        before = encoder.encode(TEXTS, max_tokens=128)
+        encoder.release_memory()
+        assert np.array_equal(encoder.encode(TEXTS, max_tokens=128), before)
