@@ -9,6 +9,7 @@ with integer matrix products is derived from it locally (:mod:`bastion.search.in
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.resources
@@ -16,6 +17,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,16 +218,45 @@ def default_cache_dir() -> Path:
 class EmbeddingCache:
     """Vectors by (model, text) on disk, so a restart or a list_changed re-embeds nothing old.
 
-    SQLite (stdlib) because several processes may share one cache directory safely.
+    SQLite (stdlib) because several processes may share one cache directory safely. The cache only
+    saves time: a file that is not a database is moved aside and a new one started, and a read or
+    write that fails (a full disk, say) is a miss or a skipped write, reported once, never an error
+    of the index.
     """
 
     def __init__(self, directory: Path, model_id: str) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self._path = directory / f"{model_id}.sqlite3"
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self._path), check_same_thread=False, timeout=10)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)")
+        self._reported = False
+        try:
+            self._db = self._open()
+        except sqlite3.OperationalError:  # cannot open or locked: the file may be fine, leave it be
+            raise
+        except sqlite3.DatabaseError as exc:  # not a database, or a damaged one
+            aside = self._path.with_name(f"{self._path.name}.unreadable-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(f"{self._path}{suffix}", f"{aside}{suffix}")
+            logger.warning("embedding cache %s could not be read (%s); moved to %s, starting a new one",
+                           self._path, exc, aside)
+            self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self._path), check_same_thread=False, timeout=10)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)")
+        except sqlite3.Error:
+            db.close()
+            raise
+        return db
+
+    def _report(self, action: str, exc: sqlite3.Error) -> None:
+        if not self._reported:
+            self._reported = True
+            logger.warning("embedding cache %s: %s failed (%s); embedding without it where it fails",
+                           self._path, action, exc)
 
     @staticmethod
     def key(text: str, max_tokens: int) -> bytes:
@@ -234,19 +265,26 @@ class EmbeddingCache:
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         found: dict[bytes, np.ndarray] = {}
         with self._lock:
-            for start in range(0, len(keys), 500):
-                chunk = list(keys[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                for key, blob in self._db.execute(f"SELECT key, vec FROM vectors WHERE key IN ({marks})", chunk):
-                    found[bytes(key)] = np.frombuffer(blob, dtype=np.float32)
+            try:
+                for start in range(0, len(keys), 500):
+                    chunk = list(keys[start : start + 500])
+                    marks = ",".join("?" * len(chunk))
+                    for key, blob in self._db.execute(f"SELECT key, vec FROM vectors WHERE key IN ({marks})", chunk):
+                        found[bytes(key)] = np.frombuffer(blob, dtype=np.float32)
+            except sqlite3.Error as exc:
+                self._report("reading", exc)
         return found
 
     def put_many(self, items: dict[bytes, np.ndarray]) -> None:
-        with self._lock, self._db:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO vectors (key, vec) VALUES (?, ?)",
-                [(k, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for k, v in items.items()],
-            )
+        with self._lock:
+            try:
+                with self._db:
+                    self._db.executemany(
+                        "INSERT OR REPLACE INTO vectors (key, vec) VALUES (?, ?)",
+                        [(k, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for k, v in items.items()],
+                    )
+            except sqlite3.Error as exc:
+                self._report("writing", exc)
 
     def close(self) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Set as AbstractSet
@@ -58,6 +59,15 @@ MAX_QUERY_CHARS = 8192
 EMBED_CHUNK = 256
 BM25_K1 = 1.2
 BM25_B = 0.75
+
+
+def _disk_cache(directory: Path, model_id: str) -> EmbeddingCache | None:
+    """The disk cache, or None (with a warning) when it cannot be had: it saves time, nothing more."""
+    try:
+        return EmbeddingCache(directory, model_id)
+    except (OSError, sqlite3.Error) as exc:
+        logger.warning("tool search runs without its embedding cache in %s: %s", directory, exc)
+        return None
 
 
 class IndexClosed(RuntimeError):
@@ -199,7 +209,7 @@ class ToolIndex:
             if encoder is None:
                 self.fallback_reason = "semantic search disabled"
         self.weights = weights or FusionWeights()
-        cache = EmbeddingCache(cache_dir, self._encoder.model_id) if cache_dir is not None and self._encoder else None
+        cache = _disk_cache(cache_dir, self._encoder.model_id) if cache_dir is not None and self._encoder else None
         self._dense = _VectorStore(self._encoder, doc_max_tokens, cache) if self._encoder else None
         self._static = self._static_store(static_encoder, cache_dir) if self._encoder else None
 
@@ -214,7 +224,7 @@ class ToolIndex:
         if choice is None:
             return None
         # Cheap, but at 10,000 tools a restart would still spend seconds on them: cached too.
-        cache = EmbeddingCache(cache_dir, choice.model_id) if cache_dir is not None else None
+        cache = _disk_cache(cache_dir, choice.model_id) if cache_dir is not None else None
         # The static model costs nothing per extra word, so tool texts are not cut short.
         return _VectorStore(choice, max_tokens=2048, cache=cache)
 

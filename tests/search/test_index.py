@@ -407,3 +407,40 @@ def test_a_huge_query_is_read_up_to_the_bound(encoder):
     hits = ix.search(huge, 3)
     assert hits == ix.search(huge[:MAX_QUERY_CHARS], 3)
     assert {"get_weather", "send_email"} <= set(names(hits))
+
+
+def test_an_unreadable_embedding_cache_is_moved_aside_and_started_anew(encoder, tmp_path, caplog):
+    ToolIndex(encoder=encoder, cache_dir=tmp_path).close()
+    (db,) = [p for p in tmp_path.iterdir() if p.name.startswith(encoder.model_id)]
+    db.write_bytes(b"not a database, whatever wrote this" * 100)
+    counting = CountingEncoder(encoder)
+    ix = ToolIndex(encoder=counting, cache_dir=tmp_path)
+    ix.build(CATALOG)
+    assert ix.semantic_ready and ix.search("notify my boss by mail", 1)[0][0] == "send_email"
+    assert any("could not be read" in r.getMessage() and "moved to" in r.getMessage() for r in caplog.records)
+    assert [p.name for p in tmp_path.iterdir() if ".unreadable-" in p.name]
+    ix.close()
+    again = CountingEncoder(encoder)
+    ToolIndex(encoder=again, cache_dir=tmp_path).build(CATALOG)
+    assert again.texts == 0, "the new cache holds every vector"
+
+
+def test_an_embedding_cache_that_cannot_be_had_or_fails_costs_only_time(encoder, tmp_path, caplog):
+    import sqlite3
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    ix = ToolIndex(encoder=encoder, cache_dir=blocked / "cache")  # even root cannot make a directory here
+    ix.build(CATALOG)
+    assert ix.semantic_ready and any("without its embedding cache" in r.getMessage() for r in caplog.records)
+
+    ix = ToolIndex(encoder=encoder, cache_dir=tmp_path / "cache")
+    ix.build(CATALOG[:4])
+    for db in (tmp_path / "cache").glob("*.sqlite3"):
+        with sqlite3.connect(db) as other:
+            other.execute("DROP TABLE vectors")  # every later read and write of the cache fails
+    ix.upsert(CATALOG[4:])
+    assert ix.semantic_ready and ix.search("notify my boss by mail", 1)[0][0] == "send_email"
+    failures = [r.getMessage() for r in caplog.records if "failed (no such table" in r.getMessage()]
+    assert failures and all("embedding without it where it fails" in m for m in failures)
+    ix.close()
