@@ -11,7 +11,7 @@ import logging
 from typing import Any, Callable, Sequence
 
 from bastion.gateway.pipeline import CatalogView, GatewayRequest, Handler, Session
-from bastion.search.index import IndexClosed, ToolIndex
+from bastion.search.index import EMBED_CHUNK, IndexClosed, ToolIndex
 from bastion.search.meta_tools import (
     CALL_TOOL_NAME,
     SEARCH_TOOL_NAME,
@@ -33,7 +33,8 @@ class CatalogIndex:
     of tools), never for MiniLM to embed the catalog (minutes on a small CPU) or for a later change to be
     indexed. Until a change is in, searches rank the catalog as it was, and every answer is still filtered by
     what the client may see now, so a removed or hidden tool is never returned meanwhile. A change made while
-    MiniLM first embeds the catalog is searchable at once by BM25 and the static vectors, and embedded with it.
+    MiniLM embeds a catalog is searchable at once by BM25 and the static vectors, and embedded with it; so is a
+    change that brings hundreds of tools (searches rank without MiniLM until they are embedded).
     """
 
     def __init__(self, catalog: CatalogView, make_index: Callable[[], ToolIndex] = ToolIndex) -> None:
@@ -75,35 +76,43 @@ class CatalogIndex:
     async def _maintain(self) -> None:
         loop = asyncio.get_running_loop()
         index = await asyncio.to_thread(self._make_index)
+        embedding: asyncio.Future[None] | None = None
+        indexed: dict[str, Any] = {}
         try:
-            await self._changed.wait()
-            self._changed.clear()
-            indexed = self._wanted or {}
-            self._index = index
-            # MiniLM embeds the first catalog on its own thread while changes keep coming in: the index
-            # makes each searchable at once (BM25 and the static vectors) and embeds it before it is done.
-            embedding = asyncio.ensure_future(asyncio.to_thread(
-                index.build, list(indexed.values()), progressive=True,
-                on_searchable=lambda: loop.call_soon_threadsafe(self._searchable.set)))
-            embedding.add_done_callback(self._report_embedding_failure)
-            searchable = asyncio.ensure_future(self._searchable.wait())
-            try:
-                await asyncio.wait({searchable, embedding}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                searchable.cancel()
-            if not self._searchable.is_set():
-                await embedding  # it failed before the index answered: raise why
             while True:
                 await self._changed.wait()
                 self._changed.clear()
                 tools = self._wanted or {}
-                if await self._apply(index, indexed, tools):
+                embedding_runs = embedding is not None and not embedding.done()
+                if self._index is None or (not embedding_runs and _many_changed(indexed, tools)):
+                    # MiniLM embeds the catalog on its own thread while changes keep coming in: the index makes
+                    # each searchable at once (BM25 and the static vectors) and embeds it before it is done. A
+                    # server that brings hundreds of tools is indexed this way too, so they are found at once
+                    # (and every search ranks without MiniLM until they are embedded).
+                    self._index = index
+                    embedding = asyncio.ensure_future(asyncio.to_thread(
+                        index.build, list(tools.values()), progressive=True,
+                        on_searchable=lambda: loop.call_soon_threadsafe(self._searchable.set)))
+                    embedding.add_done_callback(self._report_embedding_failure)
+                    indexed = tools
+                    if not self._searchable.is_set():
+                        await self._first_answer(embedding)
+                elif await self._apply(index, indexed, tools):
                     indexed = tools
         except BaseException:
             if not self._searchable.is_set():
                 self._index = None
                 index.close()
             raise
+
+    async def _first_answer(self, embedding: asyncio.Future[None]) -> None:
+        searchable = asyncio.ensure_future(self._searchable.wait())
+        try:
+            await asyncio.wait({searchable, embedding}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            searchable.cancel()
+        if not self._searchable.is_set():
+            await embedding  # it failed before the index answered: raise why
 
     def _report_embedding_failure(self, embedding: asyncio.Future[None]) -> None:
         if embedding.cancelled() or not self._searchable.is_set():  # else the maintainer reports it
@@ -133,6 +142,11 @@ class CatalogIndex:
             self._maintainer.cancel()
         if self._index is not None:
             self._index.close()  # stops an embedding in progress within a chunk of texts
+
+
+def _many_changed(indexed: dict[str, Any], tools: dict[str, Any]) -> bool:
+    """Whether a change brings more new or changed tools than MiniLM embeds in a moment (one chunk)."""
+    return sum(1 for name, definition in tools.items() if indexed.get(name) != definition) >= EMBED_CHUNK
 
 
 def _report_failure(maintainer: asyncio.Task[None]) -> None:

@@ -30,15 +30,19 @@ class Catalog:
 
 
 class HeldEncoder:
-    """The real encoder, but embedding a catalog (several texts at once) waits until the test lets it go."""
+    """The real encoder, but while ``holding`` is set (from the start, unless told otherwise), embedding a
+    catalog (several texts at once) waits until the test lets it go."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, holding: bool = True):
         self.inner, self.model_id = inner, inner.model_id
         self.started, self.release, self.returned = threading.Event(), threading.Event(), threading.Event()
+        self.holding = threading.Event()
+        if holding:
+            self.holding.set()
         self.calls = 0
 
     def encode(self, texts, *, max_tokens):
-        if len(texts) == 1:
+        if len(texts) == 1 or not self.holding.is_set():
             return self.inner.encode(texts, max_tokens=max_tokens)
         self.calls += 1
         self.started.set()
@@ -47,6 +51,14 @@ class HeldEncoder:
             return self.inner.encode(texts, max_tokens=max_tokens)
         finally:
             self.returned.set()
+
+
+async def eventually(condition, seconds: float = 30.0) -> None:
+    """Wait until ``condition()`` holds, for what the index does in the background; the caller asserts after."""
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
 
 
 def names(hits):
@@ -64,26 +76,17 @@ async def test_searches_answer_before_the_catalog_is_embedded_and_changes_wait_f
 
         catalog.definitions.append(tool("book_flight", "Book an airline flight between two airports."))
         assert await asyncio.wait_for(index.current(), 5) is ix, "a change is indexed in the background"
-        for _ in range(600):
-            if "book_flight" in ix:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: "book_flight" in ix)
         assert not ix.semantic_ready and names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"], \
             "a change is searchable while MiniLM still embeds the first catalog"
 
         held.release.set()
-        for _ in range(600):
-            if "book_flight" in ix and ix.semantic_ready:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: "book_flight" in ix and ix.semantic_ready)
         assert ix.semantic_ready and names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"]
 
         catalog.definitions = [d for d in catalog.definitions if d["name"] != "create_issue"]
         await index.current()
-        for _ in range(600):
-            if "create_issue" not in ix:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: "create_issue" not in ix)
         assert "create_issue" not in ix
     finally:
         held.release.set()
@@ -142,10 +145,7 @@ async def test_an_embedding_that_fails_is_logged_once_and_searches_go_on(encoder
     index = CatalogIndex(index_catalog, lambda: ToolIndex(encoder=BrokenEncoder(encoder)))
     try:
         ix = await asyncio.wait_for(index.current(), 30)
-        for _ in range(200):
-            if any("embedding the tool catalog failed" in r.getMessage() for r in caplog.records):
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: any("embedding the tool catalog failed" in r.getMessage() for r in caplog.records))
         failures = [r for r in caplog.records if "fail" in r.getMessage()]
         assert len(failures) == 1 and "MemoryError" in failures[0].getMessage(), caplog.text
         assert not ix.semantic_ready and names(ix.search("open a github issue", 1)) == ["create_issue"]
@@ -154,10 +154,7 @@ async def test_an_embedding_that_fails_is_logged_once_and_searches_go_on(encoder
         # A change still reaches the index; only MiniLM is missing from it.
         index_catalog.definitions.append(tool("book_flight", "Book an airline flight between two airports."))
         await index.current()
-        for _ in range(200):
-            if "book_flight" in ix:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: "book_flight" in ix)
         assert names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"] and not ix.semantic_ready
     finally:
         index.close()
@@ -180,3 +177,32 @@ async def test_the_visible_map_is_made_again_only_when_the_listed_list_is_anothe
     assert list(await visible(request, listing)) == ["a"]
     pages += [{"tools": [tool("a", "A.")], "nextCursor": "p2"}, {"tools": [tool("c", "C.")]}]
     assert list(await visible(request, listing)) == ["a", "c"], "every page is read"
+
+
+async def test_a_server_that_brings_hundreds_of_tools_is_searchable_before_they_are_embedded(encoder):
+    switched = HeldEncoder(encoder, holding=False)
+    catalog = Catalog(list(CATALOG))
+    index = CatalogIndex(catalog, lambda: ToolIndex(encoder=switched))
+    try:
+        ix = await asyncio.wait_for(index.current(), 30)
+        await eventually(lambda: ix.semantic_ready)
+        assert ix.semantic_ready
+        switched.holding.set()
+        catalog.definitions += [tool(f"ledger_entry_{i}", f"Post ledger entry {i} to the accounting books.")
+                                for i in range(EMBED_CHUNK)]
+        catalog.definitions.append(tool("book_flight", "Book an airline flight between two airports."))
+        await index.current()
+        await eventually(lambda: "book_flight" in ix)
+        assert switched.started.is_set() and not ix.semantic_ready, "MiniLM is still embedding the new tools"
+        assert names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"]
+        catalog.definitions.append(tool("rent_car", "Rent a car at an airport."))  # a change meanwhile: at once
+        await index.current()
+        await eventually(lambda: "rent_car" in ix)
+        assert "rent_car" in ix and not ix.semantic_ready
+        switched.release.set()
+        await eventually(lambda: ix.semantic_ready)
+        assert ix.semantic_ready and len(ix) == len(CATALOG) + EMBED_CHUNK + 2
+        assert names(ix.search("reserve a plane ticket", 1)) == ["book_flight"]
+    finally:
+        switched.release.set()
+        index.close()
