@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,11 @@ def log(msg: str) -> None:
 def rank_variants(index: ToolIndex, queries) -> tuple[dict[str, list[list[str]]], list[bool]]:
     """Rankings per retriever variant, and for each query whether the default ran MiniLM."""
     variants: dict[str, list[list[str]]] = {
-        "bm25": [], "static": [], "embedding": [], "equal_rrf": [], "tuned_2way": [], "tuned_3way": [], "gated": [], "default": []}
+        "bm25": [], "static": [], "embedding": [], "equal_rrf": [], "tuned_2way": [], "tuned_3way": [], "gated": [],
+        "cheap": [], "default": []}
+    # What searches get while MiniLM's vectors are not in yet (a progressive build): BM25 and the static
+    # vectors, requests covered, as if the gate were always sure.
+    tuned, cheap = index.weights, replace(index.weights, gate=float("-inf"))
     used_transformer = []
     for q in queries:
         keys, lexical, static, semantic = index.score_components(q.query)
@@ -68,6 +73,11 @@ def rank_variants(index: ToolIndex, queries) -> tuple[dict[str, list[list[str]]]
             variants[name].append([keys[i] for i in top_k(np.asarray(scores, dtype=np.float32), DEPTH)])
         # What a user gets: the gated fusion, and a tool for each request of a multi-request query.
         variants["default"].append([key for key, _ in index.search(q.query, DEPTH)])
+        index.weights = cheap
+        try:
+            variants["cheap"].append([key for key, _ in index.search(q.query, DEPTH)])
+        finally:
+            index.weights = tuned
     return variants, used_transformer
 
 
