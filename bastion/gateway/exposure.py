@@ -83,8 +83,9 @@ class CatalogIndex:
                 await self._changed.wait()
                 self._changed.clear()
                 tools = self._wanted or {}
+                changed, gone = _changes(indexed, tools)
                 embedding_runs = embedding is not None and not embedding.done()
-                if self._index is None or (not embedding_runs and _many_changed(indexed, tools)):
+                if self._index is None or (not embedding_runs and len(changed) >= EMBED_CHUNK):
                     # MiniLM embeds the catalog on its own thread while changes keep coming in: the index makes
                     # each searchable at once (BM25 and the static vectors) and embeds it before it is done. A
                     # server that brings hundreds of tools is indexed this way too, so they are found at once
@@ -97,7 +98,7 @@ class CatalogIndex:
                     indexed = tools
                     if not self._searchable.is_set():
                         await self._first_answer(embedding)
-                elif await self._apply(index, indexed, tools):
+                elif await self._apply(index, changed, gone, tools):
                     indexed = tools
         except BaseException:
             if not self._searchable.is_set():
@@ -122,9 +123,7 @@ class CatalogIndex:
         log.error("embedding the tool catalog failed: %r; searches use BM25 and the static vectors", error)
 
     @staticmethod
-    async def _apply(index: ToolIndex, indexed: dict[str, Any], tools: dict[str, Any]) -> bool:
-        changed = [d for name, d in tools.items() if indexed.get(name) != d]
-        gone = [name for name in indexed if name not in tools]
+    async def _apply(index: ToolIndex, changed: list[Any], gone: list[str], tools: dict[str, Any]) -> bool:
         try:
             if gone:
                 await asyncio.to_thread(index.remove, gone)
@@ -144,9 +143,11 @@ class CatalogIndex:
             self._index.close()  # stops an embedding in progress within a chunk of texts
 
 
-def _many_changed(indexed: dict[str, Any], tools: dict[str, Any]) -> bool:
-    """Whether a change brings more new or changed tools than MiniLM embeds in a moment (one chunk)."""
-    return sum(1 for name, definition in tools.items() if indexed.get(name) != definition) >= EMBED_CHUNK
+def _changes(indexed: dict[str, Any], tools: dict[str, Any]) -> tuple[list[Any], list[str]]:
+    """The definitions that are new or changed, and the names that are gone. A change that brings a chunk
+    of tools or more (more than MiniLM embeds in a moment) is indexed progressively."""
+    changed = [definition for name, definition in tools.items() if indexed.get(name) != definition]
+    return changed, [name for name in indexed if name not in tools]
 
 
 def _report_failure(maintainer: asyncio.Task[None]) -> None:

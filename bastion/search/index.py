@@ -436,7 +436,7 @@ class ToolIndex:
         if isinstance(allowed, AbstractSet):
             if allowed >= snap.key_set:  # the usual case: every indexed tool is visible
                 return np.arange(len(snap.keys))
-            return np.fromiter((i for i, key in enumerate(snap.keys) if key in allowed), dtype=np.int64)
+            allowed = allowed.__contains__
         return np.fromiter((i for i, key in enumerate(snap.keys) if allowed(key)), dtype=np.int64)
 
     def _lexical_scores(self, snap: _Snapshot, query: str) -> np.ndarray | None:
