@@ -150,7 +150,8 @@ def test_policy_benchmark_runs_and_writes_every_audit_record(tmp_path: Path) -> 
 
 def test_search_mode_scale_runs_end_to_end_on_a_small_catalog() -> None:
     result = subprocess.run([sys.executable, str(REPO / "bench" / "search_mode_scale.py"), "--size", "300",
-                             "--calls", "50", "--searches", "3", "--minilm-searches", "5", "--json"],
+                             "--calls", "50", "--searches", "3", "--minilm-searches", "5", "--embedding-tokens", "32",
+                             "--json"],
                             capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
     assert result.returncode == 0, result.stderr
     report = orjson.loads(result.stdout)
@@ -159,4 +160,5 @@ def test_search_mode_scale_runs_end_to_end_on_a_small_catalog() -> None:
     for phase in ("relay_idle_ms", "relay_indexing_ms"):
         assert 0 < report[phase]["p50"] <= report[phase]["p99"]
     assert "['call_tool', 'search_tools']" in result.stderr, "search mode lists the two meta-tools"
+    assert report["embedding_tokens"] == 32 and report["minilm_in_s"] > 0
     assert 0 < report["minilm_search_ms_p50"] <= report["minilm_search_ms_p99"]

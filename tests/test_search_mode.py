@@ -75,6 +75,18 @@ async def test_host_api_finds_and_calls_tools_whatever_the_exposure_mode(tmp_pat
         assert result["content"][0]["text"] == "from the host"
 
 
+async def test_the_configured_embedding_budget_reaches_the_index(tmp_path):
+    config = _config(tmp_path)
+    data = json.loads(config.read_text())
+    data["tools"]["embedding_tokens"] = 32
+    config.write_text(json.dumps(data))
+    async with await Host.open(config) as host:
+        tools = await host.find_tools("convert a time from one timezone to another", k=1)
+        assert [t["name"] for t in tools] == ["time__convert_time"]
+        index = await host._gateway.tool_index().current()
+        assert index.doc_max_tokens == 32
+
+
 def test_an_always_listed_name_no_server_offers_is_reported_once(tmp_path):
     config = _config(tmp_path)
     data = json.loads(config.read_text())

@@ -136,7 +136,8 @@ class Gateway:
 
             # Embeddings are cached on disk: a restart or a list_changed embeds only tool texts never seen.
             cache = state_dir() / "embeddings"
-            self._tool_index = CatalogIndex(self.catalog, lambda: ToolIndex(cache_dir=cache))
+            tokens = self.config.tools.embedding_tokens
+            self._tool_index = CatalogIndex(self.catalog, lambda: ToolIndex(cache_dir=cache, doc_max_tokens=tokens))
         return self._tool_index
 
     @property
