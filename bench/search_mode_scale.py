@@ -44,8 +44,9 @@ from routing_catalog import synthetic_catalog  # noqa: E402
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 FIXTURES = BENCH_DIR / "fixtures"
-FIRST_ANSWER_TARGET_S = 30.0  # the index-build target: the first answer is what a client waits for
-BUILD_TARGET_S = 30.0  # the same target for the whole build, MiniLM's vectors included
+# The index-build target, set against both the first answer (what a client waits for) and the whole
+# build (MiniLM's vectors included).
+BUILD_TARGET_S = 30.0
 MINILM_IN = b"MiniLM's vectors are in"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -124,7 +125,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                      if args.with_minilm else (None, [], None))
     return {
         "tools": len(tools), "model_derived_beforehand": derived, "exit_status": status,
-        "first_answer_s": first_answer_s, "first_answer_vs_target": first_answer_s / FIRST_ANSWER_TARGET_S,
+        "first_answer_s": first_answer_s, "first_answer_vs_target": first_answer_s / BUILD_TARGET_S,
         "search_ms_p50": percentile_ms(search_s, 50), "search_ms_max": max(search_s) * 1e3,
         "relay_idle_ms": {"p50": percentile_ms(idle_s, 50), "p99": percentile_ms(idle_s, 99)},
         "relay_indexing_ms": {"p50": percentile_ms(busy_s, 50), "p99": percentile_ms(busy_s, 99)},
@@ -190,7 +191,7 @@ def main() -> int:
     print(f"{report['tools']} tools in search mode (cold embedding cache"
           f"{'' if report['model_derived_beforehand'] else ', MiniLM derived during the run'})")
     print(f"first tools/list      {report['first_answer_s']:8.2f} s   {report['first_answer_vs_target']:.2f}x of the "
-          f"{FIRST_ANSWER_TARGET_S:.0f} s target")
+          f"{BUILD_TARGET_S:.0f} s target")
     print(f"search_tools          {report['search_ms_p50']:8.1f} ms  p50 (max {report['search_ms_max']:.1f} ms), while indexing")
     print(f"relay p50             {busy['p50']:8.3f} ms  while indexing vs {idle['p50']:.3f} ms before: "
           f"{report['relay_p50_ratio']:.2f}x")

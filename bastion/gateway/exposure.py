@@ -144,8 +144,7 @@ class CatalogIndex:
 
 
 def _changes(indexed: dict[str, Any], tools: dict[str, Any]) -> tuple[list[Any], list[str]]:
-    """The definitions that are new or changed, and the names that are gone. A change that brings a chunk
-    of tools or more (more than MiniLM embeds in a moment) is indexed progressively."""
+    """The definitions that are new or changed, and the names that are gone."""
     changed = [definition for name, definition in tools.items() if indexed.get(name) != definition]
     return changed, [name for name in indexed if name not in tools]
 
