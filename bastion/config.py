@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
@@ -82,6 +82,17 @@ class GatewayConfig(BaseModel):
         default=None, description="authorization, guards, approval, rate limits and audit; absent: every call is allowed"
     )
     ready_timeout: float = Field(default=30.0, gt=0, description="how long a client's first request waits for servers")
+    # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
+    # file, is found from here.
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    def with_source(self, source: Path | None) -> "GatewayConfig":
+        self._source = source
+        return self
 
     @field_validator("servers")
     @classmethod
@@ -114,7 +125,7 @@ def load_config(path: str | os.PathLike[str] | None) -> GatewayConfig:
         # Policy files named relative to the configuration are read from beside it.
         data = {**data, "policy": {**policy, "base_dir": str(file.resolve().parent)}}
     try:
-        return GatewayConfig.model_validate(data)
+        return GatewayConfig.model_validate(data).with_source(file.resolve())
     except ValidationError as exc:
         raise ConfigError(_explain(file, exc)) from None
 
