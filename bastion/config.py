@@ -178,7 +178,7 @@ def _explain(file: Path, exc: ValidationError) -> str:
         where = ".".join(str(part) for part in err["loc"]) or "(top level)"
         kind = err["type"]
         if kind == "extra_forbidden":
-            fix = "remove it, or check its spelling against the README's configuration reference"
+            fix = "remove it, or check its spelling against docs/configuration.md"
         elif kind == "missing":
             fix = "add it"
         else:
