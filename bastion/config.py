@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from bastion.diagnostics import Finding
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox import SandboxConfig
@@ -44,6 +45,10 @@ class ServerConfig(BaseModel):
     request_timeout: float = Field(default=120.0, gt=0, description="seconds before an unanswered request fails")
     startup_timeout: float = Field(default=30.0, gt=0)
     enabled: bool = True
+    auto_approve: list[str] = Field(
+        default_factory=list,
+        description="tools (as the server names them) approved in advance, from a client's autoApprove/alwaysAllow",
+    )
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description='OS sandbox profile and grants; "none" only when written explicitly'
     )
@@ -85,6 +90,8 @@ class GatewayConfig(BaseModel):
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)
+    # What loading noticed and let through (a remote entry skipped, a client key ignored); `bastion check` reports it.
+    _notes: tuple[Finding, ...] = PrivateAttr(default=())
 
     @property
     def source(self) -> Path | None:
@@ -92,6 +99,14 @@ class GatewayConfig(BaseModel):
 
     def with_source(self, source: Path | None) -> "GatewayConfig":
         self._source = source
+        return self
+
+    @property
+    def load_notes(self) -> tuple[Finding, ...]:
+        return self._notes
+
+    def with_notes(self, notes: "list[Finding] | tuple[Finding, ...]") -> "GatewayConfig":
+        self._notes = tuple(notes)
         return self
 
     @field_validator("servers")

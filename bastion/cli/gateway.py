@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     check = sub.add_parser("check", help="validate a configuration without starting anything")
     check.add_argument("config", nargs="?")
+    check.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     check.set_defaults(handler=_check)
 
     tools = sub.add_parser(
@@ -96,20 +97,62 @@ def run_loop(coroutine) -> Any:
 
 
 def _check(args: argparse.Namespace) -> int:
-    config = _load(args)
-    if config is None:
+    """Validate a configuration and report what would fail at run time; 0 when usable (warnings allowed), 2 not."""
+    from bastion.diagnostics import Finding, diagnose
+
+    source = str(Path(args.config).resolve()) if args.config else None
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        if args.json:
+            _print_check_report(source, {}, [Finding("error", "(file)", str(exc), "see the message")], None)
+        else:
+            print(f"bastion: {exc}", file=sys.stderr)
         return 2
-    for name, server in config.servers.items():
-        state = "" if server.enabled else " (disabled)"
-        print(f"{name}: {server.command} {' '.join(server.args)}{state}", file=sys.stderr)
+    findings = diagnose(config)
+    policy_summary = None
     if config.policy is not None:
         from bastion.policy.engine import PolicyEngine
 
-        engine = PolicyEngine(config.policy)  # parses and validates the Cedar policies, reads the pins
-        files = ", ".join(str(p) for p in config.policy.policy_paths()) or "the default policy"
-        print(f"policy: {files}; {len(engine.guards)} guard(s)", file=sys.stderr)
-    print(f"bastion: configuration OK, {len(config.servers)} server(s)", file=sys.stderr)
-    return 0
+        try:
+            engine = PolicyEngine(config.policy)  # parses and validates the Cedar policies, reads the pins
+        except Exception as exc:  # noqa: BLE001 - any policy that does not load is reported as a finding
+            findings.append(Finding("error", "policy", f"the policy does not load: {exc}",
+                                    "fix the policy file named in the message (docs/policy.md)"))
+        else:
+            files = ", ".join(str(p) for p in config.policy.policy_paths()) or "the default policy"
+            policy_summary = f"{files}; {len(engine.guards)} guard(s)"
+    ok = not any(f.level == "error" for f in findings)
+    if args.json:
+        _print_check_report(source, config.servers, findings, policy_summary, ok)
+        return 0 if ok else 2
+    for name, server in config.servers.items():
+        state = "" if server.enabled else " (disabled)"
+        print(f"{name}: {server.command} {' '.join(server.args)}{state}", file=sys.stderr)
+    print(f"policy: {policy_summary}" if policy_summary else "policy: off (every call is allowed, nothing is audited)",
+          file=sys.stderr)
+    for finding in findings:
+        print(f"{finding.level}: {finding.where}: {finding.message} — fix: {finding.fix}", file=sys.stderr)
+    errors = sum(f.level == "error" for f in findings)
+    warnings = len(findings) - errors
+    if ok:
+        tail = f", {warnings} warning(s)" if warnings else ""
+        print(f"bastion: configuration OK, {len(config.servers)} server(s){tail}", file=sys.stderr)
+    else:
+        print(f"bastion: {errors} error(s), {warnings} warning(s) in the configuration", file=sys.stderr)
+    return 0 if ok else 2
+
+
+def _print_check_report(source: str | None, servers: dict, findings: list, policy: str | None, ok: bool = False) -> None:
+    report = {
+        "file": source,
+        "servers": {name: {"command": s.command, "args": list(s.args), "enabled": s.enabled}
+                    for name, s in servers.items()},
+        "policy": policy,
+        "findings": [f.as_dict() for f in findings],
+        "ok": ok,
+    }
+    sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 async def with_gateway(config: GatewayConfig, work) -> Any:

@@ -1,0 +1,57 @@
+"""What ``bastion check`` finds in a configuration: each finding names where it is, what is wrong and the fix.
+
+Findings are things a configuration can load with and still fail at run time (a command that is not on
+``PATH``, a remote entry that is skipped), or that load differently from what the user may expect.
+Errors make ``bastion check`` exit 2; warnings are reported and allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # config imports Finding from here for what it notes while loading
+    from bastion.config import GatewayConfig, ServerConfig
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Literal["error", "warning"]
+    where: str  # the key it is about, e.g. "servers.git.command"
+    message: str
+    fix: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def diagnose(config: "GatewayConfig") -> list[Finding]:
+    """Every finding about ``config``, errors and warnings, in configuration order."""
+    findings: list[Finding] = list(config.load_notes)
+    for name, server in config.servers.items():
+        if server.enabled:
+            findings.extend(_command_findings(name, server))
+    return findings
+
+
+def _command_findings(name: str, server: "ServerConfig") -> list[Finding]:
+    where = f"servers.{name}.command"
+    command = server.command
+    if os.sep in command or (os.altsep and os.altsep in command):
+        path = Path(command)
+        if not path.exists():
+            return [Finding("error", where, f"{command} does not exist",
+                            "give the path of an installed executable (relative paths are read from the "
+                            "configuration file's folder)")]
+        if path.is_dir() or not os.access(path, os.X_OK):
+            return [Finding("error", where, f"{command} is not an executable file",
+                            f"make it executable (chmod +x {command}) or point at the program itself")]
+        return []
+    search_path = server.env.get("PATH", os.environ.get("PATH", ""))
+    if shutil.which(command, path=search_path) is None:
+        return [Finding("error", where, f"{command!r} is not on PATH",
+                        f"install {command}, or give its full path as the command")]
+    return []
