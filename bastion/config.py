@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from bastion import paths
 from bastion.diagnostics import Finding
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
@@ -203,8 +204,7 @@ def _explain(file: Path, exc: ValidationError) -> str:
 
 
 def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "bastion"
+    return paths.state_dir()
 
 
 def default_config() -> GatewayConfig:

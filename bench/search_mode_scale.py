@@ -144,6 +144,7 @@ async def searches_with_minilm(args: argparse.Namespace, bastion: str, config: P
     search_tools latencies (s) once it has, and its resident memory afterwards (MiB, without its servers)."""
     stderr_path = work / "bastion-second.stderr"
     os.environ["XDG_STATE_HOME"] = str(work / "state-second")
+    shutil.rmtree(work / "cache" / "bastion" / "embeddings", ignore_errors=True)  # cold vectors, derived model kept
     with stderr_path.open("wb") as stderr:
         client = await McpPipeClient.spawn([bastion, "run", str(config)], stderr)
         try:

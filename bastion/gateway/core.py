@@ -130,12 +130,12 @@ class Gateway:
     def tool_index(self) -> Any:
         """The search index over this gateway's catalog (one per gateway, built on first use)."""
         if self._tool_index is None:
-            from bastion.config import state_dir
             from bastion.gateway.exposure import CatalogIndex
+            from bastion.search.embedding import default_cache_dir
             from bastion.search.index import ToolIndex
 
             # Embeddings are cached on disk: a restart or a list_changed embeds only tool texts never seen.
-            cache = state_dir() / "embeddings"
+            cache = default_cache_dir()
             tokens = self.config.tools.embedding_tokens
             self._tool_index = CatalogIndex(self.catalog, lambda: ToolIndex(cache_dir=cache, doc_max_tokens=tokens))
         return self._tool_index

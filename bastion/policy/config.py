@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bastion.paths import state_dir
+
 
 class PolicyStartError(Exception):
     """The policy section cannot be put to work; the message names the file and the fix."""
@@ -93,7 +95,8 @@ class ApprovalConfig(_Strict):
     remember: Literal["never", "session"] = Field(
         default="never", description="session: one approval covers later calls of that tool in the session"
     )
-    queue_dir: str = Field(default="~/.local/state/bastion/approvals")
+    # Defaults are worked out when a configuration is built, so they follow XDG_STATE_HOME as it is then.
+    queue_dir: str = Field(default_factory=lambda: str(state_dir() / "approvals"))
     poll_seconds: float = Field(default=0.5, gt=0)
     secret_file: str | None = Field(
         default=None,
@@ -112,7 +115,7 @@ class RateLimitConfig(_Strict):
 
 class AuditConfig(_Strict):
     enabled: bool = True
-    path: str = "~/.local/state/bastion/audit.jsonl"
+    path: str = Field(default_factory=lambda: str(state_dir() / "audit.jsonl"))
     rotate_bytes: int = Field(default=50 * 1024 * 1024, ge=4096)
     arguments: Literal["shape", "values"] = Field(
         default="shape", description="shape records only types and sizes; values records argument values"

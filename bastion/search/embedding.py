@@ -25,6 +25,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from bastion.paths import cache_dir
 from bastion.search.integer_model import cpu_has_integer_dot_product, integer_model, sha256_file
 
 logger = logging.getLogger("bastion.search")
@@ -211,8 +212,7 @@ def load_default_encoder(
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "bastion" / "embeddings"
+    return cache_dir() / "embeddings"
 
 
 class EmbeddingCache:
