@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-MODULES: tuple[str, ...] = ("bastion.cli.gateway", "bastion.cli.policy", "bastion.cli.sandbox")
+MODULES: tuple[str, ...] = ("bastion.cli.gateway", "bastion.cli.policy", "bastion.cli.sandbox",
+                           "bastion.cli.clients")
 
 
 def registrars() -> list[Callable[[Any], None]]:
