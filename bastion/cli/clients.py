@@ -1,0 +1,208 @@
+"""``bastion import`` and ``bastion client install|uninstall``: from the configuration a client has to Bastion.
+
+The review (what each server may read, write, reach and receive) is the command's answer, so it is printed on
+stdout (JSON with ``--json``); what was written where, and anything refused, goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from bastion.cli.conventions import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+
+def register(subparsers: Any) -> None:
+    importer = subparsers.add_parser(
+        "import", help="write one Bastion configuration from your MCP clients' configurations, and review it",
+        description="Read the server configurations of Claude Desktop, Claude Code, Cursor, VS Code and Windsurf "
+                    "(or the FILEs given), merge them into one Bastion configuration with sandbox grants inferred "
+                    "from each server's arguments, and print what each server may read, write, reach and receive.")
+    importer.add_argument("files", nargs="*", metavar="FILE", help="client configuration files (default: find them)")
+    importer.add_argument("--output", "-o", metavar="PATH",
+                          help="where to write it (default: $XDG_CONFIG_HOME/bastion/bastion.toml)")
+    importer.add_argument("--force", action="store_true", help="replace an existing output (a backup is kept)")
+    importer.add_argument("--allow-home", action="store_true",
+                          help="grant a server your whole home directory when its arguments name it")
+    importer.add_argument("--dry-run", action="store_true", help="print the review, write nothing")
+    importer.add_argument("--json", action="store_true", help="print the review as JSON on stdout")
+    importer.set_defaults(handler=run_import)
+
+    client = subparsers.add_parser("client", help="point an MCP client at Bastion, or back")
+    commands = client.add_subparsers(dest="client_command", required=True)
+    from bastion.clients.discovery import CLIENTS
+
+    install = commands.add_parser(
+        "install", help="make CLIENT start Bastion instead of its servers (its file is backed up first)",
+        description="Replace CLIENT's servers by one 'bastion' entry that runs `bastion run CONFIG`. Its file is "
+                    "copied to a timestamped backup first. Without CONFIG, or when CONFIG does not exist, the "
+                    "client's servers are imported into it first.")
+    install.add_argument("client", choices=sorted(CLIENTS), metavar="CLIENT", help=", ".join(sorted(CLIENTS)))
+    install.add_argument("--config", metavar="BASTION_FILE",
+                         help="the Bastion configuration it runs (default: $XDG_CONFIG_HOME/bastion/bastion.toml)")
+    install.add_argument("--allow-home", action="store_true", help="as for `bastion import`")
+    install.set_defaults(handler=run_install)
+
+    uninstall = commands.add_parser("uninstall", help="put CLIENT's file back as it was before install")
+    uninstall.add_argument("client", choices=sorted(CLIENTS), metavar="CLIENT", help=", ".join(sorted(CLIENTS)))
+    uninstall.add_argument("--force", action="store_true", help="restore the backup even if the file changed since")
+    uninstall.set_defaults(handler=run_uninstall)
+
+
+def _say(message: str) -> None:
+    print(f"bastion: {message}", file=sys.stderr)
+
+
+def default_output() -> Path:
+    from bastion import paths
+
+    return paths.config_dir() / "bastion.toml"
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from bastion.clients.discovery import Places, client_of, discover, read_client_file
+
+    places = Places.current()
+    if args.files:
+        sources = []
+        for given in args.files:
+            path = Path(given)
+            spec = client_of(path, places)
+            sources.append((spec.label if spec else "file", path))
+    else:
+        sources = [(spec.label, path) for spec, path in discover(places)]
+        if not sources:
+            _say("found no client configuration (Claude Desktop, Claude Code, Cursor, VS Code, Windsurf); give "
+                 "the file to import: bastion import FILE")
+            return EXIT_FAILED
+    files = [read_client_file(path, label, places.home) for label, path in sources]
+    return _import_files(files, Path(args.output) if args.output else default_output(), places.home,
+                         force=args.force, allow_home=args.allow_home, dry_run=args.dry_run, as_json=args.json)
+
+
+def _import_files(files: list[Any], output: Path, home: Path, *, force: bool, allow_home: bool, dry_run: bool,
+                  as_json: bool) -> int:
+    from bastion.clients.importer import ImportRefused, import_servers, render_toml, write_configuration
+
+    problems = [problem for file in files for problem in file.problems]
+    found = [server for file in files for server in file.servers]
+    result = import_servers(found, home=home, allow_home=allow_home)
+    text = render_toml(result, [f"{file.label}: {file.path}" for file in files if file.servers])
+    error = _invalid(text)
+    written = backup = None
+    if error is None and result.servers and not dry_run:
+        try:
+            backup = write_configuration(output, text, force=force)
+            written = output
+        except ImportRefused as refused:
+            error = str(refused)
+        except OSError as failure:
+            error = f"{output}: cannot write it: {failure.strerror}"
+    if as_json:
+        print(json.dumps({"output": str(written) if written else None, "backup": str(backup) if backup else None,
+                          "servers": [server.review.as_dict() for server in result.servers],
+                          "renamed": result.renamed, "duplicates": result.duplicates, "skipped": result.skipped,
+                          "problems": problems, "error": error}, indent=2))
+    else:
+        _print_review(result, problems)
+    if error is not None:
+        _say(error)
+        return EXIT_USAGE
+    if not result.servers:
+        _say("no local server to import")
+        return EXIT_FAILED
+    if backup is not None:
+        _say(f"the previous {output} is kept as {backup}")
+    if written is not None:
+        _say(f"wrote {written} ({len(result.servers)} servers); check it with `bastion check {written}` and "
+             f"run it with `bastion run {written}`, or point a client at it with `bastion client install CLIENT`")
+    else:
+        _say("dry run: nothing written")
+    return EXIT_OK
+
+
+def _invalid(text: str) -> str | None:
+    """Why the written configuration would not load, if it would not (a bug here, not the user's)."""
+    from pydantic import ValidationError
+
+    from bastion.config import GatewayConfig
+
+    try:
+        GatewayConfig.model_validate(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, ValidationError) as error:
+        return f"the configuration import would write is not valid, nothing written: {error}"
+    return None
+
+
+def _print_review(result: Any, problems: list[str]) -> None:
+    lines: list[str] = []
+    for server in result.servers:
+        lines.extend(server.review.lines())
+        lines.append("")
+    for title, items in (("renamed", result.renamed), ("imported once", result.duplicates),
+                         ("not imported", result.skipped), ("problems", problems)):
+        if items:
+            lines.append(f"{title}:")
+            lines.extend(f"  {item}" for item in items)
+    print("\n".join(lines).rstrip())
+
+
+def run_install(args: argparse.Namespace) -> int:
+    from bastion import paths
+    from bastion.clients.discovery import CLIENTS, Places, read_client_file
+    from bastion.clients.install import InstallError, install
+
+    spec = CLIENTS[args.client]
+    places = Places.current()
+    client_file = places.user_file(spec)
+    configuration = Path(args.config) if args.config else default_output()
+    if not configuration.exists():
+        client = read_client_file(client_file, spec.label, places.home) if client_file.exists() else None
+        if client is None or not client.servers:
+            _say(f"{configuration} does not exist and {client_file} has no servers to import into it; write it "
+                 f"(`bastion import FILE --output {configuration}`) or give one with --config")
+            return EXIT_USAGE
+        # Only the servers this file starts for every project are replaced by Bastion's entry; so only those move.
+        client.servers = [server for server in client.servers if not server.table.startswith("projects.")]
+        status = _import_files([client], configuration, places.home, force=False, allow_home=args.allow_home,
+                               dry_run=False, as_json=False)
+        if status != EXIT_OK:
+            return status
+    try:
+        installed = install(spec, client_file, configuration, paths.state_dir())
+    except InstallError as error:
+        _say(str(error))
+        return EXIT_USAGE
+    if installed.backup:
+        _say(f"{spec.label}'s file {client_file} is backed up as {installed.backup}")
+    _say(f"{spec.label} now starts Bastion: {' '.join(installed.command)}; restart {spec.label} to use it, and "
+         f"`bastion client uninstall {spec.key}` to undo")
+    if spec.key == "claude-code":
+        _say("servers Claude Code keeps per project (projects.*.mcpServers in ~/.claude.json, a project's "
+             ".mcp.json) still start directly; import them with `bastion import` and remove them there")
+    if spec.key == "vscode":
+        _say("servers in VS Code's settings.json (mcp.servers) and a workspace's .vscode/mcp.json still start "
+             "directly; import them with `bastion import` and remove them there")
+    return EXIT_OK
+
+
+def run_uninstall(args: argparse.Namespace) -> int:
+    from bastion import paths
+    from bastion.clients.discovery import CLIENTS
+    from bastion.clients.install import InstallError, uninstall
+
+    spec = CLIENTS[args.client]
+    try:
+        client_file, backup = uninstall(spec, paths.state_dir(), force=args.force)
+    except InstallError as error:
+        _say(str(error))
+        return EXIT_USAGE
+    if backup is None:
+        _say(f"removed {client_file}, which install had created; restart {spec.label}")
+    else:
+        _say(f"restored {client_file} from {backup}; restart {spec.label}")
+    return EXIT_OK

@@ -1,0 +1,221 @@
+"""One Bastion configuration from the servers of the user's client files: merged, with grants, and reviewed.
+
+Each entry is converted the way its client reads it (``${workspaceFolder}`` and the other variables, ``envFile``,
+``disabled``, relative paths) into Bastion's form, given the grants its arguments imply, and marked
+``trust = "reviewed"``: the person who runs import reads the review of what each server may do. A name used by
+two clients for different servers is renamed; the same server configured twice is imported once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import tomli_w
+
+from bastion import variables as client_variables
+from bastion.clients.discovery import FoundServer
+from bastion.clients.grants import ServerReview, infer_grants, merge_sandbox, review
+
+# Keys of client entries that Bastion's own form has no place for (handled or meaningless here).
+_CLIENT_ONLY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "description", "envFile",
+                     "transportType"}
+_PASSED_KEYS = ("command", "args", "env", "cwd", "sandbox", "prefix", "era", "request_timeout",
+                "startup_timeout")
+_WHOLE_VARIABLE = ("${env:", "${")
+
+
+@dataclass
+class ImportedServer:
+    name: str
+    server: dict[str, Any]
+    review: ServerReview
+    found: FoundServer
+
+
+@dataclass
+class ImportResult:
+    servers: list[ImportedServer] = field(default_factory=list)
+    renamed: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def configuration(self) -> dict[str, Any]:
+        """Bastion's configuration, as a table for TOML."""
+        return {"servers": {server.name: server.server for server in self.servers}}
+
+
+class ImportRefused(Exception):
+    """The output exists (or cannot be written); the message says what to do."""
+
+
+def import_servers(found: list[FoundServer], *, home: Path, allow_home: bool = False,
+                   environ: Mapping[str, str] | None = None) -> ImportResult:
+    """Convert and merge ``found`` (in order: the first of a name keeps it)."""
+    environ = os.environ if environ is None else environ
+    result = ImportResult()
+    by_name: dict[str, ImportedServer] = {}
+    for item in found:
+        converted = convert_entry(item, home=home, environ=environ)
+        if isinstance(converted, str):
+            result.skipped.append(converted)
+            continue
+        server, notes = converted
+        same = next((other for other in by_name.values() if _same_server(other.server, server)), None)
+        if same is not None:
+            result.duplicates.append(f"{item.name!r} from {item.origin} is the same server as {same.name!r} from "
+                                     f"{same.found.origin}; imported once")
+            continue
+        name = _free_name(item, by_name)
+        if name != item.name:
+            result.renamed.append(f"{item.name!r} from {item.origin} is imported as {name!r} (the name {item.name!r} "
+                                  f"is taken by the server from {by_name[item.name].found.origin})")
+        inference = infer_grants(name, server, home=str(home), base_dir=str(item.workspace), allow_home=allow_home)
+        sandbox = merge_sandbox(server.get("sandbox"), inference.sandbox)
+        if sandbox is not None:
+            server["sandbox"] = sandbox
+        server["trust"] = "reviewed"
+        server_review = review(name, server, origin=item.origin, warnings=[*notes, *inference.warnings],
+                               home=str(home), base_dir=str(item.workspace))
+        imported = ImportedServer(name, server, server_review, item)
+        by_name[name] = imported
+        result.servers.append(imported)
+    return result
+
+
+def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]] | str:
+    """Bastion's form of one client entry and notes about it, or why it is not imported."""
+    entry, where = item.entry, f"{item.origin}: server {item.name!r}"
+    if not isinstance(entry, dict):
+        return f"{where}: the entry is not an object; skipped"
+    if "url" in entry or "serverUrl" in entry or entry.get("type") in ("http", "sse", "streamable-http"):
+        return (f"{where}: a remote server (url); Bastion federates local (command) servers only, so the client "
+                "keeps reaching it directly; skipped")
+    if not isinstance(entry.get("command"), str) or not entry["command"].strip():
+        return f"{where}: no command; skipped"
+    names = client_variables.Variables(item.workspace, home, environ)
+    notes: list[str] = []
+    server: dict[str, Any] = {}
+    try:
+        server["command"] = _absolute_command(names.expand(entry["command"]), item.workspace)
+        if entry.get("args"):
+            server["args"] = [_absolute_argument(names.expand(str(arg)), item.workspace)
+                              for arg in entry["args"]]
+        if isinstance(entry.get("cwd"), str):
+            server["cwd"] = os.path.normpath(os.path.join(item.workspace, names.expand(entry["cwd"])))
+        env, passed = _environment(item, names, notes)
+    except client_variables.VariableError as error:
+        return f"{where}: {error}; fix: {error.fix}; skipped"
+    if env:
+        server["env"] = env
+    for key in _PASSED_KEYS[4:]:
+        if key in entry:
+            server[key] = entry[key]
+    if passed:
+        sandbox = server.get("sandbox") if isinstance(server.get("sandbox"), dict) else {}
+        if server.get("sandbox") is None or isinstance(server.get("sandbox"), dict):
+            server["sandbox"] = {**sandbox, "env": list(dict.fromkeys([*sandbox.get("env", []), *passed]))}
+    disabled = entry.get("disabled")
+    if disabled is True or (isinstance(disabled, str) and disabled.strip().lower() == "true"):
+        server["enabled"] = False
+        notes.append("disabled in the client, imported disabled")
+    approved = entry.get("autoApprove") or entry.get("alwaysAllow")
+    if isinstance(approved, list) and approved:
+        server["auto_approve"] = [str(tool) for tool in approved]
+    ignored = sorted(set(entry) - set(_PASSED_KEYS) - _CLIENT_ONLY_KEYS)
+    if ignored:
+        notes.append(f"ignored keys Bastion does not know: {', '.join(ignored)}")
+    return server, notes
+
+
+def _environment(item: FoundServer, names: client_variables.Variables,
+                 notes: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The entry's env (and envFile) values, and the names it takes from the environment as they are.
+
+    ``"TOKEN": "${env:TOKEN}"`` means "the TOKEN the client was started with": it becomes a pass-through
+    (sandbox.env) so the secret is not copied into the new file. Other variables are expanded now.
+    """
+    env: dict[str, str] = {}
+    passed: list[str] = []
+    env_file = item.entry.get("envFile")
+    if isinstance(env_file, str) and env_file:
+        path = Path(os.path.join(item.workspace, names.expand(env_file)))
+        try:
+            env.update(client_variables.read_dotenv(path))
+            notes.append(f"env values read from its envFile {path}")
+        except (OSError, ValueError) as error:
+            notes.append(f"its envFile {path} could not be read ({error}); its variables are not set")
+    raw_env = item.entry.get("env")
+    if isinstance(raw_env, dict):
+        for key, value in raw_env.items():
+            value = str(value)
+            if value in (f"${{env:{key}}}", f"${{{key}}}"):
+                passed.append(str(key))
+                env.pop(str(key), None)
+                continue
+            expanded = names.expand(value)
+            if expanded != value:
+                notes.append(f"{key}: its variables were expanded from the environment of this import and the value "
+                             "written into the configuration")
+            env[str(key)] = expanded
+    return env, passed
+
+
+def _absolute_command(command: str, workspace: Path) -> str:
+    if "/" in command and not os.path.isabs(command):
+        return os.path.normpath(os.path.join(workspace, command))
+    return command
+
+
+def _absolute_argument(arg: str, workspace: Path) -> str:
+    """``.``, ``./x`` and ``../x`` are the client's working folder (the project); the sandbox's is ``/``."""
+    if arg in (".", "..") or arg.startswith(("./", "../")):
+        return os.path.normpath(os.path.join(workspace, arg))
+    return arg
+
+
+def _same_server(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    keys = ("command", "args", "env", "cwd")
+    return all(one.get(key) == other.get(key) for key in keys)
+
+
+def _free_name(item: FoundServer, taken: Mapping[str, Any]) -> str:
+    name = item.name.replace("/", "-").strip() or "server"
+    if name not in taken:
+        return name
+    client = item.origin.split(" (", 1)[0].lower().replace(" ", "-")
+    candidate, number = f"{name}-{client}", 2
+    while candidate in taken:
+        candidate, number = f"{name}-{client}-{number}", number + 1
+    return candidate
+
+
+def render_toml(result: ImportResult, sources: list[str]) -> str:
+    header = ["# Bastion configuration written by `bastion import` from:"]
+    header += [f"#   {source}" for source in sources]
+    header += ["# Each server was reviewed at import (trust = \"reviewed\"): read-only tools run at once, others ask.",
+               "# Its sandbox grants come from its arguments; see docs/import.md.", ""]
+    return "\n".join(header) + "\n" + tomli_w.dumps(result.configuration()).rstrip("\n") + "\n"
+
+
+def write_configuration(path: Path, text: str, *, force: bool) -> Path | None:
+    """Write ``text`` to ``path`` (readable by its owner only: it may hold tokens); with ``force`` an existing file
+    is first copied to a timestamped backup, which is returned."""
+    backup = None
+    if path.exists():
+        if not force:
+            raise ImportRefused(f"{path} exists; import again with --force to replace it (a backup is kept), or "
+                                "give another path with --output")
+        backup = path.with_name(f"{path.name}.{time.strftime('%Y%m%dT%H%M%S')}.bak")
+        shutil.copy2(path, backup)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
+    return backup

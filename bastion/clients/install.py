@@ -1,0 +1,117 @@
+"""Pointing a client at Bastion, and back: ``bastion client install|uninstall CLIENT``.
+
+Install keeps a timestamped copy of the client's file beside it, then replaces the file's server table by one
+``bastion`` entry that runs ``bastion run <configuration>``; every other key of the file is kept. What was done
+is recorded in Bastion's state folder (the backup, and a hash of the file as install wrote it), so uninstall
+puts the backup back only while the file is as install left it: a change made since would be lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bastion.clients.discovery import ClientSpec, parse_jsonc
+
+ENTRY_NAME = "bastion"
+
+
+class InstallError(Exception):
+    """Install or uninstall cannot go on; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Installed:
+    client_file: Path
+    backup: Path | None   # None: the client had no file before
+    command: list[str]
+
+
+def bastion_command() -> list[str]:
+    """How a client starts this Bastion: its absolute executable, or this Python running the package."""
+    launched = Path(sys.argv[0])
+    if launched.name == "bastion" and launched.is_file():
+        return [str(launched.absolute())]
+    return [sys.executable, "-m", "bastion"]
+
+
+def record_path(state_dir: Path, spec: ClientSpec) -> Path:
+    return state_dir / "clients" / f"{spec.key}.json"
+
+
+def install(spec: ClientSpec, client_file: Path, configuration: Path, state_dir: Path) -> Installed:
+    record = record_path(state_dir, spec)
+    if record.exists():
+        raise InstallError(f"{spec.label} is already pointed at Bastion (see {record}); run `bastion client "
+                           f"uninstall {spec.key}` first")
+    original = client_file.read_bytes() if client_file.exists() else None
+    data: dict[str, Any] = {}
+    if original is not None:
+        try:
+            data = parse_jsonc(original.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise InstallError(f"{client_file}: not valid JSON ({error}); fix the file first, nothing was changed") \
+                from None
+        if not isinstance(data, dict):
+            raise InstallError(f"{client_file}: the top level is not an object; nothing was changed")
+    backup = None
+    if original is not None:
+        backup = client_file.with_name(f"{client_file.name}.bastion-backup-{time.strftime('%Y%m%dT%H%M%S')}")
+        shutil.copy2(client_file, backup)
+    command = [*bastion_command(), "run", str(configuration.absolute())]
+    entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
+    if spec.servers_key == "servers":
+        entry = {"type": "stdio", **entry}
+    written = {**data, spec.servers_key: {ENTRY_NAME: entry}}
+    text = (json.dumps(written, indent=2) + "\n").encode("utf-8")
+    client_file.parent.mkdir(parents=True, exist_ok=True)
+    _write(client_file, text)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"client": spec.key, "file": str(client_file.absolute()),
+                                  "backup": str(backup) if backup else None,
+                                  "installed_sha256": hashlib.sha256(text).hexdigest(),
+                                  "configuration": str(configuration.absolute())}, indent=2) + "\n")
+    return Installed(client_file, backup, command)
+
+
+def uninstall(spec: ClientSpec, state_dir: Path, *, force: bool = False) -> tuple[Path, Path | None]:
+    """Put the client's file back as it was before install; returns the file and the backup used."""
+    record_file = record_path(state_dir, spec)
+    try:
+        record = json.loads(record_file.read_text())
+    except FileNotFoundError:
+        raise InstallError(f"{spec.label} was not pointed at Bastion by `bastion client install` (no record at "
+                           f"{record_file}); nothing to undo") from None
+    client_file = Path(record["file"])
+    backup = Path(record["backup"]) if record.get("backup") else None
+    if backup is not None and not backup.exists():
+        raise InstallError(f"the backup {backup} of {client_file} is gone; restore the file by hand (remove the "
+                           f"{ENTRY_NAME!r} entry), then delete {record_file}")
+    current = client_file.read_bytes() if client_file.exists() else None
+    changed = current is None or hashlib.sha256(current).hexdigest() != record["installed_sha256"]
+    if changed and not force:
+        raise InstallError(f"{client_file} changed since install; restoring {backup or 'nothing'} would lose those "
+                           f"changes. Run `bastion client uninstall {spec.key} --force` to restore it anyway")
+    if backup is None:
+        if client_file.exists():
+            client_file.unlink()  # install created it
+    else:
+        shutil.copy2(backup, client_file)  # the backup stays: a second copy of the user's file costs nothing
+    record_file.unlink()
+    return client_file, backup
+
+
+def _write(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o600
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+    os.replace(temporary, path)
