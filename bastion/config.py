@@ -53,6 +53,12 @@ class ServerConfig(BaseModel):
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description='OS sandbox profile and grants; "none" only when written explicitly'
     )
+    # The configuration file the server was read from (None: built in); its launcher lock file lives beside it.
+    _config_file: Path | None = PrivateAttr(default=None)
+
+    @property
+    def config_file(self) -> Path | None:
+        return self._config_file
 
     @field_validator("command")
     @classmethod
@@ -100,6 +106,8 @@ class GatewayConfig(BaseModel):
 
     def with_source(self, source: Path | None) -> "GatewayConfig":
         self._source = source
+        for server in self.servers.values():
+            server._config_file = source
         return self
 
     @property

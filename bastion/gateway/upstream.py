@@ -12,6 +12,7 @@ from bastion.config import ServerConfig
 from bastion.gateway.eager import Answer, DirectCall
 from bastion.gateway.pipeline import GatewayError
 from bastion.protocol import jsonrpc
+from bastion.launchers.prepare import prepare
 from bastion.sandbox import spawn
 from bastion.protocol.correlation import Correlator, DuplicateRequestId, Pending
 from bastion.protocol.jsonrpc import (
@@ -53,7 +54,11 @@ Launcher = Callable[[str, ServerConfig], Awaitable[ServerProcess]]
 
 
 async def launch_server(name: str, config: ServerConfig) -> ServerProcess:
-    """Every local server starts through the sandbox package, confined unless its configuration says "none"."""
+    """Every local server starts through the sandbox package, confined unless its configuration says "none".
+
+    A server started by a package launcher (npx, uvx, ...) runs its package installed beforehand, outside the sandbox.
+    """
+    config = await prepare(name, config)
     return await spawn(name, config.command, config.args, config.env, config.cwd, config.sandbox)
 
 

@@ -1,0 +1,303 @@
+"""Install a launcher's package with the host's own package client, outside the sandbox, into Bastion's cache.
+
+The cache lives in Bastion's state directory (``$XDG_STATE_HOME/bastion/packages``), one folder per package and
+exact version: ``npm/@scope+name@1.2.3`` (an ``npm install --prefix`` tree) and ``python/name==1.2.3`` (a virtual
+environment). It is state rather than a cache that may vanish: a sandboxed server has no network, so a deleted
+install would turn into a server that cannot start until the registry is reached again.
+
+npm runs with ``--ignore-scripts``: an install script would run with the user's full rights, outside the sandbox
+the server is kept in afterwards. Python packages come as wheels where they exist (pip's default); building an
+sdist runs its build backend, which is the package client's ordinary behaviour and documented as such.
+
+Offline installs are the package clients' own settings, passed through the environment: ``npm_config_offline=true``
+(npm's cache), ``PIP_NO_INDEX=1`` with ``PIP_FIND_LINKS=DIR`` (a wheelhouse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from bastion.launchers.plan import LaunchPlan
+
+INSTALL_TIMEOUT_S = 600.0  # a cold install of a large package over a slow link; never reached offline
+QUOTED_LINES = 8  # of the package client's error output, quoted when an install fails
+MARKER = "bastion-install.json"  # written last: a folder without it is an install that did not finish
+
+
+class PackageInstallFailed(Exception):
+    """The package client could not install the package; the message quotes its own last lines.
+
+    ``permanent``: the same start would fail the same way, so the server is not restarted in a loop.
+    """
+
+    permanent = True
+
+
+@dataclass(frozen=True)
+class Installed:
+    ecosystem: str
+    package: str
+    version: str
+    integrity: str  # npm's SRI string (sha512-…) or sha256=<hex> of the Python distribution file
+    root: str  # the tree the server needs, read-only: the node_modules folder or the virtual environment
+    program: str  # absolute path of the program to run
+
+
+def packages_dir(state: Path) -> Path:
+    return state / "packages"
+
+
+def install_folder_name(package: str, version: str, ecosystem: str) -> str:
+    safe = package.replace("/", "+")
+    return f"{safe}@{version}" if ecosystem == "npm" else f"{safe}=={version}"
+
+
+async def install(plan: LaunchPlan, cache: Path, env: Mapping[str, str], *, version: str | None = None,
+                  integrity: str | None = None) -> Installed:
+    """The installed package for ``plan``: ``version`` exactly (checked against ``integrity``) or the newest the
+    plan's request allows. An install already in the cache is used without running the package client."""
+    if plan.ecosystem == "npm":
+        installed = await _install_npm(plan, cache / "npm", env, version)
+    else:
+        installed = await _install_python(plan, cache / "python", env, version)
+    if integrity and installed.integrity != integrity:
+        raise PackageInstallFailed(
+            f"{installed.package} {installed.version} installed with integrity {installed.integrity}, but the lock "
+            f"file records {integrity}: the package was changed since it was locked; if that is expected, run "
+            "`bastion servers update` to lock what the registry now serves")
+    return installed
+
+
+# ------------------------------------------------------------------------------------------------------ npm
+async def _install_npm(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None) -> Installed:
+    if version is not None:
+        final = cache / install_folder_name(plan.package, version, "npm")
+        found = await asyncio.to_thread(_read_marker, final)
+        if found is not None:
+            return _npm_installed(plan, final, found)
+    npm = shutil.which("npm", path=env.get("PATH"))
+    if npm is None:
+        raise PackageInstallFailed(f"{plan.launcher} server needs npm to install {plan.package}, and npm is not on "
+                                   "PATH; install Node.js (which brings npm)")
+    await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
+    partial = cache / f".partial-{secrets.token_hex(6)}"
+    spec = plan.requested if version is None else f"{plan.package}@{version}"
+    try:
+        await _run([npm, "install", "--prefix", str(partial), "--no-save", "--no-audit", "--no-fund",
+                    "--ignore-scripts", "--loglevel=error", spec], env, what=f"npm install {spec}")
+        facts = await asyncio.to_thread(_npm_facts, partial, plan.package)
+        final = cache / install_folder_name(plan.package, facts["version"], "npm")
+        await asyncio.to_thread(_settle_npm, partial, final, facts)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, partial, True)
+    return _npm_installed(plan, final, facts)
+
+
+def _npm_facts(prefix: Path, package: str) -> dict[str, str]:
+    """Version and integrity npm recorded for the package it installed (its hidden lock file)."""
+    hidden = prefix / "node_modules" / ".package-lock.json"
+    try:
+        entry = json.loads(hidden.read_text())["packages"][f"node_modules/{package}"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise PackageInstallFailed(f"npm reported success but {hidden} does not list {package} ({exc})") from None
+    return {"ecosystem": "npm", "package": package, "version": entry["version"], "integrity": entry.get("integrity", "")}
+
+
+def _settle_npm(partial: Path, final: Path, facts: dict[str, str]) -> None:
+    """Move a finished install into place; another process that got there first wins, its tree is as good."""
+    if _read_marker(final) is not None:
+        return
+    (partial / MARKER).write_text(json.dumps(facts, indent=2) + "\n")
+    try:
+        os.rename(partial, final)  # npm's .bin links are relative, so the tree works from its new place
+    except OSError:
+        if _read_marker(final) is None:  # a half-written folder of a process that died: replace it
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(partial, final)
+
+
+def _npm_installed(plan: LaunchPlan, folder: Path, facts: dict[str, str]) -> Installed:
+    modules = folder / "node_modules"
+    program = _npm_program(modules, plan)
+    return Installed("npm", facts["package"], facts["version"], facts["integrity"], str(modules), str(program))
+
+
+def _npm_program(modules: Path, plan: LaunchPlan) -> Path:
+    """The program npx would run: the one named, else the package's only bin, else the one named like it."""
+    try:
+        manifest = json.loads((modules / plan.package / "package.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise PackageInstallFailed(f"{plan.package} was installed without a readable package.json ({exc})") from None
+    bins = manifest.get("bin") or {}
+    unscoped = plan.package.rsplit("/", 1)[-1]
+    if isinstance(bins, str):
+        bins = {unscoped: bins}
+    if plan.bin is not None:
+        chosen = plan.bin
+    elif len(bins) == 1:
+        chosen = next(iter(bins))
+    elif unscoped in bins:
+        chosen = unscoped
+    else:
+        raise PackageInstallFailed(
+            f"{plan.package} has {len(bins)} programs ({', '.join(sorted(bins)) or 'none'}) and none is named like "
+            f"the package; write `{plan.launcher} --package {plan.package} PROGRAM` in the configuration")
+    program = modules / ".bin" / chosen
+    if not program.exists():
+        raise PackageInstallFailed(f"{plan.package} has no program {chosen!r} (it has: "
+                                   f"{', '.join(sorted(bins)) or 'none'})")
+    return program
+
+
+# --------------------------------------------------------------------------------------------------- python
+async def _install_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None) -> Installed:
+    await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
+    if version is None:
+        # A virtual environment cannot be moved once made (its programs name its interpreter by path), so the
+        # newest version is found first, by a resolve that installs nothing.
+        version = await _resolve_python(plan, cache, env)
+    final = cache / install_folder_name(plan.package, version, "python")
+    found = await asyncio.to_thread(_read_marker, final)
+    if found is None:
+        found = await _create_venv(plan, final, version, env)
+    return _python_installed(plan, final, found)
+
+
+def _python_requirements(plan: LaunchPlan, version: str | None) -> list[str]:
+    extras = plan.requested[len(plan.package):].split("==", 1)[0] if "[" in plan.requested else ""
+    main = plan.requested if version is None else f"{plan.package}{extras}=={version}"
+    return [main, *plan.extras]
+
+
+async def _resolve_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str]) -> str:
+    report = cache / f".resolve-{secrets.token_hex(6)}.json"
+    try:
+        await _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-input",
+                    "--disable-pip-version-check", "--quiet", "--report", str(report),
+                    *_python_requirements(plan, None)], env, what=f"pip install {plan.requested}")
+        return (await asyncio.to_thread(_report_facts, report, plan.package))["version"]
+    finally:
+        await asyncio.to_thread(_unlink, report)
+
+
+async def _create_venv(plan: LaunchPlan, final: Path, version: str, env: Mapping[str, str]) -> dict[str, str]:
+    guard = final.with_name(f".{final.name}.lck")
+    report = final.with_name(final.name + ".report.json")
+    async with _held(guard):
+        found = await asyncio.to_thread(_read_marker, final)
+        if found is not None:  # another process installed it while this one waited
+            return found
+        await asyncio.to_thread(shutil.rmtree, final, True)
+        try:
+            await _run([sys.executable, "-m", "venv", "--without-pip", str(final)], env, what="python -m venv")
+            # Bastion's own pip installs into the new environment, which therefore needs no pip of its own.
+            await _run([sys.executable, "-m", "pip", "--python", str(final / "bin" / "python"), "install",
+                        "--no-input", "--disable-pip-version-check", "--quiet", "--report", str(report),
+                        *_python_requirements(plan, version)], env, what=f"pip install {plan.package}=={version}")
+            facts = await asyncio.to_thread(_report_facts, report, plan.package)
+            await asyncio.to_thread((final / MARKER).write_text, json.dumps(facts, indent=2) + "\n")
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, final, True)
+            raise
+        finally:
+            await asyncio.to_thread(_unlink, report)
+    return facts
+
+
+def _report_facts(report: Path, package: str) -> dict[str, str]:
+    """Version and sha256 of the distribution pip chose for ``package``, from its ``--report`` JSON."""
+    wanted = _normal(package)
+    try:
+        entries = json.loads(report.read_text())["install"]
+        entry = next(item for item in entries if _normal(item["metadata"]["name"]) == wanted)
+    except (OSError, ValueError, KeyError, StopIteration) as exc:
+        raise PackageInstallFailed(f"pip reported success but its report does not list {package} ({exc!r})") from None
+    archive = (entry.get("download_info") or {}).get("archive_info") or {}
+    digest = (archive.get("hashes") or {}).get("sha256")
+    integrity = f"sha256={digest}" if digest else str(archive.get("hash") or "")
+    return {"ecosystem": "python", "package": package, "version": entry["metadata"]["version"], "integrity": integrity}
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _python_installed(plan: LaunchPlan, venv: Path, facts: dict[str, str]) -> Installed:
+    program = venv / "bin" / (plan.bin or plan.package)
+    if not program.is_file():
+        available = sorted(p.name for p in (venv / "bin").iterdir() if not p.name.startswith(("python", "activate")))
+        raise PackageInstallFailed(f"{plan.package} has no program {program.name!r} (it installed: "
+                                   f"{', '.join(available) or 'none'}); name one with "
+                                   f"`{plan.launcher} {'--from' if plan.launcher == 'uvx' else '--spec'} "
+                                   f"{plan.package} PROGRAM`")
+    return Installed("python", facts["package"], facts["version"], facts["integrity"], str(venv), str(program))
+
+
+# --------------------------------------------------------------------------------------------------- common
+def _read_marker(folder: Path) -> dict[str, str] | None:
+    try:
+        facts = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return facts if isinstance(facts, dict) and "version" in facts else None
+
+
+def _unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+class _held:
+    """An exclusive file lock taken on a thread, so the event loop never waits on another process's install."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._handle: object = None
+
+    async def __aenter__(self) -> None:
+        def take() -> object:
+            handle = open(self._path, "a")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            return handle
+
+        self._handle = await asyncio.to_thread(take)
+
+    async def __aexit__(self, *exc: object) -> None:
+        handle = self._handle
+        self._handle = None
+        if handle is not None:
+            await asyncio.to_thread(handle.close)  # type: ignore[attr-defined]  # closing releases the lock
+
+
+async def _run(argv: list[str], env: Mapping[str, str], *, what: str) -> None:
+    """Run a package client; a failure is its own last lines of output, quoted."""
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env=dict(env), cwd="/")
+    except OSError as exc:
+        raise PackageInstallFailed(f"{what}: cannot run {argv[0]}: {exc.strerror}") from None
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), INSTALL_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        process.kill()
+        await process.wait()
+        raise PackageInstallFailed(f"{what} did not finish within {INSTALL_TIMEOUT_S:g}s") from None
+    except asyncio.CancelledError:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        raise
+    if process.returncode != 0:
+        lines = [line for line in output.decode("utf-8", "replace").splitlines() if line.strip()]
+        quoted = "\n".join(f"    {line}" for line in lines[-QUOTED_LINES:]) or "    (it printed nothing)"
+        raise PackageInstallFailed(f"{what} failed (exit status {process.returncode}):\n{quoted}")
+

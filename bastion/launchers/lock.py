@@ -1,0 +1,82 @@
+"""The lock file beside a configuration: for each launcher server, the exact package version and its hash.
+
+``claude_desktop_config.json`` is locked by ``claude_desktop_config.json.lock.json`` in the same folder::
+
+    {"version": 1, "servers": {"memory": {"ecosystem": "npm", "package": "@modelcontextprotocol/server-memory",
+     "requested": "@modelcontextprotocol/server-memory", "version": "2026.8.31", "integrity": "sha512-…"}}}
+
+An entry is used while the configuration still asks for the same thing (``requested``); a server whose command
+line changed is resolved again. Writes take an exclusive lock on ``.lck`` beside the file and replace it whole,
+so two Bastion processes starting together both leave a complete file. The functions block: callers on the
+event loop run them on a thread.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    ecosystem: str
+    package: str
+    requested: str
+    version: str
+    integrity: str
+
+
+class LockFileError(Exception):
+    """A lock file that cannot be read or written; the message names the file and the fix."""
+
+
+def lock_path(config_file: Path | None) -> Path | None:
+    """Where the lock file of ``config_file`` lives; None for a configuration not read from a file."""
+    return None if config_file is None else config_file.with_name(config_file.name + ".lock.json")
+
+
+def read_lock(path: Path) -> dict[str, LockEntry]:
+    """Every entry of the lock file at ``path``; an absent file has none."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise LockFileError(f"{path}: cannot read the launcher lock file: {exc.strerror}") from None
+    fix = "delete it (the next start installs and locks the newest versions) or restore it from a backup"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise LockFileError(f"{path}: not valid JSON ({exc}); {fix}") from None
+    servers = data.get("servers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise LockFileError(f"{path}: no \"servers\" object; {fix}")
+    entries: dict[str, LockEntry] = {}
+    for name, entry in servers.items():
+        try:
+            entries[name] = LockEntry(**{key: str(entry[key]) for key in LockEntry.__dataclass_fields__})
+        except (TypeError, KeyError) as exc:
+            raise LockFileError(f"{path}: servers.{name} lacks {exc}; {fix}") from None
+    return entries
+
+
+def record(path: Path, updates: dict[str, LockEntry]) -> None:
+    """Write ``updates`` into the lock file, keeping every other server's entry as it is."""
+    try:
+        with open(path.with_name(path.name + ".lck"), "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)  # released when the guard is closed
+            entries = read_lock(path)
+            entries.update(updates)
+            body = {"version": FORMAT_VERSION,
+                    "servers": {name: asdict(entries[name]) for name in sorted(entries)}}
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_text(json.dumps(body, indent=2) + "\n")
+            os.replace(partial, path)
+    except OSError as exc:
+        raise LockFileError(f"{path}: cannot write the launcher lock file: {exc.strerror}; make its folder "
+                            "writable, or versions are resolved again at every start") from None
