@@ -44,8 +44,12 @@ def register(subparsers: Any) -> None:
     audit = subparsers.add_parser("audit", help="audit trail tools")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     verify = audit_sub.add_parser("verify", help="check the hash chain of audit files (exit 0 intact, 1 tampered)")
-    verify.add_argument("paths", nargs="+", help="audit files; a trail's current file brings in its rotated files")
+    verify.add_argument(
+        "paths", nargs="+",
+        help="audit trails (the configured audit.path brings in all its chains and rotated files) or single files",
+    )
     verify.add_argument("--key-file", help="HMAC key file, when the trail was written with one")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     verify.set_defaults(handler=_audit_verify)
 
     for name, helptext, handler in (
@@ -112,17 +116,48 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 def _audit_verify(args: argparse.Namespace) -> int:
     from bastion.policy.approval import load_secret
-    from bastion.policy.audit import expand_trail, verify
+    from bastion.policy.audit import verify_paths
 
-    key = load_secret(args.key_file) if args.key_file else None
-    report = verify(expand_trail(args.paths), key)
-    for problem in report.problems:
-        _say(f"TAMPERED: {problem}")
-    for warning in report.warnings:
-        _say(f"note: {warning}")
-    status = "intact" if report.ok else "NOT intact"
-    _say(f"{report.records} records in {len(report.files)} file(s), seq {report.first_seq}..{report.last_seq}: {status}")
-    return 0 if report.ok else 1
+    try:
+        if args.key_file and not Path(args.key_file).expanduser().is_file():
+            raise FileNotFoundError("no such file")  # load_secret would make a new key, which nothing was sealed with
+        key = load_secret(args.key_file) if args.key_file else None
+    except (OSError, ValueError) as error:
+        _say(f"error: {args.key_file}: cannot use it as the audit key ({error}); give the audit.key_file the trail was written with")
+        return EXIT_USAGE
+    trail = verify_paths(args.paths, key)
+    if args.json:
+        sys.stdout.write(json.dumps(trail.to_json(), indent=2) + "\n")
+    else:
+        _say(*_audit_lines(trail))
+    return 0 if trail.ok else 1
+
+
+def _audit_lines(trail: Any) -> list[str]:
+    """The report for people: problems, notes, then one line per chain and, for several, the total."""
+    lines = [f"TAMPERED: {problem}" for chain in trail.chains for problem in chain.report.problems]
+    lines += [f"TAMPERED: {problem}" for problem in trail.problems]
+    lines += [f"note: {chain.name}: {note}" if len(trail.chains) > 1 else f"note: {note}"
+              for chain in trail.chains for note in chain.report.warnings]
+
+    def status(ok: bool) -> str:
+        return "intact" if ok else "NOT intact"
+
+    if len(trail.chains) == 1 and not trail.problems:
+        report = trail.chains[0].report
+        return lines + [f"{report.records} records in {len(report.files)} file(s), "
+                        f"seq {report.first_seq}..{report.last_seq}: {status(report.ok)}"]
+    for chain in trail.chains:
+        report = chain.report
+        if chain.chain is None:
+            lines.append(f"registry {chain.name}: {report.records} chain(s) registered: {status(report.ok)}")
+            continue
+        label = "main chain" if chain.chain == 0 else f"chain {chain.chain}"
+        lines.append(f"{label} {chain.name}: {report.records} records in {len(report.files)} file(s), "
+                     f"seq {report.first_seq}..{report.last_seq}: {status(report.ok)}")
+    audited = sum(1 for chain in trail.chains if chain.chain is not None)
+    lines.append(f"all: {trail.records} records in {audited} chain(s): {status(trail.ok)}")
+    return lines
 
 
 def _queue(args: argparse.Namespace) -> Any:

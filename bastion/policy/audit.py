@@ -27,6 +27,19 @@ from typing import Any, Iterable
 import orjson
 
 from bastion.policy import audit_sealer
+from bastion.policy.audit_chains import (
+    CHAIN_KIND,
+    TrailUnavailable,
+    chain_in_use,
+    chain_path,
+    claim_chain,
+    opening_record,
+    parse_name,
+    read_records,
+    registered_chains,
+    registry_path,
+    trail_chains,
+)
 from bastion.policy.config import PolicyStartError
 from bastion.policy.audit_sealer import (
     GENESIS,
@@ -43,6 +56,8 @@ __all__ = [
     "GENESIS",
     "AuditReport",
     "AuditWriter",
+    "ChainReport",
+    "TrailReport",
     "call_records",
     "expand_trail",
     "record_hash",
@@ -51,6 +66,7 @@ __all__ = [
     "shape_of",
     "trail_files",
     "verify",
+    "verify_paths",
 ]
 
 log = logging.getLogger(__name__)
@@ -103,23 +119,34 @@ class AuditWriter:
         key: bytes | None = None,
         max_pending: int = MAX_PENDING,
     ):
-        self.path = Path(path).expanduser()
+        self.path = Path(path).expanduser()  # the trail's configured path
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            # Opened here first, so a trail that cannot be written stops the gateway at start, not silently later.
-            with self.path.open("ab"):
-                os.chmod(self.path, 0o600)
         except OSError as error:
             raise AuditStartError(
                 f"{self.path}: cannot open the audit trail ({error.strerror}); fix its permissions or set audit.path"
             ) from None
+        try:
+            # Claimed here first, so a trail that cannot be written stops the gateway at start, not silently later.
+            self._chain = claim_chain(self.path, key)
+        except TrailUnavailable as error:
+            raise AuditStartError(str(error)) from None
+        self.chain_path = self._chain.path  # the file of the chain this process writes (the trail's own path, or a sibling)
         self._rotate_bytes = rotate_bytes
         self._key = key
         self._closed = False  # no more records accepted
         self._sealer_lost = False  # no sealer, and none could be started: records are dropped
         self._replaced_at: float | None = None
-        self._start_sealer()
+        try:
+            self._start_sealer()
+        except BaseException:
+            self._chain.release()
+            raise
+        if self._chain.index:
+            log.info("audit trail %s is being written by another process: this one writes %s", self.path, self.chain_path)
         self._pending: collections.deque[Any] = collections.deque()
+        if self._chain.fresh and self._chain.index:
+            self._pending.append(orjson.dumps(opening_record(self._chain.index), option=_ONE_LINE))
         self._max_pending = max_pending
         self._gap: _Gap | None = None  # the run of dropped records in progress
         self._gap_lock = threading.Lock()
@@ -133,10 +160,12 @@ class AuditWriter:
         """Start a sealer and wait until it holds the chain head; raises AuditStartError when it cannot."""
         self._process = subprocess.Popen(
             # -P: the sealer's own directory (bastion/policy) must not shadow the modules it imports.
-            [sys.executable, "-P", audit_sealer.__file__, str(self.path), str(self._rotate_bytes)],
+            [sys.executable, "-P", audit_sealer.__file__, str(self.chain_path), str(self._rotate_bytes)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            # The chain's lock goes with it: held while the sealer still writes, should this process end first.
+            pass_fds=(self._chain.lock_fd,),
             # Its own session: a terminal's Ctrl-C for the gateway must not end the trail before the gateway does.
             start_new_session=True,
         )
@@ -144,7 +173,7 @@ class AuditWriter:
         key_line = KEY_PREFIX + (self._key.hex().encode() if self._key else b"") + b"\n"
         if self._send(key_line) != len(key_line):
             self._process.wait()
-            raise AuditStartError(f"the audit sealer for {self.path} exited at start (see its error output above)")
+            raise AuditStartError(f"the audit sealer for {self.chain_path} exited at start (see its error output above)")
         self._await_ready()
 
     def _await_ready(self) -> None:
@@ -156,7 +185,7 @@ class AuditWriter:
         if line != audit_sealer.READY:
             self._process.kill()
             self._process.wait()
-            raise AuditStartError(f"the audit sealer for {self.path} did not start (see its error output above)")
+            raise AuditStartError(f"the audit sealer for {self.chain_path} did not start (see its error output above)")
 
     def write(self, record: dict[str, Any]) -> None:
         """Queue ``record`` (stamped now unless it has a ``ts``); never blocks on I/O."""
@@ -264,6 +293,7 @@ class AuditWriter:
     def _finish(self) -> None:
         self._process.stdin.close()  # type: ignore[union-attr]
         status = self._process.wait()
+        self._chain.release()
         if status != 0:
             log.error("the audit sealer exited with status %s", status)
 
@@ -291,6 +321,8 @@ class AuditReport:
     last_seq: int | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    first_record: dict[str, Any] | None = None  # the earliest record found, whose seq may not be 0
+    last_kind: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -332,6 +364,7 @@ def verify(paths: Iterable[str | os.PathLike[str]], key: bytes | None = None) ->
                 report.problems.append(f"{where}: record was altered (hash mismatch)")
             if expected_seq is None:
                 report.first_seq = record["seq"]
+                report.first_record = record
                 if record["seq"] != 0 or record.get("prev") != GENESIS:
                     report.problems.append(f"{where}: the trail does not start at its first record; earlier records are missing")
             else:
@@ -344,9 +377,13 @@ def verify(paths: Iterable[str | os.PathLike[str]], key: bytes | None = None) ->
             prev_hash = record.get("hash")
             report.records += 1
             report.last_seq = record["seq"]
-    if report.records and records_last_kind(loaded) != "shutdown":
-        report.warnings.append("the last record is not a shutdown record: the gateway is running, or the tail was cut")
+    report.last_kind = records_last_kind(loaded)
+    if report.records and report.last_kind != "shutdown":
+        report.warnings.append(UNFINISHED)
     return report
+
+
+UNFINISHED = "the last record is not a shutdown record: the gateway is running, or the tail was cut"
 
 
 def records_last_kind(loaded: list[tuple[int, str, list[tuple[int, dict[str, Any]]]]]) -> str | None:
@@ -365,3 +402,154 @@ def expand_trail(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
             if member not in out:
                 out.append(member)
     return out
+
+
+@dataclass
+class ChainReport:
+    """One chain of a trail as verified: the main chain (0), a process's own chain (N ≥ 1), or the registry."""
+
+    name: str  # the chain's current file
+    chain: int | None  # None for the registry
+    report: AuditReport
+    writing: bool | None = None  # a process holds the chain's lock now (None: cannot tell)
+
+    @property
+    def role(self) -> str:
+        return "registry" if self.chain is None else "main" if self.chain == 0 else "process"
+
+    def to_json(self) -> dict[str, Any]:
+        report = self.report
+        return {
+            "file": self.name,
+            "chain": self.chain,
+            "role": self.role,
+            "status": "intact" if report.ok else "tampered",
+            "records": report.records,
+            "first_seq": report.first_seq,
+            "last_seq": report.last_seq,
+            "files": report.files,
+            "writing": self.writing,
+            "problems": report.problems,
+            "notes": report.warnings,
+        }
+
+
+@dataclass
+class TrailReport:
+    """Every chain named by the paths given, each verified, and what is wrong between them."""
+
+    chains: list[ChainReport] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # a chain missing, unregistered, or in another's place
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(chain.report.ok for chain in self.chains)
+
+    @property
+    def records(self) -> int:
+        """Audit records in all chains (the registry's are not counted)."""
+        return sum(chain.report.records for chain in self.chains if chain.chain is not None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": "intact" if self.ok else "tampered",
+            "records": self.records,
+            "chains": [chain.to_json() for chain in self.chains],
+            "problems": self.problems,
+        }
+
+
+_STILL_WRITING = "still being written: a Bastion process holds this chain (its latest records may not be on disk yet)"
+_CUT_OR_KILLED = ("the last record is not a shutdown record and no process is writing this chain: "
+                  "the tail was cut, or the process writing it was killed")
+
+
+def verify_paths(paths: Iterable[str | os.PathLike[str]], key: bytes | None = None) -> TrailReport:
+    """Verify every chain the paths name, each on its own, and the trail's registry of chains.
+
+    A trail's configured path brings in all its chains (each with its rotated files) and its registry; a
+    process chain's current file brings in its rotated files; a rotated file is checked alone.
+    """
+    groups: dict[tuple[Path, int], list[Path]] = {}
+    trails: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        named = parse_name(path)
+        if named.rotated or named.chain:
+            _add_files(groups, (named.main, named.chain), [path] if named.rotated else trail_files(path) or [path])
+            continue
+        if path not in trails:
+            trails.append(path)
+        for index, members in trail_chains(path).items():
+            _add_files(groups, (path, index), members or [path])
+    trail = TrailReport()
+    for (main, index), members in groups.items():
+        chain = ChainReport(str(chain_path(main, index)), index, verify(members, key), chain_in_use(chain_path(main, index)))
+        _explain_unfinished(chain)
+        identity = _identity_problem(chain)
+        if identity:
+            trail.problems.append(identity)
+        trail.chains.append(chain)
+    for main in trails:
+        _check_registry(main, {index: members for (owner, index), members in groups.items() if owner == main}, key, trail)
+    return trail
+
+
+def _add_files(groups: dict[tuple[Path, int], list[Path]], where: tuple[Path, int], members: list[Path]) -> None:
+    group = groups.setdefault(where, [])
+    seen = {member for files in groups.values() for member in files}
+    group.extend(member for member in members if member not in seen)
+
+
+def _explain_unfinished(chain: ChainReport) -> None:
+    """Say whether a chain that does not end with a shutdown record is being written or was cut."""
+    warnings = chain.report.warnings
+    if UNFINISHED in warnings and chain.writing is not None:
+        warnings[warnings.index(UNFINISHED)] = _STILL_WRITING if chain.writing else _CUT_OR_KILLED
+
+
+def _chain_label(index: int) -> str:
+    return "the main chain" if index == 0 else f"chain {index}"
+
+
+def _identity_problem(chain: ChainReport) -> str | None:
+    """A chain whose first record opens another chain holds that chain's records, not its own."""
+    first, report = chain.report.first_record, chain.report
+    if first is None or report.first_seq != 0 or chain.chain is None:
+        return None  # empty, or its first records are missing (reported already)
+    opens = first.get("chain") if first.get("kind") == CHAIN_KIND else 0
+    if opens == chain.chain:
+        return None
+    opened = _chain_label(opens) if type(opens) is int else repr(opens)
+    return (f"{chain.name}: its first record opens {opened}, not {_chain_label(chain.chain)}: "
+            f"the records of another chain were put in its place")
+
+
+def _check_registry(main: Path, chains: dict[int, list[Path]], key: bytes | None, trail: TrailReport) -> None:
+    """Every process chain beside the trail is in its registry, and every registered chain is there."""
+    registry = registry_path(main)
+    extra = {index: members for index, members in chains.items() if index}
+    if not registry.exists():
+        for index in extra:
+            trail.problems.append(
+                f"{chain_path(main, index)}: chain {index} is not in the trail's registry ({registry} is missing)"
+            )
+        return
+    report = verify([registry], key)
+    report.warnings = [warning for warning in report.warnings if warning != UNFINISHED]  # it has no shutdown record
+    trail.chains.append(ChainReport(str(registry), None, report))
+    registered = registered_chains(read_records(registry))
+    for index, members in extra.items():
+        if index in registered:
+            continue
+        empty = all(member.stat().st_size == 0 for member in members if member.exists())
+        if empty:  # made, but its process ended before registering it: nothing was written to it
+            trail.chains[-1].report.warnings.append(f"chain {index} ({chain_path(main, index).name}) is empty and not registered")
+        else:
+            trail.problems.append(f"{chain_path(main, index)}: chain {index} is not in the trail's registry {registry}")
+    for index, record in registered.items():
+        if index not in extra:
+            trail.problems.append(
+                f"{registry}: chain {index} ({chain_path(main, index).name}) was made (registry seq "
+                f"{record.get('seq')}) but none of its files are there: it was deleted"
+            )
