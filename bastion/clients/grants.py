@@ -285,6 +285,7 @@ class ServerReview:
     sandboxed: bool = True
     enabled: bool = True
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how the entry was read: nothing granted or refused
 
     def lines(self) -> list[str]:
         head = f"{self.name}: {self.command}"
@@ -295,13 +296,15 @@ class ServerReview:
         if not self.sandboxed:
             return [head, "  NOT SANDBOXED (sandbox = \"none\"): it may read, write and reach whatever you can",
                     f"  receives: {', '.join(self.receives) or 'no variables'}",
-                    *(f"  warning: {warning}" for warning in self.warnings)]
+                    *(f"  warning: {warning}" for warning in self.warnings),
+                    *(f"  note: {note}" for note in self.notes)]
         return [head,
                 f"  reads:    {', '.join(self.reads) or 'only its own program files'}",
                 f"  writes:   {', '.join(self.writes) or 'nothing that outlives it (a private /tmp and home)'}",
                 f"  reaches:  {', '.join(self.reaches) or 'no network'}",
                 f"  receives: {', '.join(self.receives) or 'no variables'}",
-                *(f"  warning: {warning}" for warning in self.warnings)]
+                *(f"  warning: {warning}" for warning in self.warnings),
+                *(f"  note: {note}" for note in self.notes)]
 
     def summary(self) -> str:
         """One line, for the log."""
@@ -314,7 +317,7 @@ class ServerReview:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "command": self.command, "origin": self.origin, "enabled": self.enabled,
                 "sandboxed": self.sandboxed, "reads": self.reads, "writes": self.writes, "reaches": self.reaches,
-                "receives": self.receives, "warnings": self.warnings}
+                "receives": self.receives, "warnings": self.warnings, "notes": self.notes}
 
 
 def review(name: str, server: Mapping[str, Any], *, origin: str = "", warnings: Iterable[str] = (),

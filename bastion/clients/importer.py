@@ -9,6 +9,7 @@ two clients for different servers is renamed; the same server configured twice i
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,9 @@ _CLIENT_ONLY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout"
                      "transportType"}
 _PASSED_KEYS = ("command", "args", "env", "cwd", "sandbox", "prefix", "era", "request_timeout",
                 "startup_timeout")
-_WHOLE_VARIABLE = ("${env:", "${")
+# ${env:NAME} and ${NAME} read the environment; these others only name places, and are no secret to copy.
+_ENV_REFERENCE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
+_FILE_VARIABLES = {"workspaceFolder", "workspaceFolderBasename", "userHome", "pathSeparator"}
 
 
 @dataclass
@@ -79,8 +82,9 @@ def import_servers(found: list[FoundServer], *, home: Path, allow_home: bool = F
         if sandbox is not None:
             server["sandbox"] = sandbox
         server["trust"] = "reviewed"
-        server_review = review(name, server, origin=item.origin, warnings=[*notes, *inference.warnings],
+        server_review = review(name, server, origin=item.origin, warnings=inference.warnings,
                                home=str(home), base_dir=str(item.workspace))
+        server_review.notes = notes
         imported = ImportedServer(name, server, server_review, item)
         by_name[name] = imported
         result.servers.append(imported)
@@ -89,7 +93,7 @@ def import_servers(found: list[FoundServer], *, home: Path, allow_home: bool = F
 
 def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]] | str:
     """Bastion's form of one client entry and notes about it, or why it is not imported."""
-    entry, where = item.entry, f"{item.origin}: server {item.name!r}"
+    entry, where = item.entry, f"{item.name!r} from {item.origin}"
     if not isinstance(entry, dict):
         return f"{where}: the entry is not an object; skipped"
     if "url" in entry or "serverUrl" in entry or entry.get("type") in ("http", "sse", "streamable-http"):
@@ -158,7 +162,7 @@ def _environment(item: FoundServer, names: client_variables.Variables,
                 env.pop(str(key), None)
                 continue
             expanded = names.expand(value)
-            if expanded != value:
+            if any(match.group(1) not in _FILE_VARIABLES for match in _ENV_REFERENCE.finditer(value)):
                 notes.append(f"{key}: its variables were expanded from the environment of this import and the value "
                              "written into the configuration")
             env[str(key)] = expanded

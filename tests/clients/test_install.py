@@ -1,0 +1,109 @@
+"""``bastion client install`` points a client's file at Bastion; ``uninstall`` puts it back byte for byte."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+
+from tests.clients.conftest import BASTION, claude_desktop_file
+
+# Written by hand, as people do: two-space indents, a key order and spacing json.dumps would not reproduce.
+CURSOR_FILE = """{
+    "mcpServers" : {
+        "files": { "command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "~/Documents"] }
+    },
+    "theme": "dark"
+}"""
+
+
+def test_install_then_uninstall_restores_the_file_byte_for_byte(machine):
+    client_file = machine.home / ".cursor" / "mcp.json"
+    client_file.parent.mkdir(parents=True)
+    client_file.write_text(CURSOR_FILE)
+    original = client_file.read_bytes()
+
+    installed = machine.bastion("client", "install", "cursor")
+    assert installed.returncode == 0, installed.stderr
+    configuration = machine.bastion_toml
+    # The Bastion configuration did not exist: the client's servers were imported into it, and reviewed.
+    assert "files" in tomllib.loads(configuration.read_text())["servers"]
+    assert "writes:   ~/Documents" in installed.stdout
+    pointed = json.loads(client_file.read_text())
+    assert pointed["mcpServers"] == {"bastion": {"command": BASTION, "args": ["run", str(configuration)]}}
+    assert pointed["theme"] == "dark"  # the rest of the file is the client's and stays
+    backups = list(client_file.parent.glob("mcp.json.bastion-backup-*"))
+    assert len(backups) == 1 and backups[0].read_bytes() == original
+
+    again = machine.bastion("client", "install", "cursor")
+    assert again.returncode == 2 and "already pointed at Bastion" in again.stderr
+
+    removed = machine.bastion("client", "uninstall", "cursor")
+    assert removed.returncode == 0, removed.stderr
+    assert client_file.read_bytes() == original
+    assert "restored" in removed.stderr
+
+    nothing = machine.bastion("client", "uninstall", "cursor")
+    assert nothing.returncode == 2 and "nothing to undo" in nothing.stderr
+
+
+def test_the_entry_install_writes_starts_bastion_on_that_configuration(machine):
+    machine.write_json(".config/Claude/claude_desktop_config.json", claude_desktop_file(machine))
+    assert machine.bastion("client", "install", "claude-desktop").returncode == 0
+    entry = json.loads((machine.config_home / "Claude" / "claude_desktop_config.json").read_text())
+    command = [entry["mcpServers"]["bastion"]["command"], *entry["mcpServers"]["bastion"]["args"]]
+    assert command[1] == "run"
+    checked = machine.bastion("check", command[2])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_uninstall_refuses_a_file_changed_since_install_unless_forced(machine):
+    client_file = machine.write_json(".config/Claude/claude_desktop_config.json", claude_desktop_file(machine))
+    original = client_file.read_bytes()
+    assert machine.bastion("client", "install", "claude-desktop").returncode == 0
+    client_file.write_text(client_file.read_text().replace('"bastion"', '"bastion-renamed"'))
+    changed = client_file.read_bytes()
+
+    refused = machine.bastion("client", "uninstall", "claude-desktop")
+    assert refused.returncode == 2
+    assert "changed since install" in refused.stderr and "--force" in refused.stderr
+    assert client_file.read_bytes() == changed
+
+    forced = machine.bastion("client", "uninstall", "claude-desktop", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert client_file.read_bytes() == original
+
+
+def test_install_with_a_given_configuration_keeps_claude_codes_other_keys(machine, tmp_path):
+    claude_json = machine.write_json(".claude.json", {
+        "numStartups": 3, "mcpServers": {"old": {"command": "npx", "args": ["-y", "old-mcp"]}},
+        "projects": {"/srv/app": {"mcpServers": {"local": {"command": "npx", "args": ["x"]}}}}})
+    original = claude_json.read_bytes()
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[servers.time]\ncommand = "mcp-server-time"\n')
+    done = machine.bastion("client", "install", "claude-code", "--config", str(mine))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(claude_json.read_text())
+    assert data["mcpServers"] == {"bastion": {"command": BASTION, "args": ["run", str(mine)]}}
+    assert data["numStartups"] == 3 and "local" in data["projects"]["/srv/app"]["mcpServers"]
+    assert "still start directly" in done.stderr
+    assert mine.read_text() == '[servers.time]\ncommand = "mcp-server-time"\n'  # given: used as it is
+    assert machine.bastion("client", "uninstall", "claude-code").returncode == 0
+    assert claude_json.read_bytes() == original
+
+
+def test_vscode_gets_a_typed_servers_entry_and_a_missing_file_is_created_then_removed(machine, tmp_path):
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[servers.time]\ncommand = "mcp-server-time"\n')
+    vscode_file = machine.config_home / "Code" / "User" / "mcp.json"
+    assert machine.bastion("client", "install", "vscode", "--config", str(mine)).returncode == 0
+    assert json.loads(vscode_file.read_text())["servers"]["bastion"]["type"] == "stdio"
+    removed = machine.bastion("client", "uninstall", "vscode")
+    assert removed.returncode == 0 and not vscode_file.exists()
+
+
+@pytest.mark.parametrize("client", ["claude-desktop", "windsurf"])
+def test_install_without_servers_or_configuration_says_what_to_do(machine, client):
+    done = machine.bastion("client", "install", client)
+    assert done.returncode == 2 and "--config" in done.stderr
