@@ -22,11 +22,15 @@ from bastion.diagnostics import Finding
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox import SandboxConfig
+from bastion.variables import Variables, VariableError, read_dotenv
 
 log = logging.getLogger("bastion.config")
 
-# Keys that other clients put in mcpServers entries; they mean nothing to Bastion and are dropped.
-_FOREIGN_ENTRY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "description", "envFile", "transportType"}
+# Keys that other clients put in mcpServers entries and that mean nothing to Bastion: dropped.
+_FOREIGN_ENTRY_KEYS = {"type", "timeout", "description", "transportType"}
+# Keys a client entry has that Bastion reads itself (into enabled, auto_approve and env).
+_CLIENT_ENTRY_KEYS = {"disabled", "autoApprove", "alwaysAllow", "envFile"}
+_REMOTE_TYPES = {"http", "sse", "streamable-http", "streamableHttp"}
 
 
 class ServerConfig(BaseModel):
@@ -91,7 +95,8 @@ class GatewayConfig(BaseModel):
     page_size: int = Field(default=0, ge=0, description="items per list page sent to clients; 0 sends one page")
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     policy: PolicyConfig | None = Field(
-        default=None, description="authorization, guards, approval, rate limits and audit; absent: every call is allowed"
+        default_factory=lambda: default_policy(),
+        description='authorization, guards, approval, rate limits and audit; absent: the default policy; "off": none',
     )
     ready_timeout: float = Field(default=30.0, gt=0, description="how long a client's first request waits for servers")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
@@ -99,6 +104,8 @@ class GatewayConfig(BaseModel):
     _source: Path | None = PrivateAttr(default=None)
     # What loading noticed and let through (a remote entry skipped, a client key ignored); `bastion check` reports it.
     _notes: tuple[Finding, ...] = PrivateAttr(default=())
+    # The key the servers were read from ("mcpServers" in a client's file), so findings name the key the user wrote.
+    _servers_key: str = PrivateAttr(default="servers")
 
     @property
     def source(self) -> Path | None:
@@ -114,9 +121,26 @@ class GatewayConfig(BaseModel):
     def load_notes(self) -> tuple[Finding, ...]:
         return self._notes
 
-    def with_notes(self, notes: "list[Finding] | tuple[Finding, ...]") -> "GatewayConfig":
+    def with_notes(self, notes: "list[Finding] | tuple[Finding, ...]", servers_key: str = "servers") -> "GatewayConfig":
         self._notes = tuple(notes)
+        self._servers_key = servers_key
         return self
+
+    @property
+    def servers_key(self) -> str:
+        return self._servers_key
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_switch(cls, value: Any) -> Any:
+        # Security is on unless turned off in so many words: `policy = "off"` (or false) means no policy, no audit.
+        if value is False or value == "off":
+            return None
+        if value is True:
+            return default_policy()
+        if isinstance(value, str):
+            raise ValueError('policy must be a table of policy settings, or "off" for no policy and no audit')
+        return value
 
     @field_validator("servers")
     @classmethod
@@ -130,9 +154,23 @@ class GatewayConfig(BaseModel):
 class ConfigError(Exception):
     """A configuration that cannot be used; the message says where and how to fix it."""
 
+    def __init__(self, message: str, findings: "list[Finding] | tuple[Finding, ...]" = ()) -> None:
+        super().__init__(message)
+        self.findings = tuple(findings)
 
-def load_config(path: str | os.PathLike[str] | None) -> GatewayConfig:
-    """Read a configuration file, or the built-in default when ``path`` is None."""
+
+def default_policy() -> PolicyConfig:
+    """The policy a configuration gets unless it says otherwise: the shipped Cedar policy, audit on, and approvals
+    waiting in the local queue (`bastion approvals`, `bastion approve ID`) when the client cannot ask the person."""
+    return PolicyConfig.model_validate({"approval": {"fallback": "queue"}})
+
+
+def load_config(path: str | os.PathLike[str] | None, *, log_notes: bool = True) -> GatewayConfig:
+    """Read a configuration file, or the built-in default when ``path`` is None.
+
+    What loading let through with a finding (a server left out, a key ignored) is logged unless ``log_notes`` is
+    false; it is kept in ``load_notes`` either way, for ``bastion check``.
+    """
     if path is None:
         return default_config()
     file = Path(path)
@@ -143,15 +181,21 @@ def load_config(path: str | os.PathLike[str] | None) -> GatewayConfig:
     data = _parse(file, text)
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be an object/table, not {type(data).__name__}")
-    data = _normalize(file, data)
+    data, servers_key, notes = _normalize(file, data)
     policy = data.get("policy")
     if isinstance(policy, dict) and "base_dir" not in policy:
         # Policy files named relative to the configuration are read from beside it.
         data = {**data, "policy": {**policy, "base_dir": str(file.resolve().parent)}}
     try:
-        return GatewayConfig.model_validate(data).with_source(file.resolve())
+        config = GatewayConfig.model_validate(data).with_source(file.resolve()).with_notes(notes, servers_key)
     except ValidationError as exc:
-        raise ConfigError(_explain(file, exc)) from None
+        invalid = _validation_findings(exc, servers_key)
+        raise ConfigError(_explain(file, invalid), [*notes, *invalid]) from None
+    if log_notes:
+        for note in notes:
+            log.log(logging.ERROR if note.level == "error" else logging.WARNING, "%s: %s: %s — fix: %s",
+                    file, note.where, note.message, note.fix)
+    return config
 
 
 def _parse(file: Path, text: bytes) -> Any:
@@ -167,39 +211,164 @@ def _parse(file: Path, text: bytes) -> Any:
         raise ConfigError(f"{file}: not valid JSON: {exc}{hint}") from None
 
 
-def _normalize(file: Path, data: dict[str, Any]) -> dict[str, Any]:
-    """Turn the clients' ``mcpServers`` (or VS Code's ``servers`` with ``type``) format into Bastion's."""
-    if "mcpServers" in data:
-        key = "mcpServers"
-    elif isinstance(data.get("servers"), dict) and any(
-        isinstance(v, dict) and "type" in v for v in data["servers"].values()
-    ):
-        key = "servers"
-    else:
-        return data
+def _normalize(file: Path, data: dict[str, Any]) -> tuple[dict[str, Any], str, list[Finding]]:
+    """Bastion's own format from either format, the key the servers were under, and what was noticed on the way.
+
+    Clients' files (``mcpServers``, or VS Code's ``servers`` with ``type``) are read as those clients read them:
+    see ``_client_entry``. A command or working directory given relative is read from the file's folder, in
+    either format.
+    """
+    folder = file.resolve().parent
+    key = _client_servers_key(file, data)
+    if key is None:
+        servers = data.get("servers")
+        if isinstance(servers, dict):
+            data = {**data, "servers": {name: _resolve_paths(entry, folder) if isinstance(entry, dict) else entry
+                                        for name, entry in servers.items()}}
+        return data, "servers", []
     entries = data[key]
     if not isinstance(entries, dict):
         raise ConfigError(f"{file}: {key} must be an object mapping server names to entries")
+    notes: list[Finding] = []
+    ignored = sorted(k for k in data if k not in (key, "inputs") and k not in GatewayConfig.model_fields)
+    if ignored:
+        notes.append(Finding("warning", ", ".join(ignored), "not Bastion settings; ignored",
+                             "nothing to do; Bastion's own keys are listed in docs/configuration.md"))
+    policy_off = "policy" in data and (data["policy"] is None or data["policy"] is False or data["policy"] == "off")
+    variables = Variables.for_file(file)
     servers: dict[str, Any] = {}
     for name, entry in entries.items():
+        where = f"{key}.{name}"
         if not isinstance(entry, dict):
-            raise ConfigError(f"{file}: {key}.{name} must be an object with at least a command")
-        if "url" in entry or entry.get("type") in ("http", "sse", "streamable-http"):
-            log.warning("%s: %s.%s is a remote server (url); only local (command) servers are federated, skipping it",
-                        file, key, name)
+            raise ConfigError(f"{file}: {where} must be an object with at least a command")
+        converted, found = _client_entry(where, entry, folder, variables, policy_off)
+        notes.extend(found)
+        if converted is not None:
+            servers[name] = converted
+    rest = {k: v for k, v in data.items() if k != key and k in GatewayConfig.model_fields}
+    return {**rest, "servers": servers}, key, notes
+
+
+def _client_servers_key(file: Path, data: dict[str, Any]) -> str | None:
+    if "mcpServers" in data:
+        return "mcpServers"
+    servers = data.get("servers")
+    if not isinstance(servers, dict):
+        return None
+    vscode = file.name == "mcp.json" and file.resolve().parent.name == ".vscode"
+    if vscode or "inputs" in data or any(isinstance(v, dict) and "type" in v for v in servers.values()):
+        return "servers"
+    return None
+
+
+def _client_entry(where: str, entry: dict[str, Any], folder: Path, variables: Variables,
+                  policy_off: bool) -> tuple[dict[str, Any] | None, list[Finding]]:
+    """One client entry as a Bastion server entry, or None (with an error finding) when it cannot be run as written.
+
+    A server is left out, never half-read: the rest of the file still runs, and ``bastion check`` exits 2.
+    """
+    if "url" in entry or "serverUrl" in entry or entry.get("type") in _REMOTE_TYPES:
+        return None, [Finding("warning", where, "a remote server (url); only local (command) servers are federated, "
+                              "so it is left out", "run it through its own client for now, or remove it")]
+    errors: list[Finding] = []
+    notes: list[Finding] = []
+    converted = {k: v for k, v in entry.items() if k not in _FOREIGN_ENTRY_KEYS and k not in _CLIENT_ENTRY_KEYS}
+    disabled = entry.get("disabled", False)
+    if not isinstance(disabled, bool):
+        errors.append(Finding("error", f"{where}.disabled", f"{disabled!r} is not true or false, so the server is "
+                              "left out (clients read any non-empty text as true)", "write true or false, no quotes"))
+    elif disabled:
+        # Left as written: a client does not expand a disabled server's variables either.
+        return {**converted, "enabled": False}, []
+    approved: list[str] = []
+    for approve_key in ("autoApprove", "alwaysAllow"):
+        if approve_key not in entry:
             continue
-        converted = {k: v for k, v in entry.items() if k not in _FOREIGN_ENTRY_KEYS}
-        if entry.get("disabled") is True:
-            converted["enabled"] = False
-        servers[name] = converted
-    rest = {k: v for k, v in data.items() if k not in (key, "inputs")}
-    return {**rest, "servers": servers}
+        tools = entry[approve_key]
+        if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+            errors.append(Finding("error", f"{where}.{approve_key}", "must be a list of tool names",
+                                  'write the names as the server gives them, e.g. ["read_file"]'))
+        elif policy_off and tools:
+            notes.append(Finding("warning", f"{where}.{approve_key}", "ignored: the policy is off, so every call is "
+                                 "allowed anyway", 'remove policy = "off" to have only these tools run unasked'))
+        else:
+            approved.extend(t for t in tools if t not in approved)
+    if approved:
+        converted["auto_approve"] = approved
+    errors.extend(_expand_entry(where, converted, variables))
+    env_file = entry.get("envFile")
+    if env_file is not None:
+        loaded = _read_env_file(f"{where}.envFile", env_file, folder, variables)
+        if isinstance(loaded, Finding):
+            errors.append(loaded)
+        elif isinstance(converted.get("env", {}), dict):
+            converted["env"] = {**loaded, **converted.get("env", {})}  # env given in the entry wins, as in VS Code
+    if errors:
+        return None, [*notes, *errors]
+    return _resolve_paths(converted, folder), notes
 
 
-def _explain(file: Path, exc: ValidationError) -> str:
-    lines = [f"{file}: invalid configuration"]
+def _expand_entry(where: str, entry: dict[str, Any], variables: Variables) -> list[Finding]:
+    """Expand the variables of command, args, env and cwd in place; a finding for each that cannot be."""
+    errors: list[Finding] = []
+
+    def expanded(key: str, text: Any) -> Any:
+        if not isinstance(text, str):
+            return text  # the wrong type is reported by validation, with the key
+        try:
+            return variables.expand(text)
+        except VariableError as exc:
+            errors.append(Finding("error", key, f"{exc}, so the server is left out", exc.fix))
+            return text
+
+    for key in ("command", "cwd"):
+        if key in entry:
+            entry[key] = expanded(f"{where}.{key}", entry[key])
+    if isinstance(entry.get("args"), list):
+        entry["args"] = [expanded(f"{where}.args[{i}]", arg) for i, arg in enumerate(entry["args"])]
+    if isinstance(entry.get("env"), dict):
+        entry["env"] = {name: expanded(f"{where}.env.{name}", value) for name, value in entry["env"].items()}
+    return errors
+
+
+def _read_env_file(where: str, name: Any, folder: Path, variables: Variables) -> dict[str, str] | Finding:
+    if not isinstance(name, str) or not name.strip():
+        return Finding("error", where, "must be the path of a dotenv file", 'write e.g. "${workspaceFolder}/.env"')
+    try:
+        path = folder / Path(variables.expand(name)).expanduser()
+    except VariableError as exc:
+        return Finding("error", where, f"{exc}, so the server is left out", exc.fix)
+    try:
+        return read_dotenv(path)
+    except FileNotFoundError:
+        return Finding("error", where, f"{path} does not exist, so the server is left out",
+                       "create it, or correct the path (relative paths are read from the configuration's folder)")
+    except (OSError, UnicodeDecodeError) as exc:
+        return Finding("error", where, f"{path} cannot be read ({exc}), so the server is left out",
+                       "make it a readable UTF-8 text file")
+    except ValueError as exc:
+        return Finding("error", where, f"{path}: {exc}, so the server is left out",
+                       "write one NAME=value per line (# starts a comment)")
+
+
+def _resolve_paths(entry: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A command with a slash in it and a working directory, read from the configuration file's folder."""
+    resolved = dict(entry)
+    command = entry.get("command")
+    if isinstance(command, str) and "/" in command and not os.path.isabs(command):
+        resolved["command"] = str(folder / command)
+    cwd = entry.get("cwd")
+    if isinstance(cwd, str) and cwd and not os.path.isabs(os.path.expanduser(cwd)):
+        resolved["cwd"] = str(folder / cwd)
+    return resolved
+
+
+def _validation_findings(exc: ValidationError, servers_key: str) -> list[Finding]:
+    findings = []
     for err in exc.errors():
-        where = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        loc = [str(part) for part in err["loc"]]
+        if loc and loc[0] == "servers":
+            loc[0] = servers_key  # the key the user wrote
         kind = err["type"]
         if kind == "extra_forbidden":
             fix = "remove it, or check its spelling against docs/configuration.md"
@@ -207,7 +376,13 @@ def _explain(file: Path, exc: ValidationError) -> str:
             fix = "add it"
         else:
             fix = f"got {err.get('input')!r}"
-        lines.append(f"  {where}: {err['msg']} — fix: {fix}")
+        findings.append(Finding("error", ".".join(loc) or "(top level)", err["msg"], fix))
+    return findings
+
+
+def _explain(file: Path, findings: list[Finding]) -> str:
+    lines = [f"{file}: invalid configuration"]
+    lines.extend(f"  {f.where}: {f.message} — fix: {f.fix}" for f in findings)
     return "\n".join(lines)
 
 
@@ -230,7 +405,7 @@ def default_config() -> GatewayConfig:
     if git_server:
         servers["git"] = ServerConfig(command=git_server, args=["--repository", str(repo)], trust="trusted",
                                       sandbox=SandboxConfig(writable=(str(repo),)))
-    fs_server = _find_executable("mcp-server-filesystem", Path.cwd() / "node_modules" / ".bin")
+    fs_server = _find_node_server("mcp-server-filesystem")
     if fs_server:
         servers["files"] = ServerConfig(command=fs_server, args=[str(files)], trust="trusted",
                                         sandbox=SandboxConfig(writable=(str(files),)))
@@ -239,8 +414,17 @@ def default_config() -> GatewayConfig:
                     "installed; run the set-up command from the README")
     # The reference servers are trusted for their annotations, so read-only tools run at once and anything that
     # writes waits in the approval queue (`bastion approvals`, `bastion approve ID`) unless the client can ask.
-    policy = PolicyConfig.model_validate({"approval": {"fallback": "queue"}})
-    return GatewayConfig(servers=servers, policy=policy)
+    return GatewayConfig(servers=servers, policy=default_policy())
+
+
+def _find_node_server(name: str) -> str | None:
+    """An npm server the set-up installed: in the checkout's node_modules (found from the package itself or from
+    the virtual environment inside the checkout, never from the working directory), else on PATH."""
+    for checkout in (Path(__file__).resolve().parent.parent, Path(sys.prefix).resolve().parent):
+        candidate = checkout / "node_modules" / ".bin" / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return shutil.which(name)
 
 
 def _find_executable(name: str, preferred_dir: Path) -> str | None:

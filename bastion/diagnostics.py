@@ -33,12 +33,21 @@ def diagnose(config: "GatewayConfig") -> list[Finding]:
     findings: list[Finding] = list(config.load_notes)
     for name, server in config.servers.items():
         if server.enabled:
-            findings.extend(_command_findings(name, server))
+            where = f"{config.servers_key}.{name}"
+            findings.extend(_command_findings(where, server))
+            findings.extend(_cwd_findings(where, server))
     return findings
 
 
-def _command_findings(name: str, server: "ServerConfig") -> list[Finding]:
-    where = f"servers.{name}.command"
+def _cwd_findings(where: str, server: "ServerConfig") -> list[Finding]:
+    if server.cwd is None or Path(server.cwd).expanduser().is_dir():
+        return []
+    return [Finding("error", f"{where}.cwd", f"{server.cwd} is not a directory",
+                    "create it, or correct the path (relative paths are read from the configuration file's folder)")]
+
+
+def _command_findings(where: str, server: "ServerConfig") -> list[Finding]:
+    where = f"{where}.command"
     command = server.command
     if os.sep in command or (os.altsep and os.altsep in command):
         path = Path(command)

@@ -17,8 +17,9 @@ FIXTURES = ROOT / "tests" / "fixtures"
 NODE_BIN = ROOT / "node_modules" / ".bin"
 
 
-def write_config(path: Path, servers: dict) -> Path:
-    path.write_text(json.dumps({"servers": servers}))
+def write_config(path: Path, servers: dict, *, policy: object = "off") -> Path:
+    """A Bastion configuration of ``servers``; policy off unless given, for tests of the data plane itself."""
+    path.write_text(json.dumps({"servers": servers, "policy": policy}))
     return path
 
 

@@ -21,7 +21,7 @@ def marks(tmp_path):
     return tmp_path / "marks.txt"
 
 
-# With no interceptor configured a tools/call is passed straight to its server (``DirectCall``); a policy section
+# With the policy off a tools/call is passed straight to its server (``DirectCall``); a policy section
 # that allows everything puts the pipeline in between. Both ways must look the same to the client and the server.
 ALLOW_ALL = "permit(principal, action, resource);\n"
 
@@ -29,7 +29,7 @@ ALLOW_ALL = "permit(principal, action, resource);\n"
 @pytest.fixture(params=["direct", "pipeline"])
 def client(request, tmp_path, marks):
     config = tmp_path / "bastion.json"
-    settings: dict = {"servers": {"raw": raw_server(marks)}, "max_message_bytes": 65536}
+    settings: dict = {"servers": {"raw": raw_server(marks)}, "max_message_bytes": 65536, "policy": "off"}
     if request.param == "pipeline":
         (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
         settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}
@@ -123,7 +123,7 @@ def verbatim_client(request, tmp_path, marks):
     """A client whose server's echo writes its text as the result's JSON, byte for byte."""
     server = raw_server(marks)
     server["env"]["RAW_SERVER_ECHO_VERBATIM"] = "1"
-    settings: dict = {"servers": {"raw": server}}
+    settings: dict = {"servers": {"raw": server}, "policy": "off"}
     if getattr(request, "param", "direct") == "pipeline":
         (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
         settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}
@@ -240,7 +240,7 @@ def test_a_crash_mid_call_fails_the_call_at_once_and_the_server_restarts(client)
 
 def test_a_ten_megabyte_result_passes(tmp_path, marks):
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"servers": {"raw": raw_server(marks)}}))
+    config.write_text(json.dumps({"servers": {"raw": raw_server(marks)}, "policy": "off"}))
     client = RawClient(config)
     try:
         client.initialize()
@@ -263,7 +263,7 @@ def test_client_cancellation_reaches_the_server_and_gets_no_answer(client, marks
 
 @pytest.mark.parametrize("way", ["direct", "pipeline"])
 def test_a_call_the_server_does_not_answer_in_time_gets_a_timeout_error_and_is_cancelled_upstream(tmp_path, marks, way):
-    settings: dict = {"servers": {"raw": raw_server(marks, request_timeout=1.0)}}
+    settings: dict = {"servers": {"raw": raw_server(marks, request_timeout=1.0)}, "policy": "off"}
     if way == "pipeline":
         (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
         settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}
@@ -354,7 +354,8 @@ def test_a_server_whose_discover_answer_is_malformed_is_reported_and_retried_whi
     discover = {"supportedVersions": ["2026-07-28"], "capabilities": capabilities}
     bad = raw_server(tag="malformed-discover", env={"RAW_SERVER_DISCOVER": json.dumps(discover)})
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"servers": {"bad": bad, "good": raw_server(tag="good")}, "ready_timeout": 600}))
+    config.write_text(json.dumps({"servers": {"bad": bad, "good": raw_server(tag="good")}, "ready_timeout": 600,
+                                  "policy": "off"}))
     client = RawClient(config)
     try:
         client.initialize()

@@ -47,7 +47,8 @@ def _attacks(tmp_path: Path, sandbox, monkeypatch, port: int) -> dict[str, dict]
     outside = tmp_path / "outside"
     outside.mkdir()
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({"servers": {"evil": {
+    # Policy off: every attack must reach the server, so it is the sandbox alone that stops it.
+    config.write_text(json.dumps({"policy": "off", "servers": {"evil": {
         "command": sys.executable, "args": [str(MALICIOUS)], "sandbox": sandbox}}}))
     calls = {
         "read_shadow": ("read_file", {"path": "/etc/shadow"}),
@@ -95,7 +96,7 @@ def test_a_server_over_its_memory_limit_is_reported_and_restarted(tmp_path):
     from tests.support import raw_server, wait_for
 
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({"servers": {"raw": raw_server(sandbox={"memory": "64MiB"})}}))
+    config.write_text(json.dumps({"servers": {"raw": raw_server(sandbox={"memory": "64MiB"})}, "policy": "off"}))
     client = RawClient(config)
     try:
         client.initialize()

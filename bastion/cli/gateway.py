@@ -6,12 +6,14 @@ import argparse
 import asyncio
 import gc
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bastion.cli.conventions import add_global_flags, configure_logging, split_global_flags
 from bastion.config import ConfigError, GatewayConfig, load_config
 from bastion.gateway.core import Gateway
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Session
@@ -33,9 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     tools = sub.add_parser(
         "tools", help="the federated tool catalog as a table; `tools stats` token costs; `tools eval` search quality; "
         "`tools pin` pins the tool definitions",
-        usage="bastion tools [CONFIG] [-v|-q] | bastion tools stats [CONFIG] ... | bastion tools eval --tools ... "
+        usage="bastion tools [CONFIG] [--json] [-v|-q] | bastion tools stats [CONFIG] ... | bastion tools eval --tools ... "
         "| bastion tools pin [CONFIG] [--output FILE]",
     )
+    tools.add_argument("--json", action="store_true", help="print the catalog as JSON on stdout")
     tools.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     tools.set_defaults(handler=_tools_dispatch)
 
@@ -48,17 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _verbosity(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail and servers' stderr")
-    parser.add_argument("-q", "--quiet", action="store_true", help="log only warnings and errors")
+    add_global_flags(parser)
 
 
 def setup_logging(args: argparse.Namespace) -> None:
-    level = logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING if getattr(args, "quiet", False) else logging.INFO
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("bastion %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+    """Logging as -v/-q given after the subcommand say; without them, as ``bastion`` set it up from its own."""
+    verbose, quiet = getattr(args, "verbose", False), getattr(args, "quiet", False)
+    if verbose or quiet:
+        configure_logging(verbose, quiet)
 
 
 def _load(args: argparse.Namespace) -> GatewayConfig | None:
@@ -83,7 +83,8 @@ def _run(args: argparse.Namespace) -> int:
     # What is loaded by now (modules, configuration, policy) lives as long as the process: left in the collected
     # generations, every full collection would walk it again while requests wait.
     gc.freeze()
-    run_loop(serve_stdio(gateway, protocol_fd, gateway.identity))
+    if run_loop(serve_stdio(gateway, protocol_fd, gateway.identity)) == signal.SIGINT:
+        raise KeyboardInterrupt  # the servers are stopped by now; said and exited like Ctrl-C anywhere else
     return 0
 
 
@@ -168,7 +169,14 @@ async def with_gateway(config: GatewayConfig, work) -> Any:
 
 
 def _tools_dispatch(args: argparse.Namespace) -> int:
-    rest = list(args.rest)
+    # `bastion tools` parses its own arguments (a CONFIG or a further subcommand first): -v/-q anywhere in them
+    # are the global flags, for every form.
+    rest, flags = split_global_flags(list(args.rest))
+    if flags:
+        configure_logging(flags.get("verbose", False), flags.get("quiet", False))
+    json_output = getattr(args, "json", False)
+    if json_output and rest[:1] in (["eval"], ["stats"]):
+        rest.append("--json")
     if rest and rest[0] == "eval":
         from bastion.search.cli import eval_main
 
@@ -181,8 +189,10 @@ def _tools_dispatch(args: argparse.Namespace) -> int:
         return stats_main(rest[1:], _live_catalog)
     parser = argparse.ArgumentParser(prog="bastion tools")
     parser.add_argument("config", nargs="?")
-    _verbosity(parser)
-    return _tools(parser.parse_args(rest))
+    parser.add_argument("--json", action="store_true", help="print the catalog as JSON on stdout")
+    tools_args = parser.parse_args(rest)
+    tools_args.json = tools_args.json or json_output
+    return _tools(tools_args)
 
 
 def _pin(argv: list[str]) -> int:
@@ -244,6 +254,11 @@ def _tools(args: argparse.Namespace) -> int:
 
     async def work(gateway: Gateway, session: Session) -> int:
         result = await gateway.handle(GatewayRequest("tools/list", {}, session, gateway.catalog))
+        down = [n for n, u in gateway.upstreams.items() if not u.ready.is_set()]
+        if args.json:
+            sys.stdout.write(orjson.dumps(_catalog_report(gateway, result["tools"]), option=orjson.OPT_INDENT_2).decode()
+                             + "\n")
+            return 0 if not down else 1
         rows = []
         for tool in result["tools"]:
             entry = gateway.catalog.tool(tool["name"])
@@ -254,12 +269,23 @@ def _tools(args: argparse.Namespace) -> int:
         print(f"{'TOOL'.ljust(width)}  {'SERVER'.ljust(swidth)}  DESCRIPTION")
         for name, server, description in rows:
             print(f"{name.ljust(width)}  {server.ljust(swidth)}  {description}")
-        down = [n for n, u in gateway.upstreams.items() if not u.ready.is_set()]
         print(f"{len(rows)} tool(s) from {len(gateway.upstreams) - len(down)} server(s)"
               + (f"; not available: {', '.join(down)}" if down else ""), file=sys.stderr)
         return 0 if not down else 1
 
     return run_loop(with_gateway(config, work))
+
+
+def _catalog_report(gateway: Gateway, listed: list[dict[str, Any]]) -> dict[str, Any]:
+    """``bastion tools --json``: the tools a client is listed, each with its server, and every server's state."""
+    tools = []
+    for definition in listed:
+        entry = gateway.catalog.tool(definition["name"])
+        tools.append({"name": definition["name"], "server": entry.server if entry else None,
+                      "original_name": entry.original_name if entry else None, "definition": definition})
+    servers = {name: {"available": upstream.ready.is_set(), "failure": getattr(upstream, "failure", None)}
+               for name, upstream in gateway.upstreams.items()}
+    return {"tools": tools, "servers": servers}
 
 
 def _call(args: argparse.Namespace) -> int:

@@ -65,7 +65,7 @@ class Gateway:
         self._tool_index: Any = None
         self.policy = build_policy_runtime(config.policy) if config.policy is not None else None
         if self.policy is None:
-            log.warning("no policy section in the configuration: every tool call is allowed and nothing is audited")
+            log.warning("policy is off: every call is allowed and nothing is audited")
         exposure: list[Interceptor] = []
         if config.tools.exposure == "search":
             # Imported only here: the index brings numpy and a model runtime that "all" mode never needs.

@@ -15,7 +15,8 @@ from bastion.transport.stdio import CoalescingWriter, open_protocol_writer, read
 log = logging.getLogger("bastion")
 
 
-async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) -> None:
+async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) -> signal.Signals | None:
+    """Serve until the client leaves or a signal says stop; the signal, if one did (after a clean shutdown)."""
     done = asyncio.Event()
     writer = await open_protocol_writer(protocol_fd)
     frames = CoalescingWriter(writer, gateway.writes)
@@ -32,8 +33,14 @@ async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) ->
 
     await read_stdin(on_frame, done.set, gateway.config.max_message_bytes, gateway.writes)
     loop = asyncio.get_running_loop()
+    stopped_by: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        stopped_by.append(sig)
+        done.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, done.set)
+        loop.add_signal_handler(sig, stop, sig)
     await done.wait()
     await connection.closed()
     try:
@@ -42,3 +49,4 @@ async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) ->
     except (ConnectionError, RuntimeError):
         pass
     await gateway.close()
+    return stopped_by[0] if stopped_by else None

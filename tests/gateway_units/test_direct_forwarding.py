@@ -74,7 +74,7 @@ async def started(tmp_path: Path, server_env: dict[str, str] | None = None, **ga
     marks = tmp_path / "marks.txt"
     server = raw_server(marks, sandbox="none")
     server["env"] = {**server["env"], **(server_env or {})}
-    config = GatewayConfig.model_validate({"servers": {"raw": server}})
+    config = GatewayConfig.model_validate({"servers": {"raw": server}, "policy": "off"})  # no interceptor in the way
     gateway = Gateway(config, **gateway_options)
     gateway.start({})
     await gateway.wait_ready()

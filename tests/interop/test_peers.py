@@ -27,7 +27,8 @@ def scratch(tmp_path_factory):
     files.mkdir()
     (files / "hello.txt").write_text("hello from the filesystem server\n")
     config = base / "claude_desktop_config.json"
-    config.write_text(json.dumps({"ready_timeout": 120, "mcpServers": {
+    # Policy off: this is about the peers working through Bastion at all; the default policy has its own tests.
+    config.write_text(json.dumps({"ready_timeout": 120, "policy": "off", "mcpServers": {
         "time": {"command": str(VENV_BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
         "git": {"command": str(VENV_BIN / "mcp-server-git"), "args": ["--repository", str(repo)]},
         "everything": {"command": str(NODE_BIN / "mcp-server-everything"), "args": ["stdio"]},

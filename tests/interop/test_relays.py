@@ -81,7 +81,8 @@ def setup(tmp_path: Path, era: str) -> Setup:
 def _setup_for(tmp_path: Path, era: str, *, env: dict[str, str] | None = None, **top_level: Any) -> Setup:
     events = tmp_path / "events.log"
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({**top_level, "servers": {SERVER: {
+    # Policy off: these tests are about what the relays carry, not what the policy lets through.
+    config.write_text(json.dumps({"policy": "off", **top_level, "servers": {SERVER: {
         "command": sys.executable,
         "args": [str(FIXTURES / "sdk_server.py")],
         "env": {"FIXTURE_EVENTS": str(events), **(env or {})},

@@ -87,7 +87,8 @@ async def gateway_factory(tmp_path: Path):
     async def make(config: PolicyConfig, **options: Any):
         runtime = build_policy_runtime(config, **options)
         servers = {"raw": ServerConfig(command=sys.executable, args=[str(FIXTURES / "raw_server.py")], trust="trusted")}
-        gateway = Gateway(GatewayConfig(servers=servers), interceptors=runtime.interceptors)
+        # The policy under test comes in as interceptors; the configuration's own is off so it is not run twice.
+        gateway = Gateway(GatewayConfig(servers=servers, policy=None), interceptors=runtime.interceptors)
         gateway.start({"elicitation": {}})
         await gateway.wait_ready(20)
         started.append((gateway, runtime))
