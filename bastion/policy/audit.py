@@ -4,8 +4,10 @@ Each record carries ``seq``, ``prev`` (the hash of the record before it) and ``h
 HMAC-SHA-256 when a key is configured, over the canonical JSON of the record without ``hash``). Editing,
 deleting or reordering records breaks the chain; with a key, an editor cannot recompute it either.
 When the file exceeds ``rotate_bytes`` it is renamed ``NAME.<first seq>.jsonl`` and the chain continues in a
-fresh file, so ``verify`` checks all files of a trail as one sequence. The sealing itself is in
-``audit_sealer``; this module queues records for it and verifies trails.
+fresh file, so ``verify`` checks all files of a chain as one sequence. Several processes on one trail
+write a chain each (``audit_chains``: named, locked, registered), and ``verify_paths`` checks every chain
+of a trail and its registry. The sealing itself is in ``audit_sealer``; this module queues records for it
+and verifies trails.
 """
 
 from __future__ import annotations
