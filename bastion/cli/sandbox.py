@@ -80,8 +80,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"bastion sandbox run: {error}", file=sys.stderr)
         return 2
     env = dict(item.split("=", 1) for item in args.set_env if "=" in item)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
-                        format="bastion: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING if args.quiet
+                        else logging.INFO, stream=sys.stderr, format="bastion: %(message)s", force=True)
     try:
         return asyncio.run(_run(command, env, args.cwd, config))
     except SandboxError as error:
