@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from bastion import paths
+from bastion.clients.grants import with_inferred_grants
 from bastion.diagnostics import Finding
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
@@ -244,7 +245,7 @@ def _normalize(file: Path, data: dict[str, Any]) -> tuple[dict[str, Any], str, l
         converted, found = _client_entry(where, entry, folder, variables, policy_off)
         notes.extend(found)
         if converted is not None:
-            servers[name] = converted
+            servers[name] = with_inferred_grants(name, converted, base_dir=str(folder))
     rest = {k: v for k, v in data.items() if k != key and k in GatewayConfig.model_fields}
     return {**rest, "servers": servers}, key, notes
 
