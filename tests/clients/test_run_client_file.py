@@ -1,0 +1,54 @@
+"""``bastion run`` on a client's file gives its servers the grants import would: folders listed work as they did."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from bastion.config import load_config
+from tests.clients.conftest import FILESYSTEM_SERVER
+
+
+def client_file(machine, *, policy_off: bool = False):
+    documents = machine.home / "Documents"
+    data = {"mcpServers": {"files": {"command": str(FILESYSTEM_SERVER), "args": [str(documents), str(machine.home)]}}}
+    if policy_off:
+        data["policy"] = "off"  # each call of an untrusted server would wait for a person; this test is about files
+    return machine.write_json(".config/Claude/claude_desktop_config.json", data)
+
+
+def test_loading_a_client_file_infers_the_grants_and_logs_the_review(machine, monkeypatch, caplog):
+    monkeypatch.setenv("HOME", str(machine.home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(machine.state_home))
+    with caplog.at_level(logging.INFO, logger="bastion"):
+        config = load_config(client_file(machine))
+    files = config.servers["files"]
+    assert files.sandbox.writable == (str(machine.home / "Documents"),)
+    assert files.trust == "untrusted"  # reviewed only when a person reads the review: at import
+    logged = [record for record in caplog.records if record.name.startswith("bastion")]
+    assert any(record.levelno == logging.INFO and "writes ~/Documents" in record.getMessage() for record in logged)
+    assert any(record.levelno == logging.WARNING and "home directory ~ whole" in record.getMessage()
+               for record in logged)
+
+
+def test_an_explicit_sandbox_in_the_client_file_wins(machine, monkeypatch):
+    monkeypatch.setenv("HOME", str(machine.home))
+    documents = str(machine.home / "Documents")
+    path = machine.write_json("client.json", {"mcpServers": {"files": {
+        "command": str(FILESYSTEM_SERVER), "args": [documents], "sandbox": {"read_only": [documents]}}}})
+    files = load_config(path).servers["files"]
+    assert files.sandbox.read_only == (documents,) and files.sandbox.writable == ()
+
+
+def test_a_filesystem_server_run_from_a_client_file_writes_and_reads_its_listed_folder(machine):
+    path = client_file(machine, policy_off=True)
+    target = machine.home / "Documents" / "from-the-sandbox.txt"
+    wrote = machine.bastion("call", str(path), "files__write_file",
+                            "--args", json.dumps({"path": str(target), "content": "written through Bastion\n"}))
+    assert wrote.returncode == 0, wrote.stdout + wrote.stderr
+    assert target.read_text() == "written through Bastion\n"  # on the host: the folder was granted writable
+    read = machine.bastion("call", str(path), "files__read_text_file",
+                           "--args", json.dumps({"path": str(machine.home / "Documents" / "notes.txt")}))
+    assert read.returncode == 0, read.stdout + read.stderr
+    assert "groceries" in read.stdout
+    assert "writes ~/Documents" in wrote.stderr  # the review, in the log
