@@ -4,7 +4,9 @@ The gateway sends it one JSON value per line on its standard input: an object is
 array is the facts of one request, from which ``call_parts`` makes its ``decision`` and ``call`` records.
 The first line is ``key:`` and the HMAC key in hex (nothing after it for plain SHA-256). Once it holds the
 chain head it answers ``ready`` on its standard output. Lines are sealed in the order they arrive, which is
-the order of the decisions. At the end of its input it syncs the file to disk and exits.
+the order of the decisions. At the end of its input it syncs the file to disk and exits. The file is the
+chain its gateway claimed; the gateway hands over that chain's lock as an inherited descriptor, so that no
+other process takes the chain while this one still writes it, should the gateway end first.
 
 Encoding and hashing records is Python work; in a thread of the gateway it would hold the GIL the event
 loop needs, so it runs here, beside the loop. This file imports nothing from Bastion, so it starts as a
