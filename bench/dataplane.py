@@ -5,7 +5,9 @@ server (bench/fixtures/echo_server.py):
 
   direct    client -> echo server
   relay     client -> minimal parse-and-forward relay -> echo server       (the floor for a Python hop)
-  bastion   client -> `bastion run CONFIG` -> echo server
+  bastion   client -> `bastion run CONFIG` -> echo server   (a plain mcpServers file: the default policy and
+            audit on, as users run it; the client file's autoApprove lets echo run without asking)
+  bastion-off  the same with policy = "off": no policy, no audit (the fast path, for comparison)
   fastmcp   client -> FastMCP's stdio proxy -> echo server                  (the peer)
 
 Each path gets a legacy handshake, a warm-up, N sequential tools/call and N calls with 32 in flight.
@@ -39,8 +41,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 FIXTURES = BENCH_DIR / "fixtures"
 ECHO_SERVER = FIXTURES / "echo_server.py"
-ALL_PATHS = ("direct", "relay", "bastion", "fastmcp")
-OPTIONAL_PATHS = ("bastion", "fastmcp")  # these may fail to start; the rest of the run goes on without them
+ALL_PATHS = ("direct", "relay", "bastion", "bastion-off", "fastmcp")
+OPTIONAL_PATHS = ("bastion", "bastion-off", "fastmcp")  # these may fail to start; the rest of the run goes on without them
 WINDOW = 32
 RSS_SERVER_COUNT = 10
 HANDSHAKE_TIMEOUT_S = 30.0
@@ -64,15 +66,19 @@ class PathSpec:
     tool: str  # what the echo tool is called on this path (Bastion prefixes it with the server name)
 
 
-def mcp_servers_config(python: str, names: list[str]) -> bytes:
-    """A plain ``mcpServers`` config federating one echo server per name."""
-    servers = {name: {"command": python, "args": [str(ECHO_SERVER)]} for name in names}
-    return orjson.dumps({"mcpServers": servers}, option=orjson.OPT_INDENT_2)
+def mcp_servers_config(python: str, names: list[str], *, policy_off: bool = False) -> bytes:
+    """A plain ``mcpServers`` config federating one echo server per name, echo approved in advance as a client
+    file says it (``autoApprove``); with ``policy_off`` it turns the policy off."""
+    servers = {name: {"command": python, "args": [str(ECHO_SERVER)], "autoApprove": ["echo"]} for name in names}
+    config: dict[str, Any] = {"mcpServers": servers}
+    if policy_off:
+        config["policy"] = "off"
+    return orjson.dumps(config, option=orjson.OPT_INDENT_2)
 
 
-def write_config(workdir: Path, filename: str, python: str, names: list[str]) -> Path:
+def write_config(workdir: Path, filename: str, python: str, names: list[str], *, policy_off: bool = False) -> Path:
     path = workdir / filename
-    path.write_bytes(mcp_servers_config(python, names))
+    path.write_bytes(mcp_servers_config(python, names, policy_off=policy_off))
     return path
 
 
@@ -91,6 +97,10 @@ def path_specs(selected: list[str], python: str, bastion: list[str], workdir: Pa
         "relay": lambda: PathSpec("relay", [python, str(FIXTURES / "relay.py"), *echo], "echo"),
         "bastion": lambda: PathSpec(
             "bastion", [*bastion, "run", str(write_config(workdir, "bastion-1.json", python, ["echo"]))],
+            "echo__echo"),
+        "bastion-off": lambda: PathSpec(
+            "bastion-off",
+            [*bastion, "run", str(write_config(workdir, "bastion-off.json", python, ["echo"], policy_off=True))],
             "echo__echo"),
         "fastmcp": lambda: PathSpec("fastmcp", [python, str(FIXTURES / "fastmcp_proxy.py"), *echo], "echo"),
     }
@@ -348,7 +358,7 @@ def context_ratios(paths: dict[str, Any]) -> dict[str, float | None]:
     """Ratios that are not targets but put the targets in context."""
     direct = figure(paths, "direct", "sequential", "p50_ms")
     out: dict[str, float | None] = {}
-    for name in ("relay", "bastion", "fastmcp"):
+    for name in ("relay", "bastion", "bastion-off", "fastmcp"):
         value = figure(paths, name, "sequential", "p50_ms")
         out[f"{name}_added_p50_ms"] = None if value is None or direct is None else value - direct
         out[f"{name}_inflight_throughput_vs_direct"] = throughput_ratio(paths, name)[0]
@@ -373,19 +383,19 @@ def render_table(report: dict[str, Any]) -> str:
         f"windowed mode, {report['rounds']} interleaved rounds, {report['machine']['cpus']} CPUs, "
         f"Python {report['machine']['python']}",
         "",
-        f"{'path':<9} {'seq p50 ms':>10} {'seq p99 ms':>10} {'seq calls/s':>11} "
+        f"{'path':<11} {'seq p50 ms':>10} {'seq p99 ms':>10} {'seq calls/s':>11} "
         f"{'32 p50 ms':>10} {'32 p99 ms':>10} {'32 calls/s':>11} {'added p50 ms':>12} {'CPU us/call':>11} "
         f"{'RSS MB':>7}",
     ]
     direct_p50 = figure(report["paths"], "direct", "sequential", "p50_ms")
     for name, entry in report["paths"].items():
         if entry["status"] != "ok":
-            lines.append(f"{name:<9} {entry['status'].upper()}: {entry['reason']}")
+            lines.append(f"{name:<11} {entry['status'].upper()}: {entry['reason']}")
             continue
         seq, win = entry["sequential"], entry["inflight"]
         added = None if direct_p50 is None else seq["p50_ms"] - direct_p50
         lines.append(
-            f"{name:<9} {seq['p50_ms']:>10.3f} {seq['p99_ms']:>10.3f} {seq['calls_per_s']:>11.0f} "
+            f"{name:<11} {seq['p50_ms']:>10.3f} {seq['p99_ms']:>10.3f} {seq['calls_per_s']:>11.0f} "
             f"{win['p50_ms']:>10.3f} {win['p99_ms']:>10.3f} {win['calls_per_s']:>11.0f} "
             f"{fmt(added):>12} {fmt(entry['cpu_us_per_call'], '.0f'):>11} {fmt(entry['rss_mb'], '.1f'):>7}")
     idle = report.get("bastion_idle_rss")
@@ -400,7 +410,7 @@ def render_table(report: dict[str, Any]) -> str:
         lines.append(f"{row['name']:<68} {value:>8} {row['target']:>7}  {row['status']}{note}")
     context = report["context"]
     lines += ["", "context (not targets):"]
-    for name in ("relay", "bastion", "fastmcp"):
+    for name in ("relay", "bastion", "bastion-off", "fastmcp"):
         if context[f"{name}_inflight_throughput_vs_direct"] is not None:
             lines.append(f"  {name} throughput with {WINDOW} in flight / direct: "
                          f"{context[f'{name}_inflight_throughput_vs_direct']:.2f}")
@@ -447,6 +457,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def run(options: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bastion-bench-") as tmp:
         workdir = Path(tmp)
+        # The bastion paths audit every call: into the run's own folder, not the user's audit trail.
+        os.environ["XDG_STATE_HOME"] = str(workdir / "state")
         bastion = bastion_command(options.python, options.bastion)
         specs = path_specs(options.paths, options.python, bastion, workdir)
         paths = await run_paths(specs, options, workdir)
