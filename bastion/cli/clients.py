@@ -79,7 +79,7 @@ def run_import(args: argparse.Namespace) -> int:
             _say("found no client configuration (Claude Desktop, Claude Code, Cursor, VS Code, Windsurf); give "
                  "the file to import: bastion import FILE")
             return EXIT_FAILED
-    files = [read_client_file(path, label, places.home) for label, path in sources]
+    files = [read_client_file(path, label, places.home, expect_servers=bool(args.files)) for label, path in sources]
     return _import_files(files, Path(args.output) if args.output else default_output(), places.home,
                          force=args.force, allow_home=args.allow_home, dry_run=args.dry_run, as_json=args.json)
 

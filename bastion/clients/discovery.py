@@ -100,8 +100,11 @@ def client_of(path: Path, places: Places) -> ClientSpec | None:
     return None
 
 
-def read_client_file(path: Path, label: str, home: Path) -> ClientFile:
-    """The servers of one client file, wherever in the file they are; a file that cannot be read says why."""
+def read_client_file(path: Path, label: str, home: Path, *, expect_servers: bool = True) -> ClientFile:
+    """The servers of one client file, wherever in the file they are; a file that cannot be read says why.
+
+    A file found rather than given (VS Code's settings.json, say) may well have no servers: that is no problem.
+    """
     result = ClientFile(path, label)
     try:
         data = parse_jsonc(path.read_text(encoding="utf-8"))
@@ -132,7 +135,7 @@ def read_client_file(path: Path, label: str, home: Path) -> ClientFile:
             if isinstance(project, dict) and project.get("mcpServers"):
                 tables.append((f"projects.{folder}.mcpServers", project["mcpServers"], Path(folder),
                                f"{label} ({shown}, project {_tilde(Path(folder), home)})"))
-    if not tables:
+    if not tables and expect_servers:
         result.problems.append(f"{path}: no mcpServers (or servers) table; nothing to import from it")
     for key, table, table_workspace, origin in tables:
         if not isinstance(table, dict):
