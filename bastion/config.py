@@ -44,7 +44,7 @@ class ServerConfig(BaseModel):
     prefix: str | None = Field(
         default=None, description='prefix for tool and prompt names; default: the server name; "" for none'
     )
-    trust: Literal["untrusted", "trusted"] = "untrusted"
+    trust: Literal["untrusted", "reviewed", "trusted"] = "untrusted"
     era: Literal["auto", "legacy", "modern"] = Field(
         default="auto", description="protocol era; auto probes server/discover and falls back to initialize"
     )

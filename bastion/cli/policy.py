@@ -1,6 +1,7 @@
 """``bastion policy check``, ``bastion audit verify``, ``bastion approvals``, ``approve ID``, ``deny ID``.
 
-All output is for people and goes to stderr; the exit status carries the answer.
+Messages for people go to stderr and the exit status carries the answer; what a command is asked to list
+(``bastion approvals``, a table or ``--json``) goes to stdout, so it can be piped.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def register(subparsers: Any) -> None:
     check.add_argument("--args", default="{}", help="the call's arguments as a JSON object")
     check.add_argument("--tool-def", help="the Tool definition as JSON (else the config's tools list)")
     check.add_argument("--server", default="server", help="server of --tool-def (default: server)")
-    check.add_argument("--trust", choices=["trusted", "untrusted"], default="untrusted", help="trust of --tool-def's server")
+    check.add_argument("--trust", choices=["trusted", "reviewed", "untrusted"], default="untrusted", help="trust of --tool-def's server")
     check.set_defaults(handler=_policy_check)
 
     audit = subparsers.add_parser("audit", help="audit trail tools")
@@ -60,6 +61,8 @@ def register(subparsers: Any) -> None:
         command = subparsers.add_parser(name, help=helptext)
         if name != "approvals":
             command.add_argument("id", help="approval id (from bastion approvals)")
+        else:
+            command.add_argument("--json", action="store_true", help="the waiting calls as a JSON array on stdout")
         command.add_argument("--queue-dir", help="approval queue directory (default: from --config, else the default)")
         command.add_argument("--config", help="config file whose policy.approval.queue_dir to use")
         command.set_defaults(handler=handler)
@@ -173,16 +176,40 @@ def _queue(args: argparse.Namespace) -> Any:
 
 def _approvals(args: argparse.Namespace) -> int:
     pending = _queue(args).pending()
+    if args.json:
+        print(json.dumps([_listing(item) for item in pending], ensure_ascii=False, indent=2))
+        return 0
     if not pending:
         _say("no calls are waiting for approval")
+        return 0
+    rows = [("ID", "WHO", "CALL", "LEFT", "ARGUMENTS")]
     for item in pending:
         record = item.record
-        left = max(0, int(record.get("expires", 0) - time.time()))
-        _say(
-            f"{item.id}  {record.get('identity')} → {record.get('server')}/{record.get('tool')}  "
-            f"({left}s left)  arguments: {json.dumps(record.get('arguments'), ensure_ascii=False)}"
-        )
+        rows.append((item.id, str(record.get("identity")), f"{record.get('server')}/{record.get('tool')}",
+                     f"{int(item.seconds_left)}s", json.dumps(record.get("arguments"), ensure_ascii=False)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    _say("approve one with `bastion approve ID`, refuse it with `bastion deny ID`")
     return 0
+
+
+def _listing(item: Any) -> dict[str, Any]:
+    record = item.record
+    return {
+        "id": item.id,
+        "status": item.status,
+        "identity": record.get("identity"),
+        "groups": record.get("groups", []),
+        "server": record.get("server"),
+        "tool": record.get("tool"),
+        "method": record.get("method"),
+        "arguments": record.get("arguments"),
+        "created": record.get("created"),
+        "expires": record.get("expires"),
+        "seconds_left": round(item.seconds_left, 1),
+        "pid": record.get("pid"),
+    }
 
 
 def _settle(args: argparse.Namespace, approve: bool) -> int:

@@ -63,7 +63,9 @@ class Gateway:
             for name, cfg in enabled.items()
         }
         self._tool_index: Any = None
-        self.policy = build_policy_runtime(config.policy) if config.policy is not None else None
+        self.policy = build_policy_runtime(
+            config.policy, pre_approved={name: cfg.auto_approve for name, cfg in enabled.items()}
+        ) if config.policy is not None else None
         if self.policy is None:
             log.warning("policy is off: every call is allowed and nothing is audited")
         exposure: list[Interceptor] = []

@@ -32,6 +32,10 @@ class ClientChannel(Protocol):
     def list_changed(self, method: str) -> None:
         """Tell the client a list changed (``notifications/tools/list_changed`` …), in its era's way."""
 
+    def notify(self, method: str, params: Mapping[str, Any] | None) -> None:
+        """Send the client a notification (``notifications/progress``, ``notifications/message``) now; the
+        caller has checked that its era and log level take it."""
+
 
 @dataclass(slots=True)
 class Session:

@@ -4,22 +4,26 @@ Modern clients are answered with an ``input_required`` result whose ``requestSta
 bound to the identity, tool and a digest of the arguments, so a client cannot forge an approval or reuse
 one for different arguments; each state is accepted once. The local queue is a directory of JSON files:
 the gateway writes ``ID.json`` with status ``pending`` and polls it; ``bastion approve ID`` / ``deny ID``
-rewrite the status atomically.
+rewrite the status atomically. A request ends approved, denied, expired (its timeout passed) or withdrawn
+(the client cancelled the call or went away); one whose gateway process is gone reads as orphaned.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import hashlib
 import hmac
 import os
 import secrets
+import shlex
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import orjson
 
@@ -119,16 +123,54 @@ def elicitation_approves(result: Mapping[str, Any] | None) -> bool:
 
 # --- the local approval queue ---------------------------------------------------------------------------
 
+# What a request's record says once nothing waits for it any more, besides approved and denied.
+EXPIRED = "expired"  # nobody answered before the timeout: the call was refused
+WITHDRAWN = "withdrawn"  # the client cancelled the call or went away
+# Never written: a pending request whose gateway process is gone (killed, crashed) reads as this.
+ORPHANED = "orphaned"
+
+
+def process_started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from /proc), or None if there is no such process.
+
+    A pid alone names a process only while it runs; with its start time it cannot be mistaken for a later
+    process that reused the number.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # Field 22 of stat is the start time; the split above starts at field 3 (state).
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def approve_command(approval_id: str, queue_dir: str | os.PathLike[str], default_dir: str) -> str:
+    """The command a person runs to approve ``approval_id``; names the queue unless it is the default one."""
+    directory = Path(queue_dir).expanduser()
+    if directory.resolve() == Path(default_dir).expanduser().resolve():
+        return f"bastion approve {approval_id}"
+    return f"bastion approve {approval_id} --queue-dir {shlex.quote(str(directory))}"
+
 
 @dataclass(frozen=True, slots=True)
 class QueuedApproval:
     id: str
-    status: str  # pending | approved | denied | expired
+    status: str  # pending | approved | denied | expired | withdrawn | orphaned
     record: dict[str, Any]
+
+    @property
+    def seconds_left(self) -> float:
+        return max(0.0, float(self.record.get("expires", 0)) - time.time())
 
 
 class ApprovalQueue:
-    """A directory of ``ID.json`` files shared by the gateway and the ``bastion approvals`` commands."""
+    """A directory of ``ID.json`` files shared by the gateway and the ``bastion approvals`` commands.
+
+    Each record names the gateway process waiting for it (pid and start time), so a request whose gateway is
+    gone reads as orphaned rather than pending. Changes of status happen under a lock on the directory, so
+    an approval and the gateway's own withdrawal or timeout cannot both win.
+    """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory).expanduser()
@@ -145,53 +187,145 @@ class ApprovalQueue:
             out.write(orjson.dumps(record, option=orjson.OPT_INDENT_2))
         os.replace(temporary, path)
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def submit(self, record: Mapping[str, Any], timeout_seconds: float) -> str:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         approval_id = uuid.uuid4().hex[:12]
         now = time.time()
-        entry = {**record, "id": approval_id, "status": "pending", "created": now, "expires": now + timeout_seconds}
+        pid = os.getpid()
+        entry = {**record, "id": approval_id, "status": "pending", "created": now, "expires": now + timeout_seconds,
+                 "timeout_seconds": timeout_seconds, "pid": pid, "pid_started": process_started(pid)}
         self._write(self._file(approval_id), entry)
         return approval_id
 
     def read(self, approval_id: str) -> QueuedApproval | None:
+        """The request as it stands: a pending one past its time reads as expired, one without its gateway as orphaned."""
         try:
             record = orjson.loads(self._file(approval_id).read_bytes())
-        except (FileNotFoundError, orjson.JSONDecodeError):
+        except (FileNotFoundError, NotADirectoryError, orjson.JSONDecodeError):
             return None
-        return QueuedApproval(approval_id, str(record.get("status")), record)
+        if not isinstance(record, dict):
+            return None
+        status = str(record.get("status"))
+        if status == "pending":
+            if float(record.get("expires", 0)) < time.time():
+                status = EXPIRED
+            elif not _waiter_alive(record):
+                status = ORPHANED
+        return QueuedApproval(approval_id, status, record)
+
+    def all(self) -> list[QueuedApproval]:
+        """Every request in the queue, oldest first."""
+        found = []
+        for path in self.directory.glob("*.json") if self.directory.exists() else []:
+            item = self.read(path.stem)
+            if item is not None:
+                found.append(item)
+        return sorted(found, key=lambda item: float(item.record.get("created", 0)))
 
     def pending(self) -> list[QueuedApproval]:
-        found = []
-        for path in sorted(self.directory.glob("*.json")) if self.directory.exists() else []:
-            item = self.read(path.stem)
-            if item and item.status == "pending" and item.record.get("expires", 0) >= time.time():
-                found.append(item)
-        return found
+        """The requests a gateway is waiting on now."""
+        return [item for item in self.all() if item.status == "pending"]
 
     def settle(self, approval_id: str, approve: bool, by: str = "") -> QueuedApproval:
-        """Approve or deny a pending request; raises LookupError when it is unknown or already settled."""
-        item = self.read(approval_id)
-        if item is None:
-            raise LookupError(f"no approval request {approval_id}")
-        if item.status != "pending" or item.record.get("expires", 0) < time.time():
-            raise LookupError(f"approval request {approval_id} is already {item.status if item.status != 'pending' else 'expired'}")
-        record = {**item.record, "status": "approved" if approve else "denied", "settled": time.time(), "by": by}
-        self._write(self._file(approval_id), record)
+        """Approve or deny a pending request; raises LookupError, saying why, when nothing waits for it."""
+        if not self._file(approval_id).exists():
+            raise LookupError(f"no approval request {approval_id} in {self.directory}")
+        with self._locked():
+            item = self.read(approval_id)
+            if item is None:
+                raise LookupError(f"no approval request {approval_id} in {self.directory}")
+            if item.status != "pending":
+                raise LookupError(_not_pending(item))
+            record = {**item.record, "status": "approved" if approve else "denied", "settled": time.time(), "by": by}
+            self._write(self._file(approval_id), record)
         return QueuedApproval(approval_id, record["status"], record)
 
-    async def wait(self, approval_id: str, timeout_seconds: float, poll_seconds: float) -> bool:
-        """Poll (off the event loop) until the request is settled; a timeout denies and marks it expired."""
-        deadline = time.monotonic() + timeout_seconds
-        while True:
-            item = await asyncio.to_thread(self.read, approval_id)
-            if item is not None and item.status != "pending":
-                return item.status == "approved"
-            if item is None or time.monotonic() >= deadline:
-                await asyncio.to_thread(self._expire, approval_id)
-                return False
-            await asyncio.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
+    async def wait(self, approval_id: str, timeout_seconds: float, poll_seconds: float) -> str:
+        """Poll (off the event loop) until the request is settled: its final status (approved, denied, expired).
 
-    def _expire(self, approval_id: str) -> None:
-        item = self.read(approval_id)
-        if item is not None and item.status == "pending":
-            self._write(self._file(approval_id), {**item.record, "status": "expired"})
+        A timeout marks it expired. A cancelled wait (the client withdrew the call) marks it withdrawn, then
+        lets the cancellation go on.
+        """
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            while True:
+                item = await asyncio.to_thread(self.read, approval_id)
+                if item is not None and item.status in ("approved", "denied"):
+                    return item.status
+                if item is None or time.monotonic() >= deadline:
+                    await asyncio.to_thread(self.close_request, approval_id, EXPIRED, "")
+                    return EXPIRED
+                await asyncio.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
+        except asyncio.CancelledError:
+            # Shielded: the record must say withdrawn even while the cancellation unwinds this task.
+            marking = asyncio.ensure_future(asyncio.to_thread(self.close_request, approval_id, WITHDRAWN,
+                                                              "the client withdrew the call"))
+            try:
+                await asyncio.shield(marking)
+            except asyncio.CancelledError:
+                pass
+            raise
+
+    def close_request(self, approval_id: str, status: str, why: str) -> None:
+        """Mark a request that is still pending as ``status`` (expired, withdrawn, answered elsewhere)."""
+        try:
+            with self._locked():
+                item = self.read(approval_id)
+                if item is not None and item.record.get("status") == "pending":
+                    self._write(self._file(approval_id), {**item.record, "status": status, "settled": time.time(),
+                                                          **({"why": why} if why else {})})
+        except OSError:
+            pass  # the queue directory went away: nothing is left to mark
+
+
+def _waiter_alive(record: Mapping[str, Any]) -> bool:
+    pid = record.get("pid")
+    if not isinstance(pid, int):
+        return True  # a record from before pids were recorded
+    started = process_started(pid)
+    if started is None:
+        return _exists_without_proc(pid)
+    recorded = record.get("pid_started")
+    return recorded is None or recorded == started
+
+
+def _exists_without_proc(pid: int) -> bool:
+    if Path("/proc/self/stat").exists():
+        return False  # /proc works, and has no such process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _not_pending(item: QueuedApproval) -> str:
+    """Why a request can no longer be approved or denied, in words a person can act on."""
+    record = item.record
+    where = f"{record.get('server')}/{record.get('tool')}"
+    if item.status in ("approved", "denied"):
+        by = f" by {record['by']}" if record.get("by") else ""
+        return f"approval request {item.id} ({where}) is already {item.status}{by}"
+    if item.status == EXPIRED:
+        waited = record.get("timeout_seconds")
+        after = f" after {waited:g} s" if isinstance(waited, (int, float)) else ""
+        return (f"approval request {item.id} ({where}) timed out{after} and its call was refused; "
+                "nothing waits for it (the client may call again)")
+    if item.status == WITHDRAWN:
+        return (f"approval request {item.id} ({where}) was withdrawn: the client cancelled the call or "
+                "disconnected; nothing waits for it")
+    if item.status == ORPHANED:
+        return (f"approval request {item.id} ({where}) is orphaned: the gateway that asked (pid {record.get('pid')}) "
+                "is no longer running, so approving it would run nothing")
+    return f"approval request {item.id} ({where}) is {item.status}, not pending"

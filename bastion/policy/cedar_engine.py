@@ -44,6 +44,10 @@ SERVER_REQUEST_ACTIONS = {
     "roots/list": "answer_roots",
 }
 DEFAULT_DENY_RULE = "default-deny"
+# Trust levels whose tool annotations count. "reviewed" is what `bastion import` writes for a server the user
+# looked at: its annotations are believed as first seen (pinning them is what keeps a later change from
+# raising them), while what only "trusted" grants, such as sampling, stays with the policy's trust checks.
+ANNOTATIONS_TRUSTED_AT = frozenset({"trusted", "reviewed"})
 
 
 class PolicyLoadError(PolicyStartError, ValueError):
@@ -181,7 +185,8 @@ def _uid(kind: str, ident: str) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class ToolFacts:
-    """A tool's attributes as policies see them, with annotation hints trusted only from trusted servers."""
+    """A tool's attributes as policies see them, with annotation hints believed only from trusted or reviewed
+    servers."""
 
     uid: str
     server: str
@@ -197,7 +202,7 @@ class ToolFacts:
     @staticmethod
     def of(entry: ToolEntry, pinned: bool = False) -> "ToolFacts":
         hints = entry.definition.get("annotations") or {}
-        trusted = entry.server_trust == "trusted"
+        trusted = entry.server_trust in ANNOTATIONS_TRUSTED_AT
         read_only = trusted and hints.get("readOnlyHint") is True
         return ToolFacts(
             uid=f"{entry.server}/{entry.original_name}",
@@ -205,7 +210,7 @@ class ToolFacts:
             name=entry.original_name,
             trust=entry.server_trust,
             read_only=read_only,
-            # destructiveHint defaults to true; only a trusted server can lower it.
+            # destructiveHint defaults to true; only a trusted or reviewed server can lower it.
             destructive=not read_only and not (trusted and hints.get("destructiveHint") is False),
             idempotent=read_only or (trusted and hints.get("idempotentHint") is True),
             open_world=not (trusted and hints.get("openWorldHint") is False),

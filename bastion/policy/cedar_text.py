@@ -9,7 +9,7 @@ namespace Bastion {
   entity Group;
   entity User in [Group];
   entity Server = { trust: String };
-  // Effective annotations: hints from untrusted servers are ignored (see docs/policy.md).
+  // Effective annotations: hints from servers neither trusted nor reviewed are ignored (see docs/policy.md).
   entity Tool in [Server] = {
     name: String,
     server: String,
@@ -46,8 +46,9 @@ namespace Bastion {
 """
 
 DEFAULT_POLICY = """
-// Bastion's default policy. Tool annotations count only when the server is configured trust = "trusted";
-// an untrusted server's tools are treated as not read-only, destructive and open-world.
+// Bastion's default policy. Tool annotations count only when the server is configured trust = "trusted" or
+// "reviewed" (resource.annotations_trusted); an untrusted server's tools are treated as not read-only,
+// destructive and open-world.
 
 @id("default-discovery")
 permit (
@@ -79,7 +80,8 @@ permit (
   resource
 );
 
-// Sampling spends the user's model budget and feeds server text to the model: trusted servers only.
+// Sampling spends the user's model budget and feeds server text to the model: trusted servers only (a
+// reviewed server is believed about its tools, not given the model).
 @id("default-sampling-trusted-servers")
 permit (principal, action == Bastion::Action::"answer_sampling", resource)
 when { resource.trust == "trusted" };

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
 from bastion.policy.approval import (
@@ -23,18 +24,23 @@ from bastion.policy.approval import (
     ApprovalQueue,
     ApprovalSigner,
     approval_elicitation,
+    approve_command,
     arguments_digest,
     elicitation_approves,
     load_secret,
 )
 from bastion.policy.audit import AuditWriter, shape_of
 from bastion.policy.cedar_engine import SessionFacts, Target, authorize_server_request
-from bastion.policy.config import PolicyConfig, PolicyStartError
+from bastion.policy.config import ApprovalConfig, PolicyConfig, PolicyStartError
 from bastion.policy.decision import Decision, Effect
 from bastion.policy.engine import PolicyEngine
 from bastion.policy.ratelimit import RATE_LIMITED, RateLimiter
 
+log = logging.getLogger("bastion.approval")
+
 POLICY_DENIED = -32001
+# The audit trail's rule for a call a user approves in their client's own configuration (autoApprove).
+CLIENT_CONFIG_RULE = "approval:client-config"
 ARGUMENT_REFUSED = -32602
 _SESSION_FACTS = "bastion.policy.session"
 _REMEMBERED = "bastion.policy.approved_tools"
@@ -271,6 +277,9 @@ class PolicyInterceptor:
         except GatewayError as error:
             outcome = error.code
             raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             if self.audit.writer is not None:
                 self.audit.hand_over(request, trail, outcome, time.perf_counter_ns() - started)
@@ -290,12 +299,25 @@ class PolicyInterceptor:
 
 
 class ApprovalStage:
-    """Asks a person before calls a policy marked ``@approval("required")``."""
+    """Asks a person before calls a policy marked ``@approval("required")``.
 
-    def __init__(self, config: PolicyConfig, signer: ApprovalSigner, queue: ApprovalQueue | None) -> None:
+    Whatever the route, a call that waits for a person says so at once: the client gets a progress
+    notification (when the call carries a progress token) or a warning log message naming the approval
+    request and the command that settles it, and the gateway logs the same at WARNING.
+    """
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        signer: ApprovalSigner,
+        queue: ApprovalQueue | None,
+        pre_approved: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
         self.settings = config.approval
         self.signer = signer
         self.queue = queue
+        # Tools a user already approves in their client (autoApprove / alwaysAllow), by server.
+        self._pre_approved = {server: frozenset(names) for server, names in (pre_approved or {}).items() if names}
         # Calls a person approved, so the retries of a multi-round-trip call are not asked again.
         self._grants: dict[tuple[str, str, str], float] = {}
 
@@ -311,6 +333,10 @@ class ApprovalStage:
         label = entry.original_name if entry else name  # the server's own name for it, shown to the person
         arguments = request.params.get("arguments")
         key = (session.identity.name, name, arguments_digest(arguments))
+        if entry is not None and entry.original_name in self._pre_approved.get(entry.server, ()):
+            trail.add("approval", Decision.allow(
+                CLIENT_CONFIG_RULE, "approved in advance by the client's configuration (autoApprove/alwaysAllow)"))
+            return await call_next(request)
         if name in session.facts.get(_REMEMBERED, ()):
             trail.add("approval", Decision.allow("approval:remembered", "approved earlier in this session"))
             return await call_next(request)
@@ -333,17 +359,16 @@ class ApprovalStage:
                 "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": params}},
                 "requestState": self.signer.issue(*key),
             }
-        if session.era != "modern" and session.client is not None and session.client.supports("elicitation"):
-            problem = await self._ask_legacy(session, server, label, arguments)
-            return await self._settle(request, call_next, trail, key, name, problem)
-        if self.settings.fallback == "queue" and self.queue is not None:
-            problem = await self._ask_queue(session, server, label, arguments, request.method)
+        ask_client = session.era != "modern" and session.client is not None and session.client.supports("elicitation")
+        if ask_client or self.queue is not None:
+            problem = await self._wait_for_person(request, trail, server, label, arguments, ask_client)
             return await self._settle(request, call_next, trail, key, name, problem)
         decision = Decision.deny(trail.approval.rule, "needs approval and the client cannot ask the person")
         trail.add("approval", decision)
         raise _refusal(
             POLICY_DENIED,
-            f"'{name}' needs a person's approval, and this client cannot ask for it",
+            f"'{name}' needs a person's approval, and this client cannot ask for it "
+            "(set policy.approval.fallback = \"queue\" to approve it with `bastion approve`)",
             decision,
         )
 
@@ -361,7 +386,7 @@ class ApprovalStage:
         if problem is not None:
             decision = Decision.deny(rule, f"approval refused: {problem}")
             trail.add("approval", decision)
-            raise _refusal(POLICY_DENIED, f"Call to '{name}' was not approved", decision)
+            raise _refusal(POLICY_DENIED, f"Call to '{name}' was not approved: {problem}", decision)
         trail.add("approval", Decision.allow(rule, "approved by a person"))
         if strip:
             # A modern server may itself answer input_required; its retries carry its state, not ours.
@@ -374,6 +399,75 @@ class ApprovalStage:
             request = dataclasses.replace(request, params=params)
         return await call_next(request)
 
+    async def _wait_for_person(
+        self, request: GatewayRequest, trail: Trail, server: str, label: str, arguments: Any, ask_client: bool
+    ) -> str | None:
+        """Ask in the client, in the queue, or both (the first answer counts); None when a person approved."""
+        session = request.session
+        timeout = self.settings.timeout_seconds
+        approval_id = None
+        if self.queue is not None:
+            record = {
+                "identity": session.identity.name,
+                "groups": list(session.identity.groups),
+                "session": session.session_id,
+                "method": request.method,
+                "server": server,
+                "tool": label,
+                "arguments": arguments if self.settings.show_argument_values else shape_of(arguments),
+            }
+            approval_id = await asyncio.to_thread(self.queue.submit, record, timeout)
+        wait = ApprovalWait(server, label, approval_id, self._command(approval_id), ask_client, timeout)
+        log.warning("%s", wait.sentence())
+        announce_wait(request, wait)
+        asks: dict[str, asyncio.Future[Any]] = {}
+        if ask_client:
+            asks["client"] = asyncio.ensure_future(self._ask_legacy(session, server, label, arguments))
+        if approval_id is not None:
+            asks["queue"] = asyncio.ensure_future(self.queue.wait(approval_id, timeout, self.settings.poll_seconds))  # type: ignore[union-attr]
+        try:
+            await asyncio.wait(asks.values(), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            trail.add("approval", Decision.deny(trail.approval.rule if trail.approval else "approval",
+                                                f"withdrawn: the client cancelled the call{wait.reference()}"))
+            log.info("%s/%s: the client withdrew the call%s", server, label, wait.reference())
+            raise
+        finally:
+            await self._stop_asking(asks, approval_id)
+        problem = self._outcome(asks, wait)
+        if problem is None:
+            log.info("%s/%s approved%s", server, label, wait.reference())
+        else:
+            log.warning("%s/%s not approved%s: %s", server, label, wait.reference(), problem)
+        return problem
+
+    async def _stop_asking(self, asks: Mapping[str, asyncio.Future[Any]], approval_id: str | None) -> None:
+        """Cancel the ask that did not answer; an answer in the client closes the queue request as answered."""
+        client = asks.get("client")
+        if approval_id is not None and client is not None and client.done() and not client.cancelled():
+            status = "approved" if client.exception() is None and client.result() is None else "denied"
+            await asyncio.to_thread(self.queue.close_request, approval_id, status, "answered in the client")  # type: ignore[union-attr]
+        for ask in asks.values():
+            ask.cancel()
+        await asyncio.gather(*asks.values(), return_exceptions=True)
+
+    @staticmethod
+    def _outcome(asks: Mapping[str, asyncio.Future[Any]], wait: "ApprovalWait") -> str | None:
+        client = asks.get("client")
+        if client is not None and client.done() and not client.cancelled():
+            return client.result()
+        status = asks["queue"].result()
+        if status == "approved":
+            return None
+        if status == "denied":
+            return f"denied in the approval queue{wait.reference()}"
+        return f"timed out: nobody approved it within {wait.timeout_seconds:g} s{wait.reference()}"
+
+    def _command(self, approval_id: str | None) -> str | None:
+        if approval_id is None or self.queue is None:
+            return None
+        return approve_command(approval_id, self.queue.directory, ApprovalConfig().queue_dir)
+
     async def _ask_legacy(self, session: Session, server: str, name: str, arguments: Any) -> str | None:
         with_mode = session.protocol_version >= "2025-11-25"
         params = approval_elicitation(server, name, arguments, self.settings.show_argument_values, with_mode)
@@ -382,25 +476,64 @@ class ApprovalStage:
                 session.client.request("elicitation/create", params), self.settings.timeout_seconds  # type: ignore[union-attr]
             )
         except asyncio.TimeoutError:
-            return "no answer before the timeout"
+            return f"timed out: nobody answered the prompt within {self.settings.timeout_seconds:g} s"
         except GatewayError as error:
             return f"the client could not ask ({error.message})"
         return None if elicitation_approves(answer) else "the person declined"
 
-    async def _ask_queue(self, session: Session, server: str, name: str, arguments: Any, method: str) -> str | None:
-        assert self.queue is not None
-        record = {
-            "identity": session.identity.name,
-            "groups": list(session.identity.groups),
-            "session": session.session_id,
-            "method": method,
-            "server": server,
-            "tool": name,
-            "arguments": arguments if self.settings.show_argument_values else shape_of(arguments),
-        }
-        approval_id = await asyncio.to_thread(self.queue.submit, record, self.settings.timeout_seconds)
-        approved = await self.queue.wait(approval_id, self.settings.timeout_seconds, self.settings.poll_seconds)
-        return None if approved else "denied in the approval queue, or timed out"
+
+@dataclass(frozen=True, slots=True)
+class ApprovalWait:
+    """One call waiting for a person: what the client and the log are told."""
+
+    server: str
+    tool: str
+    approval_id: str | None  # the queue request, when there is a queue
+    command: str | None  # what approves it from a shell
+    in_client: bool  # the client was asked too
+    timeout_seconds: float
+
+    def reference(self) -> str:
+        return f" (approval {self.approval_id})" if self.approval_id else ""
+
+    def sentence(self) -> str:
+        call = f"'{self.tool}' on server '{self.server}'" if self.server else f"'{self.tool}'"
+        if self.command and self.in_client:
+            how = f"answer the prompt in the client, or run `{self.command}`"
+        elif self.command:
+            how = f"run `{self.command}` to allow it (or `bastion deny {self.approval_id}`)"
+        else:
+            how = "answer the prompt in the client"
+        return (f"{call} is waiting for a person's approval{self.reference()}: {how}; "
+                f"it is refused after {self.timeout_seconds:g} s")
+
+    def log_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"message": self.sentence(), "server": self.server, "tool": self.tool,
+                                "timeoutSeconds": self.timeout_seconds}
+        if self.approval_id is not None:
+            data["approvalId"] = self.approval_id
+            data["command"] = self.command
+        return data
+
+
+_LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+
+def announce_wait(request: GatewayRequest, wait: ApprovalWait) -> None:
+    """Tell the client at once that its call waits for a person: progress when it asked for progress, else a
+    warning log message if the request takes log messages (a 2026-07-28 request opts in by its log level)."""
+    client = request.session.client
+    if client is None:
+        return
+    meta = request.params.get("_meta")
+    token = meta.get("progressToken") if isinstance(meta, Mapping) else None
+    if token is not None:
+        client.notify("notifications/progress", {"progressToken": token, "progress": 0, "message": wait.sentence()})
+        return
+    threshold = request.log_level
+    if threshold is not None and _LOG_LEVELS.index("warning") >= (
+            _LOG_LEVELS.index(threshold) if threshold in _LOG_LEVELS else 0):
+        client.notify("notifications/message", {"level": "warning", "logger": "bastion", "data": wait.log_data()})
 
 
 @dataclass
@@ -446,7 +579,10 @@ def build_policy_runtime(
     audit_writer: AuditWriter | None = None,
     clock: Callable[[], float] = time.monotonic,
     pinned: Callable[[ToolEntry], bool] | None = None,
+    pre_approved: Mapping[str, Iterable[str]] | None = None,
 ) -> PolicyRuntime:
+    """The policy interceptor and its parts; ``pre_approved`` maps a server to the tools (its own names) a user
+    already approves in their client, which the approval stage lets through without asking."""
     engine = engine or PolicyEngine(config, pinned=pinned)
     writer = audit_writer
     if writer is None and config.audit.enabled:
@@ -456,7 +592,7 @@ def build_policy_runtime(
     signer = ApprovalSigner(_secret(config.approval.secret_file, "approval.secret_file"), config.approval.timeout_seconds)
     queue = ApprovalQueue(config.approval.queue_dir) if config.approval.fallback == "queue" else None
     limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
-    approval = ApprovalStage(config, signer, queue)
+    approval = ApprovalStage(config, signer, queue, pre_approved)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
     return PolicyRuntime(engine, [policy], audit)
 

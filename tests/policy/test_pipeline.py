@@ -51,9 +51,13 @@ class Person:
         self.answer = answer
         self.elicitation = elicitation
         self.asked: list[Mapping[str, Any]] = []
+        self.told: list[tuple[str, Any]] = []
 
     def supports(self, capability: str) -> bool:
         return capability == "elicitation" and self.elicitation
+
+    def notify(self, method: str, params: Mapping[str, Any] | None) -> None:
+        self.told.append((method, params))
 
     async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
         assert method == "elicitation/create"
@@ -179,7 +183,7 @@ async def test_approval_timeout_denies(tmp_path: Path, gateway_factory) -> None:
     config = policy_config(tmp_path, approval={"timeout_seconds": 0.3})
     gateway, _ = await gateway_factory(config)
     error = await refusal(call(gateway, session(client=Person(None)), "raw__big", {"size": 1}))
-    assert "timeout" in error.data["reason"]
+    assert "timed out" in error.data["reason"] and "timed out" in error.message
 
 
 async def test_approval_remembered_per_session(tmp_path: Path, gateway_factory) -> None:
@@ -241,8 +245,8 @@ async def test_local_approval_queue_settled_from_the_command_line(tmp_path: Path
             listing = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "bastion", "approvals", "--queue-dir", queue_dir],
                 capture_output=True, text=True)
-            if "raw/big" in listing.stderr:
-                approval_id = listing.stderr.split()[0]
+            if "raw/big" in listing.stdout:
+                approval_id = listing.stdout.splitlines()[1].split()[0]
                 done = await asyncio.to_thread(
                     subprocess.run, [sys.executable, "-m", "bastion", verb, approval_id, "--queue-dir", queue_dir],
                     capture_output=True, text=True)
