@@ -90,7 +90,10 @@ def _import_files(files: list[Any], output: Path, home: Path, *, force: bool, al
 
     problems = [problem for file in files for problem in file.problems]
     found = [server for file in files for server in file.servers]
-    result = import_servers(found, home=home, allow_home=allow_home)
+    from bastion import paths
+
+    result = import_servers(found, home=home, allow_home=allow_home,
+                            memory_dir=None if dry_run else paths.state_dir() / "memory")
     text = render_toml(result, [f"{file.label}: {file.path}" for file in files if file.servers])
     error = _invalid(text)
     written = backup = None

@@ -20,7 +20,7 @@ import tomli_w
 
 from bastion import variables as client_variables
 from bastion.clients.discovery import FoundServer
-from bastion.clients.grants import ServerReview, infer_grants, merge_sandbox, review
+from bastion.clients.grants import ServerReview, identify, infer_grants, merge_sandbox, review, tilde
 
 # Keys of client entries that Bastion's own form has no place for (handled or meaningless here).
 _CLIENT_ONLY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "description", "envFile",
@@ -57,8 +57,12 @@ class ImportRefused(Exception):
 
 
 def import_servers(found: list[FoundServer], *, home: Path, allow_home: bool = False,
-                   environ: Mapping[str, str] | None = None) -> ImportResult:
-    """Convert and merge ``found`` (in order: the first of a name keeps it)."""
+                   environ: Mapping[str, str] | None = None, memory_dir: Path | None = None) -> ImportResult:
+    """Convert and merge ``found`` (in order: the first of a name keeps it).
+
+    ``memory_dir``: where a memory server that keeps its file beside its own program (read-only in the sandbox)
+    keeps it instead; created here. None leaves such a server as it is, with a warning.
+    """
     environ = os.environ if environ is None else environ
     result = ImportResult()
     by_name: dict[str, ImportedServer] = {}
@@ -77,6 +81,11 @@ def import_servers(found: list[FoundServer], *, home: Path, allow_home: bool = F
         if name != item.name:
             result.renamed.append(f"{item.name!r} from {item.origin} is imported as {name!r} (the name {item.name!r} "
                                   f"is taken by the server from {by_name[item.name].found.origin})")
+        if memory_dir is not None and _keeps_memory_beside_itself(server):
+            memory_dir.mkdir(parents=True, exist_ok=True)
+            server["env"] = {**server.get("env", {}), "MEMORY_FILE_PATH": str(memory_dir / f"{name}.json")}
+            notes.append(f"its memory is kept in {tilde(str(memory_dir / f'{name}.json'), str(home))} "
+                         "(MEMORY_FILE_PATH): beside its own program it would be read-only")
         inference = infer_grants(name, server, home=str(home), base_dir=str(item.workspace), allow_home=allow_home)
         sandbox = merge_sandbox(server.get("sandbox"), inference.sandbox)
         if sandbox is not None:
@@ -180,6 +189,11 @@ def _absolute_argument(arg: str, workspace: Path) -> str:
     if arg in (".", "..") or arg.startswith(("./", "../")):
         return os.path.normpath(os.path.join(workspace, arg))
     return arg
+
+
+def _keeps_memory_beside_itself(server: Mapping[str, Any]) -> bool:
+    identified = identify(str(server.get("command", "")), [str(arg) for arg in server.get("args", [])])
+    return identified is not None and identified[0].kind == "memory" and "MEMORY_FILE_PATH" not in server.get("env", {})
 
 
 def _same_server(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:

@@ -161,3 +161,15 @@ def test_nothing_to_import_is_said(machine):
     done = machine.bastion("import", str(broken))
     assert done.returncode == 1
     assert f"{broken}: not valid JSON" in done.stdout and not machine.bastion_toml.exists()
+
+
+def test_a_memory_server_keeps_its_memory_where_it_may_write(machine):
+    machine.write_json(".config/Claude/claude_desktop_config.json", {"mcpServers": {
+        "memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"]}}})
+    done = machine.bastion("import")
+    assert done.returncode == 0, done.stderr
+    memory = load_config(machine.bastion_toml).servers["memory"]
+    folder = machine.state_home / "bastion" / "memory"
+    assert memory.env == {"MEMORY_FILE_PATH": str(folder / "memory.json")}
+    assert memory.sandbox.writable == (str(folder),) and folder.is_dir()
+    assert "~/.local/state/bastion/memory/memory.json" in done.stdout
