@@ -26,6 +26,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from bastion.paths import cache_dir
+from bastion.progress import step
 from bastion.search.integer_model import cpu_has_integer_dot_product, integer_model, sha256_file
 
 logger = logging.getLogger("bastion.search")
@@ -173,6 +174,13 @@ def load_default_encoder(
 
     ``integer_products``: run the derived integer-product model (``None``: when the CPU has
     integer dot products); it is kept in ``model_dir`` (default: the user's cache)."""
+    with step("tool search: loading the MiniLM embedding model"):
+        return _load_default_encoder(threads, integer_products, model_dir)
+
+
+def _load_default_encoder(
+    threads: int, integer_products: bool | None, model_dir: Path | None
+) -> OnnxMiniLMEncoder | EncoderUnavailable:
     try:
         import onnxruntime  # noqa: F401
         import tokenizers  # noqa: F401

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, NamedTup
 import bm25s
 import numpy as np
 
+from bastion.progress import step
 from bastion.search.embedding import (
     EmbeddingCache,
     EncoderUnavailable,
@@ -282,7 +283,7 @@ class ToolIndex:
         (:class:`IndexClosed`).
         """
         with self._build_lock:
-            with self._write_lock:
+            with self._write_lock, step("tool search: indexing the tool catalog"):
                 docs = {self._key(t): self._make_doc(t) for t in tools}
                 early = progressive and self._dense is not None
                 self._publish(docs, embed=not early)
@@ -298,13 +299,14 @@ class ToolIndex:
         assert self._dense is not None
         started = time.perf_counter()
         try:
-            while True:
-                snap = self._snapshot
-                vectors = self._dense.vectors_for([snap.docs[k].semantic for k in snap.keys])
-                with self._write_lock:
-                    if self._snapshot is snap:
-                        self._snapshot = replace(snap, vectors=vectors)
-                        break
+            with step(f"tool search: MiniLM embedding {len(self._snapshot.keys)} tools"):
+                while True:
+                    snap = self._snapshot
+                    vectors = self._dense.vectors_for([snap.docs[k].semantic for k in snap.keys])
+                    with self._write_lock:
+                        if self._snapshot is snap:
+                            self._snapshot = replace(snap, vectors=vectors)
+                            break
         finally:
             with self._write_lock:
                 self._embedding_behind = False

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bastion.progress import step
+
 logger = logging.getLogger("bastion.search")
 
 RECIPE = "dynamic-int8-per-channel-1"
@@ -99,7 +101,8 @@ def integer_model(source: Path, source_sha256: str, directory: Path) -> Path | s
     try:
         directory.mkdir(parents=True, exist_ok=True)
         remove_abandoned_work(directory)
-        with tempfile.TemporaryDirectory(dir=directory, prefix=".deriving-") as work:
+        with step("tool search: deriving MiniLM with integer products (once per model)"), \
+                tempfile.TemporaryDirectory(dir=directory, prefix=".deriving-") as work:
             floating = Path(work) / "float.onnx"
             # onnxruntime's basic optimisation folds the weights' int8-to-float steps into
             # plain float weights, which the quantizer then re-quantizes per channel.
