@@ -30,12 +30,16 @@ class Finding:
 
 def diagnose(config: "GatewayConfig") -> list[Finding]:
     """Every finding about ``config``, errors and warnings, in configuration order."""
+    from bastion.launchers.findings import installs_its_package, launcher_findings  # they import the configuration
+
     findings: list[Finding] = list(config.load_notes)
     for name, server in config.servers.items():
         if server.enabled:
             where = f"{config.servers_key}.{name}"
-            findings.extend(_command_findings(where, server))
+            if not installs_its_package(server):  # Bastion runs the package, not the launcher: npx need not exist
+                findings.extend(_command_findings(where, server))
             findings.extend(_cwd_findings(where, server))
+    findings.extend(launcher_findings(config))
     return findings
 
 

@@ -33,3 +33,20 @@ if [ ! -d node_modules ] || [ package.json -nt node_modules ] || [ package-lock.
     npm ci --no-audit --no-fund --loglevel=error >&2
     touch node_modules
 fi
+
+# What the launcher tests install offline (npx and uvx servers of a stock client file, through Bastion's own
+# installs): `npm ci` caches tarballs but not the registry documents a fresh `npm install PKG` resolves with, so
+# one throwaway install per package puts both in ~/.npm; the Python server's wheels go into a wheelhouse.
+launcher_stamp=.cache/launchers.stamp
+if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; then
+    echo "setup: caching the launcher tests' npm packages and Python wheels" >&2
+    mkdir -p .cache
+    for spec in @modelcontextprotocol/server-filesystem @modelcontextprotocol/server-memory \
+                @modelcontextprotocol/server-everything @modelcontextprotocol/server-memory@2026.7.4; do
+        rm -rf .cache/npm-warm
+        npm install --prefix .cache/npm-warm --no-save --no-audit --no-fund --ignore-scripts --loglevel=error "$spec" >&2
+    done
+    rm -rf .cache/npm-warm
+    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-time==2026.10.19 >&2
+    touch "$launcher_stamp"
+fi

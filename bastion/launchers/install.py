@@ -56,6 +56,11 @@ def packages_dir(state: Path) -> Path:
     return state / "packages"
 
 
+def installed_facts(cache: Path, ecosystem: str, package: str, version: str) -> dict[str, str] | None:
+    """What the cache records of ``package`` ``version`` when it is installed there, else None."""
+    return _read_marker(cache / ecosystem / install_folder_name(package, version, ecosystem))
+
+
 def install_folder_name(package: str, version: str, ecosystem: str) -> str:
     safe = package.replace("/", "+")
     return f"{safe}@{version}" if ecosystem == "npm" else f"{safe}=={version}"

@@ -1,0 +1,78 @@
+"""What ``bastion check`` says about launcher servers: those that would need the network when they start.
+
+A server started by ``npx``/``uvx``/``pipx run``/``bunx`` runs offline once its package is installed in Bastion's
+cache at the version the lock file records. Until then its first start runs the host's package client, which
+reaches the registry; a launcher written in a form Bastion cannot install is started as written and, sandboxed
+without network, cannot fetch anything at all.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TYPE_CHECKING
+
+from bastion.diagnostics import Finding
+from bastion.launchers.install import installed_facts, packages_dir
+from bastion.launchers.lock import LockFileError, lock_path, read_lock
+from bastion.launchers.plan import NotALauncher, plan_launch
+
+if TYPE_CHECKING:
+    from bastion.config import GatewayConfig, ServerConfig
+
+_CLIENT = {"npm": "npm", "python": "pip"}
+
+
+def installs_its_package(server: "ServerConfig") -> bool:
+    """Whether Bastion installs this server's package and runs it, so the launcher itself is never run."""
+    try:
+        return plan_launch(server.command, server.args) is not None
+    except NotALauncher:
+        return False
+
+
+def launcher_findings(config: "GatewayConfig") -> list[Finding]:
+    from bastion.config import state_dir
+
+    servers_key = getattr(config, "servers_key", "servers")
+    lock_file = lock_path(config.source)
+    try:
+        locked = read_lock(lock_file) if lock_file is not None else {}
+    except LockFileError as exc:
+        return [Finding("error", str(lock_file), str(exc), "delete the lock file, or run `bastion servers update`")]
+    cache = packages_dir(state_dir())
+    findings: list[Finding] = []
+    for name, server in config.servers.items():
+        if not server.enabled:
+            continue
+        where = f"{servers_key}.{name}"
+        try:
+            plan = plan_launch(server.command, server.args)
+        except NotALauncher as exc:
+            findings.append(Finding(
+                "warning", f"{where}.args", f"{exc}: it is started as written, and the launcher needs the network "
+                "at every start, which a sandboxed server does not have",
+                "install the package yourself and give its program as the command, or write the plain form "
+                "(`npx -y PACKAGE ARGS`, `uvx PACKAGE ARGS`)"))
+            continue
+        if plan is None:
+            continue
+        if plan.ecosystem == "npm" and shutil.which("npm", path=os.environ.get("PATH")) is None:
+            findings.append(Finding("error", f"{where}.command", f"{plan.launcher} servers are installed with npm, "
+                                    "which is not on PATH", "install Node.js (it brings npm)"))
+            continue
+        entry = locked.get(name)
+        if entry is None or entry.package != plan.package or entry.requested != plan.key:
+            findings.append(Finding(
+                "warning", f"{where}.command", f"{plan.launcher} {plan.package} is not locked yet: its first start "
+                f"installs it with the host's {_CLIENT[plan.ecosystem]}, which needs the network (the server itself "
+                "runs offline in the sandbox)",
+                f"run `bastion servers update {name} --config {config.source or 'FILE'}` now, with the network, to "
+                "install and lock it"))
+        elif installed_facts(cache, entry.ecosystem, entry.package, entry.version) is None:
+            findings.append(Finding(
+                "warning", f"{where}.command", f"{plan.package} {entry.version} is locked but not installed in "
+                f"{cache}: the next start installs it with the host's {_CLIENT[plan.ecosystem]}, which needs the "
+                "network unless its own cache has it", f"start Bastion once with the network, or run "
+                f"`bastion servers update {name}` to move it to the newest version"))
+    return findings
