@@ -99,7 +99,7 @@ class GatewayConfig(BaseModel):
         default_factory=lambda: default_policy(),
         description='authorization, guards, approval, rate limits and audit; absent: the default policy; "off": none',
     )
-    ready_timeout: float = Field(default=30.0, gt=0, description="how long a client's first request waits for servers")
+    ready_timeout: float = Field(default=5.0, gt=0, description="how long a client's first request waits for servers")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)

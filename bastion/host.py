@@ -27,11 +27,12 @@ class Host:
 
     @classmethod
     async def open(cls, config: str | os.PathLike[str] | GatewayConfig | None = None) -> "Host":
-        """Start the configured servers (a file, a ``GatewayConfig``, or the demo configuration) and wait for them."""
+        """Start the configured servers (a file, a ``GatewayConfig``, or the demo configuration) and wait for each
+        until it is ready or has failed to start within its own startup_timeout."""
         loaded = config if isinstance(config, GatewayConfig) else load_config(config)
         gateway = Gateway(loaded)
         gateway.start({})
-        await gateway.wait_ready()
+        await gateway.wait_started()
         return cls(gateway)
 
     async def __aenter__(self) -> "Host":

@@ -59,11 +59,15 @@ def pids_with_tag(tag: str) -> list[int]:
 class RawClient:
     """A minimal line-oriented JSON-RPC client around ``bastion run`` (no SDK in the way)."""
 
-    def __init__(self, config: Path, *extra_args: str) -> None:
+    def __init__(self, config: Path, *extra_args: str, log: Path | None = None) -> None:
+        """``log``, when given, receives Bastion's stderr as it is written (for a test that watches it live)."""
+        self._log = log
+        stderr = subprocess.PIPE if log is None else log.open("wb")
         self.proc = subprocess.Popen(
-            [BASTION, "run", str(config), *extra_args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [BASTION, "run", str(config), *extra_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
         )
+        if log is not None:
+            stderr.close()  # the child has its own copy
         self._buffer = b""
         self.skipped: list[dict] = []  # messages recv_response passed over (notifications, server requests)
 
@@ -124,6 +128,8 @@ class RawClient:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self._log is not None:
+            return self.proc.returncode, self._log.read_text(errors="replace")
         return self.proc.returncode, self.proc.stderr.read().decode(errors="replace")
 
 

@@ -157,12 +157,13 @@ def _print_check_report(source: str | None, servers: dict, findings: list, polic
 
 
 async def with_gateway(config: GatewayConfig, work) -> Any:
-    """Start the servers, wait for them, run ``work(gateway, session)``, shut down."""
+    """Start the servers, wait for every one (up to its own startup_timeout: a one-shot command has no
+    list_changed to take a late server in), run ``work(gateway, session)``, shut down."""
     gateway = Gateway(config)
     session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "cli")
     try:
         gateway.start({})
-        await gateway.wait_ready()
+        await gateway.wait_started()
         return await work(gateway, session)
     finally:
         await gateway.close()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from bastion import __version__
 from bastion.config import GatewayConfig
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.eager import DirectCall
+from bastion.gateway.naming import SEPARATOR, sanitize
 from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Interceptor, Session, build_pipeline
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.policy.interceptors import build_policy_runtime
@@ -24,6 +25,9 @@ log = logging.getLogger("bastion.gateway")
 
 SERVER_INFO = {"name": "bastion", "version": __version__}
 RELAYABLE_CLIENT_CAPABILITIES = ("sampling", "elicitation", "roots")
+# What handshake-era servers are told the client supports. They start with Bastion, before any client connects,
+# so they are told everything Bastion can relay; a request the connected client did not declare is refused then.
+DECLARED_TO_SERVERS: dict[str, Any] = {"sampling": {}, "elicitation": {}, "roots": {"listChanged": True}}
 
 # list method -> (catalog kind, result key, capability that says the server has them)
 _LISTS = {
@@ -82,36 +86,54 @@ class Gateway:
         self.forwards_directly = not chain  # no interceptor: a call may skip the pipeline
         self._connections: dict[str, ClientConnection] = {}
         self._started = False
+        # The name head each server's tools and prompts have, to say why a name of a server still down is unknown.
+        self._name_heads = {
+            f"{sanitize(name if cfg.prefix is None else cfg.prefix)}{SEPARATOR}": name
+            for name, cfg in enabled.items() if cfg.prefix != ""
+        }
         self._refreshes: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._subscriptions: dict[str, set[str]] = {}  # uri -> connection ids
 
     # ------------------------------------------------------------------------------------------ running
-    def start(self, client_capabilities: dict[str, Any]) -> None:
-        """Start every server, declaring to each only the client capabilities Bastion can relay."""
+    def start(self, client_capabilities: Mapping[str, Any] | None = None) -> None:
+        """Start every server, in parallel, declaring to each the client capabilities Bastion can relay (by
+        default all of them: servers start before any client connects)."""
         if self._started:
             return
         self._started = True
-        relayed = {k: v for k, v in client_capabilities.items() if k in RELAYABLE_CLIENT_CAPABILITIES}
+        declared = DECLARED_TO_SERVERS if client_capabilities is None else _relayable(client_capabilities)
         for upstream in self.upstreams.values():
-            upstream.client_capabilities = relayed
+            upstream.client_capabilities = dict(declared)
             upstream.start()
 
-    async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until every server is ready with its lists fetched, or has failed to start, or ``timeout`` passes."""
+    async def wait_ready(self, timeout: float | None = None, *, report: bool = True) -> None:
+        """Wait until every server is ready with its lists fetched, or has failed to start, or ``timeout`` passes
+        (``ready_timeout`` by default: a client's start waits that long at most; later servers join with
+        list_changed). ``report`` logs the servers still missing then."""
+        await self._wait_for_servers(lambda u: u.settled.wait(), timeout or self.config.ready_timeout)
+        if not report:
+            return
+        for name, upstream in self.upstreams.items():
+            if not upstream.ready.is_set() and not upstream.stopped:  # a stopped server has said why, once
+                log.warning("server %s is not ready yet (%s); it joins when it is", name, upstream.failure or "starting")
+
+    async def wait_started(self) -> None:
+        """Wait until every server is ready with its lists fetched, or has failed to start within its own
+        ``startup_timeout``: for one-shot commands, which have no list_changed to take a late server in."""
+        await self._wait_for_servers(lambda u: u.wait_started(), None)
+
+    async def _wait_for_servers(self, started: Callable[[Upstream], Awaitable[Any]], timeout: float | None) -> None:
         async def one(upstream: Upstream) -> None:
-            await upstream.settled.wait()
+            await started(upstream)
             if upstream.ready.is_set():
                 await self._wait_refreshes(upstream.name)
 
         waits = [asyncio.create_task(one(u)) for u in self.upstreams.values()]
         if not waits:
             return
-        done, pending = await asyncio.wait(waits, timeout=timeout or self.config.ready_timeout)
+        _, pending = await asyncio.wait(waits, timeout=timeout)
         for task in pending:
             task.cancel()
-        for name, upstream in self.upstreams.items():
-            if not upstream.ready.is_set():
-                log.warning("server %s is not ready yet (%s); it joins when it is", name, upstream.failure or "starting")
 
     async def _wait_refreshes(self, server: str) -> None:
         while True:
@@ -257,14 +279,25 @@ class Gateway:
         if found is None and isinstance(name, str) and await self._catalog_may_grow():
             found = lookup(name)
         if found is None:
+            self._refuse_for_server_down(name)
             raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown {kind}: {name}")
         return found
+
+    def _refuse_for_server_down(self, name: Any) -> None:
+        """A name under the prefix of a server that is not ready is refused with -32001 saying why."""
+        if not isinstance(name, str):
+            return
+        for head, server in self._name_heads.items():
+            upstream = self.upstreams[server]
+            if name.startswith(head) and not upstream.ready.is_set():
+                raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE,
+                                   f"server {server!r} is not available: {upstream.failure or 'starting'}")
 
     async def _catalog_may_grow(self) -> bool:
         """Before calling a name unknown, wait for servers still starting: the name may be theirs."""
         if all(u.ready.is_set() or u.settled.is_set() for u in self.upstreams.values()) or not self._started:
             return False
-        await self.wait_ready()
+        await self.wait_ready(report=False)  # the client's start said which servers were missing
         return True
 
     def _resource_server(self, uri: Any) -> str:
@@ -391,7 +424,8 @@ class Gateway:
                 self._schedule_refresh(upstream, method)
 
     def upstream_down(self, upstream: Upstream, reason: str) -> None:
-        log.warning("server %s is down: %s", upstream.name, reason)
+        # The upstream itself says why at WARNING, with its last stderr lines and what happens next.
+        log.debug("server %s is down: %s", upstream.name, reason)
 
     def upstream_notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None) -> None:
         if method == "notifications/progress" and pending is not None:
@@ -440,7 +474,8 @@ class Gateway:
                                f"{method} from server {upstream.name!r} cannot reach a 2026-07-28 client through Bastion "
                                "yet: server-initiated requests do not cross protocol eras")
         raise GatewayError(jsonrpc.METHOD_NOT_FOUND,
-                           f"{method} from server {upstream.name!r}: no connected client declared the {capability!r} capability")
+                           f"{method} from server {upstream.name!r}: no connected client declared the {capability!r} "
+                           "capability (Bastion offers it to every server, which start before any client connects)")
 
     def _schedule_refresh(self, upstream: Upstream, list_method: str) -> None:
         key = (upstream.name, list_method)

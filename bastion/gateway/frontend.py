@@ -72,6 +72,7 @@ class ClientConnection:
         # Requests a client pipelines behind its initialize wait for the handshake (and the servers it waits for).
         self._handshake = asyncio.Event()
         self._direct_session: Session | None = None  # a handshake-era session once its handshake is done
+        self._servers_waited: asyncio.Future[None] | None = None  # a modern client's first wait for the servers
         self._max_bytes = gateway.config.max_message_bytes
         self._loop = asyncio.get_running_loop()
         gateway.attach(self)
@@ -242,7 +243,7 @@ class ClientConnection:
         client_info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else None
         version = negotiate_legacy(params.get("protocolVersion"))
         self._session = Session(self.identity, "legacy", version, capabilities, client_info, self.id, client=self)
-        self.gateway.start(capabilities)
+        self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
         await self.gateway.wait_ready()
         result: dict[str, Any] = {
             "protocolVersion": version,
@@ -263,9 +264,7 @@ class ClientConnection:
         envelope = read_envelope(message.params)
         if not isinstance(envelope, Envelope):
             return ErrorResponse(message.id, envelope)
-        self.gateway.start({})
-        if not all(u.ready.is_set() for u in self.gateway.upstreams.values()):
-            await self.gateway.wait_ready()
+        await self._first_request_waited()
         session = Session(self.identity, "modern", envelope.protocol_version, envelope.client_capabilities,
                           envelope.client_info, self.id, client=self)
         if message.method == DISCOVER:
@@ -279,6 +278,14 @@ class ClientConnection:
         if envelope.log_level is not None:
             self._log_opt_ins[message.id] = envelope.log_level
         return await self._dispatch(message, session, envelope.log_level)
+
+    async def _first_request_waited(self) -> None:
+        """A modern client's first request waits, as a legacy client's initialize does, for servers still starting
+        (at most ``ready_timeout``); its later requests do not, and late servers join with list_changed."""
+        if self._servers_waited is None:
+            self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
+            self._servers_waited = asyncio.ensure_future(self.gateway.wait_ready())
+        await asyncio.shield(self._servers_waited)
 
     async def _dispatch(self, message: Request, session: Session, log_level: str | None) -> jsonrpc.Message:
         # The params were decoded for this request alone, so interceptors may rewrite them in place.
@@ -394,6 +401,8 @@ class ClientConnection:
     async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
         if self.era != "legacy":
             raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"{method} cannot be sent to a 2026-07-28 client")
+        # A server may ask while the client's initialize waits for the others; nothing may reach the client first.
+        await self._handshake.wait()
         request_id = f"bastion-{next(self._outgoing_ids)}"
         future: asyncio.Future[Response | ErrorResponse] = asyncio.get_running_loop().create_future()
         self._outgoing[request_id] = future

@@ -17,6 +17,9 @@ log = logging.getLogger("bastion")
 
 async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) -> signal.Signals | None:
     """Serve until the client leaves or a signal says stop; the signal, if one did (after a clean shutdown)."""
+    # Servers start now, all at once, not at the client's first message: the client's start then waits only for
+    # what is still starting, and at most ready_timeout.
+    gateway.start()
     done = asyncio.Event()
     writer = await open_protocol_writer(protocol_fd)
     frames = CoalescingWriter(writer, gateway.writes)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+from collections import deque
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from bastion import __version__
@@ -36,6 +38,19 @@ _MAX_BACKOFF = 30.0
 _STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
 _MODERN_META_PREFIX = "io.modelcontextprotocol/"
 _SELF = "bastion"  # origin of requests Bastion makes on its own behalf
+_STDERR_KEPT = 20  # a server's last stderr lines, kept to say why it failed
+_STDERR_QUOTED = 5  # of which a failure message quotes this many
+# bubblewrap's own words when the server's executable cannot be run inside the sandbox: not there, not executable,
+# or its interpreter (a script's #! line) not there to be mounted.
+_SANDBOX_EXEC_FAILED = re.compile(r"^bwrap: execvp (.+): (No such file or directory|Permission denied|Not a directory|"
+                                  r"Exec format error)$")
+_SANDBOX_SOURCE_MISSING = re.compile(r"bwrap: Can't find source path (.+): No such file or directory")
+# What a shell wrapper exits with when its command is missing (127) or not executable (126).
+_SHELL_NOT_FOUND = {126: "is not executable", 127: "was not found"}
+
+
+class StartRefused(Exception):
+    """A start that would fail the same way every time (a missing executable): reported once, never retried."""
 
 
 class ServerProcess(Protocol):
@@ -94,7 +109,11 @@ class Upstream:
         self.instructions: str | None = None
         self.ready = asyncio.Event()
         self.settled = asyncio.Event()  # set once the server is ready or has failed its first two starts
+        self.launched = asyncio.Event()  # set once its first start has spawned a process, or failed to
         self.failure: str | None = None  # why the server is not ready, when it is not
+        self.stopped = False  # it failed in a way no restart mends (see StartRefused); never started again
+        self.stderr_tail: deque[str] = deque(maxlen=_STDERR_KEPT)
+        self._spawned = False  # whether this start got as far as a process (which may have said why it failed)
         self._process: ServerProcess | None = None
         self._frames: CoalescingWriter | None = None
         self._correlator = Correlator()
@@ -122,37 +141,69 @@ class Upstream:
                 pass
         await self._stop_process()
 
+    async def wait_started(self) -> None:
+        """Wait until the server is ready or has failed to start within its own startup_timeout (for one-shot
+        commands, which have no list_changed to take a late server in)."""
+        await self.launched.wait()
+        # The handshake is bounded by startup_timeout; a quick retry after a crash at start fits in the margin.
+        try:
+            await asyncio.wait_for(self.settled.wait(), self.config.startup_timeout + 2.0)
+        except asyncio.TimeoutError:
+            pass
+
     async def _supervise(self) -> None:
         failures = 0
         while not self._closing:
             self._started_at = time.monotonic()
+            refused = False
             try:
                 reason = await self._run_once()
+            except StartRefused as exc:
+                reason, refused = str(exc), True
             except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server is restarted, never abandoned
                 self.log.exception("server %s: internal error while running it", self.name)
                 await self._stop_process()
                 reason = f"internal error in Bastion ({type(exc).__name__}: {exc})"
+            self.launched.set()
             if self._closing:
                 return
             self.ready.clear()
             self.failure = reason
-            if failures >= 1:
+            if failures >= 1 or refused:
                 # Waiters give up on a server only after its quick first retry has failed too.
                 self.settled.set()
             self._fail_pending(reason)
             self._listener.upstream_down(self, reason)
+            if refused:
+                self.stopped = True
+                self.log.warning("server %s: %s; not retried: fix its configuration, then restart Bastion%s",
+                                 self.name, reason, self._quoted_stderr())
+                return
             if time.monotonic() - self._started_at > _STABLE_AFTER:
                 failures = 0
             delay = min(_MAX_BACKOFF, 0.5 * (2**failures))
             failures += 1
-            self.log.warning("server %s: %s; restarting in %.1fs", self.name, reason, delay)
+            self.log.warning("server %s: %s; restarting in %.1fs%s", self.name, reason, delay, self._quoted_stderr())
             await asyncio.sleep(delay)
 
+    def _quoted_stderr(self) -> str:
+        """The server's last stderr lines of this start, for the message that says why it failed."""
+        lines = list(self.stderr_tail)[-_STDERR_QUOTED:]
+        if not lines:
+            return "; it wrote nothing on stderr" if self._spawned else ""
+        return "; its last stderr lines:" + "".join(f"\n    {line}" for line in lines)
+
     async def _run_once(self) -> str:
+        self.stderr_tail.clear()
+        self._spawned = False
         try:
             self._process = await self._launch(self.name, self.config)
         except Exception as exc:  # noqa: BLE001 - any launch failure is reported, never raised into the gateway
+            if _cannot_execute(exc):
+                raise StartRefused(f"failed to start: {exc}") from exc
             return f"failed to start: {exc}"
+        self.launched.set()
+        self._spawned = True
         process = self._process
         self._frames = CoalescingWriter(process.stdin, self._writes)
         stderr_task = asyncio.create_task(self._pump_stderr(process))
@@ -172,14 +223,35 @@ class Upstream:
         reader_task.cancel()
         sweeper.cancel()
         await asyncio.gather(reader_task, sweeper, return_exceptions=True)
-        await asyncio.wait_for(asyncio.gather(stderr_task, return_exceptions=True), 2)
+        # The last lines say why it failed; a process left holding stderr open must not hold the restart.
+        await asyncio.wait({stderr_task}, timeout=2)
+        stderr_task.cancel()
+        if not self.ready.is_set():
+            missing = self._missing_executable(process)
+            if missing is not None:
+                raise StartRefused(missing)
         return reason
+
+    def _missing_executable(self, process: ServerProcess) -> str | None:
+        """Why the server's executable cannot run, when its exit during the handshake says so."""
+        for line in reversed(self.stderr_tail):
+            found = _SANDBOX_EXEC_FAILED.match(line)
+            if found is not None:
+                return f"{found.group(1)} cannot be run inside the sandbox: {found.group(2)}"
+        status = getattr(process, "returncode", None)
+        if status in _SHELL_NOT_FOUND:
+            return f"exited with status {status}: its command {_SHELL_NOT_FOUND[status]}"
+        return None
 
     async def _handshake_or_exit(self, process: ServerProcess, reader_task: asyncio.Task[None]) -> str | None:
         """Why the handshake failed, or None; a server that exits mid-handshake is noticed at once."""
         handshake = asyncio.create_task(self._handshake())
-        done, _ = await asyncio.wait({handshake, reader_task}, timeout=self.config.startup_timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({handshake, reader_task}, timeout=self.config.startup_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # Bastion is closing: the handshake goes with it
+            handshake.cancel()
+            raise
         if handshake not in done:
             handshake.cancel()
             await asyncio.gather(handshake, return_exceptions=True)
@@ -400,7 +472,10 @@ class Upstream:
         self._abandoned.add(pending.upstream_id)
         self._correlator.resolve(pending.upstream_id)
         if self._frames is not None:
-            self._send(Notification("notifications/cancelled", {"requestId": pending.upstream_id, "reason": reason}))
+            try:
+                self._send(Notification("notifications/cancelled", {"requestId": pending.upstream_id, "reason": reason}))
+            except GatewayError:  # the server is gone: there is nobody left to tell
+                pass
 
     def notify(self, method: str, params: dict[str, Any] | None) -> None:
         if self.ready.is_set():
@@ -526,7 +601,22 @@ class Upstream:
                 return
             text = line.decode("utf-8", "replace").rstrip()
             if text:
+                self.stderr_tail.append(text)
                 self.log.info("%s", text)
+
+
+def _cannot_execute(error: BaseException) -> bool:
+    """Whether a launch failed for want of the executable (not found, not executable), whatever wrapped it."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (FileNotFoundError, PermissionError, StartRefused)):
+            return True
+        if _SANDBOX_SOURCE_MISSING.search(str(seen)):
+            return True
+        if getattr(seen, "permanent", False):  # a launcher's own failure that a retry cannot mend
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _settle(pending: Pending, answer: Response | ErrorResponse) -> None:

@@ -49,12 +49,24 @@ class _StdoutPipe(asyncio.Protocol):
     def __init__(self, reader: asyncio.StreamReader) -> None:
         self.reader = reader
         self.listener: Callable[[bytes], None] | None = None
+        # What arrived before the listener was set (a server that fails at once can write and exit by then).
+        self._early = bytearray()
+        self._ended = False
+
+    def listen(self, listener: Callable[[bytes], None]) -> None:
+        self.listener = listener
+        if self._early:
+            listener(bytes(self._early))
+            self._early.clear()
+        if self._ended:
+            listener(b"")
 
     def data_received(self, data: bytes) -> None:
         listener = self.listener
         if listener is not None:
             listener(data)
         else:
+            self._early += data
             self.reader.feed_data(data)
 
     def eof_received(self) -> bool:
@@ -64,6 +76,7 @@ class _StdoutPipe(asyncio.Protocol):
         if self.listener is not None:
             self.listener(b"")
         else:
+            self._ended = True
             self.reader.feed_eof()
 
 
@@ -147,7 +160,7 @@ class ServerProcess:
 
         It saves a reader task waking for every chunk on the hot path; call it before anything is read.
         """
-        self._stdout_pipe.listener = listener
+        self._stdout_pipe.listen(listener)
 
     async def _watch_exit(self) -> int:
         status = await self._process.wait()
