@@ -120,3 +120,51 @@ def test_tools_eval_on_a_small_catalog(tmp_path):
     done = _run("tools", "eval", "--tools", str(tools), "--queries", str(queries), "--json", "--lexical-only")
     assert done.returncode == 0, done.stderr
     assert "1" in done.stdout and "recall" in done.stdout.lower()
+
+
+def test_a_file_without_a_policy_section_gets_the_default_policy_and_audit_under_xdg_state_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    for body in ({"mcpServers": {"a": {"command": "x"}}}, {"servers": {"a": {"command": "x"}}}):
+        config = tmp_path / "c.json"
+        config.write_text(json.dumps(body))
+        policy = load_config(config).policy
+        assert policy is not None and policy.audit.enabled and policy.approval.fallback == "queue"
+        assert policy.audit.path == str(tmp_path / "state" / "bastion" / "audit.jsonl")
+        assert policy.approval.queue_dir == str(tmp_path / "state" / "bastion" / "approvals")
+
+
+@pytest.mark.parametrize("switch", ["off", False, None])
+def test_policy_off_is_a_written_switch(tmp_path, switch):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"policy": switch, "mcpServers": {"a": {"command": "x"}}}))
+    assert load_config(config).policy is None
+
+
+def test_findings_of_loading_are_logged_for_bastion_run_and_kept_for_check(tmp_path, caplog):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"mcpServers": {"a": {"command": "x", "disabled": "yes"}, "r": {"url": "https://x"}}}))
+    with caplog.at_level("WARNING", logger="bastion.config"):
+        loaded = load_config(config)
+    assert loaded.servers == {} and {n.where for n in loaded.load_notes} == {"mcpServers.a.disabled", "mcpServers.r"}
+    assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]
+    assert str(config) in caplog.records[0].getMessage() and "fix:" in caplog.records[0].getMessage()
+
+
+def test_dotenv_files_as_clients_write_them(tmp_path):
+    from bastion.variables import read_dotenv
+
+    env = tmp_path / ".env"
+    env.write_text('# comment\n\nexport A=1\nB = two words # note\nC="quoted # kept"\nD=\'single\'\nE=\n')
+    assert read_dotenv(env) == {"A": "1", "B": "two words", "C": "quoted # kept", "D": "single", "E": ""}
+    env.write_text("NOT A LINE\n")
+    with pytest.raises(ValueError, match="line 1"):
+        read_dotenv(env)
+
+
+def test_unknown_variables_are_refused_not_passed_through(tmp_path):
+    from bastion.variables import VariableError, Variables
+
+    variables = Variables(tmp_path, tmp_path, {})
+    with pytest.raises(VariableError, match="not a variable Bastion knows"):
+        variables.expand("${command:pickFile}")
+    assert variables.expand("plain $HOME and ${/}") == "plain $HOME and /"

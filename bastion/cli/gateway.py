@@ -103,10 +103,11 @@ def _check(args: argparse.Namespace) -> int:
 
     source = str(Path(args.config).resolve()) if args.config else None
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, log_notes=False)
     except ConfigError as exc:
         if args.json:
-            _print_check_report(source, {}, [Finding("error", "(file)", str(exc), "see the message")], None)
+            findings = list(exc.findings) or [Finding("error", "(file)", str(exc), "see the message")]
+            _print_check_report(source, {}, findings, None)
         else:
             print(f"bastion: {exc}", file=sys.stderr)
         return 2
@@ -147,7 +148,9 @@ def _check(args: argparse.Namespace) -> int:
 def _print_check_report(source: str | None, servers: dict, findings: list, policy: str | None, ok: bool = False) -> None:
     report = {
         "file": source,
-        "servers": {name: {"command": s.command, "args": list(s.args), "enabled": s.enabled}
+        # Variable names only: values may be secrets, and a report is made to be pasted.
+        "servers": {name: {"command": s.command, "args": list(s.args), "cwd": s.cwd, "env": sorted(s.env),
+                           "enabled": s.enabled, "auto_approve": list(s.auto_approve)}
                     for name, s in servers.items()},
         "policy": policy,
         "findings": [f.as_dict() for f in findings],
