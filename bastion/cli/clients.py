@@ -175,6 +175,12 @@ def run_install(args: argparse.Namespace) -> int:
                                dry_run=False, as_json=False)
         if status != EXIT_OK:
             return status
+    else:
+        refusal = _not_runnable(configuration)
+        if refusal:
+            _say(refusal)
+            return EXIT_USAGE
+        _warn_about_servers_left_behind(client_file, spec, places, configuration)
     try:
         installed = install(spec, client_file, configuration, paths.state_dir())
     except InstallError as error:
@@ -193,6 +199,33 @@ def run_install(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _not_runnable(configuration: Path) -> str | None:
+    from bastion.config import ConfigError, load_config
+
+    try:
+        load_config(configuration, log_notes=False)
+    except ConfigError as error:
+        return f"{error}\nnothing was changed: the client would start a configuration that does not load"
+    return None
+
+
+def _warn_about_servers_left_behind(client_file: Path, spec: Any, places: Any, configuration: Path) -> None:
+    """The client's servers the configuration has no server of the same name for: they stop starting."""
+    from bastion.clients.discovery import read_client_file
+    from bastion.config import load_config
+
+    if not client_file.exists():
+        return
+    mine = set(load_config(configuration, log_notes=False).servers)
+    client = read_client_file(client_file, spec.label, places.home)
+    missing = [server.name for server in client.servers
+               if not server.table.startswith("projects.") and server.name not in mine]
+    if missing:
+        _say(f"{configuration} has no server named {', '.join(missing)}: once {spec.label} starts Bastion they "
+             f"will not start (they stay in the backup); add them with `bastion import {client_file} --output "
+             f"FILE` and merge, or uninstall")
+
+
 def run_uninstall(args: argparse.Namespace) -> int:
     from bastion import paths
     from bastion.clients.discovery import CLIENTS
@@ -200,12 +233,15 @@ def run_uninstall(args: argparse.Namespace) -> int:
 
     spec = CLIENTS[args.client]
     try:
-        client_file, backup = uninstall(spec, paths.state_dir(), force=args.force)
+        done = uninstall(spec, paths.state_dir(), force=args.force)
     except InstallError as error:
         _say(str(error))
         return EXIT_USAGE
-    if backup is None:
-        _say(f"removed {client_file}, which install had created; restart {spec.label}")
+    if done.how == "removed":
+        _say(f"removed {done.client_file}, which install had created; restart {spec.label}")
+    elif done.how == "servers restored":
+        _say(f"{done.client_file} changed since install outside its servers: its servers are restored from "
+             f"{done.backup}, the rest kept as it is now; restart {spec.label}")
     else:
-        _say(f"restored {client_file} from {backup}; restart {spec.label}")
+        _say(f"restored {done.client_file} from {done.backup}; restart {spec.label}")
     return EXIT_OK

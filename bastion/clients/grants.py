@@ -68,7 +68,7 @@ def infer_grants(name: str, entry: Mapping[str, Any], *, home: str | None = None
     home = os.path.normpath(home or os.path.expanduser("~"))
     command = str(entry.get("command") or "")
     args = [str(arg) for arg in entry.get("args") or () if isinstance(arg, (str, int, float))]
-    env = {str(k): str(v) for k, v in (entry.get("env") or {}).items()} if isinstance(entry.get("env"), dict) else {}
+    env = entry.get("env") if isinstance(entry.get("env"), dict) else {}
     cwd = entry.get("cwd")
     base = cwd if isinstance(cwd, str) and os.path.isabs(cwd) else base_dir
     identified = identify(command, args)
@@ -87,7 +87,7 @@ def infer_grants(name: str, entry: Mapping[str, Any], *, home: str | None = None
             grants.writable(_folder_of(database, home, base), "the folder of its database (--db-path)")
     elif server.kind == "memory":
         memory_file = env.get("MEMORY_FILE_PATH")
-        if memory_file and os.path.isabs(os.path.expanduser(memory_file)):
+        if isinstance(memory_file, str) and os.path.isabs(os.path.expanduser(memory_file)):
             grants.writable(_folder_of(memory_file, home, base), "the folder of MEMORY_FILE_PATH")
         else:
             grants.warn(f"server {name!r} keeps its memory beside its own program, which is read-only in the "

@@ -25,8 +25,9 @@ from bastion.clients.grants import ServerReview, identify, infer_grants, merge_s
 # Keys of client entries that Bastion's own form has no place for (handled or meaningless here).
 _CLIENT_ONLY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "description", "envFile",
                      "transportType"}
-_PASSED_KEYS = ("command", "args", "env", "cwd", "sandbox", "prefix", "era", "request_timeout",
-                "startup_timeout")
+# Keys that mean the same in a client entry as in Bastion's (a client file may already carry Bastion's settings).
+_KEPT_AS_WRITTEN = ("sandbox", "prefix", "era", "request_timeout", "startup_timeout")
+_CONVERTED_KEYS = ("command", "args", "env", "cwd")
 # ${env:NAME} and ${NAME} read the environment; these others only name places, and are no secret to copy.
 _ENV_REFERENCE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
 _FILE_VARIABLES = {"workspaceFolder", "workspaceFolderBasename", "userHome", "pathSeparator"}
@@ -125,13 +126,11 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
         return f"{where}: {error}; fix: {error.fix}; skipped"
     if env:
         server["env"] = env
-    for key in _PASSED_KEYS[4:]:
+    for key in _KEPT_AS_WRITTEN:
         if key in entry:
             server[key] = entry[key]
     if passed:
-        sandbox = server.get("sandbox") if isinstance(server.get("sandbox"), dict) else {}
-        if server.get("sandbox") is None or isinstance(server.get("sandbox"), dict):
-            server["sandbox"] = {**sandbox, "env": list(dict.fromkeys([*sandbox.get("env", []), *passed]))}
+        server["sandbox"] = merge_sandbox(server.get("sandbox"), {"env": passed})
     disabled = entry.get("disabled")
     if disabled is True or (isinstance(disabled, str) and disabled.strip().lower() == "true"):
         server["enabled"] = False
@@ -139,7 +138,7 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
     approved = entry.get("autoApprove") or entry.get("alwaysAllow")
     if isinstance(approved, list) and approved:
         server["auto_approve"] = [str(tool) for tool in approved]
-    ignored = sorted(set(entry) - set(_PASSED_KEYS) - _CLIENT_ONLY_KEYS)
+    ignored = sorted(set(entry) - {*_CONVERTED_KEYS, *_KEPT_AS_WRITTEN} - _CLIENT_ONLY_KEYS)
     if ignored:
         notes.append(f"ignored keys Bastion does not know: {', '.join(ignored)}")
     return server, notes

@@ -77,12 +77,25 @@ def install(spec: ClientSpec, client_file: Path, configuration: Path, state_dir:
     record.write_text(json.dumps({"client": spec.key, "file": str(client_file.absolute()),
                                   "backup": str(backup) if backup else None,
                                   "installed_sha256": hashlib.sha256(text).hexdigest(),
+                                  "installed_servers": written[spec.servers_key],
                                   "configuration": str(configuration.absolute())}, indent=2) + "\n")
     return Installed(client_file, backup, command)
 
 
-def uninstall(spec: ClientSpec, state_dir: Path, *, force: bool = False) -> tuple[Path, Path | None]:
-    """Put the client's file back as it was before install; returns the file and the backup used."""
+@dataclass(frozen=True)
+class Uninstalled:
+    client_file: Path
+    backup: Path | None
+    how: str  # "restored", "servers restored" (the rest of the file kept as the client changed it), "removed"
+
+
+def uninstall(spec: ClientSpec, state_dir: Path, *, force: bool = False) -> Uninstalled:
+    """Put the client's file back as it was before install.
+
+    Unchanged since install: the backup is copied back byte for byte. Changed only outside its server table (Claude
+    Code rewrites ~/.claude.json as it runs): the backup's server table is put back and the rest kept as it is now.
+    Its server table changed: refused unless ``force``, which copies the backup back.
+    """
     record_file = record_path(state_dir, spec)
     try:
         record = json.loads(record_file.read_text())
@@ -95,17 +108,40 @@ def uninstall(spec: ClientSpec, state_dir: Path, *, force: bool = False) -> tupl
         raise InstallError(f"the backup {backup} of {client_file} is gone; restore the file by hand (remove the "
                            f"{ENTRY_NAME!r} entry), then delete {record_file}")
     current = client_file.read_bytes() if client_file.exists() else None
-    changed = current is None or hashlib.sha256(current).hexdigest() != record["installed_sha256"]
-    if changed and not force:
-        raise InstallError(f"{client_file} changed since install; restoring {backup or 'nothing'} would lose those "
-                           f"changes. Run `bastion client uninstall {spec.key} --force` to restore it anyway")
-    if backup is None:
+    unchanged = current is not None and hashlib.sha256(current).hexdigest() == record["installed_sha256"]
+    how = "removed" if backup is None else "restored"
+    if not unchanged and not force:
+        merged = _servers_put_back(current, backup, spec.servers_key, record.get("installed_servers"))
+        if merged is None:
+            raise InstallError(f"{client_file}: its {spec.servers_key} changed since install (or the file is gone); "
+                               f"restoring {backup or 'nothing'} would lose that change. Run `bastion client "
+                               f"uninstall {spec.key} --force` to restore it anyway")
+        _write(client_file, merged)
+        how = "servers restored"
+    elif backup is None:
         if client_file.exists():
             client_file.unlink()  # install created it
     else:
         shutil.copy2(backup, client_file)  # the backup stays: a second copy of the user's file costs nothing
     record_file.unlink()
-    return client_file, backup
+    return Uninstalled(client_file, backup, how)
+
+
+def _servers_put_back(current: bytes | None, backup: Path | None, key: str, installed: Any) -> bytes | None:
+    """The current file with the server table it had before install, if only other keys changed since; else None."""
+    if current is None or installed is None:
+        return None
+    try:
+        now = parse_jsonc(current.decode("utf-8"))
+        before = parse_jsonc(backup.read_text(encoding="utf-8")) if backup is not None else {}
+    except (ValueError, UnicodeDecodeError, OSError):
+        return None
+    if not isinstance(now, dict) or not isinstance(before, dict) or now.get(key) != installed:
+        return None
+    restored = {k: v for k, v in now.items() if k != key}
+    if key in before:
+        restored[key] = before[key]
+    return (json.dumps(restored, indent=2) + "\n").encode("utf-8")
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -88,6 +88,7 @@ def test_install_with_a_given_configuration_keeps_claude_codes_other_keys(machin
     assert data["mcpServers"] == {"bastion": {"command": BASTION, "args": ["run", str(mine)]}}
     assert data["numStartups"] == 3 and "local" in data["projects"]["/srv/app"]["mcpServers"]
     assert "still start directly" in done.stderr
+    assert "no server named old" in done.stderr  # it stops starting: said, not silently dropped
     assert mine.read_text() == '[servers.time]\ncommand = "mcp-server-time"\n'  # given: used as it is
     assert machine.bastion("client", "uninstall", "claude-code").returncode == 0
     assert claude_json.read_bytes() == original
@@ -107,3 +108,30 @@ def test_vscode_gets_a_typed_servers_entry_and_a_missing_file_is_created_then_re
 def test_install_without_servers_or_configuration_says_what_to_do(machine, client):
     done = machine.bastion("client", "install", client)
     assert done.returncode == 2 and "--config" in done.stderr
+
+
+def test_a_file_the_client_rewrote_outside_its_servers_gets_its_servers_back_and_keeps_the_rest(machine, tmp_path):
+    claude_json = machine.write_json(".claude.json", {
+        "numStartups": 3, "mcpServers": {"old": {"command": "npx", "args": ["-y", "old-mcp"]}}})
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[servers.old]\ncommand = "npx"\nargs = ["-y", "old-mcp"]\n')
+    assert machine.bastion("client", "install", "claude-code", "--config", str(mine)).returncode == 0
+    # Claude Code counts its starts in the same file
+    data = json.loads(claude_json.read_text())
+    claude_json.write_text(json.dumps({**data, "numStartups": 4}))
+
+    done = machine.bastion("client", "uninstall", "claude-code")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(claude_json.read_text()) == {
+        "numStartups": 4, "mcpServers": {"old": {"command": "npx", "args": ["-y", "old-mcp"]}}}
+    assert "the rest kept as it is now" in done.stderr
+
+
+def test_install_refuses_a_configuration_that_does_not_load(machine, tmp_path):
+    client_file = machine.write_json(".cursor/mcp.json", {"mcpServers": {"a": {"command": "npx"}}})
+    before = client_file.read_bytes()
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[servers.a]\ncomand = 'x'\n")
+    done = machine.bastion("client", "install", "cursor", "--config", str(broken))
+    assert done.returncode == 2 and "comand" in done.stderr and "nothing was changed" in done.stderr
+    assert client_file.read_bytes() == before and not list(client_file.parent.glob("*.bastion-backup-*"))
