@@ -152,6 +152,10 @@ DEFAULT = CedarAuthorizer.from_files([])
         (tool("write", trust="trusted", readOnlyHint=False, destructiveHint=False), Effect.APPROVAL),
         (tool("rm", trust="trusted", destructiveHint=True), Effect.APPROVAL),
         (tool("unannotated", trust="trusted"), Effect.APPROVAL),  # destructiveHint defaults to true
+        # A server the user reviewed is believed about its tools, like a trusted one.
+        (tool("read", trust="reviewed", readOnlyHint=True), Effect.ALLOW),
+        (tool("rm", trust="reviewed", readOnlyHint=False, destructiveHint=True), Effect.APPROVAL),
+        (tool("unannotated", trust="reviewed"), Effect.APPROVAL),
     ],
 )
 def test_default_policy(entry: ToolEntry, effect: Effect) -> None:
@@ -163,6 +167,9 @@ def test_tool_facts_trust_annotations_only_from_trusted_servers() -> None:
     assert (untrusted.read_only, untrusted.destructive, untrusted.open_world) == (False, True, True)
     trusted = ToolFacts.of(tool("x", trust="trusted", destructiveHint=False, openWorldHint=False, idempotentHint=True))
     assert (trusted.read_only, trusted.destructive, trusted.open_world, trusted.idempotent) == (False, False, False, True)
+    reviewed = ToolFacts.of(tool("x", trust="reviewed", readOnlyHint=True, openWorldHint=False))
+    assert (reviewed.read_only, reviewed.destructive, reviewed.open_world, reviewed.annotations_trusted) == \
+        (True, False, False, True)
 
 
 def test_default_server_requests() -> None:
@@ -170,6 +177,8 @@ def test_default_server_requests() -> None:
     assert authorize_server_request(DEFAULT, ALICE, "fs", "roots/list").allowed
     assert not authorize_server_request(DEFAULT, ALICE, "fs", "sampling/createMessage").allowed
     assert authorize_server_request(DEFAULT, ALICE, "fs", "sampling/createMessage", trust="trusted").allowed
+    # Reviewing a server's tools does not hand it the user's model.
+    assert not authorize_server_request(DEFAULT, ALICE, "fs", "sampling/createMessage", trust="reviewed").allowed
     assert not authorize_server_request(DEFAULT, ALICE, "fs", "tools/call").allowed
 
 

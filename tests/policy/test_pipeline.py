@@ -323,3 +323,20 @@ async def test_approval_without_a_way_to_ask_is_refused_with_the_audit_off(tmp_p
     full = build_pipeline(runtime.interceptors, route)
     error = await refusal(full(GatewayRequest("tools/call", {"name": "raw__big", "arguments": {}}, session(), OneTool())))
     assert "cannot ask" in error.message and reached == []
+
+
+async def test_tools_approved_in_advance_skip_only_the_approval(tmp_path: Path, gateway_factory) -> None:
+    config = policy_config(tmp_path, policy_files=["policy.cedar"], guards=[
+        {"kind": "shell", "tool": "raw/big", "argument": "note", "mode": "argument"}])
+    gateway, runtime = await gateway_factory(config, pre_approved={"raw": ["big", "crash"]})
+    person = Person(ACCEPT)
+    result = await call(gateway, session(client=person), "raw__big", {"size": 2})
+    assert result["content"][0]["text"] == "xx" and person.asked == []  # nobody was asked
+    # A forbid still forbids, and a guard still refuses, a tool the client approves in advance.
+    assert (await refusal(call(gateway, session(client=person), "raw__crash", {}))).data["rule"] == "no-crash"
+    guarded = await refusal(call(gateway, session(client=person), "raw__big", {"size": 1, "note": "a; rm -rf ~"}))
+    assert guarded.code == -32602 and person.asked == []
+    await runtime.aclose()
+    decisions = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    approved = [d for d in decisions if d["kind"] == "decision" and d["rule"] == "approval:client-config"]
+    assert len(approved) == 1 and "client's configuration" in approved[0]["reason"]
