@@ -132,9 +132,13 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
     if passed:
         server["sandbox"] = merge_sandbox(server.get("sandbox"), {"env": passed})
     disabled = entry.get("disabled")
-    if disabled is True or (isinstance(disabled, str) and disabled.strip().lower() == "true"):
+    if disabled is True:
         server["enabled"] = False
         notes.append("disabled in the client, imported disabled")
+    elif isinstance(disabled, str) and disabled:
+        server["enabled"] = False  # what the client does: any text but "" is true
+        notes.append(f"disabled is given as text ({disabled!r}), which the client reads as true: imported "
+                     "disabled; set enabled = true to start it")
     approved = entry.get("autoApprove") or entry.get("alwaysAllow")
     if isinstance(approved, list) and approved:
         server["auto_approve"] = [str(tool) for tool in approved]

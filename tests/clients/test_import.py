@@ -52,7 +52,9 @@ def home_with_every_client(machine) -> None:
     machine.write_json(".windsurf-unused", {})
     machine.write_json(".codeium/windsurf/mcp_config.json", {"mcpServers": {
         "notes": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "~/Documents"],
-                  "disabled": True}}})
+                  "disabled": True},
+        "drafts": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "~/Desktop"],
+                   "disabled": "false"}}})
 
 
 def test_import_finds_every_client_and_writes_one_configuration_check_accepts(machine):
@@ -68,7 +70,7 @@ def test_import_finds_every_client_and_writes_one_configuration_check_accepts(ma
 
     written = tomllib.loads(output.read_text())["servers"]
     assert set(written) == {"filesystem", "github", "memory", "search", "filesystem-cursor", "git", "site-files",
-                            "notes"}
+                            "notes", "drafts"}
     assert all(server["trust"] == "reviewed" for server in written.values())
 
     config = load_config(output)
@@ -87,6 +89,8 @@ def test_import_finds_every_client_and_writes_one_configuration_check_accepts(ma
     # "${env:SEARCH_TOKEN}" is the variable the client was started with: passed through, not copied
     assert config.servers["search"].env == {} and config.servers["search"].sandbox.env == ("SEARCH_TOKEN",)
     assert config.servers["notes"].enabled is False
+    assert config.servers["drafts"].enabled is False  # "false" as text: the client reads it as true
+    assert "which the client reads as true" in review
 
     # The review names every folder and every variable (never a value), and says what was not granted.
     for shown in ("~/Documents", "~/Desktop", "~/projects", "~/projects/site"):
