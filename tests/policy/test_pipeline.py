@@ -340,3 +340,30 @@ async def test_tools_approved_in_advance_skip_only_the_approval(tmp_path: Path, 
     decisions = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     approved = [d for d in decisions if d["kind"] == "decision" and d["rule"] == "approval:client-config"]
     assert len(approved) == 1 and "client's configuration" in approved[0]["reason"]
+
+
+async def test_a_legacy_prompt_and_the_queue_race_the_first_answer_counts(tmp_path: Path, gateway_factory) -> None:
+    from bastion.policy.approval import ApprovalQueue
+
+    config = policy_config(tmp_path, approval={"fallback": "queue", "timeout_seconds": 20,
+                                               "queue_dir": str(tmp_path / "queue"), "poll_seconds": 0.05})
+    gateway, _ = await gateway_factory(config)
+    queue = ApprovalQueue(tmp_path / "queue")
+
+    # The person never answers the client's prompt; `bastion approve` does, and the prompt is withdrawn.
+    silent = Person(None)
+    waiting = asyncio.create_task(call(gateway, session(client=silent), "raw__big", {"size": 2}))
+    for _ in range(200):
+        if queue.pending():
+            break
+        await asyncio.sleep(0.05)
+    [request] = queue.pending()
+    assert len(silent.asked) == 1
+    await asyncio.to_thread(queue.settle, request.id, True, "bob")
+    assert (await waiting)["content"][0]["text"] == "xx"
+
+    # The person answers in the client first: the queue request is closed as answered there.
+    prompt = Person(ACCEPT)
+    assert (await call(gateway, session(client=prompt), "raw__big", {"size": 1}))["content"][0]["text"] == "x"
+    answered = [item for item in queue.all() if item.id != request.id]
+    assert [(i.status, i.record.get("why")) for i in answered] == [("approved", "answered in the client")]
