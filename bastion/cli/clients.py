@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
     install = commands.add_parser(
         "install", help="make CLIENT start Bastion instead of its servers (its file is backed up first)",
         description="Replace CLIENT's servers by one 'bastion' entry that runs `bastion run CONFIG`. Its file is "
-                    "copied to a timestamped backup first. Without CONFIG, or when CONFIG does not exist, the "
+                    "copied to a timestamped backup first. When the Bastion configuration does not exist yet, the "
                     "client's servers are imported into it first.")
     install.add_argument("client", choices=sorted(CLIENTS), metavar="CLIENT", help=", ".join(sorted(CLIENTS)))
     install.add_argument("--config", metavar="BASTION_FILE",
