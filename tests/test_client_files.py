@@ -215,3 +215,14 @@ def test_check_json_reports_a_file_that_does_not_load_with_its_findings(tmp_path
     status, report = check(config)
     assert status == 2 and report["ok"] is False and report["file"] == str(config)
     assert {f["where"] for f in report["findings"]} >= {"mcpServers.a.comand", "mcpServers.a.command"}
+
+
+def test_check_reports_a_policy_that_does_not_load_and_says_when_policy_is_off(tmp_path):
+    (tmp_path / "team.cedar").write_text("permit(principal, action, resource")
+    broken = write(tmp_path / "broken.json", {"servers": {}, "policy": {"policy_files": ["team.cedar"]}})
+    status, report = check(broken)
+    assert status == 2 and report["policy"] is None
+    assert str(tmp_path / "team.cedar") in finding(report, "policy")["message"]
+    off = write(tmp_path / "off.json", {"servers": {}, "policy": "off"})
+    status, report = check(off)
+    assert status == 0 and report["policy"] == "off"

@@ -114,25 +114,28 @@ def _check(args: argparse.Namespace) -> int:
     findings = diagnose(config)
     policy_summary = None
     if config.policy is not None:
+        from bastion.policy.config import PolicyStartError
         from bastion.policy.engine import PolicyEngine
 
         try:
             engine = PolicyEngine(config.policy)  # parses and validates the Cedar policies, reads the pins
-        except Exception as exc:  # noqa: BLE001 - any policy that does not load is reported as a finding
+        except PolicyStartError as exc:
             findings.append(Finding("error", "policy", f"the policy does not load: {exc}",
-                                    "fix the policy file named in the message (docs/policy.md)"))
+                                    "fix the file named in the message (docs/policy.md)"))
         else:
             files = ", ".join(str(p) for p in config.policy.policy_paths()) or "the default policy"
             policy_summary = f"{files}; {len(engine.guards)} guard(s)"
     ok = not any(f.level == "error" for f in findings)
     if args.json:
-        _print_check_report(source, config.servers, findings, policy_summary, ok)
+        _print_check_report(source, config.servers, findings, "off" if config.policy is None else policy_summary, ok)
         return 0 if ok else 2
     for name, server in config.servers.items():
         state = "" if server.enabled else " (disabled)"
         print(f"{name}: {server.command} {' '.join(server.args)}{state}", file=sys.stderr)
-    print(f"policy: {policy_summary}" if policy_summary else "policy: off (every call is allowed, nothing is audited)",
-          file=sys.stderr)
+    if config.policy is None:
+        print("policy: off (every call is allowed, nothing is audited)", file=sys.stderr)
+    elif policy_summary:
+        print(f"policy: {policy_summary}", file=sys.stderr)
     for finding in findings:
         print(f"{finding.level}: {finding.where}: {finding.message} — fix: {finding.fix}", file=sys.stderr)
     errors = sum(f.level == "error" for f in findings)
