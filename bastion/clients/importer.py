@@ -25,6 +25,7 @@ from bastion.clients.grants import ServerReview, identify, infer_grants, merge_s
 # Keys of client entries that Bastion's own form has no place for (handled or meaningless here).
 _CLIENT_ONLY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "description", "envFile",
                      "transportType"}
+_REMOTE_TYPES = {"http", "sse", "streamable-http", "streamableHttp"}
 # Keys that mean the same in a client entry as in Bastion's (a client file may already carry Bastion's settings).
 _KEPT_AS_WRITTEN = ("sandbox", "prefix", "era", "request_timeout", "startup_timeout")
 _CONVERTED_KEYS = ("command", "args", "env", "cwd")
@@ -106,22 +107,25 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
     entry, where = item.entry, f"{item.name!r} from {item.origin}"
     if not isinstance(entry, dict):
         return f"{where}: the entry is not an object; skipped"
-    if "url" in entry or "serverUrl" in entry or entry.get("type") in ("http", "sse", "streamable-http"):
+    if "url" in entry or "serverUrl" in entry or entry.get("type") in _REMOTE_TYPES:
         return (f"{where}: a remote server (url); Bastion federates local (command) servers only, so the client "
                 "keeps reaching it directly; skipped")
     if not isinstance(entry.get("command"), str) or not entry["command"].strip():
         return f"{where}: no command; skipped"
-    names = client_variables.Variables(item.workspace, home, environ)
+    expander = client_variables.Variables(item.workspace, home, environ)
     notes: list[str] = []
     server: dict[str, Any] = {}
     try:
-        server["command"] = _absolute_command(names.expand(entry["command"]), item.workspace)
+        server["command"] = _absolute_command(expander.expand(entry["command"]), item.workspace)
         if entry.get("args"):
-            server["args"] = [_absolute_argument(names.expand(str(arg)), item.workspace)
+            server["args"] = [_absolute_argument(expander.expand(str(arg)), item.workspace)
                               for arg in entry["args"]]
+            if any(_reads_environment(str(arg)) for arg in entry["args"]):
+                notes.append("args: their environment variables were expanded at this import and the values written "
+                             "into the configuration")
         if isinstance(entry.get("cwd"), str):
-            server["cwd"] = os.path.normpath(os.path.join(item.workspace, names.expand(entry["cwd"])))
-        env, passed = _environment(item, names, notes)
+            server["cwd"] = os.path.normpath(os.path.join(item.workspace, expander.expand(entry["cwd"])))
+        env, passed = _environment(item, expander, notes)
     except client_variables.VariableError as error:
         return f"{where}: {error}; fix: {error.fix}; skipped"
     if env:
@@ -148,7 +152,7 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
     return server, notes
 
 
-def _environment(item: FoundServer, names: client_variables.Variables,
+def _environment(item: FoundServer, expander: client_variables.Variables,
                  notes: list[str]) -> tuple[dict[str, str], list[str]]:
     """The entry's env (and envFile) values, and the names it takes from the environment as they are.
 
@@ -159,7 +163,7 @@ def _environment(item: FoundServer, names: client_variables.Variables,
     passed: list[str] = []
     env_file = item.entry.get("envFile")
     if isinstance(env_file, str) and env_file:
-        path = Path(os.path.join(item.workspace, names.expand(env_file)))
+        path = Path(os.path.join(item.workspace, expander.expand(env_file)))
         try:
             env.update(client_variables.read_dotenv(path))
             notes.append(f"env values read from its envFile {path}")
@@ -173,12 +177,16 @@ def _environment(item: FoundServer, names: client_variables.Variables,
                 passed.append(str(key))
                 env.pop(str(key), None)
                 continue
-            expanded = names.expand(value)
-            if any(match.group(1) not in _FILE_VARIABLES for match in _ENV_REFERENCE.finditer(value)):
+            expanded = expander.expand(value)
+            if _reads_environment(value):
                 notes.append(f"{key}: its variables were expanded from the environment of this import and the value "
                              "written into the configuration")
             env[str(key)] = expanded
     return env, passed
+
+
+def _reads_environment(text: str) -> bool:
+    return any(match.group(1) not in _FILE_VARIABLES for match in _ENV_REFERENCE.finditer(text))
 
 
 def _absolute_command(command: str, workspace: Path) -> str:
