@@ -87,7 +87,7 @@ def infer_grants(name: str, entry: Mapping[str, Any], *, home: str | None = None
             grants.writable(_folder_of(database, home, base), "the folder of its database (--db-path)")
     elif server.kind == "memory":
         memory_file = env.get("MEMORY_FILE_PATH")
-        if isinstance(memory_file, str) and os.path.isabs(os.path.expanduser(memory_file)):
+        if isinstance(memory_file, str) and memory_file.startswith(("/", "~")):  # relative: beside its program
             grants.writable(_folder_of(memory_file, home, base), "the folder of MEMORY_FILE_PATH")
         else:
             grants.warn(f"server {name!r} keeps its memory beside its own program, which is read-only in the "
