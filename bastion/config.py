@@ -233,7 +233,8 @@ def _normalize(file: Path, data: dict[str, Any]) -> tuple[dict[str, Any], str, l
     notes: list[Finding] = []
     ignored = sorted(k for k in data if k not in (key, "inputs") and k not in GatewayConfig.model_fields)
     if ignored:
-        notes.append(Finding("warning", ", ".join(ignored), "not Bastion settings; ignored",
+        named = ", ".join(ignored[:5]) + (f" and {len(ignored) - 5} more" if len(ignored) > 5 else "")
+        notes.append(Finding("warning", "(top level)", f"{named}: not Bastion settings, ignored",
                              "nothing to do; Bastion's own keys are listed in docs/configuration.md"))
     policy_off = "policy" in data and (data["policy"] is None or data["policy"] is False or data["policy"] == "off")
     variables = Variables.for_file(file)

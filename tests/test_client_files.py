@@ -226,3 +226,11 @@ def test_check_reports_a_policy_that_does_not_load_and_says_when_policy_is_off(t
     off = write(tmp_path / "off.json", {"servers": {}, "policy": "off"})
     status, report = check(off)
     assert status == 0 and report["policy"] == "off"
+
+
+def test_a_client_files_own_top_level_settings_are_ignored_with_a_warning(tmp_path):
+    config = write(tmp_path / "claude_desktop_config.json", {
+        "globalShortcut": "Ctrl+Space", "mcpServers": {"raw": {"command": sys.executable, "args": RAW}}})
+    status, report = check(config)
+    assert status == 0 and list(report["servers"]) == ["raw"]
+    assert "globalShortcut" in finding(report, "(top level)")["message"]
