@@ -50,3 +50,14 @@ if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; the
     .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-time==2026.10.19 >&2
     touch "$launcher_stamp"
 fi
+
+# What the packaging test installs offline into fresh virtual environments: wheels of every dependency of the
+# package (built here where only a source archive is published), the build backend, and pip for pipx's own venv.
+packaging_stamp=.cache/packaging.stamp
+if [ ! -f "$packaging_stamp" ] || [ pyproject.toml -nt "$packaging_stamp" ] || [ scripts/setup.sh -nt "$packaging_stamp" ]; then
+    echo "setup: wheels for the packaging test (fresh installs of Bastion, offline)" >&2
+    rm -rf .cache/wheelhouse-packaging
+    .venv/bin/python -m pip wheel -q -w .cache/wheelhouse-packaging . 'setuptools>=77' pip >&2
+    rm -f .cache/wheelhouse-packaging/mcp_bastion-*.whl  # the test builds its own, from the tree as it is then
+    touch "$packaging_stamp"
+fi
