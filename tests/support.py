@@ -17,9 +17,14 @@ FIXTURES = ROOT / "tests" / "fixtures"
 NODE_BIN = ROOT / "node_modules" / ".bin"
 
 
+# A client's first request waits this long for servers still starting: far beyond any server here, so a test
+# gets the whole catalog from its first answer (tests/test_startup.py tests the short wait itself).
+READY_TIMEOUT = 120
+
+
 def write_config(path: Path, servers: dict, *, policy: object = "off") -> Path:
     """A Bastion configuration of ``servers``; policy off unless given, for tests of the data plane itself."""
-    path.write_text(json.dumps({"servers": servers, "policy": policy}))
+    path.write_text(json.dumps({"servers": servers, "policy": policy, "ready_timeout": READY_TIMEOUT}))
     return path
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BASTION, RawClient, pids_with_tag, raw_server, wait_for, write_config
+from tests.support import BASTION, READY_TIMEOUT, RawClient, pids_with_tag, raw_server, wait_for, write_config
 
 
 @pytest.fixture
@@ -29,7 +29,8 @@ ALLOW_ALL = "permit(principal, action, resource);\n"
 @pytest.fixture(params=["direct", "pipeline"])
 def client(request, tmp_path, marks):
     config = tmp_path / "bastion.json"
-    settings: dict = {"servers": {"raw": raw_server(marks)}, "max_message_bytes": 65536, "policy": "off"}
+    settings: dict = {"servers": {"raw": raw_server(marks)}, "max_message_bytes": 65536, "policy": "off",
+                      "ready_timeout": READY_TIMEOUT}
     if request.param == "pipeline":
         (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
         settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}
@@ -123,7 +124,7 @@ def verbatim_client(request, tmp_path, marks):
     """A client whose server's echo writes its text as the result's JSON, byte for byte."""
     server = raw_server(marks)
     server["env"]["RAW_SERVER_ECHO_VERBATIM"] = "1"
-    settings: dict = {"servers": {"raw": server}, "policy": "off"}
+    settings: dict = {"servers": {"raw": server}, "policy": "off", "ready_timeout": READY_TIMEOUT}
     if getattr(request, "param", "direct") == "pipeline":
         (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
         settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}
@@ -240,7 +241,8 @@ def test_a_crash_mid_call_fails_the_call_at_once_and_the_server_restarts(client)
 
 def test_a_ten_megabyte_result_passes(tmp_path, marks):
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"servers": {"raw": raw_server(marks)}, "policy": "off"}))
+    config.write_text(json.dumps({"servers": {"raw": raw_server(marks)}, "policy": "off",
+                                  "ready_timeout": READY_TIMEOUT}))
     client = RawClient(config)
     try:
         client.initialize()
@@ -263,7 +265,8 @@ def test_client_cancellation_reaches_the_server_and_gets_no_answer(client, marks
 
 @pytest.mark.parametrize("way", ["direct", "pipeline"])
 def test_a_call_the_server_does_not_answer_in_time_gets_a_timeout_error_and_is_cancelled_upstream(tmp_path, marks, way):
-    settings: dict = {"servers": {"raw": raw_server(marks, request_timeout=1.0)}, "policy": "off"}
+    settings: dict = {"servers": {"raw": raw_server(marks, request_timeout=1.0)}, "policy": "off",
+                      "ready_timeout": READY_TIMEOUT}
     if way == "pipeline":
         (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
         settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.support import BASTION, RawClient, raw_server
+from tests.support import BASTION, READY_TIMEOUT, RawClient, raw_server
 
 POLICY = """
 @id("list-everything")
@@ -27,6 +27,7 @@ def _config(tmp_path, identity_groups):
     config = tmp_path / "bastion.json"
     config.write_text(json.dumps({
         "servers": {"raw": raw_server()},
+        "ready_timeout": READY_TIMEOUT,
         "policy": {
             "policy_files": ["team.cedar"],  # relative to the configuration file
             "identity": {"name": "alice", "groups": identity_groups},

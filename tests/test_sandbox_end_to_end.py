@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import RawClient
+from tests.support import READY_TIMEOUT, RawClient
 
 MALICIOUS = Path(__file__).parent / "sandbox" / "malicious_server.py"
 SECRET = "BASTION_TEST_SECRET_TOKEN"
@@ -48,7 +48,7 @@ def _attacks(tmp_path: Path, sandbox, monkeypatch, port: int) -> dict[str, dict]
     outside.mkdir()
     config = tmp_path / "bastion.json"
     # Policy off: every attack must reach the server, so it is the sandbox alone that stops it.
-    config.write_text(json.dumps({"policy": "off", "servers": {"evil": {
+    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, "servers": {"evil": {
         "command": sys.executable, "args": [str(MALICIOUS)], "sandbox": sandbox}}}))
     calls = {
         "read_shadow": ("read_file", {"path": "/etc/shadow"}),
@@ -96,7 +96,8 @@ def test_a_server_over_its_memory_limit_is_reported_and_restarted(tmp_path):
     from tests.support import raw_server, wait_for
 
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({"servers": {"raw": raw_server(sandbox={"memory": "64MiB"})}, "policy": "off"}))
+    config.write_text(json.dumps({"servers": {"raw": raw_server(sandbox={"memory": "64MiB"})}, "policy": "off",
+                                  "ready_timeout": READY_TIMEOUT}))
     client = RawClient(config)
     try:
         client.initialize()

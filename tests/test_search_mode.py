@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bastion.host import Host
-from tests.support import RawClient, VENV_BIN, raw_server
+from tests.support import READY_TIMEOUT, RawClient, VENV_BIN, raw_server
 
 HIDE_CRASH = """
 @id("list") permit (principal, action == Bastion::Action::"list_tools", resource);
@@ -23,6 +23,7 @@ def _config(tmp_path, exposure="search"):
         "servers": {"raw": raw_server(), "time": {"command": str(VENV_BIN / "mcp-server-time")}},
         "tools": {"exposure": exposure, "always_list": ["raw__echo"]},
         "policy": {"policy_files": ["p.cedar"], "audit": {"enabled": False}},
+        "ready_timeout": READY_TIMEOUT,
     }))
     return config
 
@@ -106,7 +107,7 @@ def test_an_always_listed_name_no_server_offers_is_reported_once(tmp_path):
 
 def _listed_bytes(tmp_path, name, extra_tools):
     config = tmp_path / f"{name}.json"
-    config.write_text(json.dumps({"policy": "off", "servers": {
+    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, "servers": {
         "b": raw_server(tag=f"{name}-b", env={"RAW_SERVER_EXTRA_TOOLS": json.dumps(extra_tools)}),
         "a": raw_server(tag=f"{name}-a")}}))
     client = RawClient(config)

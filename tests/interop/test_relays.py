@@ -31,7 +31,7 @@ from mcp.types import (
     ToolListChangedNotification,
 )
 
-from tests.support import BASTION, FIXTURES
+from tests.support import BASTION, FIXTURES, READY_TIMEOUT
 
 # The handshake-era calls under test (subscribe, setLevel) are deprecated in the SDK, which is the point here.
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
@@ -82,7 +82,8 @@ def _setup_for(tmp_path: Path, era: str, *, env: dict[str, str] | None = None, *
     events = tmp_path / "events.log"
     config = tmp_path / "bastion.json"
     # Policy off: these tests are about what the relays carry, not what the policy lets through.
-    config.write_text(json.dumps({"policy": "off", **top_level, "servers": {SERVER: {
+    # The whole catalog from the first answer (tests/test_startup.py tests the client's short wait itself).
+    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, **top_level, "servers": {SERVER: {
         "command": sys.executable,
         "args": [str(FIXTURES / "sdk_server.py")],
         "env": {"FIXTURE_EVENTS": str(events), **(env or {})},
@@ -302,8 +303,8 @@ async def test_sampling_from_a_legacy_server_to_a_modern_client_fails_clearly(tm
             else:
                 assert result.is_error, "a sampling request that cannot be relayed must not look like success"
                 message = text_of(result)
-    # Bastion declares to the server only what it can relay; with no sampling-capable client attached that is
-    # nothing, so the server refuses up front - or, had it asked, Bastion would refuse the cross-era request.
+    # The server was told at its start that sampling can be relayed (it starts before any client connects); it
+    # asks, and Bastion refuses the cross-era request, saying so.
     assert "sampling" in message
     assert inbox.sampling_requests == []
 
