@@ -74,6 +74,7 @@ def infer_grants(name: str, entry: Mapping[str, Any], *, home: str | None = None
     identified = identify(command, args)
     grants = _Grants(name, home, base, allow_home)
     if identified is None:
+        grants.hidden_arguments(args)
         return grants.result()
     server, server_args = identified
     if server.kind == "filesystem":
@@ -97,6 +98,7 @@ def infer_grants(name: str, entry: Mapping[str, Any], *, home: str | None = None
                     f"its sandbox.network (host:port)")
     for rule in server.network:
         grants.network(rule, f"the service {server.kind} talks to")
+    grants.hidden_arguments(args)
     return grants.result()
 
 
@@ -184,6 +186,7 @@ class _Grants:
         self._network: list[str] = []
         self._reasons: list[str] = []
         self._warnings: list[str] = []
+        self._considered: set[str | None] = set()  # paths already granted or refused, said once
 
     def warn(self, message: str) -> None:
         self._warnings.append(message)
@@ -191,6 +194,7 @@ class _Grants:
     def writable(self, given: str, why: str) -> None:
         path = _resolve(given, self._home, self._base)
         shown = tilde(path, self._home) if path else given
+        self._considered.add(path)
         if path is None:
             self.warn(f"server {self._name!r}: {given!r} is a relative path and there is no folder to resolve it "
                       "against; write it as an absolute path")
@@ -215,6 +219,20 @@ class _Grants:
                           "configuration lists it")
             self._writable.append(path)
             self._reasons.append(f"writes {shown}: {why}")
+
+    def hidden_arguments(self, args: list[str]) -> None:
+        """Say so when an argument names the home directory or a parent of it: the sandbox will not show it."""
+        for arg in args:
+            candidate = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+            if not candidate.startswith(("/", "~")):
+                continue
+            path = _resolve(candidate, self._home, self._base)
+            if path in self._considered or path not in (self._home, *home_ancestors(self._home)):
+                continue
+            self._considered.add(path)
+            self.warn(f"server {self._name!r}: its arguments name {tilde(path, self._home)}, which the sandbox does "
+                      "not show (it would reveal your home or the whole machine); it sees an empty folder there. "
+                      "Name the folders it needs instead")
 
     def network(self, rule: str, why: str) -> None:
         if rule not in self._network:

@@ -123,3 +123,12 @@ def test_the_review_says_what_a_server_may_read_write_reach_and_receive(home):
     assert "secret-value" not in text
     unsandboxed = "\n".join(review("s", {"command": "x", "sandbox": "none"}, home=str(home)).lines())
     assert "NOT SANDBOXED" in unsandboxed
+
+
+def test_an_unknown_server_whose_arguments_name_the_home_is_warned_once(home):
+    inference = infer_grants("x", {"command": "npx", "args": ["-y", "some-server", "--root=~", str(home)]},
+                             home=str(home))
+    assert inference.sandbox == {}
+    assert len(inference.warnings) == 1 and "name ~, which the sandbox does not show" in inference.warnings[0]
+    # the filesystem server's own warning about the home is not repeated
+    assert len(infer_grants("files", filesystem(str(home)), home=str(home)).warnings) == 1
