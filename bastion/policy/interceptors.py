@@ -438,7 +438,9 @@ class ApprovalStage:
         if problem is None:
             log.info("%s/%s approved%s", server, label, wait.reference())
         else:
-            log.warning("%s/%s not approved%s: %s", server, label, wait.reference(), problem)
+            # Nobody answering is what a person may not have noticed; a refusal was their own doing.
+            level = logging.WARNING if problem.startswith("timed out") else logging.INFO
+            log.log(level, "%s/%s not approved%s: %s", server, label, wait.reference(), problem)
         return problem
 
     async def _stop_asking(self, asks: Mapping[str, asyncio.Future[Any]], approval_id: str | None) -> None:
