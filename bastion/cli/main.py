@@ -20,7 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     from bastion import __version__
     from bastion.cli import commands
 
-    parser = argparse.ArgumentParser(prog="bastion", description="MCP security gateway")
+    parser = argparse.ArgumentParser(
+        prog="bastion", description="MCP security gateway",
+        epilog="-v/-q may also follow the subcommand. Exit status: 0 done (yes), 1 done (no: a server down, a tool "
+               "error, a trail not intact), 2 cannot run as given (the message names the file, key and fix), "
+               "130 interrupted; docs/cli.md lists each command's.")
     parser.add_argument("--version", action="version", version=f"bastion {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in commands.registrars():
