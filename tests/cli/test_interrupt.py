@@ -99,7 +99,7 @@ def test_run_ends_on_ctrl_c_after_stopping_its_servers(tmp_path):
     assert wait_for(lambda: not pids_with_tag(tag), timeout=30), "the server outlived bastion"
 
 
-def test_a_command_without_an_event_loop_ends_on_ctrl_c(tmp_path):
+def test_sandbox_run_ends_on_ctrl_c_and_its_command_with_it(tmp_path):
     """`bastion sandbox run` waits on its command: Ctrl-C ends it the same way, and the command with it."""
     tag = f"interrupt-sandbox-{os.getpid()}"
     marks = tmp_path / "started"
