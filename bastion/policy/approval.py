@@ -207,7 +207,8 @@ class ApprovalQueue:
         return approval_id
 
     def read(self, approval_id: str) -> QueuedApproval | None:
-        """The request as it stands: a pending one past its time reads as expired, one without its gateway as orphaned."""
+        """The request as it stands: a pending one past its time reads as expired, one whose gateway is gone as
+        orphaned."""
         try:
             record = orjson.loads(self._file(approval_id).read_bytes())
         except (FileNotFoundError, NotADirectoryError, orjson.JSONDecodeError):

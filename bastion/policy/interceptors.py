@@ -423,8 +423,8 @@ class ApprovalStage:
         asks: dict[str, asyncio.Future[Any]] = {}
         if ask_client:
             asks["client"] = asyncio.ensure_future(self._ask_legacy(session, server, label, arguments))
-        if approval_id is not None:
-            asks["queue"] = asyncio.ensure_future(self.queue.wait(approval_id, timeout, self.settings.poll_seconds))  # type: ignore[union-attr]
+        if approval_id is not None and self.queue is not None:
+            asks["queue"] = asyncio.ensure_future(self.queue.wait(approval_id, timeout, self.settings.poll_seconds))
         try:
             await asyncio.wait(asks.values(), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -446,9 +446,11 @@ class ApprovalStage:
     async def _stop_asking(self, asks: Mapping[str, asyncio.Future[Any]], approval_id: str | None) -> None:
         """Cancel the ask that did not answer; an answer in the client closes the queue request as answered."""
         client = asks.get("client")
-        if approval_id is not None and client is not None and client.done() and not client.cancelled():
+        queue = self.queue
+        if approval_id is not None and queue is not None and client is not None and client.done() \
+                and not client.cancelled():
             status = "approved" if client.exception() is None and client.result() is None else "denied"
-            await asyncio.to_thread(self.queue.close_request, approval_id, status, "answered in the client")  # type: ignore[union-attr]
+            await asyncio.to_thread(queue.close_request, approval_id, status, "answered in the client")
         for ask in asks.values():
             ask.cancel()
         await asyncio.gather(*asks.values(), return_exceptions=True)
