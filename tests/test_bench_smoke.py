@@ -162,3 +162,18 @@ def test_search_mode_scale_runs_end_to_end_on_a_small_catalog() -> None:
     assert "['call_tool', 'search_tools']" in result.stderr, "search mode lists the two meta-tools"
     assert report["embedding_tokens"] == 32 and report["minilm_in_s"] > 0
     assert 0 < report["minilm_search_ms_p50"] <= report["minilm_search_ms_p99"]
+
+
+def test_launcher_startup_benchmark_times_both_paths_to_every_servers_tools() -> None:
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "launcher_startup.py"), "--rounds", "1", "--json"],
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    report = orjson.loads(result.stdout)
+    assert report["rounds"] == 1 and report["servers"] == ["filesystem", "memory", "everything"]
+    figures = report["first_complete_tools_list"]
+    for path in ("direct", "bastion"):
+        assert 0 < figures[path]["min_ms"] <= figures[path]["median_ms"]
+        assert report["tools"][path] > 30, "filesystem, memory and everything list over 30 tools between them"
+    assert report["ratio"] == figures["bastion"]["median_ms"] / figures["direct"]["median_ms"]
+    assert "ratio of medians bastion / direct" in result.stderr
+    assert result.stdout.lstrip().startswith("{"), "the figures are the only thing on stdout"
