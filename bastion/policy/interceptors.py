@@ -21,6 +21,7 @@ from bastion.gateway.pipeline import GatewayError, GatewayRequest, Handler, Iden
 from bastion.policy.approval import (
     APPROVAL_KEY,
     STATE_PREFIX,
+    WITHDRAWN,
     ApprovalQueue,
     ApprovalSigner,
     approval_elicitation,
@@ -416,7 +417,7 @@ class ApprovalStage:
                 "tool": label,
                 "arguments": arguments if self.settings.show_argument_values else shape_of(arguments),
             }
-            approval_id = await asyncio.to_thread(self.queue.submit, record, timeout)
+            approval_id = await self._submit(record, timeout)
         wait = ApprovalWait(server, label, approval_id, self._command(approval_id), ask_client, timeout)
         log.warning("%s", wait.sentence())
         announce_wait(request, wait)
@@ -442,6 +443,17 @@ class ApprovalStage:
             level = logging.WARNING if problem.startswith("timed out") else logging.INFO
             log.log(level, "%s/%s not approved%s: %s", server, label, wait.reference(), problem)
         return problem
+
+    async def _submit(self, record: Mapping[str, Any], timeout: float) -> str:
+        """Queue a request; one the client withdraws while it is being written is marked withdrawn at once."""
+        assert self.queue is not None
+        submitting = asyncio.ensure_future(asyncio.to_thread(self.queue.submit, record, timeout))
+        try:
+            return await asyncio.shield(submitting)
+        except asyncio.CancelledError:
+            approval_id = await submitting
+            await asyncio.to_thread(self.queue.close_request, approval_id, WITHDRAWN, "the client withdrew the call")
+            raise
 
     async def _stop_asking(self, asks: Mapping[str, asyncio.Future[Any]], approval_id: str | None) -> None:
         """Cancel the ask that did not answer; an answer in the client closes the queue request as answered."""
