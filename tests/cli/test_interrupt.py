@@ -76,6 +76,27 @@ def test_tools_waiting_for_a_server_ends_on_ctrl_c_and_stops_it(tmp_path):
     assert wait_for(lambda: not pids_with_tag(tag), timeout=30), "the server outlived bastion"
 
 
+def test_call_waiting_for_a_slow_tool_ends_on_ctrl_c_and_stops_its_server(tmp_path):
+    tag = f"interrupt-call-{os.getpid()}"
+    marks = tmp_path / "marks.txt"
+    server = {"command": sys.executable, "args": [str(FIXTURES / "raw_server.py"), tag],
+              "env": {"RAW_SERVER_MARKS": str(marks), "RAW_SERVER_MARK_CALLS": "1"},
+              "sandbox": {"writable": [str(tmp_path)]}, "startup_timeout": 600}
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"raw": server}, "policy": "off"}))
+    process = subprocess.Popen([BASTION, "call", str(config), "raw__slow"], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(tmp_path))
+    try:
+        assert wait_for(lambda: marks.exists() and '"slow"' in marks.read_text(), timeout=120)
+        status, stderr = _interrupt(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    _assert_interrupted(status, stderr)
+    assert process.stdout_text == ""
+    assert wait_for(lambda: not pids_with_tag(tag), timeout=30), "the server outlived bastion"
+
+
 def test_run_ends_on_ctrl_c_after_stopping_its_servers(tmp_path):
     tag = f"interrupt-run-{os.getpid()}"
     # The client's initialize is answered after ready_timeout without the gated server: from then on the gateway
