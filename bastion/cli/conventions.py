@@ -8,6 +8,7 @@ Exit codes (docs/cli.md lists them per command):
 - 3 / 4: ``bastion policy check``'s decision: deny / approval needed.
 - 126: ``bastion sandbox run`` could not start the command.
 - 130: interrupted (Ctrl-C), after a single line on stderr.
+- 141: stdout was closed by its reader (``bastion tools | head``), said nowhere: the reader had what it wanted.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command ended by Ctrl-C
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, what shells report for a writer whose pipe's reader left
 
 # (dest, option strings, help): accepted before or after any subcommand.
 GLOBAL_FLAGS: tuple[tuple[str, tuple[str, ...], str], ...] = (

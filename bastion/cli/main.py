@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 
-from bastion.cli.conventions import EXIT_INTERRUPTED, EXIT_USAGE, add_global_flags, configure_logging, global_flags
+from bastion.cli.conventions import (EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, EXIT_USAGE, add_global_flags,
+                                     configure_logging, global_flags)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        status = _main(argv)
+        sys.stdout.flush()  # a stdout closed by its reader shows here, where it is handled, not at exit
+        return status
     except KeyboardInterrupt:
         # Ctrl-C: whatever was running has unwound (servers stopped, files closed); one line says why it ended.
         return _interrupted()
+    except BrokenPipeError:
+        # `bastion tools | head`: the reader of stdout has had what it wanted. Any other broken pipe is a fault.
+        if not _stdout_gone():
+            raise
+        _silence_stdout()
+        return EXIT_STDOUT_CLOSED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +56,23 @@ def _main(argv: list[str] | None) -> int:
         # one of them is the configuration's, reported like one.
         print(f"bastion: {error}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.__stdout__.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so flushing it at exit does not fail a second time."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.__stdout__.fileno())
+    os.close(devnull)
 
 
 def _interrupted() -> int:

@@ -123,3 +123,22 @@ def test_tools_json_names_a_server_that_did_not_start_and_exits_1(tmp_path, raw_
     assert report["servers"]["missing"]["available"] is False
     assert report["servers"]["raw"]["available"] is True
     assert {t["server"] for t in report["tools"]} == {"raw"}
+
+
+@pytest.mark.parametrize("extra_tools", [0, 600], ids=["output-within-one-buffer", "output-of-many-buffers"])
+def test_a_reader_that_closes_stdout_ends_bastion_quietly(tmp_path, raw_config, extra_tools):
+    """`bastion tools | head -1`: when the reader has gone, bastion exits 141 (as for SIGPIPE) without a traceback."""
+    config = json.loads(raw_config.read_text())
+    config["servers"]["raw"]["env"] = {"RAW_SERVER_EXTRA_TOOLS": json.dumps(
+        [{"name": f"extra{i}", "description": "An extra tool. " * 6, "inputSchema": {"type": "object"}}
+         for i in range(extra_tools)])}
+    raw_config.write_text(json.dumps(config))
+    reader, writer = os.pipe()
+    os.close(reader)  # nobody will read what bastion prints
+    try:
+        done = subprocess.run([BASTION, "tools", str(raw_config)], stdout=writer, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, text=True, env=_environment(tmp_path), timeout=300)
+    finally:
+        os.close(writer)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
