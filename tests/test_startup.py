@@ -76,6 +76,9 @@ def test_a_hanging_server_does_not_hold_the_clients_start(tmp_path: Path) -> Non
         answer = client.initialize()
         assert "result" in answer, answer
         assert answer["result"]["capabilities"]["tools"]["listChanged"] is True
+        # The hanging server may bring prompts and resources when it joins: the client is told they may come.
+        assert answer["result"]["capabilities"]["prompts"] == {"listChanged": True}
+        assert answer["result"]["capabilities"]["resources"]["listChanged"] is True
         listed = client.request(1, "tools/list", {})
         # The hanging server was sent its handshake and never answered it: it is still not ready.
         assert [mark.split()[0] for mark in marks(tmp_path, "slow")] == ["started", "initialize"]

@@ -184,9 +184,12 @@ class Gateway:
     def server_capabilities(self) -> dict[str, Any]:
         caps: dict[str, Any] = {"tools": {"listChanged": True}, "logging": {}}
         ups = [u.capabilities for u in self.upstreams.values()]
-        if any("prompts" in c for c in ups):
+        # A server not heard from yet may bring prompts and resources when it joins: a client told of them now
+        # takes the list_changed that announces them (their lists are empty until then).
+        unheard = any(not u.capabilities and not u.stopped for u in self.upstreams.values())
+        if unheard or any("prompts" in c for c in ups):
             caps["prompts"] = {"listChanged": True}
-        if any("resources" in c for c in ups):
+        if unheard or any("resources" in c for c in ups):
             caps["resources"] = {"subscribe": True, "listChanged": True}
         if any("completions" in c for c in ups):
             caps["completions"] = {}
