@@ -57,10 +57,15 @@ def run_update(args: argparse.Namespace) -> int:
         print(f"bastion servers update: {path} has no server started by npx, uvx, pipx run or bunx", file=sys.stderr)
         return EXIT_OK
     try:
-        changes = run_loop(update(config, names))
-    except (PackageInstallFailed, LockFileError) as exc:
+        outcomes = run_loop(update(config, names))
+    except LockFileError as exc:
         print(f"bastion servers update: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    for change in changes:
-        print(change.describe())
-    return EXIT_OK
+    failed = False
+    for name, outcome in zip(names, outcomes, strict=True):
+        if isinstance(outcome, PackageInstallFailed):
+            failed = True
+            print(f"bastion servers update: {name}: not updated: {outcome}", file=sys.stderr)
+        else:
+            print(outcome.describe())
+    return EXIT_FAILED if failed else EXIT_OK

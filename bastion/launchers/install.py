@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from bastion.launchers.plan import LaunchPlan
+from bastion.launchers.plan import LaunchPlan, python_extras
 
 INSTALL_TIMEOUT_S = 600.0  # a cold install of a large package over a slow link; never reached offline
 QUOTED_LINES = 8  # of the package client's error output, quoted when an install fails
@@ -178,8 +178,7 @@ async def _install_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str],
 
 
 def _python_requirements(plan: LaunchPlan, version: str | None) -> list[str]:
-    extras = plan.requested[len(plan.package):].split("==", 1)[0] if "[" in plan.requested else ""
-    main = plan.requested if version is None else f"{plan.package}{extras}=={version}"
+    main = plan.requested if version is None else f"{plan.package}{python_extras(plan.requested)}=={version}"
     return [main, *plan.extras]
 
 

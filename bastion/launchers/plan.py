@@ -126,6 +126,12 @@ def _exact_npm(version: str | None) -> str | None:
     return version if version and re.fullmatch(r"\d+\.\d+\.\d+([-+][0-9A-Za-z.+-]+)?", version) else None
 
 
+def python_extras(requested: str) -> str:
+    """The ``[extra,...]`` part of a Python requirement as written, or ""."""
+    match = _PY_SPEC.match(requested)
+    return (match.group("extras") or "") if match else ""
+
+
 def _plan_python(launcher: str, words: list[str], flags: set[str], from_option: str) -> LaunchPlan:
     source: str | None = None
     extras: list[str] = []

@@ -111,20 +111,33 @@ def launcher_servers(config: GatewayConfig) -> dict[str, LaunchPlan]:
     return plans
 
 
-async def update(config: GatewayConfig, names: Iterable[str], *, env: Mapping[str, str] | None = None) -> list[Change]:
-    """Resolve the newest version each named server's request allows, install it and rewrite its lock entry."""
+async def update(config: GatewayConfig, names: Iterable[str], *,
+                 env: Mapping[str, str] | None = None) -> list[Change | PackageInstallFailed]:
+    """Resolve the newest version each named server's request allows, install it and rewrite its lock entry.
+
+    The servers are installed at once; each gets its Change, or the failure that kept it at its locked version.
+    """
     lock_file = lock_path(config.source)
     if lock_file is None:
         raise LockFileError("the built-in configuration has no lock file; give a configuration file")
     plans = launcher_servers(config)
     before = await asyncio.to_thread(read_lock, lock_file)
-    changes: list[Change] = []
-    for name in names:
+    chosen = list(names)
+    outcomes = await asyncio.gather(*(_install(name, plans[name], None, env) for name in chosen),
+                                    return_exceptions=True)
+    results: list[Change | PackageInstallFailed] = []
+    updates: dict[str, LockEntry] = {}
+    for name, outcome in zip(chosen, outcomes, strict=True):
+        if isinstance(outcome, PackageInstallFailed):
+            results.append(outcome)
+            continue
+        if isinstance(outcome, BaseException):
+            raise outcome
         plan = plans[name]
-        installed = await _install(name, plan, None, env)
-        entry = LockEntry(installed.ecosystem, installed.package, plan.key, installed.version, installed.integrity)
-        await asyncio.to_thread(record, lock_file, {name: entry})
+        updates[name] = LockEntry(outcome.ecosystem, outcome.package, plan.key, outcome.version, outcome.integrity)
         old = before.get(name)
-        changes.append(Change(name, installed.package, old.version if old and old.package == plan.package else None,
-                              installed.version))
-    return changes
+        results.append(Change(name, outcome.package, old.version if old and old.package == plan.package else None,
+                              outcome.version))
+    if updates:
+        await asyncio.to_thread(record, lock_file, updates)
+    return results

@@ -196,6 +196,13 @@ def test_a_package_that_cannot_be_installed_says_why_in_the_package_clients_word
     assert "No matching distribution found for mcp-server-that-does-not-exist" in stderr
     assert "missing-npm" not in lock_of(config) and "memory" in lock_of(config)
 
+    update = subprocess.run([BASTION, "servers", "update", "--config", str(config)],
+                            capture_output=True, text=True, timeout=START_S)
+    assert update.returncode == 1, update.stderr
+    assert f"memory: {MEMORY} {lock_of(config)['memory']['version']} (unchanged)" in update.stdout
+    assert "missing-npm: not updated: npm install" in update.stderr and "ENOTCACHED" in update.stderr
+    assert "missing-pypi: not updated: pip install" in update.stderr
+
 
 def check(config: Path) -> list[dict]:
     result = subprocess.run([BASTION, "check", str(config), "--json"], capture_output=True, text=True, timeout=120)
