@@ -473,7 +473,8 @@ class Upstream:
         self._correlator.resolve(pending.upstream_id)
         if self._frames is not None:
             try:
-                self._send(Notification("notifications/cancelled", {"requestId": pending.upstream_id, "reason": reason}))
+                cancelled = {"requestId": pending.upstream_id, "reason": reason}
+                self._send(Notification("notifications/cancelled", cancelled))
             except GatewayError:  # the server is gone: there is nobody left to tell
                 pass
 
