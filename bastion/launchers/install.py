@@ -6,8 +6,12 @@ environment). It is state rather than a cache that may vanish: a sandboxed serve
 install would turn into a server that cannot start until the registry is reached again.
 
 npm runs with ``--ignore-scripts``: an install script would run with the user's full rights, outside the sandbox
-the server is kept in afterwards. Python packages come as wheels where they exist (pip's default); building an
-sdist runs its build backend, which is the package client's ordinary behaviour and documented as such.
+the server is kept in afterwards. For the same reason pip installs wheels only (``--only-binary=:all:``): building
+a source distribution runs its build backend, code of the package's choosing.
+
+The first install resolves the newest version the request allows and records the whole tree it got, every
+package with its version and hash; an install from a lock file's tree is ``npm ci`` of that tree, or ``pip
+--require-hashes`` of it, so the package client checks every file against the recorded hash.
 
 Offline installs are the package clients' own settings, passed through the environment: ``npm_config_offline=true``
 (npm's cache), ``PIP_NO_INDEX=1`` with ``PIP_FIND_LINKS=DIR`` (a wheelhouse).
@@ -22,15 +26,18 @@ import os
 import secrets
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from bastion.launchers.plan import LaunchPlan, python_extras
 
 INSTALL_TIMEOUT_S = 600.0  # a cold install of a large package over a slow link; never reached offline
 QUOTED_LINES = 8  # of the package client's error output, quoted when an install fails
 MARKER = "bastion-install.json"  # written last: a folder without it is an install that did not finish
+# Wheels only: building a source distribution runs its build backend, code of the package's choosing, outside the
+# sandbox (as npm's install scripts would, which --ignore-scripts turns off).
+WHEELS_ONLY = "--only-binary=:all:"
 
 
 class PackageInstallFailed(Exception):
@@ -50,13 +57,16 @@ class Installed:
     integrity: str  # npm's SRI string (sha512-…) or sha256=<hex> of the Python distribution file
     root: str  # the tree the server needs, read-only: the node_modules folder or the virtual environment
     program: str  # absolute path of the program to run
+    # Every package installed with it, each with its version and hash: npm's hidden lock file's "packages", or
+    # {name: {version, integrity}} of pip's report. Installing from it reproduces the same tree, every file checked.
+    tree: Mapping[str, Any] = field(default_factory=dict)
 
 
 def packages_dir(state: Path) -> Path:
     return state / "packages"
 
 
-def installed_facts(cache: Path, ecosystem: str, package: str, version: str) -> dict[str, str] | None:
+def installed_facts(cache: Path, ecosystem: str, package: str, version: str) -> dict[str, Any] | None:
     """What the cache records of ``package`` ``version`` when it is installed there, else None."""
     return _read_marker(cache / ecosystem / install_folder_name(package, version, ecosystem))
 
@@ -67,13 +77,16 @@ def install_folder_name(package: str, version: str, ecosystem: str) -> str:
 
 
 async def install(plan: LaunchPlan, cache: Path, env: Mapping[str, str], *, version: str | None = None,
-                  integrity: str | None = None) -> Installed:
+                  integrity: str | None = None, tree: Mapping[str, Any] | None = None) -> Installed:
     """The installed package for ``plan``: ``version`` exactly (checked against ``integrity``) or the newest the
-    plan's request allows. An install already in the cache is used without running the package client."""
+    plan's request allows. An install already in the cache is used without running the package client.
+
+    ``tree`` (what a lock file recorded with ``version``) installs exactly those dependencies, each checked by the
+    package client against its recorded hash (``npm ci``, ``pip --require-hashes``)."""
     if plan.ecosystem == "npm":
-        installed = await _install_npm(plan, cache / "npm", env, version)
+        installed = await _install_npm(plan, cache / "npm", env, version, tree or {})
     else:
-        installed = await _install_python(plan, cache / "python", env, version)
+        installed = await _install_python(plan, cache / "python", env, version, tree or {})
     if integrity and installed.integrity != integrity:
         raise PackageInstallFailed(
             f"{installed.package} {installed.version} installed with integrity {installed.integrity}, but the lock "
@@ -83,7 +96,8 @@ async def install(plan: LaunchPlan, cache: Path, env: Mapping[str, str], *, vers
 
 
 # ------------------------------------------------------------------------------------------------------ npm
-async def _install_npm(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None) -> Installed:
+async def _install_npm(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None,
+                       tree: Mapping[str, Any]) -> Installed:
     if version is not None:
         final = cache / install_folder_name(plan.package, version, "npm")
         found = await asyncio.to_thread(_read_marker, final)
@@ -96,9 +110,14 @@ async def _install_npm(plan: LaunchPlan, cache: Path, env: Mapping[str, str], ve
     await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
     partial = cache / f".partial-{secrets.token_hex(6)}"
     spec = plan.requested if version is None else f"{plan.package}@{version}"
+    quiet = ["--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"]
     try:
-        await _run([npm, "install", "--prefix", str(partial), "--no-save", "--no-audit", "--no-fund",
-                    "--ignore-scripts", "--loglevel=error", spec], env, what=f"npm install {spec}")
+        if version is not None and tree:
+            await asyncio.to_thread(_write_npm_project, partial, plan.package, version, tree)
+            await _run([npm, "ci", "--prefix", str(partial), *quiet], env, what=f"npm ci {spec} (locked tree)")
+        else:
+            await _run([npm, "install", "--prefix", str(partial), "--no-save", *quiet, spec], env,
+                       what=f"npm install {spec}")
         facts = await asyncio.to_thread(_npm_facts, partial, plan.package)
         final = cache / install_folder_name(plan.package, facts["version"], "npm")
         await asyncio.to_thread(_settle_npm, partial, final, facts)
@@ -107,17 +126,29 @@ async def _install_npm(plan: LaunchPlan, cache: Path, env: Mapping[str, str], ve
     return _npm_installed(plan, final, facts)
 
 
-def _npm_facts(prefix: Path, package: str) -> dict[str, str]:
-    """Version and integrity npm recorded for the package it installed (its hidden lock file)."""
+def _write_npm_project(folder: Path, package: str, version: str, tree: Mapping[str, Any]) -> None:
+    """A project whose lock file is the recorded tree, for ``npm ci`` to install exactly that."""
+    folder.mkdir(parents=True)
+    root = {"name": "bastion-install", "private": True, "dependencies": {package: version}}
+    lock = {"name": "bastion-install", "lockfileVersion": 3, "requires": True,
+            "packages": {"": {k: v for k, v in root.items() if k != "private"}, **tree}}
+    (folder / "package.json").write_text(json.dumps(root, indent=2) + "\n")
+    (folder / "package-lock.json").write_text(json.dumps(lock, indent=2) + "\n")
+
+
+def _npm_facts(prefix: Path, package: str) -> dict[str, Any]:
+    """Version and integrity npm recorded for the package it installed, and the whole tree (its hidden lock file)."""
     hidden = prefix / "node_modules" / ".package-lock.json"
     try:
-        entry = json.loads(hidden.read_text())["packages"][f"node_modules/{package}"]
+        packages = json.loads(hidden.read_text())["packages"]
+        entry = packages[f"node_modules/{package}"]
     except (OSError, ValueError, KeyError) as exc:
         raise PackageInstallFailed(f"npm reported success but {hidden} does not list {package} ({exc})") from None
-    return {"ecosystem": "npm", "package": package, "version": entry["version"], "integrity": entry.get("integrity", "")}
+    return {"ecosystem": "npm", "package": package, "version": entry["version"], "integrity": entry.get("integrity", ""),
+            "tree": packages}
 
 
-def _settle_npm(partial: Path, final: Path, facts: dict[str, str]) -> None:
+def _settle_npm(partial: Path, final: Path, facts: dict[str, Any]) -> None:
     """Move a finished install into place; another process that got there first wins, its tree is as good."""
     if _read_marker(final) is not None:
         return
@@ -130,10 +161,11 @@ def _settle_npm(partial: Path, final: Path, facts: dict[str, str]) -> None:
             os.rename(partial, final)
 
 
-def _npm_installed(plan: LaunchPlan, folder: Path, facts: dict[str, str]) -> Installed:
+def _npm_installed(plan: LaunchPlan, folder: Path, facts: dict[str, Any]) -> Installed:
     modules = folder / "node_modules"
     program = _npm_program(modules, plan)
-    return Installed("npm", facts["package"], facts["version"], facts["integrity"], str(modules), str(program))
+    return Installed("npm", facts["package"], facts["version"], facts["integrity"], str(modules), str(program),
+                     facts.get("tree") or {})
 
 
 def _npm_program(modules: Path, plan: LaunchPlan) -> Path:
@@ -164,7 +196,8 @@ def _npm_program(modules: Path, plan: LaunchPlan) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------- python
-async def _install_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None) -> Installed:
+async def _install_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None,
+                          tree: Mapping[str, Any]) -> Installed:
     await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
     if version is None:
         # A virtual environment cannot be moved once made (its programs name its interpreter by path), so the
@@ -173,7 +206,7 @@ async def _install_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str],
     final = cache / install_folder_name(plan.package, version, "python")
     found = await asyncio.to_thread(_read_marker, final)
     if found is None:
-        found = await _create_venv(plan, final, version, env)
+        found = await _create_venv(plan, final, version, env, tree)
     return _python_installed(plan, final, found)
 
 
@@ -182,20 +215,33 @@ def _python_requirements(plan: LaunchPlan, version: str | None) -> list[str]:
     return [main, *plan.extras]
 
 
+def _hashed_requirements(tree: Mapping[str, Any]) -> str:
+    """A requirements file pinning every recorded distribution to its version and hash (pip --require-hashes)."""
+    lines = []
+    for name, facts in sorted(tree.items()):
+        algorithm, _, digest = str(facts.get("integrity", "")).partition("=")
+        if not digest:
+            raise PackageInstallFailed(f"the lock file records no hash for {name}; run `bastion servers update`")
+        lines.append(f"{name}=={facts['version']} --hash={algorithm}:{digest}")
+    return "\n".join(lines) + "\n"
+
+
 async def _resolve_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str]) -> str:
     report = cache / f".resolve-{secrets.token_hex(6)}.json"
     try:
         await _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-input",
-                    "--disable-pip-version-check", "--quiet", "--report", str(report),
+                    "--disable-pip-version-check", "--quiet", WHEELS_ONLY, "--report", str(report),
                     *_python_requirements(plan, None)], env, what=f"pip install {plan.requested}")
         return (await asyncio.to_thread(_report_facts, report, plan.package))["version"]
     finally:
         await asyncio.to_thread(_unlink, report)
 
 
-async def _create_venv(plan: LaunchPlan, final: Path, version: str, env: Mapping[str, str]) -> dict[str, str]:
+async def _create_venv(plan: LaunchPlan, final: Path, version: str, env: Mapping[str, str],
+                       tree: Mapping[str, Any]) -> dict[str, Any]:
     guard = final.with_name(f".{final.name}.lck")
-    report = final.with_name(final.name + ".report.json")
+    report = final.with_name(f".{final.name}.report.json")
+    pinned = final.with_name(f".{final.name}.requirements.txt")
     async with _held(guard):
         found = await asyncio.to_thread(_read_marker, final)
         if found is not None:  # another process installed it while this one waited
@@ -204,9 +250,15 @@ async def _create_venv(plan: LaunchPlan, final: Path, version: str, env: Mapping
         try:
             await _run([sys.executable, "-m", "venv", "--without-pip", str(final)], env, what="python -m venv")
             # Bastion's own pip installs into the new environment, which therefore needs no pip of its own.
+            if tree:
+                await asyncio.to_thread(pinned.write_text, _hashed_requirements(tree))
+                requirements = ["--require-hashes", "-r", str(pinned)]
+            else:
+                requirements = _python_requirements(plan, version)
             await _run([sys.executable, "-m", "pip", "--python", str(final / "bin" / "python"), "install",
-                        "--no-input", "--disable-pip-version-check", "--quiet", "--report", str(report),
-                        *_python_requirements(plan, version)], env, what=f"pip install {plan.package}=={version}")
+                        "--no-input", "--disable-pip-version-check", "--quiet", WHEELS_ONLY, "--report", str(report),
+                        *requirements], env,
+                       what=f"pip install {plan.package}=={version}" + (" (locked tree)" if tree else ""))
             facts = await asyncio.to_thread(_report_facts, report, plan.package)
             await asyncio.to_thread((final / MARKER).write_text, json.dumps(facts, indent=2) + "\n")
         except BaseException:
@@ -214,28 +266,36 @@ async def _create_venv(plan: LaunchPlan, final: Path, version: str, env: Mapping
             raise
         finally:
             await asyncio.to_thread(_unlink, report)
+            await asyncio.to_thread(_unlink, pinned)
     return facts
 
 
-def _report_facts(report: Path, package: str) -> dict[str, str]:
-    """Version and sha256 of the distribution pip chose for ``package``, from its ``--report`` JSON."""
+def _report_facts(report: Path, package: str) -> dict[str, Any]:
+    """Version and sha256 of the distribution pip chose for ``package``, and of every other it installed, from its
+    ``--report`` JSON."""
     wanted = _normal(package)
     try:
         entries = json.loads(report.read_text())["install"]
-        entry = next(item for item in entries if _normal(item["metadata"]["name"]) == wanted)
-    except (OSError, ValueError, KeyError, StopIteration) as exc:
+        tree = {_normal(item["metadata"]["name"]): {"version": item["metadata"]["version"], "integrity": _hash_of(item)}
+                for item in entries}
+        main = tree[wanted]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PackageInstallFailed(f"pip reported success but its report does not list {package} ({exc!r})") from None
-    archive = (entry.get("download_info") or {}).get("archive_info") or {}
+    return {"ecosystem": "python", "package": package, "version": main["version"], "integrity": main["integrity"],
+            "tree": tree}
+
+
+def _hash_of(item: Mapping[str, Any]) -> str:
+    archive = (item.get("download_info") or {}).get("archive_info") or {}
     digest = (archive.get("hashes") or {}).get("sha256")
-    integrity = f"sha256={digest}" if digest else str(archive.get("hash") or "")
-    return {"ecosystem": "python", "package": package, "version": entry["metadata"]["version"], "integrity": integrity}
+    return f"sha256={digest}" if digest else str(archive.get("hash") or "")
 
 
 def _normal(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _python_installed(plan: LaunchPlan, venv: Path, facts: dict[str, str]) -> Installed:
+def _python_installed(plan: LaunchPlan, venv: Path, facts: dict[str, Any]) -> Installed:
     program = venv / "bin" / (plan.bin or plan.package)
     if not program.is_file():
         available = sorted(p.name for p in (venv / "bin").iterdir() if not p.name.startswith(("python", "activate")))
@@ -243,11 +303,12 @@ def _python_installed(plan: LaunchPlan, venv: Path, facts: dict[str, str]) -> In
                                    f"{', '.join(available) or 'none'}); name one with "
                                    f"`{plan.launcher} {'--from' if plan.launcher == 'uvx' else '--spec'} "
                                    f"{plan.package} PROGRAM`")
-    return Installed("python", facts["package"], facts["version"], facts["integrity"], str(venv), str(program))
+    return Installed("python", facts["package"], facts["version"], facts["integrity"], str(venv), str(program),
+                     facts.get("tree") or {})
 
 
 # --------------------------------------------------------------------------------------------------- common
-def _read_marker(folder: Path) -> dict[str, str] | None:
+def _read_marker(folder: Path) -> dict[str, Any] | None:
     try:
         facts = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):

@@ -16,8 +16,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 FORMAT_VERSION = 1
 
@@ -29,6 +30,12 @@ class LockEntry:
     requested: str
     version: str
     integrity: str
+    # Every package installed with it (npm's lock-file entries, or {name: {version, integrity}} for Python), so a
+    # later install reproduces the same tree with every file checked; empty in a file written without it.
+    tree: Mapping[str, Any] = field(default_factory=dict)
+
+
+_TEXT_FIELDS = ("ecosystem", "package", "requested", "version", "integrity")
 
 
 class LockFileError(Exception):
@@ -59,8 +66,11 @@ def read_lock(path: Path) -> dict[str, LockEntry]:
     entries: dict[str, LockEntry] = {}
     for name, entry in servers.items():
         try:
-            entries[name] = LockEntry(**{key: str(entry[key]) for key in LockEntry.__dataclass_fields__})
-        except (TypeError, KeyError) as exc:
+            tree = entry.get("tree") or {}
+            if not isinstance(tree, dict):
+                raise LockFileError(f"{path}: servers.{name}.tree must be an object; {fix}")
+            entries[name] = LockEntry(**{key: str(entry[key]) for key in _TEXT_FIELDS}, tree=tree)
+        except (TypeError, KeyError, AttributeError) as exc:
             raise LockFileError(f"{path}: servers.{name} lacks {exc}; {fix}") from None
     return entries
 

@@ -37,8 +37,10 @@ async def prepare(name: str, config: ServerConfig, *, env: Mapping[str, str] | N
     lock_file = lock_path(config.config_file)
     locked = await asyncio.to_thread(_locked_entry, lock_file, name, plan)
     installed = await _install(name, plan, locked, env)
-    if lock_file is not None and (locked is None or locked.version != installed.version):
-        entry = LockEntry(installed.ecosystem, installed.package, plan.key, installed.version, installed.integrity)
+    stale = locked is None or locked.version != installed.version or (installed.tree and not locked.tree)
+    if lock_file is not None and stale:
+        entry = LockEntry(installed.ecosystem, installed.package, plan.key, installed.version, installed.integrity,
+                          installed.tree)
         try:
             await asyncio.to_thread(record, lock_file, {name: entry})
             log.info("server %s: locked %s %s in %s", name, installed.package, installed.version, lock_file)
@@ -62,7 +64,8 @@ async def _install(name: str, plan: LaunchPlan, locked: LockEntry | None,
     label = f"installing {plan.package}" + (f" {version}" if version else "") + f" for server {name}"
     async with step(label):
         installed = await install(plan, packages_dir(state_dir()), os.environ if env is None else env,
-                                  version=version, integrity=locked.integrity if locked and locked.integrity else None)
+                                  version=version, integrity=locked.integrity if locked and locked.integrity else None,
+                                  tree=locked.tree if locked else None)
     log.info("server %s: %s %s %s %s, installed in %s", name, plan.launcher, installed.package, installed.version,
              "(locked)" if locked else "(newest)", installed.root)
     return installed
@@ -134,7 +137,8 @@ async def update(config: GatewayConfig, names: Iterable[str], *,
         if isinstance(outcome, BaseException):
             raise outcome
         plan = plans[name]
-        updates[name] = LockEntry(outcome.ecosystem, outcome.package, plan.key, outcome.version, outcome.integrity)
+        updates[name] = LockEntry(outcome.ecosystem, outcome.package, plan.key, outcome.version, outcome.integrity,
+                                  outcome.tree)
         old = before.get(name)
         results.append(Change(name, outcome.package, old.version if old and old.package == plan.package else None,
                               outcome.version))

@@ -128,6 +128,11 @@ def test_a_stock_claude_desktop_file_of_npx_and_uvx_servers_works_sandboxed_offl
 
     assert lock["time"]["integrity"] == "sha256=" + hashlib.sha256(wheel.read_bytes()).hexdigest()
 
+    # The whole tree is locked: every dependency with its version and hash
+    sdk = lock["memory"]["tree"]["node_modules/@modelcontextprotocol/sdk"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", sdk["version"]) and sdk["integrity"].startswith("sha512-")
+    assert lock["time"]["tree"]["mcp"]["integrity"].startswith("sha256=") and "mcp-server-time" in lock["time"]["tree"]
+
     # A second start uses what the lock says, installed already: nothing to resolve
     again = run_and_close(config, lambda client: wait_for_tools(client, {"filesystem", "memory", "everything", "time"}))
     for name in ("filesystem", "memory", "everything", "time"):
@@ -202,6 +207,35 @@ def test_a_package_that_cannot_be_installed_says_why_in_the_package_clients_word
     assert f"memory: {MEMORY} {lock_of(config)['memory']['version']} (unchanged)" in update.stdout
     assert "missing-npm: not updated: npm install" in update.stderr and "ENOTCACHED" in update.stderr
     assert "missing-pypi: not updated: pip install" in update.stderr
+
+
+def test_a_dependency_changed_since_it_was_locked_is_refused_by_the_package_client(tmp_path: Path) -> None:
+    config = stock_file(tmp_path, {"memory": npx(MEMORY), "time": {"command": "uvx", "args": ["mcp-server-time"]}},
+                       policy="off")
+    lock_file = config.with_name(config.name + ".lock.json")
+    lock_file.write_text(json.dumps({"version": 1, "servers": {"memory": {
+        "ecosystem": "npm", "package": MEMORY, "requested": MEMORY, "version": OLDER_MEMORY,
+        "integrity": cached_npm("dist.integrity", f"{MEMORY}@{OLDER_MEMORY}")}}}))
+    run_and_close(config, lambda client: wait_for_tools(client, {"memory", "time"}))
+    lock = lock_of(config)
+    assert lock["memory"]["version"] == OLDER_MEMORY and "node_modules/ajv" in lock["memory"]["tree"]
+
+    # Another machine, or a cleared packages folder: the locked trees are installed again, with one dependency's
+    # hash no longer the one recorded.
+    packages = Path(os.environ["XDG_STATE_HOME"]) / "bastion" / "packages"
+    for installed in (packages / "npm" / f"{MEMORY.replace('/', '+')}@{OLDER_MEMORY}",
+                      packages / "python" / f"mcp-server-time=={lock['time']['version']}"):
+        subprocess.run(["rm", "-rf", str(installed)], check=True)
+    lock["memory"]["tree"]["node_modules/ajv"]["integrity"] = "sha512-" + "B" * 86 + "=="
+    lock["time"]["tree"]["tzdata"]["integrity"] = "sha256=" + "0" * 64
+    lock_file.write_text(json.dumps({"version": 1, "servers": lock}))
+    # a long ready_timeout: the client's initialize is answered once both servers have failed
+    config.write_text(json.dumps({**json.loads(config.read_text()), "ready_timeout": START_S}))
+    stderr = run_and_close(config, lambda client: None)
+    assert "npm ci @modelcontextprotocol/server-memory@2026.7.4 (locked tree) failed" in stderr, stderr[-3000:]
+    assert "npm error code EINTEGRITY" in stderr
+    assert "pip install mcp-server-time==2026.10.19 (locked tree) failed" in stderr
+    assert "DO NOT MATCH THE HASHES" in stderr, stderr[-3000:]
 
 
 def check(config: Path) -> list[dict]:
