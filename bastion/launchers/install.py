@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import importlib.util
 import json
 import os
 import secrets
@@ -198,6 +199,10 @@ def _npm_program(modules: Path, plan: LaunchPlan) -> Path:
 # --------------------------------------------------------------------------------------------------- python
 async def _install_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None,
                           tree: Mapping[str, Any]) -> Installed:
+    if importlib.util.find_spec("pip") is None:
+        raise PackageInstallFailed(f"{plan.launcher} servers are installed with pip, which the Python running Bastion "
+                                   f"({sys.executable}) does not have; install it there (`{sys.executable} -m "
+                                   "ensurepip`)")
     await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
     if version is None:
         # A virtual environment cannot be moved once made (its programs name its interpreter by path), so the
