@@ -246,7 +246,8 @@ def _normalize(file: Path, data: dict[str, Any]) -> tuple[dict[str, Any], str, l
         converted, found = _client_entry(where, entry, folder, variables, policy_off)
         notes.extend(found)
         if converted is not None:
-            servers[name] = with_inferred_grants(name, converted, base_dir=str(folder))
+            servers[name] = with_inferred_grants(name, converted, base_dir=str(folder),
+                                                 memory_dir=paths.state_dir() / "memory")
     rest = {k: v for k, v in data.items() if k != key and k in GatewayConfig.model_fields}
     return {**rest, "servers": servers}, key, notes
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 # Folders the sandbox never shows because an argument names them (mirrors bastion.sandbox.view).
@@ -386,13 +387,31 @@ def _normalised(path: str, home: str) -> str:
     return os.path.normpath(home + path[1:] if path == "~" or path.startswith("~/") else path)
 
 
+def keep_memory_in(memory_dir: Path, name: str, server: dict[str, Any]) -> str | None:
+    """Give a memory server that would keep its file beside its own program (read-only in the sandbox) a file in
+    ``memory_dir`` instead, through MEMORY_FILE_PATH in its ``env``; the file's path, or None when it has one."""
+    identified = identify(str(server.get("command", "")), [str(arg) for arg in server.get("args", [])])
+    if identified is None or identified[0].kind != "memory" or "MEMORY_FILE_PATH" in server.get("env", {}):
+        return None
+    memory_dir.mkdir(parents=True, exist_ok=True)
+    memory_file = str(memory_dir / f"{name}.json")
+    server["env"] = {**server.get("env", {}), "MEMORY_FILE_PATH": memory_file}
+    return memory_file
+
+
 def with_inferred_grants(name: str, entry: Mapping[str, Any], *, base_dir: str | None = None,
-                         logger: logging.Logger | None = None) -> dict[str, Any]:
+                         memory_dir: Path | None = None, logger: logging.Logger | None = None) -> dict[str, Any]:
     """``entry`` (Bastion's form) with the grants its arguments imply merged into its ``sandbox``; the review is
-    logged at INFO and what was not granted at WARNING. For configurations read straight from a client's file."""
+    logged at INFO and what was not granted at WARNING. For configurations read straight from a client's file,
+    where a memory server without a file of its own gets one in ``memory_dir``, as ``bastion import`` does."""
     logger = logger or logging.getLogger("bastion.clients")
-    inference = infer_grants(name, entry, base_dir=base_dir)
     converted = dict(entry)
+    if memory_dir is not None:
+        memory_file = keep_memory_in(memory_dir, name, converted)
+        if memory_file is not None:
+            logger.info("server %r keeps its memory in %s (MEMORY_FILE_PATH): beside its own program it would be "
+                        "read-only", name, memory_file)
+    inference = infer_grants(name, converted, base_dir=base_dir)
     sandbox = merge_sandbox(entry.get("sandbox"), inference.sandbox)
     if sandbox is not None:
         converted["sandbox"] = sandbox

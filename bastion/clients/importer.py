@@ -20,7 +20,7 @@ import tomli_w
 
 from bastion import variables as client_variables
 from bastion.clients.discovery import FoundServer
-from bastion.clients.grants import ServerReview, identify, infer_grants, merge_sandbox, review, tilde
+from bastion.clients.grants import ServerReview, infer_grants, keep_memory_in, merge_sandbox, review, tilde
 
 # Keys of client entries that Bastion's own form has no place for (handled or meaningless here).
 _CLIENT_ONLY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "description", "envFile",
@@ -83,11 +83,11 @@ def import_servers(found: list[FoundServer], *, home: Path, allow_home: bool = F
         if name != item.name:
             result.renamed.append(f"{item.name!r} from {item.origin} is imported as {name!r} (the name {item.name!r} "
                                   f"is taken by the server from {by_name[item.name].found.origin})")
-        if memory_dir is not None and _keeps_memory_beside_itself(server):
-            memory_dir.mkdir(parents=True, exist_ok=True)
-            server["env"] = {**server.get("env", {}), "MEMORY_FILE_PATH": str(memory_dir / f"{name}.json")}
-            notes.append(f"its memory is kept in {tilde(str(memory_dir / f'{name}.json'), str(home))} "
-                         "(MEMORY_FILE_PATH): beside its own program it would be read-only")
+        if memory_dir is not None:
+            memory_file = keep_memory_in(memory_dir, name, server)
+            if memory_file is not None:
+                notes.append(f"its memory is kept in {tilde(memory_file, str(home))} "
+                             "(MEMORY_FILE_PATH): beside its own program it would be read-only")
         inference = infer_grants(name, server, home=str(home), base_dir=str(item.workspace), allow_home=allow_home)
         sandbox = merge_sandbox(server.get("sandbox"), inference.sandbox)
         if sandbox is not None:
@@ -200,11 +200,6 @@ def _absolute_argument(arg: str, workspace: Path) -> str:
     if arg in (".", "..") or arg.startswith(("./", "../")):
         return os.path.normpath(os.path.join(workspace, arg))
     return arg
-
-
-def _keeps_memory_beside_itself(server: Mapping[str, Any]) -> bool:
-    identified = identify(str(server.get("command", "")), [str(arg) for arg in server.get("args", [])])
-    return identified is not None and identified[0].kind == "memory" and "MEMORY_FILE_PATH" not in server.get("env", {})
 
 
 def _same_server(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:

@@ -52,3 +52,18 @@ def test_a_filesystem_server_run_from_a_client_file_writes_and_reads_its_listed_
     assert read.returncode == 0, read.stdout + read.stderr
     assert "groceries" in read.stdout
     assert "writes ~/Documents" in wrote.stderr  # the review, in the log
+
+
+def test_a_memory_server_run_from_a_client_file_keeps_its_memory_in_the_state_folder(machine):
+    # In its client the memory server writes beside its own program; in the sandbox that is read-only, so Bastion
+    # gives it a file of its own, as import does, and what one run remembers the next one reads.
+    memory_server = FILESYSTEM_SERVER.parent / "mcp-server-memory"
+    path = machine.write_json("client.json", {"policy": "off", "mcpServers": {"memory": {"command": str(memory_server)}}})
+    entity = {"name": "Bastion", "entityType": "gateway", "observations": ["remembers across runs"]}
+    created = machine.bastion("call", str(path), "memory__create_entities", "--args", json.dumps({"entities": [entity]}))
+    assert created.returncode == 0, created.stdout + created.stderr
+    memory_file = machine.state_home / "bastion" / "memory" / "memory.json"
+    assert "remembers across runs" in memory_file.read_text()
+    read = machine.bastion("call", str(path), "memory__read_graph")
+    assert read.returncode == 0, read.stdout + read.stderr
+    assert "remembers across runs" in read.stdout
