@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from collections import deque
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from bastion import __version__
 from bastion.config import ServerConfig
 from bastion.gateway.eager import Answer, DirectCall
 from bastion.gateway.pipeline import GatewayError
 from bastion.protocol import jsonrpc
-from bastion.launchers.prepare import prepare
-from bastion.sandbox import spawn
 from bastion.protocol.correlation import Correlator, DuplicateRequestId, Pending
 from bastion.protocol.jsonrpc import (
     ErrorResponse,
@@ -29,8 +25,19 @@ from bastion.protocol.jsonrpc import (
 )
 from bastion.protocol.lifecycle import ClientLifecycle, capabilities_problem
 from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, MODERN_VERSIONS, modern_meta
-from bastion.protocol.framing import LineFramer, Oversize
-from bastion.transport.stdio import CoalescingWriter, WriteBatch
+from bastion.protocol.framing import Oversize
+from bastion.transport.stdio import WriteBatch
+from bastion.transport.upstream import (
+    Launcher,
+    ServerProcess,
+    StartRefused,
+    TransportClosed,
+    UpstreamTransport,
+    launch_server,
+    open_transport,
+)
+
+__all__ = ["Launcher", "ServerProcess", "StartRefused", "Upstream", "UpstreamListener", "launch_server"]
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
 _PROBE_TIMEOUT = 10.0  # legacy servers answer the probe with an error at once; silence is rare
@@ -38,43 +45,7 @@ _MAX_BACKOFF = 30.0
 _STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
 _MODERN_META_PREFIX = "io.modelcontextprotocol/"
 _SELF = "bastion"  # origin of requests Bastion makes on its own behalf
-_STDERR_KEPT = 20  # a server's last stderr lines, kept to say why it failed
-_STDERR_QUOTED = 5  # of which a failure message quotes this many
-# bubblewrap's own words when the server's executable cannot be run inside the sandbox: not there, not executable,
-# or its interpreter (a script's #! line) not there to be mounted.
-_SANDBOX_EXEC_FAILED = re.compile(r"^bwrap: execvp (.+): (No such file or directory|Permission denied|Not a directory|"
-                                  r"Exec format error)$")
-_SANDBOX_SOURCE_MISSING = re.compile(r"bwrap: Can't find source path (.+): No such file or directory")
-# What a shell wrapper exits with when its command is missing (127) or not executable (126).
-_SHELL_NOT_FOUND = {126: "is not executable", 127: "was not found"}
-
-
-class StartRefused(Exception):
-    """A start that would fail the same way every time (a missing executable): reported once, never retried."""
-
-
-class ServerProcess(Protocol):
-    stdin: asyncio.StreamWriter
-    stdout: asyncio.StreamReader
-    stderr: asyncio.StreamReader
-    pid: int
-
-    async def wait(self) -> int: ...
-    def termination_reason(self) -> str | None: ...
-    async def terminate(self, grace: float = 2.0) -> None: ...
-    def listen_stdout(self, listener: Callable[[bytes], None]) -> None: ...
-
-
-Launcher = Callable[[str, ServerConfig], Awaitable[ServerProcess]]
-
-
-async def launch_server(name: str, config: ServerConfig) -> ServerProcess:
-    """Every local server starts through the sandbox package, confined unless its configuration says "none".
-
-    A server started by a package launcher (npx, uvx, ...) runs its package installed beforehand, outside the sandbox.
-    """
-    config = await prepare(name, config)
-    return await spawn(name, config.command, config.args, config.env, config.cwd, config.sandbox)
+_STDERR_QUOTED = 5  # of a failure's last stderr lines, a failure message quotes this many
 
 
 class UpstreamListener(Protocol):
@@ -112,10 +83,9 @@ class Upstream:
         self.launched = asyncio.Event()  # set once its first start has spawned a process, or failed to
         self.failure: str | None = None  # why the server is not ready, when it is not
         self.stopped = False  # it failed in a way no restart mends (see StartRefused); never started again
-        self.stderr_tail: deque[str] = deque(maxlen=_STDERR_KEPT)
         self._spawned = False  # whether this start got as far as a process (which may have said why it failed)
-        self._process: ServerProcess | None = None
-        self._frames: CoalescingWriter | None = None
+        self._attempt: UpstreamTransport | None = None  # this start's transport, kept after its end for its stderr
+        self._transport: UpstreamTransport | None = None  # the same while it runs, None once it is stopped
         self._correlator = Correlator()
         self._relays: dict[Any, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None
@@ -139,7 +109,7 @@ class Upstream:
                 await self._supervisor
             except (asyncio.CancelledError, Exception):
                 pass
-        await self._stop_process()
+        await self._stop_transport()
 
     async def wait_started(self) -> None:
         """Wait until the server is ready or has failed to start within its own startup_timeout (for one-shot
@@ -162,7 +132,7 @@ class Upstream:
                 reason, refused = str(exc), True
             except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server is restarted, never abandoned
                 self.log.exception("server %s: internal error while running it", self.name)
-                await self._stop_process()
+                await self._stop_transport()
                 reason = f"internal error in Bastion ({type(exc).__name__}: {exc})"
             self.launched.set()
             if self._closing:
@@ -186,68 +156,59 @@ class Upstream:
             self.log.warning("server %s: %s; restarting in %.1fs%s", self.name, reason, delay, self._quoted_stderr())
             await asyncio.sleep(delay)
 
+    @property
+    def stderr_tail(self) -> list[str]:
+        """The server's last stderr lines of its latest start."""
+        return self._attempt.diagnostics() if self._attempt is not None else []
+
     def _quoted_stderr(self) -> str:
         """The server's last stderr lines of this start, for the message that says why it failed."""
-        lines = list(self.stderr_tail)[-_STDERR_QUOTED:]
+        lines = self.stderr_tail[-_STDERR_QUOTED:]
         if not lines:
             return "; it wrote nothing on stderr" if self._spawned else ""
         return "; its last stderr lines:" + "".join(f"\n    {line}" for line in lines)
 
     async def _run_once(self) -> str:
-        self.stderr_tail.clear()
         self._spawned = False
+        transport = self._attempt = open_transport(self.name, self.config, launch=self._launch,
+                                                   max_message_bytes=self._max_bytes, writes=self._writes)
         try:
-            self._process = await self._launch(self.name, self.config)
-        except Exception as exc:  # noqa: BLE001 - any launch failure is reported, never raised into the gateway
-            if _cannot_execute(exc):
-                raise StartRefused(f"failed to start: {exc}") from exc
+            await transport.start(self)
+        except StartRefused:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any start failure is reported, never raised into the gateway
+            await transport.close()
             return f"failed to start: {exc}"
         self.launched.set()
         self._spawned = True
-        process = self._process
-        self._frames = CoalescingWriter(process.stdin, self._writes)
-        stderr_task = asyncio.create_task(self._pump_stderr(process))
-        reader_task = asyncio.create_task(self._read(process))
+        self._transport = transport
+        ended = asyncio.create_task(transport.ended())
         sweeper = asyncio.create_task(self._sweep_deadlines())
-        reason = await self._handshake_or_exit(process, reader_task)
-        if reason is None:
-            self.failure = None
-            self.ready.set()
-            self.settled.set()
-            self.log.info("server %s ready (%s era, protocol %s)", self.name, self.era, self.protocol_version)
-            self._listener.upstream_ready(self)
-            await reader_task
-            status = await process.wait()
-            reason = process.termination_reason() or f"exited with status {status}"
-        await self._stop_process()
-        reader_task.cancel()
-        sweeper.cancel()
-        await asyncio.gather(reader_task, sweeper, return_exceptions=True)
-        # The last lines say why it failed; a process left holding stderr open must not hold the restart.
-        await asyncio.wait({stderr_task}, timeout=2)
-        stderr_task.cancel()
+        try:
+            reason = await self._handshake_or_exit(ended)
+            if reason is None:
+                self.failure = None
+                self.ready.set()
+                self.settled.set()
+                self.log.info("server %s ready (%s era, protocol %s)", self.name, self.era, self.protocol_version)
+                self._listener.upstream_ready(self)
+                reason = await ended
+        finally:
+            await self._stop_transport()
+            ended.cancel()
+            sweeper.cancel()
+            await asyncio.gather(ended, sweeper, return_exceptions=True)
         if not self.ready.is_set():
-            missing = self._missing_executable(process)
-            if missing is not None:
-                raise StartRefused(missing)
+            refusal = transport.refusal()
+            if refusal is not None:
+                raise StartRefused(refusal)
         return reason
 
-    def _missing_executable(self, process: ServerProcess) -> str | None:
-        """Why the server's executable cannot run, when its exit during the handshake says so."""
-        for line in reversed(self.stderr_tail):
-            found = _SANDBOX_EXEC_FAILED.match(line)
-            if found is not None:
-                return f"{found.group(1)} cannot be run inside the sandbox: {found.group(2)}"
-        status = getattr(process, "returncode", None)
-        if status in _SHELL_NOT_FOUND:
-            return f"exited with status {status}: its command {_SHELL_NOT_FOUND[status]}"
-        return None
-
-    async def _handshake_or_exit(self, process: ServerProcess, reader_task: asyncio.Task[None]) -> str | None:
+    async def _handshake_or_exit(self, ended: asyncio.Task[str]) -> str | None:
         """Why the handshake failed, or None; a server that exits mid-handshake is noticed at once."""
         handshake = asyncio.create_task(self._handshake())
         try:
-            done, _ = await asyncio.wait({handshake, reader_task}, timeout=self.config.startup_timeout,
+            done, _ = await asyncio.wait({handshake, ended}, timeout=self.config.startup_timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # Bastion is closing: the handshake goes with it
             handshake.cancel()
@@ -255,9 +216,8 @@ class Upstream:
         if handshake not in done:
             handshake.cancel()
             await asyncio.gather(handshake, return_exceptions=True)
-            if reader_task in done:
-                status = await process.wait()
-                return f"exited during the handshake ({process.termination_reason() or f'status {status}'})"
+            if ended in done:
+                return f"exited during the handshake ({ended.result()})"
             return f"no answer to the handshake within {self.config.startup_timeout:g}s"
         try:
             handshake.result()
@@ -268,11 +228,10 @@ class Upstream:
             return f"handshake failed: Bastion could not use the server's answer ({type(exc).__name__}: {exc})"
         return None
 
-    async def _stop_process(self) -> None:
-        process, self._process = self._process, None
-        self._frames = None
-        if process is not None:
-            await process.terminate()
+    async def _stop_transport(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await transport.close()
 
     async def _handshake(self) -> None:
         if self.era in (None, "modern"):
@@ -471,7 +430,7 @@ class Upstream:
             self._abandoned.clear()
         self._abandoned.add(pending.upstream_id)
         self._correlator.resolve(pending.upstream_id)
-        if self._frames is not None:
+        if self._transport is not None:
             try:
                 cancelled = {"requestId": pending.upstream_id, "reason": reason}
                 self._send(Notification("notifications/cancelled", cancelled))
@@ -486,12 +445,12 @@ class Upstream:
         self._write(jsonrpc.encode(message))
 
     def _write(self, frame: bytes) -> None:
-        frames = self._frames
-        if frames is None:
+        transport = self._transport
+        if transport is None:
             raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not running")
         try:
-            frames.write(frame)
-        except (ConnectionError, RuntimeError) as exc:
+            transport.send(frame)
+        except TransportClosed as exc:
             raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not reachable: {exc}") from None
 
     def _fail_pending(self, reason: str) -> None:
@@ -504,20 +463,9 @@ class Upstream:
         self._relays.clear()
 
     # ------------------------------------------------------------------------------------------- reading
-    async def _read(self, process: ServerProcess) -> None:
-        """Frame and dispatch the server's stdout as it arrives, until it ends."""
-        framer = LineFramer(self._max_bytes)
-        ended = asyncio.Event()
-
-        writes = self._writes
-
-        def on_data(data: bytes) -> None:
-            writes.deliver(framer.feed(data) if data else framer.eof(), self._on_frame)
-            if not data:
-                ended.set()
-
-        process.listen_stdout(on_data)
-        await ended.wait()
+    def frames_received(self, frames: Iterable[bytes | Oversize]) -> None:
+        """The transport's receiver: one chunk of the server's frames, handled in one write batch."""
+        self._writes.deliver(frames, self._on_frame)
 
     def _on_frame(self, frame: bytes | Oversize) -> None:
         if isinstance(frame, Oversize):
@@ -589,35 +537,8 @@ class Upstream:
             return
         finally:
             self._relays.pop(message.id, None)
-        if self._frames is not None:
+        if self._transport is not None:
             self._send(reply)
-
-    async def _pump_stderr(self, process: ServerProcess) -> None:
-        while True:
-            try:
-                line = await process.stderr.readline()
-            except ValueError:  # a line over the stream limit: skip what was buffered
-                continue
-            if not line:
-                return
-            text = line.decode("utf-8", "replace").rstrip()
-            if text:
-                self.stderr_tail.append(text)
-                self.log.info("%s", text)
-
-
-def _cannot_execute(error: BaseException) -> bool:
-    """Whether a launch failed for want of the executable (not found, not executable), whatever wrapped it."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, (FileNotFoundError, PermissionError, StartRefused)):
-            return True
-        if _SANDBOX_SOURCE_MISSING.search(str(seen)):
-            return True
-        if getattr(seen, "permanent", False):  # a launcher's own failure that a retry cannot mend
-            return True
-        seen = seen.__cause__
-    return False
 
 
 def _settle(pending: Pending, answer: Response | ErrorResponse) -> None:

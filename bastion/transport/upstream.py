@@ -1,0 +1,227 @@
+"""How Bastion reaches one upstream server: the transport interface, and its stdio implementation.
+
+An ``UpstreamTransport`` carries JSON-RPC frames (one message each, as bytes) to and from one server and says
+why it ended. It knows nothing of the protocol: the handshake, the era, ids and deadlines belong to the client
+session and to the ``Upstream`` that supervises it. One transport object is one attempt: when it ends, the
+supervisor opens a new one to restart the server.
+
+    transport = open_transport(name, config, launch=..., max_message_bytes=...)
+    await transport.start(receiver)     # raises StartRefused (never retried) or any other error (retried)
+    transport.send(frame)               # never blocks; raises TransportClosed once it has ended
+    reason = await transport.ended()    # after the receiver has had the last frames
+    transport.refusal()                 # after the end: why a restart cannot mend it, or None
+    transport.diagnostics()             # the server's last stderr lines (or an HTTP transport's own notes)
+    await transport.close()             # idempotent; stops the process or the connection
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import deque
+from typing import Awaitable, Callable, Iterable, Protocol
+
+from bastion.config import ServerConfig
+from bastion.launchers.prepare import prepare
+from bastion.protocol.framing import LineFramer, Oversize
+from bastion.sandbox import spawn
+from bastion.transport.stdio import CoalescingWriter, WriteBatch
+
+DIAGNOSTICS_KEPT = 20  # a server's last stderr lines, kept to say why it failed
+_STDERR_GRACE = 2.0  # after a stop, how long the last stderr lines may take to arrive
+# bubblewrap's own words when the server's executable cannot be run inside the sandbox: not there, not executable,
+# or its interpreter (a script's #! line) not there to be mounted.
+_SANDBOX_EXEC_FAILED = re.compile(r"^bwrap: execvp (.+): (No such file or directory|Permission denied|Not a directory|"
+                                  r"Exec format error)$")
+_SANDBOX_SOURCE_MISSING = re.compile(r"bwrap: Can't find source path (.+): No such file or directory")
+# What a shell wrapper exits with when its command is missing (127) or not executable (126).
+_SHELL_NOT_FOUND = {126: "is not executable", 127: "was not found"}
+
+
+class StartRefused(Exception):
+    """A start that would fail the same way every time (a missing executable): reported once, never retried."""
+
+
+class TransportClosed(ConnectionError):
+    """A frame sent to a transport that is not running (not started yet, ended, or closed)."""
+
+
+class UpstreamReceiver(Protocol):
+    """Who a transport hands the server's frames to."""
+
+    def frames_received(self, frames: Iterable[bytes | Oversize]) -> None:
+        """One chunk of frames as it arrived (an ``Oversize`` stands for a frame over the limit, dropped). Frames
+        written while handling a chunk may be held and sent together when it is done (see ``WriteBatch``)."""
+
+
+class UpstreamTransport(Protocol):
+    async def start(self, receiver: UpstreamReceiver) -> None:
+        """Open the connection or start the process; frames go to ``receiver`` from now on. Raises
+        ``StartRefused`` for a failure a retry cannot mend, any other exception for one it may."""
+
+    def send(self, frame: bytes) -> None:
+        """Send one frame (a JSON-RPC message, without framing), never blocking. Raises ``TransportClosed``."""
+
+    async def ended(self) -> str:
+        """Wait until the transport has ended (the server exited, the connection dropped for good) and say why.
+        Every frame that arrived has been handed to the receiver by then."""
+
+    def refusal(self) -> str | None:
+        """After the end: why restarting cannot help (say, the executable is missing), or None."""
+
+    def diagnostics(self) -> list[str]:
+        """The last lines the server wrote on stderr in this attempt, oldest first (or a remote transport's own
+        notes about what went wrong)."""
+
+    async def close(self) -> None:
+        """Stop the process or drop the connection and free what it holds; calling it again does nothing."""
+
+
+Launcher = Callable[[str, ServerConfig], Awaitable["ServerProcess"]]
+
+
+class ServerProcess(Protocol):
+    """What the stdio transport needs of a started process (``bastion.sandbox.ServerProcess`` is one)."""
+
+    stdin: asyncio.StreamWriter
+    stderr: asyncio.StreamReader
+    pid: int
+
+    async def wait(self) -> int: ...
+    def termination_reason(self) -> str | None: ...
+    async def terminate(self, grace: float = 2.0) -> None: ...
+    def listen_stdout(self, listener: Callable[[bytes], None]) -> None: ...
+
+
+async def launch_server(name: str, config: ServerConfig) -> ServerProcess:
+    """Every local server starts through the sandbox package, confined unless its configuration says "none".
+
+    A server started by a package launcher (npx, uvx, ...) runs its package installed beforehand, outside the sandbox.
+    """
+    config = await prepare(name, config)
+    return await spawn(name, config.command, config.args, config.env, config.cwd, config.sandbox)
+
+
+def open_transport(name: str, config: ServerConfig, *, launch: Launcher, max_message_bytes: int,
+                   writes: WriteBatch) -> UpstreamTransport:
+    """A new transport to the server ``config`` describes (one attempt)."""
+    return StdioTransport(name, config, launch=launch, max_message_bytes=max_message_bytes, writes=writes)
+
+
+class StdioTransport:
+    """A local server's process: frames are lines on its stdin and stdout; its stderr is kept and logged."""
+
+    def __init__(self, name: str, config: ServerConfig, *, launch: Launcher, max_message_bytes: int,
+                 writes: WriteBatch) -> None:
+        self.name = name
+        self._config = config
+        self._launch = launch
+        self._max_bytes = max_message_bytes
+        self._writes = writes
+        self._log = logging.getLogger(f"bastion.server.{name}")
+        self._stderr: deque[str] = deque(maxlen=DIAGNOSTICS_KEPT)
+        self._process: ServerProcess | None = None
+        self._frames: CoalescingWriter | None = None
+        self._stdout_ended = asyncio.Event()
+        self._stderr_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def start(self, receiver: UpstreamReceiver) -> None:
+        try:
+            process = await self._launch(self.name, self._config)
+        except Exception as exc:  # noqa: BLE001 - any launch failure is reported, never raised into the gateway
+            if _cannot_execute(exc):
+                raise StartRefused(f"failed to start: {exc}") from exc
+            raise
+        self._process = process
+        if self._closed:  # closed while it was starting
+            await process.terminate()
+            raise TransportClosed("closed while starting")
+        self._frames = CoalescingWriter(process.stdin, self._writes)
+        self._stderr_task = asyncio.create_task(self._pump_stderr(process))
+        framer = LineFramer(self._max_bytes)
+        ended = self._stdout_ended
+
+        def on_data(data: bytes) -> None:
+            try:
+                receiver.frames_received(framer.feed(data) if data else framer.eof())
+            finally:
+                if not data:
+                    ended.set()
+
+        process.listen_stdout(on_data)
+
+    def send(self, frame: bytes) -> None:
+        frames = self._frames
+        if frames is None:
+            raise TransportClosed(f"server {self.name!r} is not running")
+        try:
+            frames.write(frame)
+        except (ConnectionError, RuntimeError) as exc:
+            raise TransportClosed(str(exc)) from None
+
+    async def ended(self) -> str:
+        process = self._process
+        if process is None:
+            return "not started"
+        await self._stdout_ended.wait()
+        status = await process.wait()
+        return process.termination_reason() or f"exited with status {status}"
+
+    def refusal(self) -> str | None:
+        for line in reversed(self._stderr):
+            found = _SANDBOX_EXEC_FAILED.match(line)
+            if found is not None:
+                return f"{found.group(1)} cannot be run inside the sandbox: {found.group(2)}"
+        status = getattr(self._process, "returncode", None)
+        if status in _SHELL_NOT_FOUND:
+            return f"exited with status {status}: its command {_SHELL_NOT_FOUND[status]}"
+        return None
+
+    def diagnostics(self) -> list[str]:
+        return list(self._stderr)
+
+    async def close(self) -> None:
+        first = not self._closed
+        self._closed = True
+        self._frames = None
+        process = self._process
+        if process is not None:
+            await process.terminate()
+        task = self._stderr_task
+        if first and task is not None:
+            # The last lines say why it failed; a process left holding stderr open must not hold the restart.
+            await asyncio.wait({task}, timeout=_STDERR_GRACE)
+            task.cancel()
+
+    async def _pump_stderr(self, process: ServerProcess) -> None:
+        while True:
+            try:
+                line = await process.stderr.readline()
+            except ValueError:  # a line over the stream limit: skip what was buffered
+                continue
+            if not line:
+                return
+            text = line.decode("utf-8", "replace").rstrip()
+            if text:
+                self._stderr.append(text)
+                self._log.info("%s", text)
+
+
+def _cannot_execute(error: BaseException) -> bool:
+    """Whether a launch failed for want of the executable (not found, not executable), whatever wrapped it."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (FileNotFoundError, PermissionError, StartRefused)):
+            return True
+        if _SANDBOX_SOURCE_MISSING.search(str(seen)):
+            return True
+        if getattr(seen, "permanent", False):  # a launcher's own failure that a retry cannot mend
+            return True
+        seen = seen.__cause__
+    return False
