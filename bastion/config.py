@@ -23,6 +23,7 @@ from bastion.diagnostics import Finding
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox import SandboxConfig
+from bastion.transport.http.config import HttpConfig
 from bastion.variables import Variables, VariableError, read_dotenv
 
 log = logging.getLogger("bastion.config")
@@ -100,6 +101,7 @@ class GatewayConfig(BaseModel):
         description='authorization, guards, approval, rate limits and audit; absent: the default policy; "off": none',
     )
     ready_timeout: float = Field(default=5.0, gt=0, description="how long a client's first request waits for servers")
+    http: HttpConfig = Field(default_factory=HttpConfig, description="how `bastion serve --http` listens and its bounds")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)

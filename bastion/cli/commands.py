@@ -6,7 +6,7 @@ import importlib
 from typing import Any, Callable
 
 MODULES: tuple[str, ...] = ("bastion.cli.gateway", "bastion.cli.policy", "bastion.cli.sandbox",
-                           "bastion.cli.clients", "bastion.cli.servers")
+                           "bastion.cli.clients", "bastion.cli.servers", "bastion.cli.serve")
 
 
 def registrars() -> list[Callable[[Any], None]]:

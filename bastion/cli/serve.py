@@ -1,0 +1,79 @@
+"""``bastion serve CONFIG --http HOST:PORT``: one gateway for many clients over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from bastion.cli.conventions import add_global_flags
+
+log = logging.getLogger("bastion")
+
+DEFAULT_ADDRESS = "127.0.0.1:8080"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve the federated servers to many MCP clients over HTTP (Streamable HTTP at /mcp, "
+                      "HTTP+SSE at /sse)")
+    serve.add_argument("config", nargs="?", help="configuration file (default: the built-in demo configuration)")
+    serve.add_argument("--http", metavar="HOST:PORT", default=DEFAULT_ADDRESS,
+                       help=f"address to listen on (default {DEFAULT_ADDRESS}; port 0 picks a free one; a "
+                            "non-loopback host is reachable from other machines)")
+    serve.add_argument("--tls-cert", metavar="FILE", type=Path, help="PEM certificate chain: serve HTTPS "
+                                                                       "(overrides http.tls_cert)")
+    serve.add_argument("--tls-key", metavar="FILE", type=Path, help="PEM private key of --tls-cert")
+    add_global_flags(serve)
+    serve.set_defaults(handler=_serve)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--http {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080 or [::1]:8080 or 0.0.0.0:8080")
+    return (host or "127.0.0.1").strip("[]"), int(port)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from bastion.cli.gateway import _load, run_loop, setup_logging
+    from bastion.gateway.core import Gateway
+    from bastion.transport.http.server import serve_http
+
+    setup_logging(args)
+    try:
+        host, port = parse_address(args.http)
+    except ValueError as exc:
+        print(f"bastion: {exc}", file=sys.stderr)
+        return 2
+    config = _load(args)
+    if config is None:
+        return 2
+    settings = config.http
+    cert = args.tls_cert or settings.tls_cert
+    key = args.tls_key or settings.tls_key
+    if (cert is None) != (key is None):
+        print("bastion: TLS needs both a certificate and its key (--tls-cert and --tls-key, or http.tls_cert and "
+              "http.tls_key)", file=sys.stderr)
+        return 2
+    if cert is not None:
+        base = config.source.parent if config.source is not None else Path.cwd()
+        cert, key = (base / cert).resolve(), (base / key).resolve()
+        for what, path in (("certificate", cert), ("key", key)):
+            if not path.is_file():
+                print(f"bastion: the TLS {what} {path} does not exist or is not a file", file=sys.stderr)
+                return 2
+        settings = settings.model_copy(update={"tls_cert": cert, "tls_key": key})
+    gateway = Gateway(config)
+    gc.freeze()  # what is loaded by now lives as long as the process; see bastion run
+    try:
+        stopped_by = run_loop(serve_http(gateway, settings, host, port))
+    except OSError as exc:
+        print(f"bastion: cannot listen on {args.http}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt
+    return 0

@@ -1,0 +1,567 @@
+"""The ASGI app behind ``bastion serve --http``: Streamable HTTP on ``/mcp`` for both protocol eras, and the old
+HTTP+SSE transport on ``/sse`` + ``/messages``. Each handshake-era session is one gateway connection; each
+2026-07-28 POST is a connection of its own for that request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from typing import Any, Awaitable, Callable
+from urllib.parse import parse_qs
+
+import orjson
+
+from bastion.gateway.core import Gateway
+from bastion.gateway.frontend import ClientConnection
+from bastion.gateway.pipeline import Identity
+from bastion.protocol.versions import LEGACY_VERSIONS, META_PROTOCOL_VERSION, is_modern, is_modern_first_message
+from bastion.transport.http.config import HttpConfig
+from bastion.transport.http.exchanges import Exchange, Peeked, ServerGate, peek
+from bastion.transport.http.guards import (
+    OriginGuard,
+    TrustedProxies,
+    accepts,
+    is_json_content,
+    modern_header_mismatch,
+)
+from bastion.transport.http.streams import ReplayLog, SseStream, sse_event, wait_disconnect
+
+log = logging.getLogger("bastion.http")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+MCP_PATHS = ("/mcp", "/mcp/")
+_STATUS_FOR_CODE = {-32020: 400, -32021: 400, -32022: 400}
+_NO_STORE = (b"cache-control", b"private, no-store")
+
+
+class HttpError(Exception):
+    """A request answered with an HTTP status and a JSON-RPC error, before it reaches the gateway."""
+
+    def __init__(self, status: int, code: int, message: str, request_id: Any = None,
+                 headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.request_id, self.headers = status, code, message, request_id, headers
+
+
+class LegacySession:
+    """A 2025-11-25 (or older) client's session: its gateway connection, its GET stream and the POSTs waiting."""
+
+    def __init__(self, frontend: "HttpFrontend", identity: Identity) -> None:
+        self.id = secrets.token_urlsafe(24)
+        self.identity = identity
+        self.exchanges: dict[Any, Exchange] = {}
+        self.progress: dict[Any, Exchange] = {}
+        self.outbox = ReplayLog(frontend.settings.replay_events)
+        self.get_stream: SseStream | None = None
+        self.last_seen = time.monotonic()
+        self.closing = False
+        self._frontend = frontend
+        self._feeding: Exchange | None = None
+        self.connection = ClientConnection(frontend.gateway, self.route, identity=identity,
+                                           close=self._close_soon)
+
+    def feed(self, frame: bytes, exchange: Exchange | None = None) -> None:
+        self.last_seen = time.monotonic()
+        self._feeding = exchange
+        try:
+            self.connection.feed(frame)
+        finally:
+            self._feeding = None
+
+    def route(self, frame: bytes) -> None:
+        """Where one frame from the gateway goes: an answer to the POST that asked, progress to the POST whose
+        request it is about, everything else to the GET stream (or its replay log until one is open)."""
+        top = peek(frame)
+        if top.kind == "response":
+            exchange = self.exchanges.pop(top.id, None) if top.id is not None else self._feeding
+            if exchange is not None:
+                self._forget_progress(exchange)
+                exchange.deliver(frame, True)
+                return
+        elif top.kind == "notification" and top.method == "notifications/progress":
+            token = top.params.get("progressToken") if isinstance(top.params, dict) else None
+            exchange = self.progress.get(token) if token is not None else None
+            if exchange is not None:
+                exchange.deliver(frame, False)
+                return
+        if self.get_stream is None:
+            # A client with no GET stream open still hears a question while its call waits, on that call's stream.
+            streaming = [e for e in self.exchanges.values() if e.accepts_sse]
+            if streaming:
+                streaming[-1].deliver(frame, False)
+                return
+        seq = self.outbox.record(frame)
+        if self.get_stream is not None:
+            self.get_stream.push(sse_event(frame, str(seq)), seq)
+
+    def _forget_progress(self, exchange: Exchange) -> None:
+        for token in [t for t, e in self.progress.items() if e is exchange]:
+            del self.progress[token]
+
+    def abandon(self, exchange: Exchange) -> None:
+        """The client went before its answer: cancel the request so that nothing runs on for nobody."""
+        if exchange.answered:
+            return
+        exchange.answered = True
+        exchange.release()
+        if self.exchanges.get(exchange.request_id) is exchange:
+            del self.exchanges[exchange.request_id]
+            self._forget_progress(exchange)
+            self.feed(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {
+                "requestId": exchange.request_id, "reason": "the client's HTTP connection closed"}}))
+
+    def _close_soon(self) -> None:
+        asyncio.get_running_loop().create_task(self._frontend.end_session(self))
+
+    async def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        await self.connection.closed()
+        ended = orjson.dumps
+        for exchange in list(self.exchanges.values()):
+            exchange.deliver(ended({"jsonrpc": "2.0", "id": exchange.request_id, "error": {
+                "code": -32600, "message": "the session ended before this request was answered"}}), True)
+        self.exchanges.clear()
+        if self.get_stream is not None:
+            self.get_stream.finish()
+
+
+class SseSession:
+    """A client of the old HTTP+SSE transport: one GET /sse stream carries everything the gateway sends."""
+
+    def __init__(self, frontend: "HttpFrontend", identity: Identity, stream: SseStream) -> None:
+        self.id = secrets.token_urlsafe(24)
+        self.identity = identity
+        self.stream = stream
+        self.releases: dict[Any, Callable[[], None]] = {}
+        self.connection = ClientConnection(frontend.gateway, self.route, identity=identity, close=stream.finish)
+
+    def route(self, frame: bytes) -> None:
+        if self.releases:
+            top = peek(frame)
+            if top.kind == "response":
+                release = self.releases.pop(top.id, None)
+                if release is not None:
+                    release()
+        self.stream.push(sse_event(frame, event="message"))
+
+
+class HttpFrontend:
+    def __init__(self, gateway: Gateway, settings: HttpConfig, *, bound_to_loopback: bool) -> None:
+        self.gateway = gateway
+        self.settings = settings
+        self.sessions: dict[str, LegacySession] = {}
+        self.sse_sessions: dict[str, SseSession] = {}
+        self.gate = ServerGate(settings.max_in_flight_per_server, settings.retry_after_seconds)
+        self._proxies = TrustedProxies(settings.trusted_proxies)
+        self._origins = OriginGuard(bound_to_loopback=bound_to_loopback, allowed_hosts=settings.allowed_hosts,
+                                    allowed_origins=settings.allowed_origins)
+        self._modern: set[ClientConnection] = set()
+        self._streams: set[SseStream] = set()
+        self._reaper: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------------------------------ lifetime
+    def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_sessions())
+
+    async def stop(self) -> None:
+        """End every stream and session, cancelling what they have in flight."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for stream in list(self._streams):
+            stream.finish()
+        await asyncio.gather(*(self.end_session(s) for s in list(self.sessions.values())),
+                             *(s.connection.closed() for s in list(self.sse_sessions.values())),
+                             return_exceptions=True)
+
+    async def end_session(self, session: LegacySession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+        await session.close()
+
+    async def _reap_idle_sessions(self) -> None:
+        timeout = self.settings.session_idle_timeout
+        while True:
+            await asyncio.sleep(min(60.0, timeout / 4))
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if session.get_stream is None and not session.exchanges and now - session.last_seen > timeout:
+                    log.info("session %s… ended after %.0f s without requests", session.id[:8], timeout)
+                    await self.end_session(session)
+
+    # ------------------------------------------------------------------------------------------ ASGI
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = _headers(scope)
+        try:
+            self._admit(scope, headers)
+            path, method = scope["path"], scope["method"]
+            if path in MCP_PATHS:
+                if method == "POST":
+                    await self._post(scope, headers, receive, send)
+                elif method == "GET":
+                    await self._get(headers, receive, send)
+                elif method == "DELETE":
+                    await self._delete(headers, send)
+                else:
+                    raise HttpError(405, -32600, f"{method} is not used on /mcp (POST, GET or DELETE)",
+                                    headers=((b"allow", b"GET, POST, DELETE"),))
+            elif path == "/sse" and method == "GET":
+                await self._sse_open(headers, receive, send)
+            elif path == "/messages" and method == "POST":
+                await self._sse_post(scope, headers, receive, send)
+            else:
+                raise HttpError(404, -32600, f"nothing at {path}; the MCP endpoint is /mcp (or /sse for HTTP+SSE)")
+        except HttpError as exc:
+            await _json(send, exc.status, _error_body(exc.request_id, exc.code, exc.message), exc.headers)
+        except _Gone:
+            pass  # the client left while sending its request: nobody to answer
+
+    def _admit(self, scope: Scope, headers: dict[str, str]) -> None:
+        client = scope.get("client") or ("", 0)
+        peer = self._proxies.resolve(client[0], scope.get("scheme", "http"), headers)
+        refusal = self._origins.refusal(peer, headers.get("origin"))
+        if refusal is not None:
+            log.warning("refused a request from %s: %s", peer.address, refusal)
+            raise HttpError(403, -32600, refusal)
+
+    def _identity(self, headers: dict[str, str]) -> Identity:
+        name = self.settings.identity_header
+        if name is None:
+            return self.gateway.identity
+        value = headers.get(name.lower(), "").strip()
+        if not value:
+            raise HttpError(401, -32600, f"the {name} header is missing; it names the caller (http.identity_header)")
+        return Identity(value)
+
+    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HttpError(413, -32600, f"the request body of {declared} bytes exceeds the limit of {limit} bytes "
+                                         "(http.max_body_bytes)")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.settings.body_timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise _Gone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise HttpError(413, -32600, f"the request body exceeds the limit of {limit} bytes "
+                                                     "(http.max_body_bytes)")
+                    chunks.append(chunk)
+                    if not message.get("more_body"):
+                        break
+        except TimeoutError:
+            raise HttpError(408, -32600, f"the request body did not arrive within {self.settings.body_timeout:g} s "
+                                         "(http.body_timeout)") from None
+        return b"".join(chunks)
+
+    async def _message(self, scope: Scope, headers: dict[str, str], receive: Receive) -> tuple[bytes, Peeked, dict]:
+        if not is_json_content(headers.get("content-type")):
+            raise HttpError(415, -32600, f"Content-Type {headers.get('content-type', '(none)')!r}: a request body is "
+                                         "one JSON-RPC message as application/json")
+        body = await self._read_body(headers, receive)
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            try:
+                message = json.loads(body)  # integers wider than 64 bits, which orjson refuses
+            except ValueError as exc:
+                raise HttpError(400, -32700, f"the body is not JSON: {exc}") from None
+        if isinstance(message, list):
+            raise HttpError(400, -32600, "a batch (a JSON array) is not accepted; send one message per request")
+        top = peek(message)
+        if top.kind == "invalid" or message.get("jsonrpc") != "2.0":
+            raise HttpError(400, -32600, 'not a JSON-RPC 2.0 message: it needs "jsonrpc": "2.0" and a method, or a '
+                                         "result or error", top.id)
+        return body, top, message
+
+    # ------------------------------------------------------------------------------ Streamable HTTP
+    async def _post(self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send) -> None:
+        accept = headers.get("accept")
+        if not (accepts(accept, "application/json") or accepts(accept, "text/event-stream")):
+            raise HttpError(406, -32600, "the Accept header must admit application/json or text/event-stream")
+        body, top, message = await self._message(scope, headers, receive)
+        session_id = headers.get("mcp-session-id")
+        if session_id is not None:
+            await self._legacy_post(self._session(session_id, headers), body, top, headers, receive, send)
+        elif top.method == "initialize":
+            identity = self._identity(headers)
+            if len(self.sessions) >= self.settings.max_sessions:
+                raise HttpError(503, -32000, f"{self.settings.max_sessions} sessions are open, the most this gateway "
+                                             "keeps (http.max_sessions); retry later", top.id)
+            session = LegacySession(self, identity)
+            self.sessions[session.id] = session
+            await self._legacy_post(session, body, top, headers, receive, send)
+        elif top.kind in ("request", "notification") and (
+                is_modern_first_message(top.method or "", top.params if isinstance(top.params, dict) else None)
+                or is_modern(headers.get("mcp-protocol-version"))):
+            await self._modern_post(body, top, message, headers, receive, send)
+        else:
+            raise HttpError(400, -32600, "no Mcp-Session-Id header: start a session with initialize, or send a "
+                                         "2026-07-28 request (params._meta names its protocol version)", top.id)
+
+    def _session(self, session_id: str, headers: dict[str, str]) -> LegacySession:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise HttpError(404, -32600, "unknown or ended session (Mcp-Session-Id); start a new one with initialize")
+        if self.settings.identity_header is not None and self._identity(headers) != session.identity:
+            raise HttpError(403, -32600, f"this session belongs to another caller ({self.settings.identity_header})")
+        version = headers.get("mcp-protocol-version")
+        if version is not None and version not in LEGACY_VERSIONS:
+            raise HttpError(400, -32600, f"MCP-Protocol-Version {version!r} is not a version of a session "
+                                         f"({', '.join(LEGACY_VERSIONS)})")
+        session.last_seen = time.monotonic()
+        return session
+
+    def _gate_call(self, top: Peeked) -> tuple[Callable[[], None], dict[str, Any] | None]:
+        """Take the called server's in-flight slot: (release, None), or (no-op, the busy error) when it is full."""
+        if top.method != "tools/call" or not isinstance(top.params, dict):
+            return _nothing, None
+        entry = self.gateway.catalog.tool(top.params.get("name")) if isinstance(top.params.get("name"), str) else None
+        if entry is None:
+            return _nothing, None
+        release = self.gate.acquire(entry.server)
+        if release is None:
+            log.info("refused a call of %s: %s has %d calls in flight", entry.exposed_name, entry.server,
+                     self.gate.limit)
+            return _nothing, self.gate.busy_error(entry.server)
+        return release, None
+
+    async def _legacy_post(self, session: LegacySession, body: bytes, top: Peeked, headers: dict[str, str],
+                           receive: Receive, send: Send) -> None:
+        session_header = ((b"mcp-session-id", session.id.encode()),)
+        if top.kind != "request":
+            session.feed(body)
+            await _empty(send, 202, session_header)
+            return
+        if top.id in session.exchanges:
+            raise HttpError(400, -32600, f"request id {top.id!r} is already in flight in this session", top.id)
+        release, busy = self._gate_call(top)
+        if busy is not None:
+            await _json(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
+                        (*session_header, (b"retry-after", str(self.gate.retry_after).encode())))
+            return
+        exchange = Exchange(top.id, accepts_sse=accepts(headers.get("accept"), "text/event-stream") and
+                            bool(headers.get("accept")), release=release)
+        session.exchanges[top.id] = exchange
+        meta = top.params.get("_meta") if isinstance(top.params, dict) else None
+        if isinstance(meta, dict) and meta.get("progressToken") is not None:
+            session.progress[meta["progressToken"]] = exchange
+        session.feed(body, exchange)
+        await self._answer(exchange, receive, send, session_header, lambda: session.abandon(exchange))
+
+    async def _modern_post(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
+                           receive: Receive, send: Send) -> None:
+        if top.kind == "notification":
+            await _empty(send, 202)  # cancellation travels as a closed stream on HTTP; nothing else needs a reply
+            return
+        params = top.params if isinstance(top.params, dict) else {}
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        mismatch = modern_header_mismatch(message, headers, meta.get(META_PROTOCOL_VERSION))
+        if mismatch is not None:
+            raise HttpError(400, -32020, mismatch, top.id)
+        identity = self._identity(headers)
+        release, busy = self._gate_call(top)
+        if busy is not None:
+            await _json(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
+                        ((b"retry-after", str(self.gate.retry_after).encode()),))
+            return
+        exchange = Exchange(top.id, accepts_sse=accepts(headers.get("accept"), "text/event-stream") and
+                            bool(headers.get("accept")), release=release)
+
+        def route(frame: bytes) -> None:
+            exchange.deliver(frame, peek(frame).kind == "response")
+
+        connection = ClientConnection(self.gateway, route, identity=identity, close=lambda: None)
+        self._modern.add(connection)
+        try:
+            connection.feed(body)
+            await self._answer(exchange, receive, send, (), exchange.release)
+        finally:
+            self._modern.discard(connection)
+            await connection.closed()  # a closed stream cancels what the request still runs
+
+    async def _answer(self, exchange: Exchange, receive: Receive, send: Send, headers: tuple[tuple[bytes, bytes], ...],
+                      abandon: Callable[[], None]) -> None:
+        """Send the exchange's answer as JSON, or as an SSE stream when something comes first; call ``abandon``
+        when the client goes before the answer."""
+        gone = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await asyncio.wait((gone, exchange.first), return_when=asyncio.FIRST_COMPLETED)
+            if not exchange.first.done():
+                abandon()
+                return
+            frame, final = exchange.first.result()
+            if final:
+                status = _STATUS_FOR_CODE.get(peek(frame).error_code or 0, 200)
+                await _json(send, status, frame, headers)
+                return
+            stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                               heartbeat=self.settings.heartbeat_seconds, headers=(_NO_STORE, *headers))
+            exchange.attach(stream, frame)
+            self._streams.add(stream)
+            writer = asyncio.ensure_future(stream.run())
+            try:
+                await asyncio.wait((gone, writer), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._streams.discard(stream)
+                if not exchange.answered or stream.overflowed:
+                    abandon()
+                if not writer.done():
+                    writer.cancel()
+        finally:
+            gone.cancel()
+
+    async def _get(self, headers: dict[str, str], receive: Receive, send: Send) -> None:
+        session_id = headers.get("mcp-session-id")
+        if session_id is None:
+            if is_modern(headers.get("mcp-protocol-version")):
+                raise HttpError(405, -32600, "2026-07-28 has no GET stream; use subscriptions/listen",
+                                headers=((b"allow", b"POST"),))
+            raise HttpError(400, -32600, "GET /mcp opens a session's stream: it needs the Mcp-Session-Id header")
+        if not accepts(headers.get("accept"), "text/event-stream"):
+            raise HttpError(406, -32600, "the GET stream is text/event-stream; the Accept header refuses it")
+        session = self._session(session_id, headers)
+        if session.get_stream is not None and not session.get_stream.ended.is_set():
+            raise HttpError(409, -32600, "this session already has a GET stream open")
+        resume = headers.get("last-event-id", "")
+        start = int(resume) if resume.isdigit() else session.outbox.delivered
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+                           headers=((b"mcp-session-id", session.id.encode()),), on_sent=session.outbox.sent)
+        for seq, frame in session.outbox.after(start):
+            stream.push(sse_event(frame, str(seq)), seq)
+        session.get_stream = stream
+        self._streams.add(stream)
+        gone = asyncio.ensure_future(wait_disconnect(receive))
+        writer = asyncio.ensure_future(stream.run())
+        try:
+            await asyncio.wait((gone, writer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not writer.done():
+                writer.cancel()
+            self._streams.discard(stream)
+            if session.get_stream is stream:
+                session.get_stream = None
+            session.last_seen = time.monotonic()
+
+    async def _delete(self, headers: dict[str, str], send: Send) -> None:
+        session_id = headers.get("mcp-session-id")
+        if session_id is None:
+            raise HttpError(400, -32600, "DELETE /mcp ends a session: it needs the Mcp-Session-Id header")
+        session = self._session(session_id, headers)
+        await self.end_session(session)
+        await _empty(send, 200)
+
+    # ------------------------------------------------------------------------------ HTTP+SSE (2024-11-05)
+    async def _sse_open(self, headers: dict[str, str], receive: Receive, send: Send) -> None:
+        if not accepts(headers.get("accept"), "text/event-stream"):
+            raise HttpError(406, -32600, "GET /sse is text/event-stream; the Accept header refuses it")
+        identity = self._identity(headers)
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds)
+        session = SseSession(self, identity, stream)
+        self.sse_sessions[session.id] = session
+        stream.push(sse_event(f"/messages?session_id={session.id}".encode(), event="endpoint"))
+        self._streams.add(stream)
+        gone = asyncio.ensure_future(wait_disconnect(receive))
+        writer = asyncio.ensure_future(stream.run())
+        try:
+            await asyncio.wait((gone, writer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not writer.done():
+                writer.cancel()
+            self._streams.discard(stream)
+            self.sse_sessions.pop(session.id, None)
+            for release in session.releases.values():
+                release()
+            await session.connection.closed()
+
+    async def _sse_post(self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send) -> None:
+        session_id = (parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id") or [None])[0]
+        if session_id is None:
+            raise HttpError(400, -32600, "POST /messages needs the session_id the endpoint event named")
+        session = self.sse_sessions.get(session_id)
+        if session is None:
+            raise HttpError(404, -32600, "unknown or ended session_id; open a new stream with GET /sse")
+        if self.settings.identity_header is not None and self._identity(headers) != session.identity:
+            raise HttpError(403, -32600, f"this session belongs to another caller ({self.settings.identity_header})")
+        body, top, _ = await self._message(scope, headers, receive)
+        if top.kind == "request":
+            release, busy = self._gate_call(top)
+            if busy is not None:
+                session.stream.push(sse_event(orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
+                                              event="message"))
+                await _empty(send, 202)
+                return
+            if release is not _nothing:
+                session.releases[top.id] = release
+        session.connection.feed(body)
+        await _empty(send, 202)
+
+
+class _Gone(Exception):
+    """The client disconnected while sending its request."""
+
+
+def _nothing() -> None:
+    return None
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def _error_body(request_id: Any, code: int, message: str) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
+async def _json(send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), _NO_STORE,
+            *headers]})
+        await send({"type": "http.response.body", "body": body})
+    except OSError:
+        pass
+
+
+async def _empty(send: Send, status: int, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    try:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-length", b"0"), *headers]})
+        await send({"type": "http.response.body", "body": b""})
+    except OSError:
+        pass
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,60 @@
+"""The ``http`` table of a configuration: how ``bastion serve --http`` listens, whom it trusts, and its bounds."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MIB = 1024 * 1024
+
+
+class HttpConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="browser Origins allowed besides the loopback ones, e.g. https://app.example.com; '*' allows any")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host header values accepted (DNS-rebinding protection); empty: the loopback names on a loopback "
+                    "bind, any host otherwise")
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses or networks (CIDR) whose X-Forwarded-For/-Proto/-Host headers are believed; "
+                    "empty: none are")
+    tls_cert: Path | None = Field(default=None, description="PEM certificate chain; with tls_key, serve HTTPS")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
+    max_body_bytes: int = Field(default=4 * MIB, ge=1024, description="larger request bodies are answered with 413")
+    body_timeout: float = Field(default=30.0, gt=0, description="seconds a client may take to send one request body")
+    max_in_flight_per_server: int = Field(
+        default=64, ge=1, description="tools/call requests one server may have in flight from all clients together")
+    retry_after_seconds: int = Field(default=1, ge=0, description="what a refusal for a full server tells the client")
+    max_sessions: int = Field(default=10000, ge=1, description="open handshake-era sessions at most")
+    session_idle_timeout: float = Field(default=3600.0, gt=0, description="seconds after which a quiet session ends")
+    heartbeat_seconds: float = Field(default=15.0, gt=0, description="an SSE comment after this long without events")
+    stream_buffer_messages: int = Field(
+        default=1024, ge=8, description="messages one SSE stream may hold for a client that is not reading; past "
+                                        "it the stream is closed")
+    replay_events: int = Field(default=256, ge=0, description="events of a GET stream kept for Last-Event-ID")
+    identity_header: str | None = Field(
+        default=None, description="a request header whose value is the caller's identity, e.g. X-Bastion-Identity; "
+                                  "a stand-in until OAuth, off unless set")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
+        return value
+
+    @field_validator("identity_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value or not all(c.isalnum() or c in "-_" for c in value)):
+            raise ValueError(f"{value!r} is not a header name (letters, digits, '-')")
+        return value
