@@ -12,19 +12,21 @@ from bastion.config import ServerConfig
 from bastion.gateway.eager import Answer, DirectCall
 from bastion.gateway.pipeline import GatewayError
 from bastion.protocol import jsonrpc
-from bastion.protocol.correlation import Correlator, DuplicateRequestId, Pending
-from bastion.protocol.jsonrpc import (
-    ErrorResponse,
-    InvalidFrame,
-    Notification,
-    RawResponse,
-    Request,
-    Response,
-    parse_frame,
-    parse_raw_response,
+from bastion.protocol.client_session import (
+    SELF,
+    Answered,
+    ClientSession,
+    Exchange,
+    Failed,
+    Garbage,
+    Reply,
+    ServerCancelled,
+    ServerNotification,
+    ServerRequest,
+    Unmatched,
 )
-from bastion.protocol.lifecycle import ClientLifecycle, capabilities_problem
-from bastion.protocol.versions import DISCOVER, LEGACY_VERSIONS, LATEST_LEGACY, MODERN_VERSIONS, modern_meta
+from bastion.protocol.correlation import DuplicateRequestId, Pending
+from bastion.protocol.jsonrpc import ErrorResponse, Notification, RawResponse, Request, Response
 from bastion.protocol.framing import Oversize
 from bastion.transport.stdio import WriteBatch
 from bastion.transport.upstream import (
@@ -40,11 +42,8 @@ from bastion.transport.upstream import (
 __all__ = ["Launcher", "ServerProcess", "StartRefused", "Upstream", "UpstreamListener", "launch_server"]
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
-_PROBE_TIMEOUT = 10.0  # legacy servers answer the probe with an error at once; silence is rare
 _MAX_BACKOFF = 30.0
 _STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
-_MODERN_META_PREFIX = "io.modelcontextprotocol/"
-_SELF = "bastion"  # origin of requests Bastion makes on its own behalf
 _STDERR_QUOTED = 5  # of a failure's last stderr lines, a failure message quotes this many
 
 
@@ -56,6 +55,9 @@ class UpstreamListener(Protocol):
 
 
 class Upstream:
+    """One server: its client session (the protocol), its transport (the pipe or connection), and the supervision
+    that starts it, restarts it when it ends, and fails what it leaves pending."""
+
     def __init__(
         self,
         name: str,
@@ -72,12 +74,8 @@ class Upstream:
         self._launch = launch
         self._max_bytes = max_message_bytes
         self._writes = writes
-        self.client_capabilities: dict[str, Any] = {}
-        self.era: str | None = None if config.era == "auto" else config.era
-        self.protocol_version: str | None = None
-        self.capabilities: dict[str, Any] = {}
-        self.server_info: dict[str, Any] | None = None
-        self.instructions: str | None = None
+        self.session = ClientSession(name, era=config.era, client_info=CLIENT_INFO,
+                                     max_message_bytes=max_message_bytes)
         self.ready = asyncio.Event()
         self.settled = asyncio.Event()  # set once the server is ready or has failed its first two starts
         self.launched = asyncio.Event()  # set once its first start has spawned a process, or failed to
@@ -86,14 +84,55 @@ class Upstream:
         self._spawned = False  # whether this start got as far as a process (which may have said why it failed)
         self._attempt: UpstreamTransport | None = None  # this start's transport, kept after its end for its stderr
         self._transport: UpstreamTransport | None = None  # the same while it runs, None once it is stopped
-        self._correlator = Correlator()
         self._relays: dict[Any, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
         self._started_at = 0.0
-        self._listen_id: int | None = None
-        self._abandoned: set[int] = set()  # ids we gave up on; their late answers are expected, not suspicious
+        self._listen_wanted: dict[str, Any] = {}
+        self._listen_resources: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on; asked once, not per request
+
+    # ------------------------------------------------------------------------- what the session knows
+    @property
+    def client_capabilities(self) -> dict[str, Any]:
+        """The client capabilities declared to a handshake-era server (and stamped by default on modern requests)."""
+        return self.session.client_capabilities
+
+    @client_capabilities.setter
+    def client_capabilities(self, capabilities: Mapping[str, Any]) -> None:
+        self.session.client_capabilities = dict(capabilities)
+
+    @property
+    def era(self) -> str | None:
+        return self.session.era
+
+    @property
+    def protocol_version(self) -> str | None:
+        facts = self.session.facts
+        return facts.protocol_version if facts is not None else None
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        return self.session.capabilities
+
+    @property
+    def server_info(self) -> dict[str, Any] | None:
+        facts = self.session.facts
+        return facts.server_info if facts is not None else None
+
+    @property
+    def instructions(self) -> str | None:
+        facts = self.session.facts
+        return facts.instructions if facts is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (None while it is down, or for a server with no process)."""
+        return getattr(self._transport, "pid", None)
+
+    @property
+    def _correlator(self) -> Any:
+        return self.session.correlator
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -234,80 +273,43 @@ class Upstream:
             await transport.close()
 
     async def _handshake(self) -> None:
-        if self.era in (None, "modern"):
-            result = await self._probe_discover(forced=self.era == "modern")
-            if result is not None:
-                problem = capabilities_problem(result)
-                if problem is not None:
-                    raise GatewayError(jsonrpc.INTERNAL_ERROR, problem)
-                self.era = "modern"
-                self.protocol_version = next(v for v in MODERN_VERSIONS if v in result["supportedVersions"])
-                self.capabilities = result.get("capabilities") or {}
-                self.server_info = (result.get("_meta") or {}).get("io.modelcontextprotocol/serverInfo")
-                self.instructions = result.get("instructions")
-                await self._open_listen()
-                return
-        self.era = "legacy"
-        lifecycle = ClientLifecycle(LEGACY_VERSIONS)
-        lifecycle.start()
-        params = {"protocolVersion": LATEST_LEGACY, "capabilities": self.client_capabilities, "clientInfo": CLIENT_INFO}
-        answer = await self._exchange("initialize", params)
-        problem = lifecycle.initialize_answered(answer)
-        if problem is not None:
-            raise GatewayError(jsonrpc.INTERNAL_ERROR, problem)
-        assert isinstance(answer, Response)
-        self._send(Notification("notifications/initialized", None))
-        lifecycle.initialized_sent()
-        self.protocol_version = answer.result["protocolVersion"]
-        self.capabilities = answer.result.get("capabilities") or {}
-        self.server_info = answer.result.get("serverInfo")
-        self.instructions = answer.result.get("instructions")
+        """Carry out the session's handshake decisions; a step that fails raises GatewayError."""
+        handshake = self.session.handshake()
+        step = handshake.first()
+        while isinstance(step, Exchange):
+            try:
+                answer = await asyncio.wait_for(self._exchange(step.method, step.params), step.timeout)
+            except asyncio.TimeoutError:
+                step = handshake.timed_out()
+            else:
+                step = handshake.answered(answer)
+        if isinstance(step, Failed):
+            raise GatewayError(jsonrpc.INTERNAL_ERROR, step.reason)
+        if step.notify is not None:
+            self._send(step.notify)
+        self.session.adopt(step.facts)
+        if step.facts.era == "modern":
+            self._open_listen()
 
-    async def _probe_discover(self, forced: bool) -> dict[str, Any] | None:
-        """``server/discover`` answered with a modern version means modern; anything else or silence, legacy."""
-        params = {"_meta": modern_meta(self.client_capabilities, CLIENT_INFO)}
-        try:
-            answer = await asyncio.wait_for(self._exchange(DISCOVER, params), None if forced else _PROBE_TIMEOUT)
-        except asyncio.TimeoutError:
-            return None
-        if isinstance(answer, Response):
-            versions = answer.result.get("supportedVersions")
-            if isinstance(versions, list) and any(v in MODERN_VERSIONS for v in versions):
-                return answer.result
-        if forced:
-            raise GatewayError(jsonrpc.INTERNAL_ERROR, "the server does not speak the 2026-07-28 protocol")
-        return None
-
-    async def _open_listen(self) -> None:
+    def _open_listen(self) -> None:
         """Modern servers deliver list_changed and resource updates on a long-lived subscriptions/listen."""
-        wanted = {
-            "toolsListChanged": bool((self.capabilities.get("tools") or {}).get("listChanged")),
-            "promptsListChanged": bool((self.capabilities.get("prompts") or {}).get("listChanged")),
-            "resourcesListChanged": bool((self.capabilities.get("resources") or {}).get("listChanged")),
+        capabilities = self.capabilities
+        self._listen_wanted = {
+            "toolsListChanged": bool((capabilities.get("tools") or {}).get("listChanged")),
+            "promptsListChanged": bool((capabilities.get("prompts") or {}).get("listChanged")),
+            "resourcesListChanged": bool((capabilities.get("resources") or {}).get("listChanged")),
         }
-        self._listen_resources: list[str] = getattr(self, "_listen_resources", [])
-        if not any(wanted.values()) and not self._listen_resources:
-            return
-        await self._reopen_listen(wanted)
+        self._reopen_listen()
 
-    async def _reopen_listen(self, wanted: dict[str, Any] | None = None) -> None:
-        if self._listen_id is not None:
-            previous = self._correlator.resolve(self._listen_id)
-            if previous is not None:
-                self._send(Notification("notifications/cancelled", {"requestId": previous.upstream_id}))
-        notifications = dict(wanted or getattr(self, "_listen_wanted", {}))
-        self._listen_wanted = notifications
-        if self._listen_resources:
-            notifications["resourceSubscriptions"] = list(self._listen_resources)
-        pending = self._correlator.register(_SELF, f"listen:{time.monotonic_ns()}", "subscriptions/listen")
-        self._listen_id = pending.upstream_id
-        params = {"notifications": notifications, "_meta": modern_meta(self.client_capabilities, CLIENT_INFO)}
-        self._send(Request(pending.upstream_id, "subscriptions/listen", params))
+    def _reopen_listen(self) -> None:
+        frames, _ = self.session.listen_request(self._listen_wanted, self._listen_resources)
+        for frame in frames:
+            self._write(frame)
 
     async def set_resource_subscriptions(self, uris: list[str]) -> None:
         """Modern servers: the set of resource URIs the listen stream covers (legacy uses resources/subscribe)."""
-        self._listen_resources = uris
-        await self._reopen_listen()
+        self._listen_resources = list(uris)
+        self._reopen_listen()
 
     # --------------------------------------------------------------------------------------- requests
     async def request(
@@ -315,7 +317,7 @@ class Upstream:
         method: str,
         params: dict[str, Any] | None,
         *,
-        origin: Any = _SELF,
+        origin: Any = SELF,
         origin_id: Any = None,
         progress_token: Any = None,
         log_level: str | None = None,
@@ -366,26 +368,11 @@ class Upstream:
 
     def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None,
                          client_capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        if params is None:
-            params = {}
-        if progress_token is None and self.era != "modern" and "_meta" not in params:
-            return params  # nothing to rewrite, and the params are never changed after this
-        out = dict(params)
-        meta = out.get("_meta")
-        meta = {k: v for k, v in meta.items() if not k.startswith(_MODERN_META_PREFIX)} if isinstance(meta, dict) else {}
-        meta.pop("progressToken", None)
-        if self.era == "modern":
-            capabilities = self.client_capabilities if client_capabilities is None else client_capabilities
-            meta.update(modern_meta(capabilities, CLIENT_INFO, log_level))
-        if meta or progress_token is not None:
-            out["_meta"] = meta
-        else:
-            out.pop("_meta", None)
-        return out
+        return self.session.outgoing_params(params, progress_token, log_level, client_capabilities)
 
     async def _exchange(self, method: str, params: dict[str, Any] | None) -> Response | ErrorResponse:
         """A request Bastion makes on its own behalf (the handshake and its probe)."""
-        return await self._answer(self._begin(method, params, _SELF, None, None, None))
+        return await self._answer(self._begin(method, params, SELF, None, None, None))
 
     def _begin(self, method: str, params: dict[str, Any] | None, origin: Any, origin_id: Any, progress_token: Any,
                timeout: float | None, context: Any = None,
@@ -394,17 +381,13 @@ class Upstream:
         ``context`` given (anything with ``settle(answer)``)."""
         loop = self._loop
         future = Answer(loop=loop) if context is None else context
-        if origin_id is None:
-            origin_id = f"self:{time.monotonic_ns()}"
         deadline = loop.time() + timeout if timeout is not None else None
-        pending = self._correlator.register(origin, origin_id, method, deadline=deadline,
-                                            progress_token=progress_token, context=future)
-        if progress_token is not None and params is not None:
-            params["_meta"]["progressToken"] = pending.upstream_progress_token
+        pending, frame = self.session.begin(method, params, origin=origin, origin_id=origin_id, deadline=deadline,
+                                            progress_token=progress_token, context=future, encode=encode)
         try:
-            self._write(encode(pending.upstream_id, method, params))
+            self._write(frame)
         except GatewayError:
-            self._correlator.resolve(pending.upstream_id)
+            self.session.forget(pending)
             raise
         return pending
 
@@ -420,20 +403,22 @@ class Upstream:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(0.25)
-            for pending in self._correlator.expired(loop.time()):
-                self._abandon(pending, "timed out")
+            for pending in self.session.expired(loop.time()):
+                self._tell_cancelled(pending, "timed out")
                 _settle(pending, ErrorResponse(pending.upstream_id, jsonrpc.error(
                     jsonrpc.REQUEST_TIMEOUT, f"server {self.name!r} did not answer {pending.method} in time")))
 
     def _abandon(self, pending: Pending, reason: str) -> None:
-        if len(self._abandoned) > 10_000:
-            self._abandoned.clear()
-        self._abandoned.add(pending.upstream_id)
-        self._correlator.resolve(pending.upstream_id)
+        self._tell(self.session.abandon(pending, reason))
+
+    def _tell_cancelled(self, pending: Pending, reason: str) -> None:
+        """A request the session has already given up on (its deadline passed): tell the server."""
+        self._tell(self.session.abandon(pending, reason))
+
+    def _tell(self, frame: bytes) -> None:
         if self._transport is not None:
             try:
-                cancelled = {"requestId": pending.upstream_id, "reason": reason}
-                self._send(Notification("notifications/cancelled", cancelled))
+                self._write(frame)
             except GatewayError:  # the server is gone: there is nobody left to tell
                 pass
 
@@ -454,10 +439,9 @@ class Upstream:
             raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not reachable: {exc}") from None
 
     def _fail_pending(self, reason: str) -> None:
-        for pending in self._correlator.drain():
+        for pending in self.session.drain():
             _settle(pending, ErrorResponse(pending.upstream_id, jsonrpc.error(
                 jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} {reason} while handling {pending.method}")))
-        self._listen_id = None
         for task in self._relays.values():
             task.cancel()
         self._relays.clear()
@@ -468,62 +452,37 @@ class Upstream:
         self._writes.deliver(frames, self._on_frame)
 
     def _on_frame(self, frame: bytes | Oversize) -> None:
-        if isinstance(frame, Oversize):
+        if type(frame) is Oversize:
             self.log.error("server %s sent a message of %d bytes, over the limit of %d; discarded",
                            self.name, frame.size, frame.limit)
             return
-        if not frame or frame.isspace():
-            return
-        answer = parse_raw_response(frame, self._max_bytes)
-        if answer is not None:
-            self._on_response(answer)
-            return
-        message = parse_frame(frame, self._max_bytes)
-        kind = type(message)
-        if kind is Response or kind is ErrorResponse:
-            self._on_response(message)
-        elif kind is Notification:
-            self._on_notification(message)
-        elif kind is Request:
-            self._on_request(message)
-        else:
-            self._on_garbage(frame, message)
-
-    def _on_garbage(self, frame: bytes, invalid: InvalidFrame) -> None:
-        shown = frame[:200].decode("utf-8", "replace")
-        self.log.warning("server %s wrote non-protocol output on stdout (%s), ignored: %r", self.name, invalid.reason, shown)
-
-    def _on_response(self, message: Response | ErrorResponse | RawResponse) -> None:
-        pending = self._correlator.resolve(message.id)
-        if pending is None:
-            if message.id in self._abandoned:
-                self._abandoned.discard(message.id)
-            elif message.id != self._listen_id:
-                self.log.warning("server %s answered unknown request id %r; ignored", self.name, message.id)
-            return
-        # A result only passes through a DirectCall, and stays bytes; anyone else reads it.
-        if type(message) is RawResponse and type(pending.context) is not DirectCall:
-            message = message.decoded()
-        _settle(pending, message)
-
-    def _on_notification(self, message: Notification) -> None:
-        params = message.params or {}
-        pending = None
-        if message.method == "notifications/progress":
-            pending = self._correlator.find_by_progress_token(params.get("progressToken"))
-            if pending is None:
-                return
-        elif message.method == "notifications/cancelled":
-            task = self._relays.pop(params.get("requestId"), None)
+        event = self.session.receive(frame)  # type: ignore[arg-type]
+        kind = type(event)
+        if kind is Answered:
+            pending, message = event.pending, event.message  # type: ignore[union-attr]
+            # A result only passes through a DirectCall, and stays bytes; anyone else reads it.
+            if type(message) is RawResponse and type(pending.context) is not DirectCall:
+                message = message.decoded()
+            _settle(pending, message)
+        elif kind is ServerNotification:
+            self._listener.upstream_notification(self, event.method, event.params, event.pending)  # type: ignore[union-attr]
+        elif kind is ServerRequest:
+            self._on_request(event.request)  # type: ignore[union-attr]
+        elif kind is ServerCancelled:
+            task = self._relays.pop(event.request_id, None)  # type: ignore[union-attr]
             if task is not None:
                 task.cancel()
-            return
-        self._listener.upstream_notification(self, message.method, params, pending)
+        elif kind is Reply:
+            self._tell(event.frame)  # type: ignore[union-attr]
+        elif kind is Unmatched:
+            if not event.expected:  # type: ignore[union-attr]
+                self.log.warning("server %s answered unknown request id %r; ignored", self.name, event.id)  # type: ignore[union-attr]
+        elif kind is Garbage:
+            shown = event.frame[:200].decode("utf-8", "replace")  # type: ignore[union-attr]
+            self.log.warning("server %s wrote non-protocol output on stdout (%s), ignored: %r", self.name,
+                             event.reason, shown)  # type: ignore[union-attr]
 
     def _on_request(self, message: Request) -> None:
-        if message.method == "ping":
-            self._send(Response(message.id, {}))
-            return
         task = asyncio.create_task(self._relay(message))
         self._relays[message.id] = task
 
