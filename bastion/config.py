@@ -51,6 +51,13 @@ class ServerConfig(BaseModel):
     )
     request_timeout: float = Field(default=120.0, gt=0, description="seconds before an unanswered request fails")
     startup_timeout: float = Field(default=30.0, gt=0)
+    scope: Literal["shared", "per_identity", "per_session"] = Field(
+        default="shared", description="one process for every client (shared), one per identity, or one per client "
+        "session, for a stateful server whose state must not mix between agents")
+    idle_timeout: float = Field(default=600.0, gt=0, description="per_identity/per_session: seconds an instance may "
+                                "go unused before it is stopped")
+    max_instances: int = Field(default=16, ge=1, description="per_identity/per_session: most instances running at "
+                               "once; a caller past it is refused with -32000 and retryAfterSeconds")
     enabled: bool = True
     auto_approve: list[str] = Field(
         default_factory=list,

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from bastion.config import GatewayConfig, load_config
 from bastion.gateway.core import Gateway
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Session
+from bastion.model import GatewayError, GatewayRequest, Session
 
 __all__ = ["Host", "GatewayError"]
 

@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bastion.gateway.pipeline import GatewayRequest, Identity, Session, ToolEntry, build_pipeline  # noqa: E402
+from bastion.gateway.pipeline import build_pipeline  # noqa: E402
+from bastion.model import GatewayRequest, Identity, Session, ToolEntry  # noqa: E402
 from bastion.policy.cedar_engine import CedarAuthorizer, SessionFacts, Target, ToolFacts  # noqa: E402
 from bastion.policy.config import PolicyConfig  # noqa: E402
 from bastion.policy.guards import PathRules, SchemaCache, UrlRules, check_path, check_schema, check_url  # noqa: E402

@@ -16,7 +16,7 @@ import orjson
 from bastion.cli.conventions import add_global_flags, configure_logging, split_global_flags
 from bastion.config import ConfigError, GatewayConfig, load_config
 from bastion.gateway.core import Gateway
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Session
+from bastion.model import GatewayError, GatewayRequest, Session
 
 log = logging.getLogger("bastion")
 

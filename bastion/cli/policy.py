@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bastion.gateway.pipeline import Identity, ToolEntry
+from bastion.model import Identity, ToolEntry
 
 EXIT_USAGE = 2
 

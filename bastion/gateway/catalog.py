@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import orjson
 
 from bastion.gateway.naming import Named, assign_names
-from bastion.gateway.pipeline import ToolEntry
+from bastion.model import ToolEntry
 
 log = logging.getLogger("bastion.catalog")
 

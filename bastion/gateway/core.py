@@ -11,8 +11,9 @@ from bastion.config import GatewayConfig
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.eager import DirectCall
 from bastion.gateway.naming import SEPARATOR, sanitize
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Interceptor, Session, build_pipeline
+from bastion.gateway.pipeline import build_pipeline
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
+from bastion.model import GatewayError, GatewayRequest, Identity, Interceptor, Session
 from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending

@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Sequence
 
-from bastion.gateway.pipeline import CatalogView, GatewayRequest, Handler, Session
+from bastion.model import CatalogView, GatewayRequest, Handler, Session
 from bastion.search.index import EMBED_CHUNK, IndexClosed, ToolIndex
 from bastion.search.meta_tools import (
     CALL_TOOL_NAME,

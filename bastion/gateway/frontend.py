@@ -11,7 +11,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from bastion.gateway.core import SERVER_INFO, Gateway
 from bastion.gateway.eager import RequestRunner
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Session
+from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import (
     ErrorResponse,

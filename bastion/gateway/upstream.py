@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 from bastion import __version__
 from bastion.config import ServerConfig
 from bastion.gateway.eager import Answer, DirectCall
-from bastion.gateway.pipeline import GatewayError
+from bastion.model import GatewayError
 from bastion.protocol import jsonrpc
 from bastion.protocol.client_session import (
     SELF,

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 import cedarpy
 import orjson
 
-from bastion.gateway.pipeline import Identity, ToolEntry
+from bastion.model import Identity, ToolEntry
 from bastion.policy.cedar_text import DEFAULT_POLICY, NAMESPACE, SCHEMA
 from bastion.policy.config import PolicyStartError
 from bastion.policy.decision import Decision, Effect

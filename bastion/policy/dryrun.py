@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from bastion.gateway.pipeline import Identity, ToolEntry
+from bastion.model import Identity, ToolEntry
 from bastion.policy.config import PolicyConfig
 from bastion.policy.decision import Decision, Effect
 from bastion.policy.engine import PolicyEngine

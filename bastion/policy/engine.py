@@ -11,7 +11,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
-from bastion.gateway.pipeline import Identity, ToolEntry
+from bastion.model import Identity, ToolEntry
 from bastion.policy.cedar_engine import CedarAuthorizer, SessionFacts, Target, ToolFacts
 from bastion.policy.config import (
     GuardConfig,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
+from bastion.model import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
 from bastion.policy.approval import (
     APPROVAL_KEY,
     STATE_PREFIX,

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 import orjson
 
-from bastion.gateway.pipeline import ToolEntry
+from bastion.model import ToolEntry
 from bastion.policy.config import PolicyStartError
 
 _PREFIX = "sha256:"

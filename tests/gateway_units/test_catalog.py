@@ -22,7 +22,7 @@ from bastion.gateway.catalog import (
     paginate,
 )
 from bastion.gateway.naming import Named
-from bastion.gateway.pipeline import ToolEntry
+from bastion.model import ToolEntry
 
 from tests.properties import JSON_VALUES, PROPERTY
 

@@ -10,7 +10,7 @@ from typing import Any
 from bastion.config import GatewayConfig
 from bastion.gateway.core import Gateway
 from bastion.gateway.eager import DirectCall
-from bastion.gateway.pipeline import Identity, Session
+from bastion.model import Identity, Session
 from bastion.protocol.jsonrpc import UPSTREAM_UNAVAILABLE, ErrorResponse, RawResponse, Response, parse_raw_request
 
 from tests.support import raw_server, wait_for

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bastion.gateway.pipeline import Identity, ToolEntry
+from bastion.model import Identity, ToolEntry
 from bastion.policy.cedar_engine import (
     CedarAuthorizer,
     PolicyLoadError,

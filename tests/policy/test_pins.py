@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bastion.gateway.pipeline import Identity, ToolEntry
+from bastion.model import Identity, ToolEntry
 from bastion.policy.config import PolicyConfig
 from bastion.policy.engine import PolicyEngine
 from bastion.policy.pins import PinnedTools, PinsFileError, definition_digest, pins_of, read_pins, write_pins

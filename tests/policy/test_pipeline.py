@@ -17,7 +17,7 @@ import pytest
 
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.gateway.core import Gateway
-from bastion.gateway.pipeline import GatewayError, GatewayRequest, Identity, Session
+from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from bastion.policy.audit import verify
 from bastion.policy.config import PolicyConfig
 from bastion.policy.interceptors import build_policy_runtime
@@ -302,7 +302,8 @@ async def test_server_request_hook(tmp_path: Path, gateway_factory) -> None:
 
 
 async def test_approval_without_a_way_to_ask_is_refused_with_the_audit_off(tmp_path: Path) -> None:
-    from bastion.gateway.pipeline import ToolEntry, build_pipeline
+    from bastion.gateway.pipeline import build_pipeline
+    from bastion.model import ToolEntry
 
     runtime = build_policy_runtime(policy_config(tmp_path, audit={"enabled": False}))
     reached: list[str] = []

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from bastion.gateway.exposure import CatalogIndex, _VisibleTools
-from bastion.gateway.pipeline import GatewayRequest, Session, ToolEntry
+from bastion.model import GatewayRequest, Session, ToolEntry
 from bastion.search.index import EMBED_CHUNK, ToolIndex
 
 from .conftest import CATALOG, tool

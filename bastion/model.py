@@ -1,0 +1,111 @@
+"""The vocabulary every part of Bastion shares: who a client is, a tool in the catalog, a client's session, a request
+on its way through the interceptor chain, and the error that refuses one.
+
+It imports nothing else of Bastion, so the pure deciders (policy, guards, search) and the gateway can all speak
+it without depending on one another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who is on the other side of a frontend connection."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+
+
+class ClientChannel(Protocol):
+    """What an interceptor may ask of the connected client (for example, human approval)."""
+
+    def supports(self, capability: str) -> bool:
+        """True when the client declared ``capability`` (``"sampling"``, ``"elicitation"``, ``"roots"``)."""
+
+    async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Send a server→client request (legacy era only) and return its result, or raise GatewayError."""
+
+    def list_changed(self, method: str) -> None:
+        """Tell the client a list changed (``notifications/tools/list_changed`` …), in its era's way."""
+
+    def notify(self, method: str, params: Mapping[str, Any] | None) -> None:
+        """Send the client a notification (``notifications/progress``, ``notifications/message``) now; the
+        caller has checked that its era and log level take it."""
+
+
+@dataclass(slots=True)
+class Session:
+    """One client connection (legacy era) or one request's envelope (modern era)."""
+
+    identity: Identity
+    era: str  # "legacy" or "modern"
+    protocol_version: str
+    client_capabilities: Mapping[str, Any]
+    client_info: Mapping[str, Any] | None = None
+    session_id: str = ""
+    client: ClientChannel | None = None
+    # Facts interceptors keep for the life of the session (remembered approvals, counters).
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    """A tool as the federated catalog knows it."""
+
+    exposed_name: str  # the name the client sees, e.g. "git__git_status"
+    server: str  # configured server name
+    original_name: str  # the name the upstream server uses
+    definition: Mapping[str, Any]  # the upstream Tool object, with ``name`` rewritten to exposed_name
+    server_trust: str = "untrusted"
+
+
+class CatalogView(Protocol):
+    def tool(self, exposed_name: str) -> ToolEntry | None:
+        """The tool a client would reach under ``exposed_name``, or None."""
+
+    def tools(self) -> Sequence[ToolEntry]:
+        """Every tool in the federated catalog, in a stable order: a new sequence whenever the catalog changes,
+        never one changed in place, so a caller can tell that nothing changed by identity."""
+
+
+@dataclass(slots=True)
+class GatewayRequest:
+    """A client request on its way through the pipeline."""
+
+    method: str
+    params: dict[str, Any]
+    session: Session
+    catalog: CatalogView
+    request_id: Any = None  # the id the client used
+    log_level: str | None = None  # modern clients opt in to log messages per request
+
+
+class GatewayError(Exception):
+    """Refuses a request with a JSON-RPC error; the frontend turns it into the error response."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    @classmethod
+    def from_error(cls, error: Mapping[str, Any]) -> "GatewayError":
+        """The same refusal as a JSON-RPC error object received from a peer."""
+        return cls(error.get("code", -32603), error.get("message", ""), error.get("data"))
+
+    def to_error(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return error
+
+
+Handler = Callable[[GatewayRequest], Awaitable[dict[str, Any]]]
+
+
+class Interceptor(Protocol):
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]: ...
