@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from bastion import paths
 from bastion.clients.grants import with_inferred_grants
@@ -33,12 +34,21 @@ _FOREIGN_ENTRY_KEYS = {"type", "timeout", "description", "transportType"}
 # Keys a client entry has that Bastion reads itself (into enabled, auto_approve and env).
 _CLIENT_ENTRY_KEYS = {"disabled", "autoApprove", "alwaysAllow", "envFile"}
 _REMOTE_TYPES = {"http", "sse", "streamable-http", "streamableHttp"}
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
 
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    command: str = Field(min_length=1, description="the executable to start")
+    command: str | None = Field(default=None, min_length=1, description="the executable to start (or url)")
+    url: str | None = Field(default=None, description="a remote server's MCP endpoint (http:// or https://), "
+                            "instead of command")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent to a remote server "
+                                    "(static credentials; ${env:NAME} is read from Bastion's environment)")
+    transport: Literal["auto", "streamable-http", "sse"] = Field(
+        default="auto", description="a remote server's transport; auto tries Streamable HTTP, then HTTP+SSE")
+    sse_idle_timeout: float = Field(default=60.0, gt=0, description="seconds a remote server's event stream may "
+                                    "stay silent before it is taken for dropped (reopened, or reconnected)")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="variables set for this server only")
     cwd: str | None = None
@@ -73,12 +83,56 @@ class ServerConfig(BaseModel):
     def config_file(self) -> Path | None:
         return self._config_file
 
+    @property
+    def is_remote(self) -> bool:
+        """A server reached over HTTP at ``url``: no process, no sandbox."""
+        return self.url is not None
+
     @field_validator("command")
     @classmethod
-    def _no_blank(cls, value: str) -> str:
-        if not value.strip():
+    def _no_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise ValueError("command must not be blank")
         return value
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.lower().startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, not {value!r}")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an HTTP header name (letters, digits and -)")
+            if "\r" in value or "\n" in value:
+                raise ValueError(f"the value of header {name} must be one line")
+        return headers
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _command_or_url(cls, data: Any, handler: Any) -> "ServerConfig":
+        neither = isinstance(data, dict) and "command" not in data and "url" not in data
+        if not neither:
+            server = handler(data)
+        else:
+            # A missing command is reported with the entry's other mistakes, as before url existed.
+            try:
+                handler(data)
+                details = []
+            except ValidationError as exc:
+                details = [{k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in exc.errors()]
+            missing = {"type": "missing", "loc": ("command",), "input": data}
+            raise ValidationError.from_exception_data(cls.__name__, [*details, missing])
+        if server.command is not None and server.url is not None:
+            raise ValueError("give either command (a local server) or url (a remote one), not both")
+        remote_only = {"headers", "transport", "sse_idle_timeout"} & server.model_fields_set
+        if server.url is None and remote_only:
+            raise ValueError(f"{', '.join(sorted(remote_only))}: for remote (url) servers only")
+        return server
 
 
 class ToolsConfig(BaseModel):
@@ -235,7 +289,7 @@ def _normalize(file: Path, data: dict[str, Any]) -> tuple[dict[str, Any], str, l
         if isinstance(servers, dict):
             data = {**data, "servers": {name: _resolve_paths(entry, folder) if isinstance(entry, dict) else entry
                                         for name, entry in servers.items()}}
-        return data, "servers", []
+        return _expand_headers(file, data), "servers", []
     entries = data[key]
     if not isinstance(entries, dict):
         raise ConfigError(f"{file}: {key} must be an object mapping server names to entries")
@@ -251,10 +305,12 @@ def _normalize(file: Path, data: dict[str, Any]) -> tuple[dict[str, Any], str, l
     for name, entry in entries.items():
         where = f"{key}.{name}"
         if not isinstance(entry, dict):
-            raise ConfigError(f"{file}: {where} must be an object with at least a command")
+            raise ConfigError(f"{file}: {where} must be an object with a command or a url")
         converted, found = _client_entry(where, entry, folder, variables, policy_off)
         notes.extend(found)
-        if converted is not None:
+        if converted is not None and "url" in converted:
+            servers[name] = converted  # remote: no process, so no sandbox grants to infer
+        elif converted is not None:
             servers[name] = with_inferred_grants(name, converted, base_dir=str(folder),
                                                  memory_dir=paths.state_dir() / "memory")
     rest = {k: v for k, v in data.items() if k != key and k in GatewayConfig.model_fields}
@@ -279,12 +335,11 @@ def _client_entry(where: str, entry: dict[str, Any], folder: Path, variables: Va
 
     A server is left out, never half-read: the rest of the file still runs, and ``bastion check`` exits 2.
     """
-    if "url" in entry or "serverUrl" in entry or entry.get("type") in _REMOTE_TYPES:
-        return None, [Finding("warning", where, "a remote server (url); only local (command) servers are federated, "
-                              "so it is left out", "run it through its own client for now, or remove it")]
     errors: list[Finding] = []
     notes: list[Finding] = []
     converted = {k: v for k, v in entry.items() if k not in _FOREIGN_ENTRY_KEYS and k not in _CLIENT_ENTRY_KEYS}
+    if is_remote_entry(entry):
+        converted = _remote_client_entry(converted, entry)
     disabled = entry.get("disabled", False)
     if not isinstance(disabled, bool):
         errors.append(Finding("error", f"{where}.disabled", f"{disabled!r} is not true or false, so the server is "
@@ -333,14 +388,58 @@ def _expand_entry(where: str, entry: dict[str, Any], variables: Variables) -> li
             errors.append(Finding("error", key, f"{exc}, so the server is left out", exc.fix))
             return text
 
-    for key in ("command", "cwd"):
+    for key in ("command", "cwd", "url"):
         if key in entry:
             entry[key] = expanded(f"{where}.{key}", entry[key])
+    if isinstance(entry.get("headers"), dict):
+        entry["headers"] = {name: expanded(f"{where}.headers.{name}", value)
+                            for name, value in entry["headers"].items()}
     if isinstance(entry.get("args"), list):
         entry["args"] = [expanded(f"{where}.args[{i}]", arg) for i, arg in enumerate(entry["args"])]
     if isinstance(entry.get("env"), dict):
         entry["env"] = {name: expanded(f"{where}.env.{name}", value) for name, value in entry["env"].items()}
     return errors
+
+
+def is_remote_entry(entry: dict[str, Any]) -> bool:
+    """A client entry for a server reached over HTTP: ``url`` (Claude, Cursor, VS Code), ``serverUrl`` (Windsurf)."""
+    return "url" in entry or "serverUrl" in entry or entry.get("type") in _REMOTE_TYPES
+
+
+def _remote_client_entry(converted: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """Bastion's form of a client's remote entry: its URL, headers, and the transport its ``type`` names."""
+    remote = {k: v for k, v in converted.items() if k != "serverUrl"}
+    if "url" not in remote and "serverUrl" in entry:
+        remote["url"] = entry["serverUrl"]
+    kind = entry.get("transportType", entry.get("type"))
+    if kind == "sse":
+        remote.setdefault("transport", "sse")
+    elif kind in _REMOTE_TYPES:
+        remote.setdefault("transport", "streamable-http")
+    return remote
+
+
+def _expand_headers(file: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """Bastion's own file: the ``${env:NAME}`` (and other) references of each remote server's headers expanded,
+    so a credential stays in the environment, not in the file; one that is not set is an error naming the key."""
+    servers = data.get("servers")
+    if not isinstance(servers, dict):
+        return data
+    variables = Variables.for_file(file)
+    expanded_servers: dict[str, Any] = {}
+    for name, entry in servers.items():
+        headers = entry.get("headers") if isinstance(entry, dict) else None
+        if isinstance(headers, dict):
+            values = {}
+            for header, value in headers.items():
+                try:
+                    values[header] = variables.expand(value) if isinstance(value, str) else value
+                except VariableError as exc:
+                    raise ConfigError(f"{file}: servers.{name}.headers.{header}: {exc} — fix: {exc.fix}",
+                                      [Finding("error", f"servers.{name}.headers.{header}", str(exc), exc.fix)]) from None
+            entry = {**entry, "headers": values}
+        expanded_servers[name] = entry
+    return {**data, "servers": expanded_servers}
 
 
 def _read_env_file(where: str, name: Any, folder: Path, variables: Variables) -> dict[str, str] | Finding:

@@ -1,7 +1,7 @@
 """What ``bastion check`` finds in a configuration: each finding names where it is, what is wrong and the fix.
 
 Findings are things a configuration can load with and still fail at run time (a command that is not on
-``PATH``, a remote entry that is skipped), or that load differently from what the user may expect.
+``PATH``, a remote server that is not sandboxed), or that load differently from what the user may expect.
 Errors make ``bastion check`` exit 2; warnings are reported and allowed.
 """
 
@@ -34,13 +34,38 @@ def diagnose(config: "GatewayConfig") -> list[Finding]:
 
     findings: list[Finding] = list(config.load_notes)
     for name, server in config.servers.items():
-        if server.enabled:
+        if server.enabled and server.url is not None:
+            findings.extend(remote_findings(f"{config.servers_key}.{name}", server))
+        elif server.enabled:
             where = f"{config.servers_key}.{name}"
             if not installs_its_package(server):  # Bastion runs the package, not the launcher: npx need not exist
                 findings.extend(_command_findings(where, server))
             findings.extend(_cwd_findings(where, server))
     findings.extend(launcher_findings(config))
     return findings
+
+
+def remote_findings(where: str, server: "ServerConfig") -> list[Finding]:
+    """What a remote server is sent, and that nothing confines it: the header names, never their values."""
+    assert server.url is not None
+    sent = (f"the headers {', '.join(sorted(server.headers))} (values not shown)" if server.headers
+            else "no headers of its own")
+    findings = [Finding(
+        "warning", f"{where}.url", f"a remote server: not sandboxed (Bastion does not run it); it is sent the "
+        f"requests routed to it with {sent}, never a client's own credentials",
+        "nothing to do if you trust that endpoint; keep credentials out of the file with ${env:NAME} in headers")]
+    if server.url.lower().startswith("http://") and server.headers and not _loopback(server.url):
+        findings.append(Finding(
+            "warning", f"{where}.url", f"headers ({', '.join(sorted(server.headers))}) go to {server.url} "
+            "unencrypted", "use an https:// URL"))
+    return findings
+
+
+def _loopback(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _cwd_findings(where: str, server: "ServerConfig") -> list[Finding]:

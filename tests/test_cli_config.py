@@ -26,7 +26,7 @@ def test_mcp_servers_json_is_accepted_as_clients_write_it(tmp_path):
     assert loaded.servers["time"].args == ["mcp-server-time"]
     assert loaded.servers["time"].env == {"TZ": "UTC"}
     assert loaded.servers["old"].enabled is False
-    assert "remote" not in loaded.servers
+    assert loaded.servers["remote"].url == "https://example.invalid/mcp" and loaded.servers["remote"].command is None
 
 
 def test_vs_code_servers_format_is_accepted(tmp_path):
@@ -142,12 +142,12 @@ def test_policy_off_is_a_written_switch(tmp_path, switch):
 
 def test_findings_of_loading_are_logged_for_bastion_run_and_kept_for_check(tmp_path, caplog):
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"mcpServers": {"a": {"command": "x", "disabled": "yes"}, "r": {"url": "https://x"}}}))
+    config.write_text(json.dumps({"mcpServers": {"a": {"command": "x", "disabled": "yes"}}, "globalShortcut": "x"}))
     with caplog.at_level("WARNING", logger="bastion.config"):
         loaded = load_config(config)
-    assert loaded.servers == {} and {n.where for n in loaded.load_notes} == {"mcpServers.a.disabled", "mcpServers.r"}
-    assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]
-    assert str(config) in caplog.records[0].getMessage() and "fix:" in caplog.records[0].getMessage()
+    assert loaded.servers == {} and {n.where for n in loaded.load_notes} == {"mcpServers.a.disabled", "(top level)"}
+    assert [r.levelname for r in caplog.records] == ["WARNING", "ERROR"]
+    assert str(config) in caplog.records[1].getMessage() and "fix:" in caplog.records[1].getMessage()
 
 
 def test_dotenv_files_as_clients_write_them(tmp_path):

@@ -175,14 +175,19 @@ def test_auto_approve_and_always_allow_become_auto_approve_or_are_reported_ignor
     assert status == 2 and "list of tool names" in finding(report, "mcpServers.claude.autoApprove")["message"]
 
 
-def test_remote_entries_are_left_out_with_a_warning(tmp_path):
+def test_remote_entries_are_read_with_a_warning_naming_the_headers_they_are_sent(tmp_path):
     config = write(tmp_path / "mcp.json", {"mcpServers": {
-        "remote": {"url": "https://example.invalid/mcp"}, "windsurf": {"serverUrl": "https://example.invalid/sse"},
+        "remote": {"url": "https://example.invalid/mcp", "headers": {"Authorization": "Bearer ${env:HOME}"}},
+        "windsurf": {"serverUrl": "https://example.invalid/sse"},
         "raw": {"command": sys.executable, "args": RAW}}})
     status, report = check(config)
-    assert status == 0 and list(report["servers"]) == ["raw"]
+    assert status == 0 and list(report["servers"]) == ["remote", "windsurf", "raw"]
+    assert report["servers"]["remote"]["headers"] == ["Authorization"]
+    assert os.environ["HOME"] not in json.dumps(report)  # names only: a header's value may be a secret
     for name in ("remote", "windsurf"):
-        assert finding(report, f"mcpServers.{name}")["level"] == "warning"
+        warned = finding(report, f"mcpServers.{name}.url")
+        assert warned["level"] == "warning" and "not sandboxed" in warned["message"]
+    assert "Authorization" in finding(report, "mcpServers.remote.url")["message"]
 
 
 def test_a_command_not_on_path_or_not_executable_is_an_error_with_the_fix(tmp_path):
@@ -206,7 +211,7 @@ def test_check_without_json_says_each_finding_on_stderr_and_nothing_on_stdout(tm
     done = subprocess.run([BASTION, "check", str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert "error: mcpServers.missing.command: 'bastion-test-no-such-server' is not on PATH — fix:" in done.stderr
-    assert "warning: mcpServers.remote:" in done.stderr
+    assert "warning: mcpServers.remote.url: a remote server: not sandboxed" in done.stderr
     assert "1 error(s), 1 warning(s)" in done.stderr
 
 

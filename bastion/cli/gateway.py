@@ -131,7 +131,8 @@ def _check(args: argparse.Namespace) -> int:
         return 0 if ok else 2
     for name, server in config.servers.items():
         state = "" if server.enabled else " (disabled)"
-        print(f"{name}: {server.command} {' '.join(server.args)}{state}", file=sys.stderr)
+        target = f"{server.url} (remote)" if server.url is not None else f"{server.command} {' '.join(server.args)}"
+        print(f"{name}: {target}{state}", file=sys.stderr)
     if config.policy is None:
         print("policy: off (every call is allowed, nothing is audited)", file=sys.stderr)
     elif policy_summary:
@@ -153,7 +154,8 @@ def _print_check_report(source: str | None, servers: dict, findings: list, polic
         "file": source,
         # Variable names only: values may be secrets, and a report is made to be pasted.
         "servers": {name: {"command": s.command, "args": list(s.args), "cwd": s.cwd, "env": sorted(s.env),
-                           "enabled": s.enabled, "auto_approve": list(s.auto_approve)}
+                           "enabled": s.enabled, "auto_approve": list(s.auto_approve),
+                           **({"url": s.url, "headers": sorted(s.headers)} if s.url is not None else {})}
                     for name, s in servers.items()},
         "policy": policy,
         "findings": [f.as_dict() for f in findings],

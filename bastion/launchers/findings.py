@@ -25,6 +25,8 @@ _CLIENT = {"npm": "npm", "python": "pip"}
 
 def installs_its_package(server: "ServerConfig") -> bool:
     """Whether Bastion installs this server's package and runs it, so the launcher itself is never run."""
+    if server.command is None:  # a remote server: nothing is installed or run
+        return False
     try:
         return plan_launch(server.command, server.args) is not None
     except NotALauncher:
@@ -43,7 +45,7 @@ def launcher_findings(config: "GatewayConfig") -> list[Finding]:
     cache = packages_dir(state_dir())
     findings: list[Finding] = []
     for name, server in config.servers.items():
-        if not server.enabled:
+        if not server.enabled or server.command is None:
             continue
         where = f"{servers_key}.{name}"
         try:

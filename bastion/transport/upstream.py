@@ -106,6 +106,10 @@ async def launch_server(name: str, config: ServerConfig) -> ServerProcess:
 def open_transport(name: str, config: ServerConfig, *, launch: Launcher, max_message_bytes: int,
                    writes: WriteBatch) -> UpstreamTransport:
     """A new transport to the server ``config`` describes (one attempt)."""
+    if config.url is not None:
+        from bastion.transport.http_client import HttpTransport  # only a remote server loads the HTTP client
+
+        return HttpTransport.for_server(name, config, max_message_bytes=max_message_bytes)
     return StdioTransport(name, config, launch=launch, max_message_bytes=max_message_bytes, writes=writes)
 
 

@@ -1,0 +1,487 @@
+"""One remote MCP server over HTTP: Streamable HTTP in both eras, and the older HTTP+SSE transport.
+
+The transport moves frames and nothing else: the upstream session above it sends the same JSON-RPC frames it sends
+a local server and gets the server's frames back, whatever carried them. What HTTP adds is handled here:
+
+- **Streamable HTTP, 2026-07-28**: every request is its own POST carrying ``MCP-Protocol-Version``, ``Mcp-Method``
+  and ``Mcp-Name`` (mirrored from the body); the answer is JSON, or an SSE stream scoped to the request that may
+  carry its progress first. There are no client notifications on this wire: a cancellation closes the request's
+  own stream instead. ``subscriptions/listen`` is a POST whose stream stays open; it is reopened if it ends or
+  goes silent.
+- **Streamable HTTP, 2025-11-25 and before**: the ``Mcp-Session-Id`` the server gives with its ``initialize``
+  answer goes on every later request, with the negotiated version; after ``notifications/initialized`` a GET
+  stream carries the server's own messages; DELETE ends the session at close. A 404 on a session is the server
+  having forgotten it: the connection is over and the upstream reconnects with a new handshake.
+- **HTTP+SSE (2024-11-05)**: GET opens the event stream, whose ``endpoint`` event names where to POST; every answer
+  comes back on the stream. With ``transport = "auto"`` a server that refuses the first POST with 404 or 405 is
+  tried this way, as the specification asks of clients.
+
+A dropped connection (refused, reset, a stream silent past its idle timeout) ends the whole transport at once with
+the reason, so the calls waiting on it fail at once rather than each at its timeout, and the upstream reconnects
+with backoff. The headers sent are the configuration's and the protocol's, never anything a client sent Bastion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any, Mapping
+from urllib.parse import urljoin, urlsplit
+
+import httpx2
+import orjson
+
+from bastion import __version__
+from bastion.protocol import jsonrpc
+from bastion.protocol.versions import META_PROTOCOL_VERSION
+from bastion.transport.upstream import DIAGNOSTICS_KEPT, TransportClosed, UpstreamReceiver
+
+if TYPE_CHECKING:
+    from bastion.config import ServerConfig
+
+log = logging.getLogger("bastion.transport.http")
+# httpx2 logs every request at INFO: one line per call drowns what Bastion says about its servers.
+for _chatty in ("httpx2", "httpcore2"):
+    logging.getLogger(_chatty).setLevel(logging.WARNING)
+
+SESSION_HEADER = "mcp-session-id"
+PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
+METHOD_HEADER = "mcp-method"
+NAME_HEADER = "mcp-name"
+_NAME_PARAMS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+_CONNECT_TIMEOUT = 10.0
+_CLOSE_TIMEOUT = 2.0  # the DELETE that ends a session: a courtesy, never a reason to hold Bastion's exit
+_REOPEN_DELAY = 0.5  # before a server-message stream that ended is opened again
+_LISTEN = "subscriptions/listen"
+
+
+def _has_http2() -> bool:
+    try:
+        import h2  # noqa: F401  - httpx2 negotiates HTTP/2 (by ALPN, over TLS) only when h2 is installed
+    except ImportError:
+        return False
+    return True
+
+
+class ConnectionDropped(TransportClosed):
+    """The connection to the server is gone; the message says how."""
+
+
+def encode_header_value(value: str) -> str:
+    """A value that survives an HTTP field as written, or the protocol's ``=?base64?…?=`` form when it would not."""
+    if value.isascii() and value.isprintable() and value == value.strip() and not value.startswith("=?base64?"):
+        return value
+    import base64
+
+    return f"=?base64?{base64.b64encode(value.encode('utf-8')).decode('ascii')}?="
+
+
+class HttpTransport:
+    """Frames to and from one remote server: an ``UpstreamTransport`` (bastion/transport/upstream.py), one attempt.
+
+    ``start()`` connects (for HTTP+SSE: opens the stream and waits for its endpoint); ``send(frame)`` never blocks;
+    ``ended()`` says why the connection dropped; ``close()`` ends it (DELETE for a session).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        kind: str = "auto",
+        max_message_bytes: int = jsonrpc.DEFAULT_MAX_MESSAGE_BYTES,
+        sse_idle_timeout: float = 60.0,
+        client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        if kind not in ("auto", "streamable-http", "sse"):
+            raise ValueError(f"unknown HTTP transport {kind!r}")
+        self.name = name
+        self.url = url
+        self.kind = kind  # "auto" until the server's first answer settles it
+        self._static_headers = {"user-agent": f"bastion/{__version__}", **dict(headers)}
+        self._receiver: UpstreamReceiver | None = None
+        self._notes: deque[str] = deque(maxlen=DIAGNOSTICS_KEPT)
+        self._max_bytes = max_message_bytes
+        self._idle = sse_idle_timeout
+        self._own_client = client is None
+        self._client = client or httpx2.AsyncClient(
+            http2=_has_http2(), follow_redirects=False,
+            timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=None),
+            limits=httpx2.Limits(max_connections=100, max_keepalive_connections=20))
+        self.session_id: str | None = None
+        self.protocol_version: str | None = None  # the legacy version negotiated by initialize
+        self._legacy = False  # an initialize went out: the stateful wire, where notifications are POSTed too
+        self._initialize_id: Any = None
+        self._posts: dict[Any, asyncio.Task[None]] = {}  # request id -> its POST (and its response stream)
+        self._background: set[asyncio.Task[None]] = set()
+        self._endpoint: str | None = None  # HTTP+SSE: where messages are POSTed
+        self._endpoint_known = asyncio.Event()
+        self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._closing = False
+
+    @classmethod
+    def for_server(cls, name: str, config: "ServerConfig", *, max_message_bytes: int) -> "HttpTransport":
+        assert config.url is not None
+        return cls(name, config.url, config.headers, kind=config.transport, max_message_bytes=max_message_bytes,
+                   sse_idle_timeout=config.sse_idle_timeout)
+
+    # --------------------------------------------------------------------------------------- lifecycle
+    async def ended(self) -> str:
+        """Why the connection dropped (or "closed")."""
+        return await asyncio.shield(self._ended)
+
+    def refusal(self) -> str | None:
+        return None  # a URL that does not answer today may tomorrow: every failure is retried with backoff
+
+    def diagnostics(self) -> list[str]:
+        return list(self._notes)
+
+    @property
+    def is_open(self) -> bool:
+        return not self._ended.done() and not self._closing
+
+    async def start(self, receiver: UpstreamReceiver) -> None:
+        self._receiver = receiver
+        if self.kind == "sse":
+            await self._open_sse()
+
+    def _on_frame(self, frame: bytes) -> None:
+        if self._receiver is not None:
+            self._receiver.frames_received((frame,))
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = [*self._posts.values(), *self._background]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.session_id is not None and self.kind == "streamable-http":
+            try:
+                await self._client.delete(self.url, headers=self._headers(), timeout=_CLOSE_TIMEOUT)
+            except httpx2.HTTPError:
+                pass
+        if self._own_client:
+            await self._client.aclose()
+        if not self._ended.done():
+            self._ended.set_result("closed")
+
+    def _drop(self, reason: str) -> None:
+        """The connection is gone: every request on it ends now, and the upstream hears why."""
+        if self._ended.done() or self._closing:
+            return
+        log.debug("server %s: connection lost: %s", self.name, reason)
+        self._notes.append(reason)
+        self._ended.set_result(reason)
+        for task in [*self._posts.values(), *self._background]:
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    def _spawn(self, coro: Any, request_id: Any = None) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        if request_id is None:
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        else:
+            self._posts[request_id] = task
+            task.add_done_callback(lambda t, rid=request_id: self._posts.pop(rid, None) if self._posts.get(rid) is t
+                                   else None)
+
+    # -------------------------------------------------------------------------------------------- sending
+    def send(self, frame: bytes) -> None:
+        """Send one frame; its answer (and anything the server sends meanwhile) reaches ``on_frame``."""
+        if not self.is_open:
+            raise ConnectionDropped(f"server {self.name!r} is not reachable: " + (self._ended.result() if self._ended.done() else "closed"))
+        message = orjson.loads(frame)
+        if not isinstance(message, dict):
+            raise ValueError("a frame to a remote server must be one JSON-RPC object")
+        method = message.get("method")
+        request_id = message.get("id") if method is not None else None
+        is_request = method is not None and "id" in message
+        if method == "initialize":
+            self._legacy = True
+            self._initialize_id = request_id
+        if method is not None and not is_request and not self._legacy:
+            self._notify_modern(method, message.get("params") or {})
+            return
+        self._spawn(self._post(frame, message, method, is_request), request_id if is_request else None)
+        if method == "notifications/initialized" and self.kind != "sse":
+            self._spawn(self._get_stream())  # the session's own messages (405: the server sends none)
+
+    def _notify_modern(self, method: str, params: Mapping[str, Any]) -> None:
+        """The 2026-07-28 wire has no client notifications: a cancellation closes the request's own stream."""
+        if method == "notifications/cancelled":
+            task = self._posts.get(params.get("requestId"))
+            if task is not None:
+                task.cancel()
+
+    def _headers(self, message: Mapping[str, Any] | None = None) -> dict[str, str]:
+        headers = dict(self._static_headers)
+        if self.session_id is not None:
+            headers[SESSION_HEADER] = self.session_id
+        if self.protocol_version is not None:
+            headers[PROTOCOL_VERSION_HEADER] = self.protocol_version
+        if message is not None:
+            params = message.get("params")
+            meta = params.get("_meta") if isinstance(params, dict) else None
+            version = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
+            if isinstance(version, str):  # a modern request: its routing is mirrored in headers
+                method = message["method"]
+                headers[PROTOCOL_VERSION_HEADER] = version
+                headers[METHOD_HEADER] = method
+                key = _NAME_PARAMS.get(method)
+                value = params.get(key) if key is not None else None
+                if isinstance(value, str):
+                    headers[NAME_HEADER] = encode_header_value(value)
+        return headers
+
+    async def _post(self, frame: bytes, message: dict[str, Any], method: str | None, is_request: bool) -> None:
+        try:
+            if self.kind == "sse":
+                await self._post_to_endpoint(frame, message, is_request)
+            else:
+                await self._post_streamable(frame, message, method, is_request)
+        except asyncio.CancelledError:
+            raise
+        except httpx2.TransportError as exc:
+            self._drop(_describe(exc, self.url))
+        except ConnectionDropped as exc:
+            self._drop(str(exc))
+
+    async def _post_streamable(self, frame: bytes, message: dict[str, Any], method: str | None,
+                               is_request: bool) -> None:
+        headers = self._headers(message)
+        headers["accept"] = "application/json, text/event-stream"
+        headers["content-type"] = "application/json"
+        listen = method == _LISTEN
+        timeout = httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle) if listen else None
+        request = self._client.build_request("POST", self.url, content=frame, headers=headers,
+                                             **({"timeout": timeout} if timeout is not None else {}))
+        response = await self._client.send(request, stream=True)
+        try:
+            if self.kind == "auto" and response.status_code in (404, 405) and not _is_json(response):
+                # An HTTP+SSE server (2024-11-05) takes no POST here: the specification's fallback is its stream.
+                await response.aclose()
+                self.kind = "sse"
+                log.info("server %s: %s refused a Streamable HTTP POST (%d); trying HTTP+SSE", self.name, self.url,
+                         response.status_code)
+                await self._open_sse()
+                await self._post_to_endpoint(frame, message, is_request)
+                return
+            if self.kind == "auto" and response.status_code < 400:
+                self.kind = "streamable-http"
+            await self._read_post_answer(response, message, is_request, listen)
+        finally:
+            await response.aclose()
+        if listen and self.is_open:
+            # The listen stream ended or went silent: the server's notifications ride it, so it is reopened.
+            await asyncio.sleep(_REOPEN_DELAY)
+            if self.is_open:
+                self._spawn(self._post(frame, message, method, is_request), message.get("id"))
+
+    async def _read_post_answer(self, response: httpx2.Response, message: dict[str, Any], is_request: bool,
+                                listen: bool) -> None:
+        status = response.status_code
+        request_id = message.get("id")
+        if status == 404 and self.session_id is not None:
+            raise ConnectionDropped("the server ended the session (404 for its Mcp-Session-Id)")
+        if status == 202 or not is_request:
+            if is_request:
+                self._answer_error(request_id, jsonrpc.INTERNAL_ERROR, "the server accepted the request (202) "
+                                   "but sent no answer")
+            return
+        if status >= 400:
+            body = await _read_limited(response, self._max_bytes)
+            if body is not None and _is_json(response) and self._deliver_error_body(body, request_id):
+                return
+            self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE if status >= 500 else jsonrpc.INTERNAL_ERROR,
+                               f"the server answered HTTP {status} {response.reason_phrase}".rstrip())
+            return
+        if request_id == self._initialize_id and message.get("method") == "initialize":
+            session = response.headers.get(SESSION_HEADER)
+            if session:
+                self.session_id = session
+        content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if content_type == "application/json":
+            body = await _read_limited(response, self._max_bytes)
+            if body is None:
+                self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
+                                   f"the server's answer is over the limit of {self._max_bytes} bytes")
+                return
+            self._deliver(body, request_id)
+        elif content_type == "text/event-stream":
+            await self._read_events(response, request_id, ends_with_answer=not listen)
+        else:
+            self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
+                               f"the server answered with {content_type or 'no content type'}, not JSON or SSE")
+
+    def _deliver(self, body: bytes, request_id: Any = None) -> None:
+        """Hand a frame up, noting what the transport itself needs from it (the legacy version negotiated)."""
+        if request_id is not None and request_id == self._initialize_id:
+            try:
+                answer = orjson.loads(body)
+                version = answer.get("result", {}).get("protocolVersion")
+                if isinstance(version, str):
+                    self.protocol_version = version
+            except (orjson.JSONDecodeError, AttributeError):
+                pass
+        self._on_frame(body)
+
+    def _deliver_error_body(self, body: bytes, request_id: Any) -> bool:
+        """A JSON-RPC error sent with an HTTP error status, given to the request it answers (its id may be null)."""
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("error"), dict):
+            return False
+        parsed["id"] = request_id
+        self._on_frame(orjson.dumps(parsed))
+        return True
+
+    def _answer_error(self, request_id: Any, code: int, message: str) -> None:
+        if request_id is not None:
+            self._on_frame(orjson.dumps({"jsonrpc": "2.0", "id": request_id,
+                                         "error": {"code": code, "message": f"server {self.name!r}: {message}"}}))
+
+    async def _read_events(self, response: httpx2.Response, request_id: Any, *, ends_with_answer: bool) -> None:
+        """Deliver a stream's messages; a request's stream is done with its answer."""
+        answered = False
+        try:
+            async for event in httpx2.EventSource(response, max_event_size=self._max_bytes):
+                if event.event not in ("message", "") or not event.data:
+                    continue  # a priming event, or one this protocol does not define
+                data = event.data.encode("utf-8")
+                if ends_with_answer and _answers(data, request_id):
+                    self._deliver(data, request_id)
+                    answered = True
+                    return
+                self._on_frame(data)
+        except httpx2.ReadTimeout:
+            if ends_with_answer:
+                raise
+            return  # a listen or GET stream silent past the idle timeout: reopened by the caller
+        except httpx2.SSEError as exc:
+            if ends_with_answer:
+                self._answer_error(request_id, jsonrpc.INTERNAL_ERROR, f"its event stream broke: {exc}")
+            return
+        finally:
+            if ends_with_answer and not answered and not self._ended.done() and not self._closing:
+                if not asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE,
+                                       "the server closed the request's stream without answering")
+
+    # ----------------------------------------------------------------- the server's own messages (legacy)
+    async def _get_stream(self) -> None:
+        """After ``notifications/initialized``: the GET stream on which a session's server sends on its own."""
+        await asyncio.sleep(0)  # after the notification's POST has gone out
+        while self.is_open:
+            headers = {**self._headers(), "accept": "text/event-stream"}
+            try:
+                async with self._client.stream("GET", self.url, headers=headers,
+                                               timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
+                    if response.status_code == 404 and self.session_id is not None:
+                        self._drop("the server ended the session (404 for its Mcp-Session-Id)")
+                        return
+                    if response.status_code >= 400:
+                        return  # 405: this server has no stream of its own messages
+                    await self._read_events(response, None, ends_with_answer=False)
+            except httpx2.ReadTimeout:
+                pass  # silent past the idle timeout: a stream a proxy may have dropped unnoticed is opened again
+            except httpx2.TransportError as exc:
+                self._drop(_describe(exc, self.url))
+                return
+            await asyncio.sleep(_REOPEN_DELAY)
+
+    # ------------------------------------------------------------------------------------------ HTTP+SSE
+    async def _open_sse(self) -> None:
+        """Open the event stream and wait for the ``endpoint`` event that says where to POST."""
+        if self._endpoint_known.is_set():
+            return
+        if not any(task for task in self._background if task.get_name() == "sse-stream"):
+            task = asyncio.get_running_loop().create_task(self._sse_stream(), name="sse-stream")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        waiter = asyncio.ensure_future(self._endpoint_known.wait())
+        done, _ = await asyncio.wait({waiter, self._ended}, timeout=_CONNECT_TIMEOUT,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if not self._endpoint_known.is_set():
+            reason = self._ended.result() if self._ended.done() else (
+                f"its event stream sent no endpoint within {_CONNECT_TIMEOUT:g}s")
+            self._drop(reason)
+            raise ConnectionDropped(reason)
+
+    async def _sse_stream(self) -> None:
+        headers = {**self._headers(), "accept": "text/event-stream"}
+        try:
+            async with self._client.stream("GET", self.url, headers=headers,
+                                           timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
+                if response.status_code >= 400:
+                    self._drop(f"{self.url} answered the event stream's GET with HTTP {response.status_code}")
+                    return
+                async for event in httpx2.EventSource(response, max_event_size=self._max_bytes):
+                    if event.event == "endpoint":
+                        endpoint = urljoin(self.url, event.data.strip())
+                        if _origin(endpoint) != _origin(self.url):
+                            self._drop(f"its endpoint {endpoint} is not on {self.url}'s origin; refused")
+                            return
+                        self._endpoint = endpoint
+                        self._endpoint_known.set()
+                    elif event.event in ("message", "") and event.data:
+                        self._on_frame(event.data.encode("utf-8"))
+            self._drop("the server closed its event stream")
+        except httpx2.ReadTimeout:
+            self._drop(f"its event stream was silent for {self._idle:g}s")
+        except httpx2.SSEError as exc:
+            self._drop(f"its event stream broke: {exc}")
+        except httpx2.TransportError as exc:
+            self._drop(_describe(exc, self.url))
+
+    async def _post_to_endpoint(self, frame: bytes, message: dict[str, Any], is_request: bool) -> None:
+        await self._open_sse()
+        assert self._endpoint is not None
+        headers = {**self._headers(), "content-type": "application/json"}
+        response = await self._client.post(self._endpoint, content=frame, headers=headers)
+        if response.status_code == 404:
+            raise ConnectionDropped("the server no longer knows this connection's session (404)")
+        if response.status_code >= 400 and is_request:
+            if not (_is_json(response) and self._deliver_error_body(response.content, message.get("id"))):
+                self._answer_error(message.get("id"), jsonrpc.INTERNAL_ERROR,
+                                   f"the server refused the message with HTTP {response.status_code}")
+
+
+def _answers(data: bytes, request_id: Any) -> bool:
+    """Whether an event is the answer to ``request_id`` (and not a notification or the server's own request)."""
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(message, dict) and "method" not in message and message.get("id") == request_id
+
+
+def _is_json(response: httpx2.Response) -> bool:
+    return response.headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json"
+
+
+async def _read_limited(response: httpx2.Response, limit: int) -> bytes | None:
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
+
+
+def _describe(exc: httpx2.TransportError, url: str) -> str:
+    if isinstance(exc, httpx2.ConnectError):
+        return f"cannot connect to {url}: {exc or type(exc).__name__}"
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"{url} timed out ({type(exc).__name__})"
+    return f"{url}: {type(exc).__name__}: {exc or 'connection reset'}"

@@ -1,0 +1,119 @@
+"""A remote MCP server for the HTTP upstream tests, written with the official SDK (or FastMCP with --fastmcp).
+
+Serves Streamable HTTP at /mcp (both eras: the SDK answers server/discover and initialize alike) or the old HTTP+SSE
+transport at /sse, on 127.0.0.1 and a free port; the first line on stdout is the URL. Tools: ``echo``, ``headers``
+(the request headers the server received, as JSON), ``slow`` (progress, then an answer after the seconds asked),
+``grow`` (adds a tool and says the list changed). A resource ``note://hello`` and a prompt ``greet``.
+"""
+
+import argparse
+import asyncio
+import json
+import socket
+
+import uvicorn
+
+
+from fastmcp import Context as FastContext, FastMCP
+from mcp.server.mcpserver import Context, MCPServer
+
+
+def build_sdk():
+
+    server = MCPServer("remote-fixture")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Say the text back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    def headers(ctx: Context) -> str:
+        """The HTTP request headers this call arrived with."""
+        return json.dumps({k.lower(): v for k, v in (ctx.headers or {}).items()})
+
+    @server.tool()
+    async def slow(seconds: float, ctx: Context) -> str:
+        """Report progress, then answer after the seconds asked."""
+        await ctx.report_progress(1, 2, "halfway")
+        await asyncio.sleep(seconds)
+        return f"slept {seconds}"
+
+    @server.tool()
+    async def grow(ctx: Context) -> str:
+        """Add a tool named extra and say the list changed."""
+        server.add_tool(lambda: "extra!", name="extra", description="Added by grow.")
+        try:
+            await ctx.notify_tools_changed()
+        except Exception:  # noqa: BLE001 - a legacy session has no listen stream: tell it on the session
+            pass
+        try:
+            await ctx.request_context.session.send_tool_list_changed()
+        except Exception:  # noqa: BLE001 - a modern request has no session to tell
+            pass
+        return "grown"
+
+    @server.resource("note://hello")
+    def note() -> str:
+        """A short note."""
+        return "hello from the remote"
+
+    @server.prompt()
+    def greet(name: str) -> str:
+        """Greet someone."""
+        return f"Hello, {name}!"
+
+    return server
+
+
+def build_fastmcp():
+
+    server = FastMCP("remote-fastmcp")
+
+    @server.tool
+    def echo(text: str) -> str:
+        """Say the text back."""
+        return f"echo: {text}"
+
+    @server.tool
+    async def slow(seconds: float, ctx: FastContext) -> str:
+        """Report progress, then answer after the seconds asked."""
+        await ctx.report_progress(1, 2)
+        await asyncio.sleep(seconds)
+        return f"slept {seconds}"
+
+    @server.resource("note://hello")
+    def note() -> str:
+        return "hello from the remote"
+
+    @server.prompt
+    def greet(name: str) -> str:
+        return f"Hello, {name}!"
+
+    return server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--transport", choices=("streamable-http", "sse"), default="streamable-http")
+    parser.add_argument("--json-response", action="store_true")
+    parser.add_argument("--fastmcp", action="store_true")
+    parser.add_argument("--port", type=int, default=0)
+    arguments = parser.parse_args()
+    if arguments.fastmcp:
+        app = build_fastmcp().http_app(path="/mcp", transport="http", json_response=arguments.json_response)
+        path = "/mcp"
+    elif arguments.transport == "sse":
+        app, path = build_sdk().sse_app(), "/sse"
+    else:
+        app = build_sdk().streamable_http_app(json_response=arguments.json_response)
+        path = "/mcp"
+    listener = socket.create_server(("127.0.0.1", arguments.port))
+    listener.set_inheritable(True)
+    print(f"http://127.0.0.1:{listener.getsockname()[1]}{path}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    asyncio.run(server.serve(sockets=[listener]))
+
+
+if __name__ == "__main__":
+    main()
