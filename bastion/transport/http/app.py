@@ -16,7 +16,7 @@ import orjson
 
 from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
-from bastion.gateway.pipeline import Identity
+from bastion.model import Identity
 from bastion.protocol.versions import LEGACY_VERSIONS, META_PROTOCOL_VERSION, is_modern, is_modern_first_message
 from bastion.transport.http.config import HttpConfig
 from bastion.transport.http.exchanges import Exchange, Peeked, ServerGate, peek
