@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, T
 
 from bastion import __version__
 from bastion.config import GatewayConfig
+from bastion.gateway.bridge import InputBridge
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.eager import DirectCall
 from bastion.gateway.naming import SEPARATOR, sanitize
@@ -94,6 +95,8 @@ class Gateway:
         }
         self._refreshes: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._subscriptions: dict[str, set[str]] = {}  # uri -> connection ids
+        # 2026-07-28 clients' calls in flight, where a handshake-era server's question to the client waits.
+        self.inputs = InputBridge()
 
     # ------------------------------------------------------------------------------------------ running
     def start(self, client_capabilities: Mapping[str, Any] | None = None) -> None:
@@ -146,6 +149,7 @@ class Gateway:
     async def close(self) -> None:
         for task in self._refreshes.values():
             task.cancel()
+        self.inputs.close()
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
         if self.policy is not None:
             await self.policy.aclose()
@@ -460,26 +464,58 @@ class Gateway:
         log.debug("server %s sent %s; not forwarded", upstream.name, method)
 
     async def upstream_request(self, upstream: Upstream, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """A server asks the client something (sampling, elicitation, roots): relay it to a client that can answer."""
-        capability = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}.get(method)
+        """A server asks the client something (sampling, elicitation, roots): relay it to the client whose call
+        caused it, never to another. A 2026-07-28 client's call answers with ``input_required`` for it."""
+        capability = _INPUT_CAPABILITY.get(method)
         if capability is None:
             raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
-        for connection in reversed(list(self._connections.values())):
-            if connection.era == "legacy" and connection.supports(capability):
-                if self.policy is not None:
-                    decision = self.policy.authorize_server_request(connection.identity, upstream.name, method,
-                                                                    upstream.config.trust)
-                    if not decision.allowed:
-                        raise GatewayError(jsonrpc.INVALID_REQUEST,
-                                           f"{method} from server {upstream.name!r} refused by policy: {decision.reason}")
-                return await connection.request(method, params)
-        if any(c.era == "modern" for c in self._connections.values()):
+        asking = f"{method} from server {upstream.name!r}"
+        callers = [(origin, origin_id) for origin, origin_id in upstream._correlator.origins()
+                   if origin in self._connections or self.inputs.find(origin, origin_id) is not None]
+        if len({origin for origin, _ in callers}) > 1:
+            raise GatewayError(jsonrpc.INVALID_REQUEST,
+                               f"{asking} came while calls of several clients were in flight on it, and nothing says "
+                               "whose call asked: give a server that asks its client for input scope per_session")
+        bridged = [call for call in (self.inputs.find(*caller) for caller in callers) if call is not None]
+        if bridged:
+            if len(bridged) > 1:
+                raise GatewayError(jsonrpc.INVALID_REQUEST,
+                                   f"{asking} came while several calls of one 2026-07-28 client were in flight on it, "
+                                   "and nothing says which call asked")
+            [call] = bridged
+            if capability not in call.client_capabilities:
+                raise GatewayError(jsonrpc.INVALID_REQUEST,
+                                   f"{asking}: the client whose call caused it did not declare the {capability!r} capability")
+            self._authorize_server_request(call.identity, upstream, method)
+            return await self.inputs.ask(call, method, params)
+        if callers:
+            connection = self._connections[callers[0][0]]
+        else:
+            # Asked outside any call (roots/list after the handshake, say): only a lone client can be the one meant.
+            connected = list(self._connections.values())
+            if len(connected) != 1:
+                raise GatewayError(jsonrpc.INVALID_REQUEST,
+                                   f"{asking} came outside any client's call while {len(connected)} clients are "
+                                   "connected, so nothing says which client it is for")
+            connection = connected[0]
+        if connection.era != "legacy":
+            raise GatewayError(jsonrpc.INVALID_REQUEST,
+                               f"{asking} came outside any call of its 2026-07-28 client, which can be asked only in "
+                               "the answer to a call")
+        if not connection.supports(capability):
             raise GatewayError(jsonrpc.METHOD_NOT_FOUND,
-                               f"{method} from server {upstream.name!r} cannot reach a 2026-07-28 client through Bastion "
-                               "yet: server-initiated requests do not cross protocol eras")
-        raise GatewayError(jsonrpc.METHOD_NOT_FOUND,
-                           f"{method} from server {upstream.name!r}: no connected client declared the {capability!r} "
-                           "capability (Bastion offers it to every server, which start before any client connects)")
+                               f"{asking}: the client whose call caused it did not declare the {capability!r} "
+                               "capability (Bastion offers it to every server, which start before any client connects)")
+        self._authorize_server_request(connection.identity, upstream, method)
+        return await connection.request(method, params)
+
+    def _authorize_server_request(self, identity: Identity, upstream: Upstream, method: str) -> None:
+        if self.policy is None:
+            return
+        decision = self.policy.authorize_server_request(identity, upstream.name, method, upstream.config.trust)
+        if not decision.allowed:
+            raise GatewayError(jsonrpc.INVALID_REQUEST,
+                               f"{method} from server {upstream.name!r} refused by policy: {decision.reason}")
 
     def _schedule_refresh(self, upstream: Upstream, list_method: str) -> None:
         key = (upstream.name, list_method)

@@ -1,10 +1,11 @@
-"""One client connection to Bastion, whatever the transport: its era, lifecycle, in-flight requests and
-notifications. The transport feeds it frames and gives it a way to send them."""
+"""One client connection to Bastion, whatever the transport: a thin driver of the sans-I/O server session
+(``bastion.protocol.server_session``). The session decides what the client's messages mean; this driver runs
+what takes time (waiting for servers, the gateway's pipeline) and sends what the session says to send. The
+transport feeds it frames and gives it a way to send them."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import uuid
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
@@ -13,32 +14,26 @@ from bastion.gateway.core import SERVER_INFO, Gateway
 from bastion.gateway.eager import RequestRunner
 from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
-from bastion.protocol.jsonrpc import (
-    ErrorResponse,
-    InvalidFrame,
-    Notification,
-    RawResponse,
-    Request,
-    Response,
-    parse_frame,
-    parse_raw_request,
-)
-from bastion.protocol.lifecycle import Action, ServerLifecycle, State
-from bastion.protocol.versions import (
-    DISCOVER,
-    META_SERVER_INFO,
-    META_SUBSCRIPTION_ID,
-    MODERN_VERSIONS,
-    Envelope,
-    is_modern_first_message,
-    negotiate_legacy,
-    read_envelope,
+from bastion.protocol.jsonrpc import ErrorResponse, RawResponse, Request, Response, parse_raw_request
+from bastion.protocol.lifecycle import State
+from bastion.protocol.server_session import (
+    Answered,
+    Cancel,
+    CloseConnection,
+    Discover,
+    Event,
+    Initialize,
+    Invalid,
+    Listen,
+    RootsChanged,
+    Send,
+    Serve,
+    ServerSession,
+    UnknownAnswer,
+    legacy_result,
 )
 
 log = logging.getLogger("bastion.frontend")
-
-_CACHEABLE = frozenset({"tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read"})
-_LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
 class ClientConnection:
@@ -52,23 +47,19 @@ class ClientConnection:
         identity: Identity,
         close: Callable[[], None] = lambda: None,
         drain: Callable[[], Awaitable[None]] | None = None,
+        era: str | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.gateway = gateway
         self.identity = identity
-        self.era: str | None = None
+        self.protocol = ServerSession(server_info=SERVER_INFO, max_message_bytes=gateway.config.max_message_bytes,
+                                      era=era)
         self._send_bytes = send
         self._close_transport = close
         self._drain = drain
-        self._lifecycle = ServerLifecycle()
-        self._session: Session | None = None  # legacy: one for the connection
-        self._running: dict[Any, RequestRunner] = {}  # requests in flight, by the client's id
+        self._session: Session | None = None  # legacy: one for the connection, from its initialize
+        self._running: dict[Any, Any] = {}  # requests in flight, by the client's id: RequestRunner or DirectCall
         self._outgoing: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
-        self._outgoing_ids = itertools.count(1)
-        self._listens: dict[Any, dict[str, Any]] = {}  # modern subscriptions/listen: id -> filter
-        self._log_opt_ins: dict[Any, str] = {}  # modern requests in flight that opted in to logs: id -> level
-        self._log_level: str | None = None  # legacy logging/setLevel
-        self._answered_initialize = False  # notifications wait until the client has its initialize result
         # Requests a client pipelines behind its initialize wait for the handshake (and the servers it waits for).
         self._handshake = asyncio.Event()
         self._direct_session: Session | None = None  # a handshake-era session once its handshake is done
@@ -77,65 +68,74 @@ class ClientConnection:
         self._loop = asyncio.get_running_loop()
         gateway.attach(self)
 
+    @property
+    def era(self) -> str | None:
+        return self.protocol.era
+
     # ------------------------------------------------------------------------------------------ input
     def feed(self, frame: bytes) -> None:
         session = self._direct_session
-        if session is not None and self._lifecycle.state is State.ACTIVE and self._forward_raw(session, frame):
+        if session is not None and self.protocol.lifecycle.state is State.ACTIVE and self._forward_raw(session, frame):
             return
-        if not frame or frame.isspace():  # a blank line is no message; isspace stops at the first other byte
-            return
-        message = parse_frame(frame, self._max_bytes)
-        if isinstance(message, InvalidFrame):
-            log.warning("client sent an invalid frame: %s", message.reason)
-            if message.reply is not None:
-                self._send(message.reply)
-            return
-        if self.era is None and isinstance(message, (Request, Notification)):
-            self.era = "modern" if is_modern_first_message(message.method, message.params) else "legacy"
-        if self.era == "legacy":
-            verdict = self._lifecycle.receive(message)
-            if verdict.action is not Action.ACCEPT:
-                if verdict.reply is not None:
-                    self._send(verdict.reply)
-                if verdict.action is Action.REJECT_AND_CLOSE:
-                    self._close_transport()
-                return
-        kind = type(message)
-        if kind is Request:
-            self._on_request(message)
-        elif kind is Notification:
-            self._on_notification(message)
-        else:
-            self._on_response(message)
+        self._act(self.protocol.receive_frame(frame))
 
     def frame_too_large(self, size: int) -> None:
-        self._send(ErrorResponse(None, jsonrpc.error(
-            jsonrpc.INVALID_REQUEST, f"message of at least {size} bytes exceeds the limit of {self._max_bytes} bytes")))
+        self._act(self.protocol.frame_too_large(size))
 
-    def _on_request(self, message: Request) -> None:
-        if message.id in self._running:
-            self._send(ErrorResponse(message.id, jsonrpc.error(
-                jsonrpc.INVALID_REQUEST, f"request id {message.id!r} is already in flight")))
-            return
+    def _act(self, events: list[Event]) -> None:
+        for event in events:
+            kind = type(event)
+            if kind is Serve:
+                self._on_serve(event)  # type: ignore[arg-type]
+            elif kind is Send:
+                self._send(event.message)  # type: ignore[union-attr]
+            elif kind is Initialize:
+                self._run(self._initialize(event), event.request.id)  # type: ignore[union-attr]
+            elif kind is Discover:
+                self._run(self._answer(event.request, self._discover(event)), event.request.id)  # type: ignore[union-attr]
+            elif kind is Listen:
+                self._run(self._answer(event.request, self._listen(event)), event.request.id)  # type: ignore[union-attr]
+            elif kind is Cancel:
+                runner = self._running.get(event.request_id)  # type: ignore[union-attr]
+                if runner is not None:
+                    runner.cancel()
+            elif kind is Answered:
+                future = self._outgoing.pop(event.request_id, None)  # type: ignore[union-attr]
+                if future is not None and not future.done():
+                    future.set_result(event.answer)  # type: ignore[union-attr]
+            elif kind is RootsChanged:
+                for upstream in self.gateway.upstreams.values():
+                    if "roots" in upstream.client_capabilities:
+                        upstream.notify("notifications/roots/list_changed", None)
+            elif kind is CloseConnection:
+                self._close_transport()
+            elif kind is Invalid:
+                log.warning("client sent an invalid frame: %s", event.reason)  # type: ignore[union-attr]
+            elif kind is UnknownAnswer:
+                log.warning("client answered unknown request id %r; ignored", event.request_id)  # type: ignore[union-attr]
+
+    def _on_serve(self, event: Serve) -> None:
+        message = event.request
         session = self._direct_session
         if session is not None and message.method == "tools/call":
-            call = self.gateway.forward_tool_call(session, message.id, message.params, self._log_level or "debug",
+            call = self.gateway.forward_tool_call(session, message.id, message.params, event.log_level,
                                                   self._answer_directly)
             if call is not None:
                 self._running[message.id] = call
                 return
-        self._run(self._serve(message), message.id)
+        self._run(self._answer(message, self._serve(event)), message.id)
 
     def _forward_raw(self, session: Session, frame: bytes) -> bool:
         """Pass a tools/call to its server with its arguments as the client sent them, when the gateway can: the
         usual request of an established handshake-era session with no interceptor. False leaves the frame to
-        ``feed``'s full parse (which also answers every refusal)."""
+        the session's full parse (which also answers every refusal)."""
         request = parse_raw_request(frame, self._max_bytes)
-        if request is None or request.method != "tools/call" or request.id in self._running:
+        if request is None or request.method != "tools/call" or not self.protocol.request_started(request.id):
             return False
-        call = self.gateway.forward_raw_tool_call(session, request.id, request.params, self._log_level or "debug",
-                                                  self._answer_directly)
+        call = self.gateway.forward_raw_tool_call(session, request.id, request.params,
+                                                  self.protocol.log_level or "debug", self._answer_directly)
         if call is None:
+            self.protocol.request_done(request.id)
             return False
         self._running[request.id] = call
         return True
@@ -149,16 +149,19 @@ class ClientConnection:
         """The answer to a call the gateway passed straight to its server; None when the client cancelled it."""
         call = self._running.pop(request_id, None)
         if answer is None:
+            self.protocol.request_done(request_id)
             return
         if type(answer) is RawResponse:
             # Only a modern server's result has fields a handshake-era client must not see. A byte search can
             # match inside a string too, which only costs a decode.
             frame = answer.frame
             if frame.find(b'"resultType"') < 0 and frame.find(b'"_meta"') < 0:
+                self.protocol.request_done(request_id)
                 self._send_frame(answer.reframed(request_id))
                 return
             answer = answer.decoded()
         if type(answer) is ErrorResponse:
+            self.protocol.request_done(request_id)
             self._send(ErrorResponse(request_id, GatewayError.from_error(answer.error).to_error()))
             return
         result = answer.result
@@ -167,55 +170,19 @@ class ClientConnection:
             if result.get("resultType") == "input_required" and resume is not None:
                 server, params = resume
                 finish = self._finish_tool_call(request_id, server, params, result)
-                self._run(self._serve(Request(request_id, "tools/call", params), finish), request_id)
+                self._run(self._answer(Request(request_id, "tools/call", params), finish), request_id)
                 return
-            result = _legacy_result(result)
+            result = legacy_result(result)
+        self.protocol.request_done(request_id)
         self._send(Response(request_id, result))
 
-    def _on_notification(self, message: Notification) -> None:
-        params = message.params or {}
-        if message.method == "notifications/cancelled":
-            request_id = params.get("requestId")
-            runner = self._running.get(request_id)
-            if runner is not None:
-                runner.cancel()
-            self._listens.pop(request_id, None)
-        elif message.method == "notifications/roots/list_changed":
-            for upstream in self.gateway.upstreams.values():
-                if "roots" in upstream.client_capabilities:
-                    upstream.notify(message.method, None)
-
-    def _on_response(self, message: Response | ErrorResponse) -> None:
-        future = self._outgoing.pop(message.id, None) if isinstance(message.id, str) else None
-        if future is None:
-            log.warning("client answered unknown request id %r; ignored", message.id)
-            return
-        if not future.done():
-            future.set_result(message)
-
     # ---------------------------------------------------------------------------------------- serving
-    async def _serve(self, message: Request, finish: Awaitable[jsonrpc.Message] | None = None) -> None:
-        """Answer one request; ``finish``, when given, makes the answer (the rest of a call sent directly)."""
+    async def _answer(self, message: Request, reply: Awaitable[jsonrpc.Message | None]) -> None:
+        """Send what ``reply`` makes of one request, whatever happens on the way."""
         try:
-            if finish is not None:
-                reply = await finish
-            elif self.era == "modern":
-                reply = await self._serve_modern(message)
-            elif message.method == "initialize":
-                try:
-                    reply = await self._initialize(message)
-                finally:
-                    self._handshake.set()
-                    self._direct_session = self._session if self.gateway.forwards_directly else None
-            else:
-                if not self._handshake.is_set() and message.method != "ping":
-                    await self._handshake.wait()
-                # Modern servers log only for requests that opt in. A legacy client gets every level until it sends
-                # logging/setLevel (legacy servers behave that way), so its requests opt in at its level, else debug.
-                reply = self._refused_log_level(message) or await self._dispatch(
-                    message, self._session or self._anonymous_session(), self._log_level or "debug")
-            if reply is not None:
-                self._send(reply)
+            answer = await reply
+            if answer is not None:
+                self._send(answer)
                 if self._drain is not None:
                     await self._drain()
         except asyncio.CancelledError:
@@ -225,59 +192,43 @@ class ClientConnection:
             self._send(ErrorResponse(message.id, jsonrpc.error(jsonrpc.INTERNAL_ERROR, "internal error in Bastion")))
         finally:
             self._running.pop(message.id, None)
-            self._log_opt_ins.pop(message.id, None)
+            self.protocol.request_done(message.id)
 
-    def _refused_log_level(self, message: Request) -> ErrorResponse | None:
-        """Take the level of a legacy logging/setLevel (which is also forwarded), or refuse an invalid one."""
-        if message.method != "logging/setLevel":
-            return None
-        level = (message.params or {}).get("level")
-        if level not in _LOG_LEVELS:
-            return ErrorResponse(message.id, jsonrpc.error(jsonrpc.INVALID_PARAMS, f"invalid log level {level!r}"))
-        self._log_level = level
-        return None
+    async def _initialize(self, event: Initialize) -> None:
+        async def answer() -> jsonrpc.Message:
+            try:
+                self._session = Session(self.identity, "legacy", event.protocol_version, event.client_capabilities,
+                                        event.client_info, self.id, client=self)
+                self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
+                await self.gateway.wait_ready()
+                return self.protocol.initialize_result(event.request, self.gateway.server_capabilities(),
+                                                       self.gateway.instructions())
+            finally:
+                self._handshake.set()
+                self._direct_session = self._session if self.gateway.forwards_directly else None
 
-    async def _initialize(self, message: Request) -> None:
-        params = message.params or {}
-        capabilities = params.get("capabilities") if isinstance(params.get("capabilities"), dict) else {}
-        client_info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else None
-        version = negotiate_legacy(params.get("protocolVersion"))
-        self._session = Session(self.identity, "legacy", version, capabilities, client_info, self.id, client=self)
-        self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
-        await self.gateway.wait_ready()
-        result: dict[str, Any] = {
-            "protocolVersion": version,
-            "capabilities": self.gateway.server_capabilities(),
-            "serverInfo": SERVER_INFO,
-        }
-        instructions = self.gateway.instructions()
-        if instructions:
-            result["instructions"] = instructions
-        self._send(Response(message.id, result))
-        self._answered_initialize = True
-        return None
+        await self._answer(event.request, answer())
+
+    async def _serve(self, event: Serve) -> jsonrpc.Message:
+        message = event.request
+        if event.era == "modern":
+            await self._first_request_waited()
+            session = Session(self.identity, "modern", event.protocol_version, event.client_capabilities,
+                              event.client_info, self.id, client=self)
+            return await self._dispatch_modern(message, session, event.log_level)
+        else:
+            if not self._handshake.is_set() and message.method != "ping":
+                await self._handshake.wait()
+            session = self._session or self._anonymous_session()
+        return await self._dispatch(message, session, event.log_level)
 
     def _anonymous_session(self) -> Session:
         return Session(self.identity, self.era or "legacy", "", {}, None, self.id, client=self)
 
-    async def _serve_modern(self, message: Request) -> jsonrpc.Message | None:
-        envelope = read_envelope(message.params)
-        if not isinstance(envelope, Envelope):
-            return ErrorResponse(message.id, envelope)
+    async def _discover(self, event: Discover) -> jsonrpc.Message:
         await self._first_request_waited()
-        session = Session(self.identity, "modern", envelope.protocol_version, envelope.client_capabilities,
-                          envelope.client_info, self.id, client=self)
-        if message.method == DISCOVER:
-            return Response(message.id, self._modern_result(message.method, {
-                "supportedVersions": list(MODERN_VERSIONS),
-                "capabilities": self.gateway.server_capabilities(),
-                **({"instructions": i} if (i := self.gateway.instructions()) else {}),
-            }))
-        if message.method == "subscriptions/listen":
-            return await self._listen(message)
-        if envelope.log_level is not None:
-            self._log_opt_ins[message.id] = envelope.log_level
-        return await self._dispatch(message, session, envelope.log_level)
+        return self.protocol.discover_result(event.request, self.gateway.server_capabilities(),
+                                             self.gateway.instructions())
 
     async def _first_request_waited(self) -> None:
         """A modern client's first request waits, as a legacy client's initialize does, for servers still starting
@@ -296,102 +247,93 @@ class ClientConnection:
             result = await self.gateway.handle(request)
         except GatewayError as exc:
             return ErrorResponse(message.id, exc.to_error())
-        if self.era == "modern":
-            result = self._modern_result(message.method, result)
-        else:
-            result = _legacy_result(result)
-        return Response(message.id, result)
+        return self.protocol.result(message.id, message.method, result)
+
+    async def _dispatch_modern(self, message: Request, session: Session, log_level: str | None) -> jsonrpc.Message:
+        """A 2026-07-28 request runs in a Task of its own, which outlives the request when its server asks for
+        input: the request is answered ``input_required``, and the client's retry (naming the call by the
+        ``requestState`` it was given) brings the answers and waits for the rest."""
+        params = message.params if message.params is not None else {}
+        bridge = self.gateway.inputs
+        state = params.get("requestState")
+        try:
+            if bridge.is_ours(state):
+                call = bridge.resume(state, self.identity, params.get("inputResponses"))
+            else:
+                request = GatewayRequest(message.method, params, session, self.gateway.catalog,
+                                         request_id=message.id, log_level=log_level)
+                handling = asyncio.ensure_future(self.gateway.handle(request))
+                call = bridge.begin(self.identity, session.client_capabilities, handling, (self.id, message.id))
+        except GatewayError as exc:
+            return ErrorResponse(message.id, exc.to_error())
+        attention = call.wait_for_attention()
+        try:
+            await asyncio.wait((call.handling, attention), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            if not call.parked:  # the client gave up on the call itself, not on a request that answered for it
+                call.handling.cancel()
+            raise
+        finally:
+            attention.cancel()
+        if call.handling.done():
+            if call.handling.cancelled():
+                return ErrorResponse(message.id, jsonrpc.error(
+                    jsonrpc.REQUEST_TIMEOUT, "the call was given up while it waited for the client's input"))
+            try:
+                result = call.handling.result()
+            except GatewayError as exc:
+                return ErrorResponse(message.id, exc.to_error())
+            return self.protocol.result(message.id, message.method, result)
+        questions = call.open_questions()
+        bridge.park(call)
+        return self.protocol.result(message.id, message.method, {
+            "resultType": "input_required", "inputRequests": questions, "requestState": call.token})
 
     async def _finish_tool_call(self, request_id: Any, server: str, params: dict[str, Any],
                                 input_required: dict[str, Any]) -> jsonrpc.Message:
         """A call sent directly to a modern server that answered ``input_required``: drive its rounds there."""
         request = GatewayRequest("tools/call", params, self._session or self._anonymous_session(),
-                                 self.gateway.catalog, request_id=request_id, log_level=self._log_level or "debug")
+                                 self.gateway.catalog, request_id=request_id,
+                                 log_level=self.protocol.log_level or "debug")
         try:
             result = await self.gateway.drive_input_required(request, server, params, input_required)
         except GatewayError as exc:
             return ErrorResponse(request_id, exc.to_error())
-        return Response(request_id, _legacy_result(result))
+        return Response(request_id, legacy_result(result))
 
-    def _modern_result(self, method: str, result: dict[str, Any]) -> dict[str, Any]:
-        result = dict(result)
-        result.setdefault("resultType", "complete")
-        meta = dict(result.get("_meta") or {})
-        meta[META_SERVER_INFO] = SERVER_INFO
-        result["_meta"] = meta
-        if method in _CACHEABLE or method == DISCOVER:
-            # Lists are filtered per identity by policy, so they may never be shared across identities.
-            result.setdefault("ttlMs", 0)
-            result["cacheScope"] = "private"
-        return result
-
-    async def _listen(self, message: Request) -> None:
-        wanted = (message.params or {}).get("notifications") or {}
-        caps = self.gateway.server_capabilities()
-        agreed: dict[str, Any] = {}
-        for key, capability in (("toolsListChanged", "tools"), ("promptsListChanged", "prompts"),
-                                ("resourcesListChanged", "resources")):
-            if wanted.get(key) and capability in caps:
-                agreed[key] = True
-        uris = wanted.get("resourceSubscriptions")
-        if isinstance(uris, list) and "resources" in caps:
-            agreed["resourceSubscriptions"] = [u for u in uris if isinstance(u, str)]
-            for uri in agreed["resourceSubscriptions"]:
-                try:
-                    await self.gateway.handle(GatewayRequest(
-                        "resources/subscribe", {"uri": uri}, self._anonymous_session(), self.gateway.catalog))
-                except GatewayError as exc:
-                    log.info("subscription to %s refused: %s", uri, exc.message)
-        self._listens[message.id] = agreed
-        self._notify_raw("notifications/subscriptions/acknowledged",
-                         {"notifications": agreed, "_meta": {META_SUBSCRIPTION_ID: message.id}})
+    async def _listen(self, event: Listen) -> None:
+        await self._first_request_waited()
+        agreed, acknowledged = self.protocol.listen_opened(event, self.gateway.server_capabilities())
+        for uri in agreed.get("resourceSubscriptions", ()):
+            try:
+                await self.gateway.handle(GatewayRequest(
+                    "resources/subscribe", {"uri": uri}, self._anonymous_session(), self.gateway.catalog))
+            except GatewayError as exc:
+                log.info("subscription to %s refused: %s", uri, exc.message)
+        self._send(acknowledged)
         await asyncio.Event().wait()  # the stream stays open until the client cancels it or leaves
         return None
 
     # ---------------------------------------------------------------------------- gateway → client
     def notify(self, method: str, params: Mapping[str, Any] | None) -> None:
-        self._notify_raw(method, dict(params) if params is not None else None)
-
-    def _notify_raw(self, method: str, params: dict[str, Any] | None) -> None:
-        self._send(Notification(method, params))
+        self._send(jsonrpc.Notification(method, dict(params) if params is not None else None))
 
     def list_changed(self, method: str) -> None:
-        if self.era == "legacy":
-            if self._legacy_ready():
-                self.notify(method, None)
-            return
-        key = {"notifications/tools/list_changed": "toolsListChanged",
-               "notifications/prompts/list_changed": "promptsListChanged",
-               "notifications/resources/list_changed": "resourcesListChanged"}[method]
-        for listen_id, agreed in list(self._listens.items()):
-            if agreed.get(key):
-                self._notify_raw(method, {"_meta": {META_SUBSCRIPTION_ID: listen_id}})
-
-    def _legacy_ready(self) -> bool:
-        # A client may pipeline notifications/initialized before it has read the initialize result; nothing
-        # may reach it ahead of that result.
-        return self._answered_initialize and self._lifecycle.state is State.ACTIVE
+        for notification in self.protocol.list_changed(method):
+            self._send(notification)
 
     def resource_updated(self, params: Mapping[str, Any]) -> None:
-        if self.era == "legacy":
-            self.notify("notifications/resources/updated", params)
-            return
-        uri = params.get("uri")
-        for listen_id, agreed in list(self._listens.items()):
-            if uri in agreed.get("resourceSubscriptions", ()):
-                self._notify_raw("notifications/resources/updated",
-                                 {**params, "_meta": {META_SUBSCRIPTION_ID: listen_id}})
+        for notification in self.protocol.resource_updated(params):
+            self._send(notification)
 
     def log_message(self, params: Mapping[str, Any]) -> None:
-        level = params.get("level")
-        if self.era == "legacy":
-            if not self._legacy_ready():
-                return
-            if self._log_level is None or _at_least(level, self._log_level):
-                self.notify("notifications/message", params)
-            return
-        if any(_at_least(level, wanted) for wanted in self._log_opt_ins.values()):
-            self.notify("notifications/message", params)
+        for notification in self.protocol.log_message(params):
+            self._send(notification)
+
+    def wants(self, kind: str) -> bool:
+        """Whether this client asked for notifications of ``kind`` that have no origin (``"logs"``, or a
+        list_changed method)."""
+        return self.protocol.wants(kind)
 
     # ClientChannel
     def supports(self, capability: str) -> bool:
@@ -403,15 +345,15 @@ class ClientConnection:
             raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"{method} cannot be sent to a 2026-07-28 client")
         # A server may ask while the client's initialize waits for the others; nothing may reach the client first.
         await self._handshake.wait()
-        request_id = f"bastion-{next(self._outgoing_ids)}"
+        outgoing = self.protocol.outgoing_request(method, params)
         future: asyncio.Future[Response | ErrorResponse] = asyncio.get_running_loop().create_future()
-        self._outgoing[request_id] = future
-        self._send(Request(request_id, method, dict(params)))
+        self._outgoing[outgoing.id] = future  # type: ignore[index]
+        self._send(outgoing)
         try:
             answer = await future
         except asyncio.CancelledError:
-            self._outgoing.pop(request_id, None)
-            self._notify_raw("notifications/cancelled", {"requestId": request_id})
+            self._outgoing.pop(outgoing.id, None)  # type: ignore[arg-type]
+            self._send(self.protocol.outgoing_abandoned(outgoing.id))  # type: ignore[arg-type]
             raise
         if isinstance(answer, ErrorResponse):
             raise GatewayError.from_error(answer.error)
@@ -434,7 +376,7 @@ class ClientConnection:
 
     async def closed(self) -> None:
         """The transport is gone: abort everything this client started and release what it held."""
-        self._lifecycle.transport_dropped()
+        self.protocol.connection_lost()
         runners = list(self._running.values())
         for runner in runners:
             runner.cancel()
@@ -443,26 +385,3 @@ class ClientConnection:
             future.cancel()
         self._outgoing.clear()
         self.gateway.detach(self)
-
-
-def _legacy_result(result: dict[str, Any]) -> dict[str, Any]:
-    """Drop the 2026-07-28 envelope fields a modern server adds; a handshake-era client has no use for them."""
-    if "resultType" not in result and "_meta" not in result:
-        return result
-    result = {k: v for k, v in result.items() if k != "resultType"}
-    meta = result.get("_meta")
-    if isinstance(meta, dict):
-        meta = {k: v for k, v in meta.items() if not k.startswith("io.modelcontextprotocol/")}
-        if meta:
-            result["_meta"] = meta
-        else:
-            del result["_meta"]
-    return result
-
-
-def _at_least(level: Any, threshold: str) -> bool:
-    try:
-        return _LOG_LEVELS.index(level) >= _LOG_LEVELS.index(threshold)
-    except ValueError:
-        return True
-

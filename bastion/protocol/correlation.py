@@ -72,6 +72,10 @@ class Correlator:
             self._by_origin.pop((pending.origin, pending.origin_id), None)
         return pending
 
+    def origins(self) -> list[tuple[Hashable, RequestId]]:
+        """(origin, the origin's id) of every outstanding request: whose calls a server is working on."""
+        return list(self._by_origin)
+
     def find_by_origin(self, origin: Hashable, origin_id: RequestId) -> Pending | None:
         return self._by_origin.get((origin, origin_id))
 

@@ -261,6 +261,14 @@ class ServerSession:
             return [Answered(message.id, message)]
         return [UnknownAnswer(message.id)]
 
+    def request_started(self, request_id: Any) -> bool:
+        """A request the driver read itself (a fast path that skips ``receive``): held in flight like the
+        others. False when its id is already in flight (``receive`` then refuses it)."""
+        if request_id in self._in_flight:
+            return False
+        self._in_flight.add(request_id)
+        return True
+
     def request_done(self, request_id: Any) -> None:
         """The driver is done with a request (answered, cancelled or failed): its id may be used again."""
         self._in_flight.discard(request_id)

@@ -291,22 +291,21 @@ async def test_sampling_and_elicitation_reach_a_legacy_client(setup, era):
     assert question.message == "Proceed?"
 
 
-async def test_sampling_from_a_legacy_server_to_a_modern_client_fails_clearly(tmp_path):
+async def test_sampling_and_elicitation_from_a_legacy_server_reach_a_modern_client_as_input_required(tmp_path):
+    # The legacy server asks with requests of its own mid-call; Bastion answers the modern client's call with
+    # input_required, and the client's retry brings the answers back to the server, whose call then completes.
     setup_ = _setup_for(tmp_path, "legacy")
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
         async with bastion_client(setup_, "2026-07-28", inbox) as client:
-            try:
-                result = await client.call_tool(tool("test_sampling"), {"prompt": "What is 2+2?"})
-            except MCPError as exc:
-                message = exc.error.message
-            else:
-                assert result.is_error, "a sampling request that cannot be relayed must not look like success"
-                message = text_of(result)
-    # The server was told at its start that sampling can be relayed (it starts before any client connects); it
-    # asks, and Bastion refuses the cross-era request, saying so.
-    assert "sampling" in message
-    assert inbox.sampling_requests == []
+            sampled = await client.call_tool(tool("test_sampling"), {"prompt": "What is 2+2?"})
+            elicited = await client.call_tool(tool("test_elicitation"), {"message": "Proceed?"})
+    assert text_of(sampled) == f"LLM response: {LLM_ANSWER}"
+    [request] = inbox.sampling_requests
+    assert request.messages[0].content.text == "What is 2+2?"
+    assert text_of(elicited) == "User response: action=accept, content={'response': 'yes please'}"
+    [question] = inbox.elicitation_requests
+    assert question.message == "Proceed?"
 
 
 async def test_sampling_input_required_from_a_modern_server_reaches_a_modern_client(tmp_path):

@@ -1,0 +1,205 @@
+"""Per-client state on one gateway: several client connections in process, one real SDK-written server.
+
+A server's request to the client goes to the client whose call caused it (never the most recent one), across
+eras; a server notification without an origin reaches only the clients that asked for its kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bastion.config import GatewayConfig
+from bastion.gateway.core import Gateway
+from bastion.gateway.frontend import ClientConnection
+from bastion.model import Identity
+from bastion.protocol.versions import LATEST_MODERN, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION
+
+from tests.support import FIXTURES
+
+DEADLINE = 90.0  # seconds any one wait may take before the test counts as hung
+ANSWER = {"role": "assistant", "content": {"type": "text", "text": "from {name}"}, "model": "m"}
+SAMPLING = {"sampling": {}}
+
+
+class Client:
+    """One client on an in-memory transport: it records every frame Bastion sends it and answers sampling."""
+
+    def __init__(self, gateway: Gateway, name: str) -> None:
+        self.name = name
+        self.frames: list[dict[str, Any]] = []
+        self.arrived = asyncio.Event()
+        self.connection = ClientConnection(gateway, self._receive, identity=Identity(name))
+        self._ids = iter(range(1, 10_000))
+
+    def _receive(self, frame: bytes) -> None:
+        message = orjson.loads(frame)
+        self.frames.append(message)
+        self.arrived.set()
+        if message.get("method") == "sampling/createMessage":
+            answer = {**ANSWER, "content": {"type": "text", "text": f"from {self.name}"}}
+            # Answered from the loop, as a real client's answer arrives: never from inside Bastion's own send.
+            asyncio.get_running_loop().call_soon(self.send, {"jsonrpc": "2.0", "id": message["id"], "result": answer})
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.connection.feed(orjson.dumps(message))
+
+    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        request_id = next(self._ids)
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        return await self.answer(request_id)
+
+    async def answer(self, request_id: Any) -> dict[str, Any]:
+        async def arrived() -> dict[str, Any]:
+            while True:
+                for message in self.frames:
+                    if message.get("id") == request_id and ("result" in message or "error" in message):
+                        return message
+                self.arrived.clear()
+                await self.arrived.wait()
+
+        return await asyncio.wait_for(arrived(), DEADLINE)
+
+    async def wait_for(self, method: str) -> dict[str, Any]:
+        async def arrived() -> dict[str, Any]:
+            while True:
+                found = self.received(method)
+                if found:
+                    return found[0]
+                self.arrived.clear()
+                await self.arrived.wait()
+
+        return await asyncio.wait_for(arrived(), DEADLINE)
+
+    def received(self, method: str) -> list[dict[str, Any]]:
+        return [m for m in self.frames if m.get("method") == method]
+
+
+async def legacy(gateway: Gateway, name: str, capabilities: dict[str, Any]) -> Client:
+    client = Client(gateway, name)
+    answer = await client.call("initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities,
+                                              "clientInfo": {"name": name, "version": "1"}})
+    assert "result" in answer
+    client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return client
+
+
+def modern(gateway: Gateway, name: str) -> Client:
+    return Client(gateway, name)
+
+
+def envelope(capabilities: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {"_meta": {META_PROTOCOL_VERSION: LATEST_MODERN, META_CLIENT_CAPABILITIES: capabilities, **meta}}
+
+
+def text(answer: dict[str, Any]) -> str:
+    return answer["result"]["content"][0]["text"]
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path):
+    config = GatewayConfig.model_validate({"policy": "off", "ready_timeout": 60, "servers": {"fx": {
+        "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "legacy",
+        "env": {"FIXTURE_EVENTS": str(tmp_path / "events.log")}, "sandbox": "none", "request_timeout": 300}}})
+    gateway = Gateway(config)
+    gateway.start()
+    await gateway.wait_ready()
+    assert gateway.upstreams["fx"].ready.is_set()
+    try:
+        yield gateway
+    finally:
+        await gateway.close()
+
+
+async def test_a_servers_request_goes_to_the_client_whose_call_caused_it_not_the_most_recent(gateway: Gateway) -> None:
+    first = await legacy(gateway, "first", SAMPLING)
+    second = await legacy(gateway, "second", SAMPLING)  # connected last: the one a "most recent" rule would pick
+    answer = await first.call("tools/call", {"name": "fx__test_sampling", "arguments": {"prompt": "2+2?"}})
+    assert text(answer) == "LLM response: from first"
+    assert len(first.received("sampling/createMessage")) == 1 and second.received("sampling/createMessage") == []
+    answer = await second.call("tools/call", {"name": "fx__test_sampling", "arguments": {"prompt": "3+3?"}})
+    assert text(answer) == "LLM response: from second"
+    assert len(first.received("sampling/createMessage")) == 1 and len(second.received("sampling/createMessage")) == 1
+
+
+async def test_a_caller_that_did_not_declare_the_capability_is_refused_even_if_another_client_did(
+        gateway: Gateway) -> None:
+    able = await legacy(gateway, "able", SAMPLING)
+    unable = await legacy(gateway, "unable", {})
+    answer = await unable.call("tools/call", {"name": "fx__test_sampling", "arguments": {"prompt": "2+2?"}})
+    refusal = answer["error"]["message"] if "error" in answer else text(answer)
+    assert "sampling" in refusal
+    assert able.received("sampling/createMessage") == [] and unable.received("sampling/createMessage") == []
+
+
+async def test_a_modern_caller_is_asked_by_input_required_while_a_legacy_client_waits_untouched(
+        gateway: Gateway) -> None:
+    bystander = await legacy(gateway, "bystander", SAMPLING)
+    caller = modern(gateway, "caller")
+    params = {"name": "fx__test_sampling", "arguments": {"prompt": "2+2?"}, **envelope(SAMPLING)}
+    first = await caller.call("tools/call", params)
+    result = first["result"]
+    assert result["resultType"] == "input_required"
+    [(key, question)] = result["inputRequests"].items()
+    assert question["method"] == "sampling/createMessage"
+    assert question["params"]["messages"][0]["content"]["text"] == "2+2?"
+    assert bystander.received("sampling/createMessage") == []
+    retry = {**params, "inputResponses": {key: {**ANSWER, "content": {"type": "text", "text": "four"}}},
+             "requestState": result["requestState"]}
+    final = await caller.call("tools/call", retry)
+    assert final["result"]["resultType"] == "complete" and text(final) == "LLM response: four"
+    assert bystander.received("sampling/createMessage") == []
+    # The state was for one retry: it names nothing now.
+    again = await caller.call("tools/call", retry)
+    assert "requestState" in again["error"]["message"]
+
+
+async def test_request_state_is_bound_to_the_identity_that_made_the_call(gateway: Gateway) -> None:
+    caller, other = modern(gateway, "caller"), modern(gateway, "other")
+    params = {"name": "fx__test_sampling", "arguments": {"prompt": "2+2?"}, **envelope(SAMPLING)}
+    result = (await caller.call("tools/call", params))["result"]
+    [key] = result["inputRequests"]
+    stolen = {**params, "inputResponses": {key: ANSWER}, "requestState": result["requestState"]}
+    refused = await other.call("tools/call", stolen)
+    assert "requestState" in refused["error"]["message"]
+    finished = await caller.call("tools/call", {**stolen})
+    assert text(finished) == "LLM response: from {name}"
+
+
+async def test_a_modern_caller_without_the_capability_is_refused_clearly(gateway: Gateway) -> None:
+    caller = modern(gateway, "caller")
+    answer = await caller.call("tools/call", {"name": "fx__test_sampling", "arguments": {"prompt": "x"},
+                                              **envelope({})})
+    refusal = answer["error"]["message"] if "error" in answer else text(answer)
+    assert "sampling" in refusal and answer.get("result", {}).get("resultType") != "input_required"
+
+
+async def test_list_changed_reaches_only_the_clients_that_asked_for_it(gateway: Gateway) -> None:
+    handshake_era = await legacy(gateway, "legacy", {})
+    silent = modern(gateway, "silent")
+    listening = modern(gateway, "listening")
+    assert "result" in await silent.call("tools/list", envelope({}))
+    listening.send({"jsonrpc": "2.0", "id": "listen", "method": "subscriptions/listen",
+                    "params": {"notifications": {"toolsListChanged": True}, **envelope({})}})
+    await listening.wait_for("notifications/subscriptions/acknowledged")
+    await handshake_era.call("tools/call", {"name": "fx__test_add_dynamic_tool", "arguments": {}})
+    await handshake_era.wait_for("notifications/tools/list_changed")
+    changed = await listening.wait_for("notifications/tools/list_changed")
+    assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen"
+    assert silent.received("notifications/tools/list_changed") == []
+
+
+async def test_log_messages_reach_only_the_clients_that_asked_for_logs(gateway: Gateway) -> None:
+    handshake_era = await legacy(gateway, "legacy", {})  # every level until it sets one, as a legacy server does
+    quiet = modern(gateway, "quiet")
+    assert "result" in await quiet.call("tools/list", envelope({}))
+    await handshake_era.call("tools/call", {"name": "fx__test_tool_with_logging", "arguments": {}})
+    while len(handshake_era.received("notifications/message")) < 3:
+        handshake_era.arrived.clear()
+        await asyncio.wait_for(handshake_era.arrived.wait(), DEADLINE)
+    assert quiet.received("notifications/message") == []
