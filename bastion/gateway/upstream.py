@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
@@ -191,6 +192,9 @@ class Upstream:
             if time.monotonic() - self._started_at > _STABLE_AFTER:
                 failures = 0
             delay = min(_MAX_BACKOFF, 0.5 * (2**failures))
+            if self.config.url is not None:
+                # Every gateway that lost one remote server must not come back to it in the same instant.
+                delay *= random.uniform(0.5, 1.5)
             failures += 1
             self.log.warning("server %s: %s; restarting in %.1fs%s", self.name, reason, delay, self._quoted_stderr())
             await asyncio.sleep(delay)
@@ -202,6 +206,8 @@ class Upstream:
 
     def _quoted_stderr(self) -> str:
         """The server's last stderr lines of this start, for the message that says why it failed."""
+        if self.config.url is not None:
+            return ""  # a remote server has no stderr; the reason already says what the connection did
         lines = self.stderr_tail[-_STDERR_QUOTED:]
         if not lines:
             return "; it wrote nothing on stderr" if self._spawned else ""
@@ -256,7 +262,8 @@ class Upstream:
             handshake.cancel()
             await asyncio.gather(handshake, return_exceptions=True)
             if ended in done:
-                return f"exited during the handshake ({ended.result()})"
+                how = "lost the connection" if self.config.url is not None else "exited"
+                return f"{how} during the handshake ({ended.result()})"
             return f"no answer to the handshake within {self.config.startup_timeout:g}s"
         try:
             handshake.result()

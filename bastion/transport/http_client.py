@@ -167,6 +167,10 @@ class HttpTransport:
         if not self._ended.done():
             self._ended.set_result("closed")
 
+    def _note(self, what: str) -> None:
+        log.warning("server %s %s", self.name, what)
+        self._notes.append(what)
+
     def _drop(self, reason: str) -> None:
         """The connection is gone: every request on it ends now, and the upstream hears why."""
         if self._ended.done() or self._closing:
@@ -309,6 +313,12 @@ class HttpTransport:
                 self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
                                    f"the server's answer is over the limit of {self._max_bytes} bytes")
                 return
+            problem = _not_a_message(body)
+            if problem is not None:
+                self._note(f"answered {message.get('method')} with JSON that is not a JSON-RPC message ({problem})")
+                self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
+                                   f"its answer is not a JSON-RPC message ({problem}): {_shown(body)}")
+                return
             self._deliver(body, request_id)
         elif content_type == "text/event-stream":
             await self._read_events(response, request_id, ends_with_answer=not listen)
@@ -353,6 +363,10 @@ class HttpTransport:
                 if event.event not in ("message", "") or not event.data:
                     continue  # a priming event, or one this protocol does not define
                 data = event.data.encode("utf-8")
+                problem = _not_a_message(data)
+                if problem is not None:
+                    self._note(f"sent an event that is not a JSON-RPC message ({problem}), ignored: {_shown(data)}")
+                    continue
                 if ends_with_answer and _answers(data, request_id):
                     self._deliver(data, request_id)
                     answered = True
@@ -430,7 +444,13 @@ class HttpTransport:
                         self._endpoint = endpoint
                         self._endpoint_known.set()
                     elif event.event in ("message", "") and event.data:
-                        self._on_frame(event.data.encode("utf-8"))
+                        data = event.data.encode("utf-8")
+                        problem = _not_a_message(data)
+                        if problem is None:
+                            self._on_frame(data)
+                        else:
+                            self._note(f"sent an event that is not a JSON-RPC message ({problem}), ignored: "
+                                       f"{_shown(data)}")
             self._drop("the server closed its event stream")
         except httpx2.ReadTimeout:
             self._drop(f"its event stream was silent for {self._idle:g}s")
@@ -450,6 +470,21 @@ class HttpTransport:
             if not (_is_json(response) and self._deliver_error_body(response.content, message.get("id"))):
                 self._answer_error(message.get("id"), jsonrpc.INTERNAL_ERROR,
                                    f"the server refused the message with HTTP {response.status_code}")
+
+
+def _not_a_message(data: bytes) -> str | None:
+    """Why ``data`` is not one JSON-RPC message, or None: a remote's garbage never reaches the session above."""
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        return f"not JSON: {exc}"
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return "not a JSON-RPC 2.0 object"
+    return None
+
+
+def _shown(data: bytes) -> str:
+    return repr(data[:200].decode("utf-8", "replace"))
 
 
 def _answers(data: bytes, request_id: Any) -> bool:
