@@ -108,8 +108,9 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
     if not isinstance(entry, dict):
         return f"{where}: the entry is not an object; skipped"
     if "url" in entry or "serverUrl" in entry or entry.get("type") in _REMOTE_TYPES:
-        return (f"{where}: a remote server (url); Bastion federates local (command) servers only, so the client "
-                "keeps reaching it directly; skipped")
+        return (f"{where}: a remote server (url); import copies local (command) servers only, so the client "
+                "keeps reaching it directly; skipped (add it to Bastion's file by hand with url and headers: "
+                "docs/http.md)")
     if not isinstance(entry.get("command"), str) or not entry["command"].strip():
         return f"{where}: no command; skipped"
     expander = client_variables.Variables(item.workspace, home, environ)
