@@ -2,7 +2,7 @@
 
 Serves Streamable HTTP at /mcp (both eras: the SDK answers server/discover and initialize alike) or the old HTTP+SSE
 transport at /sse, on 127.0.0.1 and a free port; the first line on stdout is the URL. Tools: ``echo``, ``headers``
-(the request headers the server received, as JSON), ``slow`` (progress, then an answer after the seconds asked),
+(the request headers the server received, as JSON), ``ask`` (sampling: the client's model), ``slow`` (progress, then an answer after the seconds asked),
 ``grow`` (adds a tool and says the list changed). A resource ``note://hello`` and a prompt ``greet``.
 """
 
@@ -15,7 +15,14 @@ import uvicorn
 
 
 from fastmcp import Context as FastContext, FastMCP
-from mcp.server.mcpserver import Context, MCPServer
+from typing import Annotated
+
+from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
+from mcp.types import CreateMessageResult, SamplingMessage, TextContent
+
+
+def ask_llm(question: str) -> Sample:
+    return Sample([SamplingMessage(role="user", content=TextContent(type="text", text=question))], max_tokens=50)
 
 
 def build_sdk():
@@ -52,6 +59,12 @@ def build_sdk():
         except Exception:  # noqa: BLE001 - a modern request has no session to tell
             pass
         return "grown"
+
+    @server.tool()
+    async def ask(question: str, answer: Annotated[CreateMessageResult, Resolve(ask_llm)]) -> str:
+        """Ask the client's model (sampling) and say what it answered."""
+        content = answer.content
+        return f"the model said: {getattr(content, 'text', content)}"
 
     @server.resource("note://hello")
     def note() -> str:

@@ -127,3 +127,27 @@ def test_configured_headers_reach_the_server_and_a_client_cannot_add_any(tmp_pat
     assert received["authorization"] == "Bearer s3cret-from-env"
     assert received["x-team"] == "platform"
     assert "client-token" not in json.dumps(received) and "x-injected" not in received
+
+
+@pytest.mark.parametrize("form", ["streamable-http-legacy", "sse"])
+def test_a_remote_servers_sampling_request_reaches_the_client_and_its_answer_goes_back(tmp_path, remote_server,
+                                                                                       form):
+    args, entry = SDK_FORMS[form]
+    server = remote_server(*args)
+    config = write_config(tmp_path / "bastion.json", {"remote": {"url": server.url, **entry}})
+    client = RawClient(config)
+    try:
+        client.initialize(capabilities={"sampling": {}})
+        client.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "remote__ask", "arguments": {"question": "2+2?"}}})
+        asked = client.recv(timeout=120)
+        while asked.get("method") != "sampling/createMessage":
+            assert asked.get("id") != 1, asked  # the call must not be answered before the model is asked
+            asked = client.recv(timeout=120)
+        assert "2+2?" in json.dumps(asked["params"]["messages"])
+        client.send({"jsonrpc": "2.0", "id": asked["id"], "result": {
+            "role": "assistant", "content": {"type": "text", "text": "four"}, "model": "test-model"}})
+        assert _text(client.recv_response(1, timeout=120)) == "the model said: four"
+    finally:
+        status, stderr = client.close()
+    assert status == 0 and "Traceback" not in stderr, stderr
