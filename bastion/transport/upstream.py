@@ -182,6 +182,10 @@ class StdioTransport:
             found = _SANDBOX_EXEC_FAILED.match(line)
             if found is not None:
                 return f"{found.group(1)} cannot be run inside the sandbox: {found.group(2)}"
+            # bubblewrap may say so after the process has started, as well as before (when spawning raises it).
+            missing = _SANDBOX_SOURCE_MISSING.search(line)
+            if missing is not None:
+                return f"{missing.group(1)} cannot be run inside the sandbox: it is not there to be mounted"
         status = getattr(self._process, "returncode", None)
         if status in _SHELL_NOT_FOUND:
             return f"exited with status {status}: its command {_SHELL_NOT_FOUND[status]}"
