@@ -13,6 +13,7 @@ from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.eager import DirectCall
 from bastion.gateway.naming import SEPARATOR, sanitize
 from bastion.gateway.pipeline import build_pipeline
+from bastion.gateway.pool import InstanceListener, UpstreamPool
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.model import GatewayError, GatewayRequest, Identity, Interceptor, Session
 from bastion.policy.interceptors import build_policy_runtime
@@ -67,6 +68,13 @@ class Gateway:
         self.upstreams = {
             name: Upstream(name, cfg, self, launcher, config.max_message_bytes, self.writes)
             for name, cfg in enabled.items()
+        }
+        # Servers whose scope is per_identity or per_session: each caller's calls go to an instance of its own;
+        # the instance above serves only Bastion itself (the catalog).
+        instances = InstanceListener(self)
+        self.pools = {
+            name: UpstreamPool(name, cfg, self._instance_maker(name, cfg, instances, launcher))
+            for name, cfg in enabled.items() if cfg.scope != "shared"
         }
         self._tool_index: Any = None
         self.policy = build_policy_runtime(
@@ -150,7 +158,8 @@ class Gateway:
         for task in self._refreshes.values():
             task.cancel()
         self.inputs.close()
-        await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
+        await asyncio.gather(*(u.close() for u in self.upstreams.values()), *(p.close() for p in self.pools.values()),
+                             return_exceptions=True)
         if self.policy is not None:
             await self.policy.aclose()
         if self._tool_index is not None:
@@ -184,6 +193,8 @@ class Gateway:
         self._connections.pop(connection.id, None)
         for uri in list(self._subscriptions):
             self._unsubscribe_connection(uri, connection.id)
+        for pool in self.pools.values():
+            pool.end_session_soon(connection.id)
 
     # ------------------------------------------------------------------------------------- capabilities
     def server_capabilities(self) -> dict[str, Any]:
@@ -253,7 +264,7 @@ class Gateway:
             return None
         name = params.get("name")
         entry = self.catalog.tool(name) if type(name) is str else None
-        if entry is None:
+        if entry is None or entry.server in self.pools:  # a pooled server's call first finds its instance
             return None
         upstream = self.upstreams[entry.server]
         # Only a modern server reads the client's capabilities per request; a legacy one had them at the handshake.
@@ -272,7 +283,7 @@ class Gateway:
         if not self.forwards_directly or "_meta" in params:
             return None
         entry = self.catalog.tool(jsonrpc.raw_string(params.get("name")))
-        if entry is None:
+        if entry is None or entry.server in self.pools:
             return None
         upstream = self.upstreams[entry.server]
         if upstream.era != "legacy":
@@ -314,8 +325,22 @@ class Gateway:
             raise GatewayError(jsonrpc.RESOURCE_NOT_FOUND, f"Resource not found: {uri}", {"uri": uri})
         return owner
 
+    def _instance_maker(self, name: str, config: Any, listener: InstanceListener,
+                        launcher: Launcher) -> Callable[[], Upstream]:
+        def make() -> Upstream:
+            instance = Upstream(name, config, listener, launcher, self.config.max_message_bytes, self.writes)
+            instance.client_capabilities = dict(self.upstreams[name].client_capabilities)
+            return instance
+        return make
+
     async def _forward(self, request: GatewayRequest, server: str, params: dict[str, Any]) -> dict[str, Any]:
-        upstream = self.upstreams[server]
+        pool = self.pools.get(server)
+        if pool is not None:
+            return await pool.call(request.session, lambda instance: self._forward_to(request, instance, server, params))
+        return await self._forward_to(request, self.upstreams[server], server, params)
+
+    async def _forward_to(self, request: GatewayRequest, upstream: Upstream, server: str,
+                          params: dict[str, Any]) -> dict[str, Any]:
         session = request.session
         meta = params.get("_meta")
         progress_token = meta.get("progressToken") if isinstance(meta, dict) else None
@@ -337,7 +362,8 @@ class Gateway:
     async def drive_input_required(self, request: GatewayRequest, server: str, params: dict[str, Any],
                                    result: dict[str, Any]) -> dict[str, Any]:
         """Answer a modern server's ``input_required`` rounds by asking a legacy client, until the call completes."""
-        upstream = self.upstreams[server]
+        pool = self.pools.get(server)
+        upstream = (pool.instance(request.session) if pool is not None else None) or self.upstreams[server]
         capabilities = _relayable(request.session.client_capabilities)
         for _ in range(_MAX_INPUT_ROUNDS):
             if result.get("resultType") != "input_required":
