@@ -439,8 +439,8 @@ class HttpFrontend:
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "the GET stream is text/event-stream; the Accept header refuses it")
         session = self._session(session_id, headers)
-        if session.get_stream is not None and not session.get_stream.ended.is_set():
-            raise HttpError(409, -32600, "this session already has a GET stream open")
+        if session.get_stream is not None:
+            session.get_stream.finish()  # a client that reconnects may not have been seen to leave; the new one wins
         resume = headers.get("last-event-id", "")
         start = int(resume) if resume.isdigit() else session.outbox.delivered
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,

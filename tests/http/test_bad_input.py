@@ -1,0 +1,135 @@
+"""Bad HTTP input: each gets a clear status and JSON-RPC error, and nothing else slows down or leaks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from urllib.parse import urlsplit
+
+import httpx2
+import pytest
+
+from tests.http.conftest import IDENTITY_HEADER, SERVER, Served
+from tests.http.test_sdk_clients import MODERN_META, open_legacy_session
+
+JSON = {IDENTITY_HEADER: "tester", "content-type": "application/json", "accept": "application/json, text/event-stream"}
+LIST = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":' \
+       b'"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}'
+MODERN = {**JSON, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+
+
+@pytest.mark.parametrize("headers, body, status, code, words", [
+    (MODERN, b"{not json", 400, -32700, "not JSON"),
+    (MODERN, b"[" + LIST + b"]", 400, -32600, "batch"),
+    (MODERN, b'{"jsonrpc":"1.0","id":1,"method":"x"}', 400, -32600, "JSON-RPC 2.0"),
+    ({**MODERN, "content-type": "text/plain"}, LIST, 415, -32600, "application/json"),
+    ({**MODERN, "accept": "text/html"}, LIST, 406, -32600, "Accept"),
+    ({**MODERN, "mcp-method": "tools/call"}, LIST, 400, -32020, "Mcp-Method"),
+    ({**MODERN, "mcp-protocol-version": "2025-11-25"}, LIST, 400, -32020, "MCP-Protocol-Version"),
+    ({k: v for k, v in MODERN.items() if k != IDENTITY_HEADER.lower() and k != IDENTITY_HEADER}, LIST, 401, -32600,
+     IDENTITY_HEADER),
+    (JSON, b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', 400, -32600, "Mcp-Session-Id"),
+    ({**JSON, "mcp-session-id": "no-such-session"}, b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', 404, -32600,
+     "unknown"),
+    ({**MODERN, "origin": "https://evil.example"}, LIST, 403, -32600, "Origin"),
+    ({**MODERN, "host": "evil.example"}, LIST, 403, -32600, "Host"),
+    (MODERN, b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"pad":"' + b"x" * 70000 + b'"}}', 413, -32600,
+     "limit"),
+])
+async def test_bad_requests_get_a_status_and_a_json_rpc_error(bastion_http: Served, headers, body, status, code,
+                                                              words) -> None:
+    async with httpx2.AsyncClient(timeout=120) as http:
+        response = await http.post(bastion_http.url, headers=headers, content=body)
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert error["code"] == code and words in error["message"]
+        # Nothing broke: a good request right after is answered.
+        good = await http.post(bastion_http.url, headers=MODERN, content=LIST)
+        assert good.status_code == 200 and good.json()["result"]["tools"]
+
+
+async def test_a_tool_name_header_that_disagrees_with_the_body_is_refused(bastion_http: Served) -> None:
+    async with httpx2.AsyncClient(timeout=120) as http:
+        response = await http.post(bastion_http.url, headers={
+            **MODERN, "mcp-method": "tools/call", "mcp-name": f"{SERVER}__test_error_handling"}, json={
+            "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": f"{SERVER}__test_simple_text", "arguments": {}, "_meta": MODERN_META}})
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == -32020 and response.json()["id"] == 3
+
+
+async def test_get_and_delete_need_a_session_and_modern_clients_get_405(bastion_http: Served) -> None:
+    async with httpx2.AsyncClient(timeout=120) as http:
+        assert (await http.get(bastion_http.url, headers={**JSON, "accept": "text/event-stream"})).status_code == 400
+        modern_get = await http.get(bastion_http.url, headers={**MODERN, "accept": "text/event-stream"})
+        assert modern_get.status_code == 405
+        assert (await http.delete(bastion_http.url, headers=JSON)).status_code == 400
+        assert (await http.delete(bastion_http.url, headers={**JSON, "mcp-session-id": "nope"})).status_code == 404
+        assert (await http.put(bastion_http.url, headers=JSON, content=b"{}")).status_code == 405
+        assert (await http.get(f"{bastion_http.base}/elsewhere")).status_code == 404
+
+
+async def test_the_get_stream_replays_what_a_reconnecting_client_missed(bastion_http: Served) -> None:
+    async with httpx2.AsyncClient(timeout=120) as http:
+        headers = await open_legacy_session(http, bastion_http.url, "tester")
+        # A list_changed the server announces reaches the session's GET stream, or its log while none is open.
+        answer = await http.post(bastion_http.url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": f"{SERVER}__test_add_dynamic_tool", "arguments": {}}})
+        assert answer.status_code == 200
+        events = await read_events(http, bastion_http.url, {**headers, "accept": "text/event-stream"}, 1)
+        assert "notifications/tools/list_changed" in events[0][1]
+        again = await read_events(http, bastion_http.url, {**headers, "accept": "text/event-stream",
+                                                           "last-event-id": str(int(events[0][0]) - 1)}, 1)
+        assert again == events  # redelivered from the bounded window
+
+
+async def read_events(http: httpx2.AsyncClient, url: str, headers: dict, count: int) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    async with http.stream("GET", url, headers=headers) as stream:
+        assert stream.status_code == 200
+        event_id = ""
+        async for line in stream.aiter_lines():
+            if line.startswith("id: "):
+                event_id = line[4:]
+            elif line.startswith("data: "):
+                found.append((event_id, line[6:]))
+                if len(found) == count:
+                    break
+    return found
+
+
+async def test_an_sse_stream_sends_heartbeats(bastion_http: Served) -> None:
+    async with httpx2.AsyncClient(timeout=120) as http:
+        headers = await open_legacy_session(http, bastion_http.url, "tester")
+        async with http.stream("GET", bastion_http.url, headers={**headers, "accept": "text/event-stream"}) as stream:
+            beats = 0
+            async for line in stream.aiter_lines():
+                beats += line.startswith(": keep-alive")
+                if beats == 2:
+                    break
+        assert beats == 2
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_a_thousand_connections_opened_and_dropped_leak_nothing(bastion_http: Served) -> None:
+    address = urlsplit(bastion_http.url)
+    async with httpx2.AsyncClient(timeout=120) as http:
+        assert (await http.post(bastion_http.url, headers=MODERN, content=LIST)).status_code == 200
+        before = open_fds(bastion_http.process.pid)
+        for index in range(1000):
+            sock = socket.create_connection((address.hostname, address.port))
+            if index % 2:  # half send the start of a request first
+                sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+            sock.close()
+        good = await http.post(bastion_http.url, headers=MODERN, content=LIST)
+        assert good.status_code == 200 and good.json()["result"]["tools"]
+        deadline = time.monotonic() + 60
+        while open_fds(bastion_http.process.pid) > before + 5:
+            assert time.monotonic() < deadline, "connections dropped by their clients were never closed"
+            await asyncio.sleep(0.2)
