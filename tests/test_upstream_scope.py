@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import uuid
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pydantic
 import pytest
 
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.gateway.core import Gateway
+from bastion.gateway.frontend import ClientConnection
 from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import RawResponse
-from tests.support import pids_with_tag, raw_server
+from tests.support import FIXTURES, pids_with_tag, raw_server
 
 ALICE = Identity("alice", ("dev",))
 BOB = Identity("bob", ("dev",))
@@ -104,7 +107,7 @@ async def test_per_session_gives_each_session_its_own_process_even_of_one_identi
     assert len(pids_with_tag(tag)) == 3  # the catalog's and one per session
     # The session's process goes with its client.
     gone = pool.instance(first).pid
-    gateway.detach(SimpleNamespace(id="a1"))
+    gateway.detach(SimpleNamespace(id="a1"))  # the connection whose session is "a1" goes
     assert await eventually(lambda: gone not in pids_with_tag(tag))
     assert pool.instance(first) is None and pool.instance(second) is not None
 
@@ -163,3 +166,104 @@ async def test_scope_keys_are_checked():
     with pytest.raises(pydantic.ValidationError, match="idle_timeout"):
         ServerConfig(command="x", idle_timeout=0)
     assert ServerConfig(command="x").scope == "shared"
+
+
+# ------------------------------------------------------------------ through client connections, a stateful server
+class Client:
+    """A handshake-era client on an in-memory transport to the gateway's frontend driver."""
+
+    def __init__(self, gateway: Gateway, identity: Identity) -> None:
+        self.answers: dict[Any, dict[str, Any]] = {}
+        self.arrived = asyncio.Event()
+        self.connection = ClientConnection(gateway, self._receive, identity=identity)
+        self._ids = iter(range(1, 10_000))
+
+    def _receive(self, frame: bytes) -> None:
+        message = orjson.loads(frame)
+        if "id" in message and ("result" in message or "error" in message):
+            self.answers[message["id"]] = message
+            self.arrived.set()
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        request_id = next(self._ids)
+        self.connection.feed(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}))
+        while request_id not in self.answers:
+            self.arrived.clear()
+            await asyncio.wait_for(self.arrived.wait(), 60)
+        return self.answers.pop(request_id)
+
+    async def start(self) -> None:
+        answer = await self.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                   "clientInfo": {"name": "scope-test", "version": "1"}})
+        assert "result" in answer, answer
+        self.connection.feed(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+
+    async def call(self, tool: str, **arguments: Any) -> str:
+        answer = await self.request("tools/call", {"name": f"memory__{tool}", "arguments": arguments})
+        assert "result" in answer, answer
+        return answer["result"]["content"][0]["text"]
+
+    async def recall(self) -> dict[str, Any]:
+        return orjson.loads(await self.call("recall"))
+
+
+@pytest.fixture()
+async def memory_gateway():
+    started: list[Gateway] = []
+
+    async def make(scope: str) -> Gateway:
+        entry = {"command": sys.executable, "args": [str(FIXTURES / "memory_server.py")], "sandbox": "none",
+                 "scope": scope}
+        gateway = Gateway(GatewayConfig(servers={"memory": ServerConfig.model_validate(entry)}, policy=None))
+        started.append(gateway)
+        gateway.start()
+        await gateway.wait_ready(120)
+        return gateway
+
+    yield make
+    for gateway in started:
+        await gateway.close()
+
+
+async def test_a_shared_stateful_server_mixes_two_identities_state(memory_gateway):
+    gateway = await memory_gateway("shared")
+    alice, bob = Client(gateway, ALICE), Client(gateway, BOB)
+    await asyncio.gather(alice.start(), bob.start())
+    await alice.call("remember", text="alice's secret")
+    await bob.call("remember", text="bob's secret")
+    seen_by_alice, seen_by_bob = await alice.recall(), await bob.recall()
+    assert seen_by_alice == seen_by_bob  # one process: what "shared" means, and why scope exists
+    assert seen_by_alice["kept"] == ["alice's secret", "bob's secret"]
+
+
+async def test_per_identity_keeps_two_identities_state_apart_and_one_identitys_together(memory_gateway):
+    gateway = await memory_gateway("per_identity")
+    alice, bob, alice_again = Client(gateway, ALICE), Client(gateway, BOB), Client(gateway, ALICE)
+    await asyncio.gather(alice.start(), bob.start(), alice_again.start())
+    await asyncio.gather(alice.call("remember", text="alice's secret"), bob.call("remember", text="bob's secret"))
+    seen_by_alice, seen_by_bob = await alice.recall(), await bob.recall()
+    assert seen_by_alice["kept"] == ["alice's secret"] and seen_by_bob["kept"] == ["bob's secret"]
+    assert seen_by_alice["pid"] != seen_by_bob["pid"]
+    assert await alice_again.recall() == seen_by_alice  # her second connection, her process
+
+
+async def test_per_session_keeps_two_sessions_of_one_identity_apart_and_stops_a_closed_ones(memory_gateway):
+    gateway = await memory_gateway("per_session")
+    first, second = Client(gateway, ALICE), Client(gateway, ALICE)
+    await asyncio.gather(first.start(), second.start())
+    await first.call("remember", text="first")
+    await second.call("remember", text="second")
+    seen_first, seen_second = await first.recall(), await second.recall()
+    assert seen_first["kept"] == ["first"] and seen_second["kept"] == ["second"]
+    await first.connection.closed()  # what a transport calls when its client goes
+    assert await eventually(lambda: not _alive(seen_first["pid"]))
+    assert _alive(seen_second["pid"]) and (await second.recall())["kept"] == ["second"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ", 1)[1][0] != "Z"
