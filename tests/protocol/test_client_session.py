@@ -1,10 +1,12 @@
 """The upstream client session: handshake decisions for every era setting and answer, era stamping, correlation,
-and the meaning of every kind of frame a server sends."""
+and the meaning of every kind of frame a server sends; properties over any order of answers, any params, any bytes."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bastion.protocol.client_session import (
     PROBE_TIMEOUT,
@@ -35,6 +37,7 @@ from bastion.protocol.versions import (
     META_PROTOCOL_VERSION,
     META_SERVER_INFO,
 )
+from tests.properties import JSON_OBJECTS, PROPERTY, REQUEST_IDS
 
 INFO = {"name": "bastion", "version": "test"}
 CAPS = {"sampling": {}}
@@ -368,3 +371,53 @@ class TestListen:
         event = s.receive(frame(id=s.listen_id, result={}))
         assert isinstance(event, Answered) and event.pending.context is None
         assert s.listen_id is None
+
+
+# ------------------------------------------------------------------------------------------------ properties
+CALLS = st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), REQUEST_IDS), max_size=30, unique=True)
+
+
+@PROPERTY
+@given(calls=CALLS, order=st.randoms(use_true_random=False))
+def test_every_answer_in_any_order_reaches_the_request_it_answers_and_only_once(calls, order):
+    s = session("legacy")
+    sent = {}
+    for origin, origin_id in calls:
+        pending, frame_sent = s.begin("tools/call", {}, origin=origin, origin_id=origin_id)
+        sent[orjson.loads(frame_sent)["id"]] = (origin, origin_id)
+    assert len(sent) == len(calls)  # every request went out under an id of its own
+    ids = list(sent)
+    order.shuffle(ids)
+    for upstream_id in ids:
+        event = s.receive(frame(id=upstream_id, result={}))
+        assert isinstance(event, Answered)
+        assert (event.pending.origin, event.pending.origin_id) == sent[upstream_id]
+        assert isinstance(s.receive(frame(id=upstream_id, result={})), Unmatched)
+    assert len(s.correlator) == 0
+
+
+@PROPERTY
+@given(params=JSON_OBJECTS, meta=JSON_OBJECTS, era=st.sampled_from(["legacy", "modern"]))
+def test_stamping_never_changes_the_callers_params_and_never_lets_a_clients_envelope_through(params, meta, era):
+    s = session(era)
+    given_params = {**params, "_meta": {**meta, META_CLIENT_INFO: {"name": "forged"}, "progressToken": "x"}}
+    before = orjson.dumps(given_params)
+    out = s.outgoing_params(given_params, log_level="info")
+    assert orjson.dumps(given_params) == before
+    out_meta = out.get("_meta", {})
+    assert "progressToken" not in out_meta
+    if era == "modern":
+        assert out_meta[META_CLIENT_INFO] == INFO and out_meta[META_PROTOCOL_VERSION] == LATEST_MODERN
+    else:
+        assert not any(key.startswith("io.modelcontextprotocol/") for key in out_meta)
+    assert {k: v for k, v in out.items() if k != "_meta"} == {k: v for k, v in params.items() if k != "_meta"}
+
+
+@PROPERTY
+@given(data=st.binary(max_size=200))
+def test_any_bytes_are_read_into_an_event_never_an_exception(data):
+    s = session()
+    s.begin("tools/call", {}, origin="a", origin_id=1)
+    event = s.receive(data)
+    assert isinstance(event, (Answered, Unmatched, ServerNotification, ServerCancelled, ServerRequest, Reply,
+                              Garbage, Ignored))
