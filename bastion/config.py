@@ -49,6 +49,8 @@ class ServerConfig(BaseModel):
         default="auto", description="a remote server's transport; auto tries Streamable HTTP, then HTTP+SSE")
     sse_idle_timeout: float = Field(default=60.0, gt=0, description="seconds a remote server's event stream may "
                                     "stay silent before it is taken for dropped (reopened, or reconnected)")
+    ca_file: str | None = Field(default=None, description="a remote server's certificate authorities (PEM), for a "
+                                "private CA; default: the system's trust store")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="variables set for this server only")
     cwd: str | None = None
@@ -129,7 +131,7 @@ class ServerConfig(BaseModel):
             raise ValidationError.from_exception_data(cls.__name__, [*details, missing])
         if server.command is not None and server.url is not None:
             raise ValueError("give either command (a local server) or url (a remote one), not both")
-        remote_only = {"headers", "transport", "sse_idle_timeout"} & server.model_fields_set
+        remote_only = {"headers", "transport", "sse_idle_timeout", "ca_file"} & server.model_fields_set
         if server.url is None and remote_only:
             raise ValueError(f"{', '.join(sorted(remote_only))}: for remote (url) servers only")
         return server
@@ -463,14 +465,15 @@ def _read_env_file(where: str, name: Any, folder: Path, variables: Variables) ->
 
 
 def _resolve_paths(entry: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """A command with a slash in it and a working directory, read from the configuration file's folder."""
+    """A command with a slash in it, a working directory and a CA file, read from the configuration file's folder."""
     resolved = dict(entry)
     command = entry.get("command")
     if isinstance(command, str) and "/" in command and not os.path.isabs(command):
         resolved["command"] = str(folder / command)
-    cwd = entry.get("cwd")
-    if isinstance(cwd, str) and cwd and not os.path.isabs(os.path.expanduser(cwd)):
-        resolved["cwd"] = str(folder / cwd)
+    for key in ("cwd", "ca_file"):
+        value = entry.get(key)
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            resolved[key] = str(folder / value)
     return resolved
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urljoin, urlsplit
@@ -35,7 +36,7 @@ import orjson
 from bastion import __version__
 from bastion.protocol import jsonrpc
 from bastion.protocol.versions import META_PROTOCOL_VERSION
-from bastion.transport.upstream import DIAGNOSTICS_KEPT, TransportClosed, UpstreamReceiver
+from bastion.transport.upstream import DIAGNOSTICS_KEPT, StartRefused, TransportClosed, UpstreamReceiver
 
 if TYPE_CHECKING:
     from bastion.config import ServerConfig
@@ -93,6 +94,7 @@ class HttpTransport:
         kind: str = "auto",
         max_message_bytes: int = jsonrpc.DEFAULT_MAX_MESSAGE_BYTES,
         sse_idle_timeout: float = 60.0,
+        ca_file: str | None = None,
         client: httpx2.AsyncClient | None = None,
     ) -> None:
         if kind not in ("auto", "streamable-http", "sse"):
@@ -106,8 +108,16 @@ class HttpTransport:
         self._max_bytes = max_message_bytes
         self._idle = sse_idle_timeout
         self._own_client = client is None
+        # A private CA replaces the system's trust store for this server only; the certificate is still checked.
+        verify: ssl.SSLContext | bool = True
+        self._refused: str | None = None  # a configuration no retry mends, said when the start is refused
+        if ca_file:
+            try:
+                verify = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                self._refused = f"its ca_file {ca_file} cannot be used: {exc}"
         self._client = client or httpx2.AsyncClient(
-            http2=_has_http2(), follow_redirects=False,
+            http2=_has_http2(), follow_redirects=False, verify=verify,
             timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=None),
             limits=httpx2.Limits(max_connections=100, max_keepalive_connections=20))
         self.session_id: str | None = None
@@ -125,7 +135,7 @@ class HttpTransport:
     def for_server(cls, name: str, config: "ServerConfig", *, max_message_bytes: int) -> "HttpTransport":
         assert config.url is not None
         return cls(name, config.url, config.headers, kind=config.transport, max_message_bytes=max_message_bytes,
-                   sse_idle_timeout=config.sse_idle_timeout)
+                   sse_idle_timeout=config.sse_idle_timeout, ca_file=config.ca_file)
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def ended(self) -> str:
@@ -143,6 +153,8 @@ class HttpTransport:
         return not self._ended.done() and not self._closing
 
     async def start(self, receiver: UpstreamReceiver) -> None:
+        if self._refused is not None:
+            raise StartRefused(self._refused)
         self._receiver = receiver
         if self.kind == "sse":
             await self._open_sse()

@@ -26,7 +26,8 @@ class RemoteServer:
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
-        assert self.url.startswith("http://127.0.0.1:"), f"the remote server did not start: {self.url!r}"
+        assert self.url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")), \
+            f"the remote server did not start: {self.url!r}"
 
     @property
     def port(self) -> int:

@@ -36,8 +36,11 @@ def build_sdk():
 
     @server.tool()
     def headers(ctx: Context) -> str:
-        """The HTTP request headers this call arrived with."""
-        return json.dumps({k.lower(): v for k, v in (ctx.headers or {}).items()})
+        """The HTTP request headers this call arrived with (and its HTTP version, as ``:http-version``)."""
+        seen = {k.lower(): v for k, v in (ctx.headers or {}).items()}
+        scope = getattr(ctx.request_context.request, "scope", None) or {}
+        seen[":http-version"] = scope.get("http_version", "")
+        return json.dumps(seen)
 
     @server.tool()
     async def slow(seconds: float, ctx: Context) -> str:
@@ -106,12 +109,28 @@ def build_fastmcp():
     return server
 
 
+def serve_tls(app, path: str, port: int, cert: str, key: str) -> None:
+    """HTTPS with ALPN offering h2 and http/1.1 (hypercorn), as a production server behind TLS does."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    listener = socket.create_server(("127.0.0.1", port))
+    config = Config()
+    config.certfile, config.keyfile = cert, key
+    config.alpn_protocols = ["h2", "http/1.1"]
+    config.loglevel = "WARNING"
+    config.bind = [f"fd://{listener.fileno()}"]
+    print(f"https://127.0.0.1:{listener.getsockname()[1]}{path}", flush=True)
+    asyncio.run(serve(app, config))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transport", choices=("streamable-http", "sse"), default="streamable-http")
     parser.add_argument("--json-response", action="store_true")
     parser.add_argument("--fastmcp", action="store_true")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve HTTPS (and HTTP/2) with hypercorn")
     arguments = parser.parse_args()
     if arguments.fastmcp:
         app = build_fastmcp().http_app(path="/mcp", transport="http", json_response=arguments.json_response)
@@ -121,6 +140,9 @@ def main() -> None:
     else:
         app = build_sdk().streamable_http_app(json_response=arguments.json_response)
         path = "/mcp"
+    if arguments.tls:
+        serve_tls(app, path, arguments.port, *arguments.tls)
+        return
     listener = socket.create_server(("127.0.0.1", arguments.port))
     listener.set_inheritable(True)
     print(f"http://127.0.0.1:{listener.getsockname()[1]}{path}", flush=True)

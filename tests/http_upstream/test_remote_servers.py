@@ -151,3 +151,42 @@ def test_a_remote_servers_sampling_request_reaches_the_client_and_its_answer_goe
     finally:
         status, stderr = client.close()
     assert status == 0 and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("era", ["modern", "legacy"])
+def test_a_remote_over_https_is_reached_over_http2_when_it_offers_it(tmp_path, remote_server, era):
+    trustme = pytest.importorskip("trustme")
+    authority = trustme.CA()
+    certificate = authority.issue_cert("127.0.0.1")
+    cert, key, ca = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    certificate.cert_chain_pems[0].write_to_path(str(cert))
+    certificate.private_key_pem.write_to_path(str(key))
+    authority.cert_pem.write_to_path(str(ca))
+    server = remote_server("--tls", str(cert), str(key))
+    assert server.url.startswith("https://")
+    client = _federate(tmp_path, server.url, era=era, ca_file=str(ca))
+    try:
+        seen = json.loads(_text(client.request(1, "tools/call", {"name": "remote__headers", "arguments": {}},
+                                               timeout=120)))
+        assert _text(client.request(2, "tools/call", {"name": "remote__echo", "arguments": {"text": "h2"}})) == \
+            "echo: h2"
+    finally:
+        status, stderr = client.close()
+    assert seen[":http-version"] == "2", seen
+    assert status == 0 and "Traceback" not in stderr, stderr
+
+
+def test_a_remote_whose_certificate_is_not_trusted_is_refused_with_the_reason(tmp_path, remote_server):
+    trustme = pytest.importorskip("trustme")
+    certificate = trustme.CA().issue_cert("127.0.0.1")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certificate.cert_chain_pems[0].write_to_path(str(cert))
+    certificate.private_key_pem.write_to_path(str(key))
+    server = remote_server("--tls", str(cert), str(key))
+    client = _federate(tmp_path, server.url, startup_timeout=5)  # no ca_file: the system store does not know it
+    try:
+        refused = client.request(1, "tools/call", {"name": "remote__echo", "arguments": {"text": "x"}}, timeout=120)
+    finally:
+        status, stderr = client.close()
+    assert refused["error"]["code"] == -32001 and "certificate" in refused["error"]["message"].lower(), refused
+    assert status == 0 and "Traceback" not in stderr, stderr
