@@ -4,7 +4,8 @@ The transport moves frames and nothing else: the upstream session above it sends
 a local server and gets the server's frames back, whatever carried them. What HTTP adds is handled here:
 
 - **Streamable HTTP, 2026-07-28**: every request is its own POST carrying ``MCP-Protocol-Version``, ``Mcp-Method``
-  and ``Mcp-Name`` (mirrored from the body); the answer is JSON, or an SSE stream scoped to the request that may
+  and ``Mcp-Name`` (mirrored from the body), and ``Mcp-Param-*`` for the arguments a tool's schema marks
+  ``x-mcp-header`` (learnt from the ``tools/list`` answers that pass through); the answer is JSON, or an SSE stream scoped to the request that may
   carry its progress first. There are no client notifications on this wire: a cancellation closes the request's
   own stream instead. ``subscriptions/listen`` is a POST whose stream stays open; it is reopened if it ends or
   goes silent.
@@ -125,6 +126,9 @@ class HttpTransport:
         self._legacy = False  # an initialize went out: the stateful wire, where notifications are POSTed too
         self._initialize_id: Any = None
         self._posts: dict[Any, asyncio.Task[None]] = {}  # request id -> its POST (and its response stream)
+        self._listing: set[Any] = set()  # ids of tools/list requests in flight, whose answers say which headers
+        # Per tool (the server's name), its arguments mirrored as Mcp-Param-* headers (x-mcp-header, 2026-07-28).
+        self._param_headers: dict[str, dict[tuple[str, ...], str]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._endpoint: str | None = None  # HTTP+SSE: where messages are POSTed
         self._endpoint_known = asyncio.Event()
@@ -218,6 +222,8 @@ class HttpTransport:
         if method == "initialize":
             self._legacy = True
             self._initialize_id = request_id
+        elif method == "tools/list" and is_request:
+            self._listing.add(request_id)
         if method is not None and not is_request and not self._legacy:
             self._notify_modern(method, message.get("params") or {})
             return
@@ -250,6 +256,10 @@ class HttpTransport:
                 value = params.get(key) if key is not None else None
                 if isinstance(value, str):
                     headers[NAME_HEADER] = encode_header_value(value)
+                if method == "tools/call" and isinstance(value, str) and value in self._param_headers:
+                    arguments = params.get("arguments")
+                    headers.update(param_headers(self._param_headers[value],
+                                                 arguments if isinstance(arguments, dict) else {}))
         return headers
 
     async def _post(self, frame: bytes, message: dict[str, Any], method: str | None, is_request: bool) -> None:
@@ -339,7 +349,11 @@ class HttpTransport:
                                f"the server answered with {content_type or 'no content type'}, not JSON or SSE")
 
     def _deliver(self, body: bytes, request_id: Any = None) -> None:
-        """Hand a frame up, noting what the transport itself needs from it (the legacy version negotiated)."""
+        """Hand a frame up, noting what the transport itself needs from it (the legacy version negotiated, the
+        tools whose arguments are mirrored in headers)."""
+        if request_id in self._listing:
+            self._listing.discard(request_id)
+            self._learn_param_headers(body)
         if request_id is not None and request_id == self._initialize_id:
             try:
                 answer = orjson.loads(body)
@@ -349,6 +363,19 @@ class HttpTransport:
             except (orjson.JSONDecodeError, AttributeError):
                 pass
         self._on_frame(body)
+
+    def _learn_param_headers(self, body: bytes) -> None:
+        try:
+            tools = orjson.loads(body)["result"]["tools"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        for tool in tools if isinstance(tools, list) else ():
+            if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                annotated = x_mcp_headers(tool.get("inputSchema"))
+                if annotated:
+                    self._param_headers[tool["name"]] = annotated
+                else:
+                    self._param_headers.pop(tool["name"], None)
 
     def _deliver_error_body(self, body: bytes, request_id: Any) -> bool:
         """A JSON-RPC error sent with an HTTP error status, given to the request it answers (its id may be null)."""
@@ -482,6 +509,39 @@ class HttpTransport:
             if not (_is_json(response) and self._deliver_error_body(response.content, message.get("id"))):
                 self._answer_error(message.get("id"), jsonrpc.INTERNAL_ERROR,
                                    f"the server refused the message with HTTP {response.status_code}")
+
+
+def x_mcp_headers(schema: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:
+    """The properties of a tool's input schema annotated ``x-mcp-header``, by their path of ``properties`` keys."""
+    found: dict[tuple[str, ...], str] = {}
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if isinstance(properties, dict):
+        for key, child in properties.items():
+            if not isinstance(child, dict):
+                continue
+            token = child.get("x-mcp-header")
+            if isinstance(token, str) and token:
+                found[(*path, key)] = token
+            found.update(x_mcp_headers(child, (*path, key)))
+    return found
+
+
+def param_headers(annotated: Mapping[tuple[str, ...], str], arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The ``Mcp-Param-*`` headers a call mirrors from its arguments: each annotated value present (``true`` and
+    ``false`` for booleans), encoded for a header; a value that is absent, null or not a scalar sends none."""
+    headers: dict[str, str] = {}
+    for path, token in annotated.items():
+        value: Any = arguments
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, bool):
+            rendered = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            rendered = str(value)
+        else:
+            continue
+        headers[f"Mcp-Param-{token}"] = encode_header_value(rendered)
+    return headers
 
 
 def _not_a_message(data: bytes) -> str | None:

@@ -18,6 +18,7 @@ from fastmcp import Context as FastContext, FastMCP
 from typing import Annotated
 
 from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
+from pydantic import Field
 from mcp.types import CreateMessageResult, SamplingMessage, TextContent
 
 
@@ -62,6 +63,12 @@ def build_sdk():
         except Exception:  # noqa: BLE001 - a modern request has no session to tell
             pass
         return "grown"
+
+    @server.tool()
+    def regional(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
+                 ctx: Context) -> str:
+        """Answer for a region, which 2026-07-28 clients also send as the Mcp-Param-Region header."""
+        return f"{region} (header: {(ctx.headers or {}).get('mcp-param-region')})"
 
     @server.tool()
     async def ask(question: str, answer: Annotated[CreateMessageResult, Resolve(ask_llm)]) -> str:

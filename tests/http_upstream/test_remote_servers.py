@@ -190,3 +190,22 @@ def test_a_remote_whose_certificate_is_not_trusted_is_refused_with_the_reason(tm
         status, stderr = client.close()
     assert refused["error"]["code"] == -32001 and "certificate" in refused["error"]["message"].lower(), refused
     assert status == 0 and "Traceback" not in stderr, stderr
+
+
+def test_arguments_a_modern_tool_annotates_with_x_mcp_header_are_mirrored_as_headers(tmp_path, remote_server):
+    server = remote_server()
+    config = write_config(tmp_path / "bastion.json", {"remote": {"url": server.url, "era": "modern"}})
+    client = RawClient(config)
+    try:
+        client.initialize()
+        listed = client.request(1, "tools/list", {}, timeout=120)["result"]["tools"]
+        schema = next(t for t in listed if t["name"] == "remote__regional")["inputSchema"]
+        assert schema["properties"]["region"]["x-mcp-header"] == "Region"
+        # The SDK's server refuses the call (-32020) unless the header mirrors the argument.
+        answer = client.request(2, "tools/call", {"name": "remote__regional", "arguments": {"region": "eu-west"}})
+        assert _text(answer) == "eu-west (header: eu-west)"
+        unicode = client.request(3, "tools/call", {"name": "remote__regional", "arguments": {"region": "Zürich"}})
+        assert _text(unicode).startswith("Zürich (header: =?base64?")
+    finally:
+        status, stderr = client.close()
+    assert status == 0 and "Traceback" not in stderr, stderr
