@@ -21,8 +21,9 @@ def marks(tmp_path):
     return tmp_path / "marks.txt"
 
 
-# With the policy off a tools/call is passed straight to its server (``DirectCall``); a policy section
-# that allows everything puts the pipeline in between. Both ways must look the same to the client and the server.
+# With the policy off nothing in the chain reads a tools/call, so its bytes pass through the one request path; a
+# policy section that allows everything puts an interceptor that reads them in the way. Both must look the same to
+# the client and the server.
 ALLOW_ALL = "permit(principal, action, resource);\n"
 
 

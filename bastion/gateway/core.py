@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+
+import msgspec
 
 from bastion import __version__
 from bastion.config import GatewayConfig
 from bastion.gateway.bridge import InputBridge
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
-from bastion.gateway.eager import DirectCall
 from bastion.gateway.naming import SEPARATOR, sanitize
-from bastion.gateway.pipeline import build_pipeline
+from bastion.gateway.pipeline import build_pipeline, passes_raw
 from bastion.gateway.pool import InstanceListener, UpstreamPool
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.model import GatewayError, GatewayRequest, Identity, Interceptor, Session
 from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending
+from bastion.protocol.jsonrpc import ErrorResponse, RawResponse
 from bastion.transport.stdio import WriteBatch
 
 if TYPE_CHECKING:
@@ -90,10 +93,13 @@ class Gateway:
             exposure.append(SearchExposure(self.tool_index(), config.tools.always_list))
         permitted = [*(self.policy.interceptors if self.policy else ()), *interceptors]
         chain = [*exposure, *permitted]
-        self.handle = build_pipeline(chain, self._route)
+        # The one path of every client request. Where nothing in the chain reads a tools/call's result, the
+        # result is passed on as the bytes its server sent; where nothing reads its params, its arguments reach the
+        # server as the bytes the client sent (``takes_raw_params``: the frontend then leaves them undecoded).
+        self.handle = build_pipeline(chain, partial(self._route, raw_results=passes_raw(chain, "tools/call", "results")))
+        self.takes_raw_params = passes_raw(chain, "tools/call", "params")
         # The same pipeline without the exposure mode, for a frontend that finds tools itself (the host API).
         self.handle_permitted = build_pipeline(permitted, self._route)
-        self.forwards_directly = not chain  # no interceptor: a call may skip the pipeline
         self._connections: dict[str, ClientConnection] = {}
         self._started = False
         # The name head each server's tools and prompts have, to say why a name of a server still down is unknown.
@@ -216,12 +222,15 @@ class Gateway:
         return "\n\n".join(parts) if parts else None
 
     # ------------------------------------------------------------------------------------------ routing
-    async def _route(self, request: GatewayRequest) -> dict[str, Any]:
+    async def _route(self, request: GatewayRequest, raw_results: bool = False) -> Any:
         method = request.method
         params = request.params
         if method == "tools/call":  # first: nearly every request is one
-            entry = await self._find(self.catalog.tool, params.get("name"), "tool")
-            return await self._forward(request, entry.server, {**params, "name": entry.original_name})
+            name = params.get("name")
+            if type(name) is msgspec.Raw:  # params the frontend left as the client's bytes (takes_raw_params)
+                name = jsonrpc.raw_string(name)
+            entry = await self._find(self.catalog.tool, name, "tool")
+            return await self._forward(request, entry.server, {**params, "name": entry.original_name}, raw_results)
         if method in _LISTS:
             kind, key, _ = _LISTS[method]
             try:
@@ -247,50 +256,6 @@ class Gateway:
         if method == "ping":
             return {}
         raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
-
-    def forward_tool_call(self, session: Session, request_id: Any, params: dict[str, Any] | None,
-                          log_level: str | None,
-                          deliver: Callable[[Any, Any], None]) -> DirectCall | None:
-        """Pass a legacy client's tools/call straight to the server that owns the tool, when nothing has to see it
-        on the way: no interceptor is configured and the call carries no ``_meta`` (a progress token) to rewrite.
-
-        None means the request takes the pipeline, which also explains every refusal (an unknown tool, a server
-        not ready); what both ways send the server and the client is the same. A modern server's
-        ``input_required`` answer is delivered as it is, for the caller to complete with ``drive_input_required``
-        and the call's ``resume`` (the same server and params, whatever the catalog has become meanwhile); only
-        the 2026-07-28 era has such answers.
-        """
-        if not self.forwards_directly or params is None or "_meta" in params:
-            return None
-        name = params.get("name")
-        entry = self.catalog.tool(name) if type(name) is str else None
-        if entry is None or entry.server in self.pools:  # a pooled server's call first finds its instance
-            return None
-        upstream = self.upstreams[entry.server]
-        # Only a modern server reads the client's capabilities per request; a legacy one had them at the handshake.
-        capabilities = _relayable(session.client_capabilities) if upstream.era == "modern" else None
-        sent = {**params, "name": entry.original_name}
-        call = upstream.forward("tools/call", sent, session.session_id, request_id, deliver, log_level, capabilities)
-        if call is not None and capabilities is not None:
-            call.resume = (entry.server, sent)
-        return call
-
-    def forward_raw_tool_call(self, session: Session, request_id: Any, params: dict[str, Any], log_level: str | None,
-                              deliver: Callable[[Any, Any], None]) -> DirectCall | None:
-        """``forward_tool_call`` for params whose values are still raw JSON (``RawRequest``): the arguments go to
-        the server as the bytes the client sent. Only a handshake-era server takes them so; a modern one needs
-        its envelope stamped into decoded params, and None leaves such a call to the caller's other ways."""
-        if not self.forwards_directly or "_meta" in params:
-            return None
-        entry = self.catalog.tool(jsonrpc.raw_string(params.get("name")))
-        if entry is None or entry.server in self.pools:
-            return None
-        upstream = self.upstreams[entry.server]
-        if upstream.era != "legacy":
-            return None
-        sent = {**params, "name": entry.original_name}
-        return upstream.forward("tools/call", sent, session.session_id, request_id, deliver, log_level,
-                                encode=jsonrpc.raw_request_frame)
 
     async def _find(self, lookup: Callable[[str], _Found | None], name: Any, kind: str) -> _Found:
         """The catalog entry a client's name stands for; -32602 when there is none (after servers still starting)."""
@@ -333,14 +298,18 @@ class Gateway:
             return instance
         return make
 
-    async def _forward(self, request: GatewayRequest, server: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _forward(self, request: GatewayRequest, server: str, params: dict[str, Any],
+                       raw_results: bool = False) -> Any:
         pool = self.pools.get(server)
         if pool is not None:
-            return await pool.call(request.session, lambda instance: self._forward_to(request, instance, server, params))
-        return await self._forward_to(request, self.upstreams[server], server, params)
+            return await pool.call(request.session, lambda instance: self._forward_to(request, instance, server, params,
+                                                                                      raw_results))
+        return await self._forward_to(request, self.upstreams[server], server, params, raw_results)
 
     async def _forward_to(self, request: GatewayRequest, upstream: Upstream, server: str,
-                          params: dict[str, Any]) -> dict[str, Any]:
+                          params: dict[str, Any], raw_results: bool = False) -> Any:
+        """Send a request to its server; the result, or (``raw_results``, for a handshake-era client) the
+        ``RawResponse`` it came in when it has no 2026-07-28 field to remove."""
         session = request.session
         meta = params.get("_meta")
         progress_token = meta.get("progressToken") if isinstance(meta, dict) else None
@@ -354,7 +323,19 @@ class Gateway:
             progress_token=progress_token,
             log_level=request.log_level,
             client_capabilities=capabilities,
+            encode=_encoder(params),
+            keep_raw=raw_results and session.era == "legacy",
         )
+        if type(result) is RawResponse:
+            # Only a modern server's result has fields a handshake-era client must not see. A byte search can match
+            # inside a string too, which only costs a decode.
+            frame = result.frame
+            if frame.find(b'"resultType"') < 0 and frame.find(b'"_meta"') < 0:
+                return result
+            decoded = result.decoded()
+            if type(decoded) is ErrorResponse:
+                raise GatewayError.from_error(decoded.error)
+            result = decoded.result
         if session.era != "modern" and result.get("resultType") == "input_required":
             result = await self.drive_input_required(request, server, params, result)
         return result
@@ -390,7 +371,7 @@ class Gateway:
             retry["requestState"] = result["requestState"]
         return await upstream.request(request.method, retry, origin=request.session.session_id,
                                       origin_id=f"{request.request_id}/input", log_level=request.log_level,
-                                      client_capabilities=capabilities)
+                                      client_capabilities=capabilities, encode=_encoder(retry))
 
     async def _subscription(self, request: GatewayRequest) -> dict[str, Any]:
         uri = request.params.get("uri")
@@ -573,6 +554,14 @@ class Gateway:
                             "resourceTemplates": "notifications/resources/list_changed"}[kind]
             for connection in list(self._connections.values()):
                 connection.list_changed(notification)
+
+
+def _encoder(params: Mapping[str, Any]) -> Callable[[Any, str, Any], bytes]:
+    """How to frame a request with ``params``: as they are, when they still hold the client's raw JSON values
+    (a call whose params nothing in the chain reads), else the ordinary way."""
+    if any(type(value) is msgspec.Raw for value in params.values()):
+        return jsonrpc.raw_request_frame
+    return jsonrpc.request_frame
 
 
 def _relayable(capabilities: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import uuid
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from bastion.gateway.core import SERVER_INFO, Gateway
-from bastion.gateway.eager import RequestRunner
 from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import ErrorResponse, RawResponse, Request, Response, parse_raw_request
@@ -30,7 +29,6 @@ from bastion.protocol.server_session import (
     Serve,
     ServerSession,
     UnknownAnswer,
-    legacy_result,
 )
 
 log = logging.getLogger("bastion.frontend")
@@ -58,11 +56,12 @@ class ClientConnection:
         self._close_transport = close
         self._drain = drain
         self._session: Session | None = None  # legacy: one for the connection, from its initialize
-        self._running: dict[Any, Any] = {}  # requests in flight, by the client's id: RequestRunner or DirectCall
+        self._running: dict[Any, asyncio.Task[None]] = {}  # requests in flight, by the client's id
         self._outgoing: dict[str, asyncio.Future[Response | ErrorResponse]] = {}
         # Requests a client pipelines behind its initialize wait for the handshake (and the servers it waits for).
         self._handshake = asyncio.Event()
-        self._direct_session: Session | None = None  # a handshake-era session once its handshake is done
+        # Once a handshake-era session is established: a tools/call's arguments may stay the bytes the client sent.
+        self._takes_raw_calls = False
         self._servers_waited: asyncio.Future[None] | None = None  # a modern client's first wait for the servers
         self._max_bytes = gateway.config.max_message_bytes
         self._loop = asyncio.get_running_loop()
@@ -74,8 +73,7 @@ class ClientConnection:
 
     # ------------------------------------------------------------------------------------------ input
     def feed(self, frame: bytes) -> None:
-        session = self._direct_session
-        if session is not None and self.protocol.lifecycle.state is State.ACTIVE and self._forward_raw(session, frame):
+        if self._takes_raw_calls and self.protocol.lifecycle.state is State.ACTIVE and self._raw_call(frame):
             return
         self._act(self.protocol.receive_frame(frame))
 
@@ -96,9 +94,9 @@ class ClientConnection:
             elif kind is Listen:
                 self._run(self._answer(event.request, self._listen(event)), event.request.id)  # type: ignore[union-attr]
             elif kind is Cancel:
-                runner = self._running.get(event.request_id)  # type: ignore[union-attr]
-                if runner is not None:
-                    runner.cancel()
+                task = self._running.get(event.request_id)  # type: ignore[union-attr]
+                if task is not None:
+                    task.cancel()
             elif kind is Answered:
                 future = self._outgoing.pop(event.request_id, None)  # type: ignore[union-attr]
                 if future is not None and not future.done():
@@ -115,74 +113,34 @@ class ClientConnection:
                 log.warning("client answered unknown request id %r; ignored", event.request_id)  # type: ignore[union-attr]
 
     def _on_serve(self, event: Serve) -> None:
-        message = event.request
-        session = self._direct_session
-        if session is not None and message.method == "tools/call":
-            call = self.gateway.forward_tool_call(session, message.id, message.params, event.log_level,
-                                                  self._answer_directly)
-            if call is not None:
-                self._running[message.id] = call
-                return
-        self._run(self._answer(message, self._serve(event)), message.id)
+        self._run(self._answer(event.request, self._serve(event)), event.request.id)
 
-    def _forward_raw(self, session: Session, frame: bytes) -> bool:
-        """Pass a tools/call to its server with its arguments as the client sent them, when the gateway can: the
-        usual request of an established handshake-era session with no interceptor. False leaves the frame to
-        the session's full parse (which also answers every refusal)."""
+    def _raw_call(self, frame: bytes) -> bool:
+        """Take a tools/call with its params decoded one level deep, each value still the JSON the client sent,
+        when nothing in the gateway's chain reads a call's params: its arguments then reach the server as those
+        bytes (integers wider than 64 bits, key order, number spelling kept). False leaves the frame to the
+        session's full parse, which also answers every refusal; a ``_meta`` (a progress token to remap) is
+        always decoded."""
         request = parse_raw_request(frame, self._max_bytes)
-        if request is None or request.method != "tools/call" or not self.protocol.request_started(request.id):
+        if request is None or request.method != "tools/call" or "_meta" in request.params:
             return False
-        call = self.gateway.forward_raw_tool_call(session, request.id, request.params,
-                                                  self.protocol.log_level or "debug", self._answer_directly)
-        if call is None:
-            self.protocol.request_done(request.id)
-            return False
-        self._running[request.id] = call
+        self._act(self.protocol.receive(Request(request.id, request.method, request.params)))
         return True
 
     def _run(self, coroutine: Coroutine[Any, Any, None], request_id: Any) -> None:
-        runner = RequestRunner(coroutine, self._loop)
-        if not runner.done:  # still waiting for its answer
-            self._running[request_id] = runner
-
-    def _answer_directly(self, request_id: Any, answer: Response | ErrorResponse | None) -> None:
-        """The answer to a call the gateway passed straight to its server; None when the client cancelled it."""
-        call = self._running.pop(request_id, None)
-        if answer is None:
-            self.protocol.request_done(request_id)
-            return
-        if type(answer) is RawResponse:
-            # Only a modern server's result has fields a handshake-era client must not see. A byte search can
-            # match inside a string too, which only costs a decode.
-            frame = answer.frame
-            if frame.find(b'"resultType"') < 0 and frame.find(b'"_meta"') < 0:
-                self.protocol.request_done(request_id)
-                self._send_frame(answer.reframed(request_id))
-                return
-            answer = answer.decoded()
-        if type(answer) is ErrorResponse:
-            self.protocol.request_done(request_id)
-            self._send(ErrorResponse(request_id, GatewayError.from_error(answer.error).to_error()))
-            return
-        result = answer.result
-        if "resultType" in result or "_meta" in result:  # from a modern server
-            resume = getattr(call, "resume", None)
-            if result.get("resultType") == "input_required" and resume is not None:
-                server, params = resume
-                finish = self._finish_tool_call(request_id, server, params, result)
-                self._run(self._answer(Request(request_id, "tools/call", params), finish), request_id)
-                return
-            result = legacy_result(result)
-        self.protocol.request_done(request_id)
-        self._send(Response(request_id, result))
+        # A real Task: asyncio.timeout, TaskGroup, anyio and the clients built on them work on a request's path.
+        self._running[request_id] = self._loop.create_task(coroutine)
 
     # ---------------------------------------------------------------------------------------- serving
-    async def _answer(self, message: Request, reply: Awaitable[jsonrpc.Message | None]) -> None:
+    async def _answer(self, message: Request, reply: Awaitable[jsonrpc.Message | RawResponse | None]) -> None:
         """Send what ``reply`` makes of one request, whatever happens on the way."""
         try:
             answer = await reply
             if answer is not None:
-                self._send(answer)
+                if type(answer) is RawResponse:  # a result only passed through: the server's bytes, under our id
+                    self._send_frame(answer.reframed(message.id))
+                else:
+                    self._send(answer)
                 if self._drain is not None:
                     await self._drain()
         except asyncio.CancelledError:
@@ -205,11 +163,11 @@ class ClientConnection:
                                                        self.gateway.instructions())
             finally:
                 self._handshake.set()
-                self._direct_session = self._session if self.gateway.forwards_directly else None
+                self._takes_raw_calls = self.gateway.takes_raw_params
 
         await self._answer(event.request, answer())
 
-    async def _serve(self, event: Serve) -> jsonrpc.Message:
+    async def _serve(self, event: Serve) -> jsonrpc.Message | RawResponse:
         message = event.request
         if event.era == "modern":
             await self._first_request_waited()
@@ -238,7 +196,8 @@ class ClientConnection:
             self._servers_waited = asyncio.ensure_future(self.gateway.wait_ready())
         await asyncio.shield(self._servers_waited)
 
-    async def _dispatch(self, message: Request, session: Session, log_level: str | None) -> jsonrpc.Message:
+    async def _dispatch(self, message: Request, session: Session,
+                        log_level: str | None) -> jsonrpc.Message | RawResponse:
         # The params were decoded for this request alone, so interceptors may rewrite them in place.
         params = message.params if message.params is not None else {}
         request = GatewayRequest(message.method, params, session, self.gateway.catalog,
@@ -247,6 +206,8 @@ class ClientConnection:
             result = await self.gateway.handle(request)
         except GatewayError as exc:
             return ErrorResponse(message.id, exc.to_error())
+        if type(result) is RawResponse:
+            return result
         return self.protocol.result(message.id, message.method, result)
 
     async def _dispatch_modern(self, message: Request, session: Session, log_level: str | None) -> jsonrpc.Message:
@@ -288,18 +249,6 @@ class ClientConnection:
         bridge.park(call)
         return self.protocol.result(message.id, message.method, {
             "resultType": "input_required", "inputRequests": questions, "requestState": call.token})
-
-    async def _finish_tool_call(self, request_id: Any, server: str, params: dict[str, Any],
-                                input_required: dict[str, Any]) -> jsonrpc.Message:
-        """A call sent directly to a modern server that answered ``input_required``: drive its rounds there."""
-        request = GatewayRequest("tools/call", params, self._session or self._anonymous_session(),
-                                 self.gateway.catalog, request_id=request_id,
-                                 log_level=self.protocol.log_level or "debug")
-        try:
-            result = await self.gateway.drive_input_required(request, server, params, input_required)
-        except GatewayError as exc:
-            return ErrorResponse(request_id, exc.to_error())
-        return Response(request_id, legacy_result(result))
 
     async def _listen(self, event: Listen) -> None:
         await self._first_request_waited()
@@ -377,10 +326,10 @@ class ClientConnection:
     async def closed(self) -> None:
         """The transport is gone: abort everything this client started and release what it held."""
         self.protocol.connection_lost()
-        runners = list(self._running.values())
-        for runner in runners:
-            runner.cancel()
-        await asyncio.gather(*(runner.finished() for runner in runners))
+        running = list(self._running.values())
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         for future in self._outgoing.values():
             future.cancel()
         self._outgoing.clear()

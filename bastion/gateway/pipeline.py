@@ -22,6 +22,21 @@ def build_pipeline(interceptors: Sequence[Interceptor], terminal: Handler) -> Ha
     return handler
 
 
+def passes_raw(interceptors: Sequence[Interceptor], method: str, part: str) -> bool:
+    """Whether ``part`` (``"params"`` or ``"results"``) of ``method``'s requests may stay the JSON bytes they
+    came in through this chain: no interceptor reads it. An interceptor says what it does not read with the
+    attributes ``methods`` (the only methods it looks at; all when absent), ``reads_params`` and
+    ``reads_results`` (True when absent), so one that declares nothing is given decoded params and results."""
+    return not any(_reads(interceptor, method, part) for interceptor in interceptors)
+
+
+def _reads(interceptor: Interceptor, method: str, part: str) -> bool:
+    methods = getattr(interceptor, "methods", None)
+    if methods is not None and method not in methods:
+        return False
+    return bool(getattr(interceptor, f"reads_{part}", True))
+
+
 def _bind(interceptor: Interceptor, call_next: Handler) -> Handler:
     async def handle(request: GatewayRequest) -> dict[str, Any]:
         return await interceptor(request, call_next)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from bastion import __version__
 from bastion.config import ServerConfig
-from bastion.gateway.eager import Answer, DirectCall
+from bastion.gateway.eager import Answer, RawAnswer
 from bastion.model import GatewayError
 from bastion.protocol import jsonrpc
 from bastion.protocol.client_session import (
@@ -330,48 +330,29 @@ class Upstream:
         log_level: str | None = None,
         timeout: float | None = None,
         client_capabilities: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        encode: Callable[[Any, str, Any], bytes] = jsonrpc.request_frame,
+        keep_raw: bool = False,
+    ) -> Any:
         """Send a request and return its result; a JSON-RPC error, a crash or a timeout raise GatewayError.
 
         ``client_capabilities`` are the requesting client's, stamped on requests to a modern server (a legacy
-        server learned the client's capabilities at the handshake).
+        server learned the client's capabilities at the handshake). ``encode`` frames the request
+        (``raw_request_frame`` for params holding raw JSON). ``keep_raw`` returns a success as the
+        ``RawResponse`` it arrived in, undecoded, for a caller that only passes it on.
         """
         if not self.ready.is_set():
             raise GatewayError(
                 jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not available: {self.failure or 'starting'}"
             )
         outgoing = self._outgoing_params(params, progress_token, log_level, client_capabilities)
-        pending = self._begin(method, outgoing, origin, origin_id, progress_token, timeout or self.config.request_timeout)
+        pending = self._begin(method, outgoing, origin, origin_id, progress_token, timeout or self.config.request_timeout,
+                              RawAnswer(loop=self._loop) if keep_raw else None, encode)
         answer = await self._answer(pending)
         if type(answer) is ErrorResponse:
             raise GatewayError.from_error(answer.error)
+        if type(answer) is RawResponse:
+            return answer
         return answer.result
-
-    def forward(self, method: str, params: dict[str, Any], origin: Any, origin_id: Any,
-                deliver: Callable[[Any, Any], None], log_level: str | None = None,
-                client_capabilities: Mapping[str, Any] | None = None,
-                encode: Callable[[Any, str, Any], bytes] = jsonrpc.request_frame) -> DirectCall | None:
-        """Send a client's request, its answer going straight to ``deliver`` (see ``DirectCall``); what goes out
-        is what ``request`` would send.
-
-        None when the request needs what only ``request`` does: a server not ready (its error says why), or a
-        send that failed. ``encode`` frames the request (``raw_request_frame`` for params holding raw JSON, which
-        only a handshake-era server is sent).
-        """
-        if not self.ready.is_set():
-            return None
-        if self.era == "modern":
-            params = self._outgoing_params(params, None, log_level, client_capabilities)
-        call = DirectCall(deliver, self._abandon_for_client, origin_id)
-        try:
-            call.pending = self._begin(method, params, origin, origin_id, None, self.config.request_timeout, call,
-                                       encode)
-        except (GatewayError, DuplicateRequestId):
-            return None
-        return call
-
-    def _abandon_for_client(self, pending: Pending) -> None:
-        self._abandon(pending, "cancelled by the client")
 
     def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None,
                          client_capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -467,8 +448,8 @@ class Upstream:
         kind = type(event)
         if kind is Answered:
             pending, message = event.pending, event.message  # type: ignore[union-attr]
-            # A result only passes through a DirectCall, and stays bytes; anyone else reads it.
-            if type(message) is RawResponse and type(pending.context) is not DirectCall:
+            # A result stays bytes only for a caller that passes it on (a RawAnswer); anyone else reads it.
+            if type(message) is RawResponse and not getattr(pending.context, "keeps_raw", False):
                 message = message.decoded()
             _settle(pending, message)
         elif kind is ServerNotification:
