@@ -112,6 +112,22 @@ async def test_per_session_gives_each_session_its_own_process_even_of_one_identi
     assert pool.instance(first) is None and pool.instance(second) is not None
 
 
+async def test_per_session_sends_a_2026_07_28_clients_requests_to_its_identitys_instance(gateway_with):
+    gateway, _ = await gateway_with(scope="per_session")
+    # Each stateless request (each HTTP POST) is a session of its own: they must not each start a process.
+    first = Session(ALICE, "modern", "2026-07-28", {}, {"name": "test"}, "post-1")
+    second = Session(ALICE, "modern", "2026-07-28", {}, {"name": "test"}, "post-2")
+    other = Session(BOB, "modern", "2026-07-28", {}, {"name": "test"}, "post-3")
+    for who in (first, second, other):
+        await echo(gateway, who)
+    pool = gateway.pools["raw"]
+    assert pool.instance(first) is pool.instance(second) is not None
+    assert pool.instance(other) is not pool.instance(first) and len(pool) == 2
+    gateway.detach(SimpleNamespace(id="post-1"))  # the POST's connection ends; the identity's process stays
+    await asyncio.sleep(0.2)
+    assert pool.instance(second) is not None and pool.instance(second).pid is not None
+
+
 async def test_calls_of_two_identities_run_at_once_on_their_own_processes(gateway_with):
     gateway, _ = await gateway_with(scope="per_identity")
     results = await asyncio.gather(*(echo(gateway, session(who, f"{who.name}{n}"), f"{who.name}{n}")

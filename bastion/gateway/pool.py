@@ -30,8 +30,10 @@ _LIST_CHANGED_SUFFIX = "/list_changed"
 
 
 def pool_key(scope: str, session: Session) -> str:
-    """Whose instance a session's calls go to: its identity's, or its own."""
-    if scope == "per_identity":
+    """Whose instance a session's calls go to: its identity's, or its own. A 2026-07-28 client has no session
+    (each request stands alone; over HTTP each POST is a connection of its own), so its calls go to its
+    identity's instance rather than start a process per request."""
+    if scope == "per_identity" or session.era == "modern":
         return f"identity:{session.identity.name}"
     return f"session:{session.session_id}"
 
