@@ -16,6 +16,7 @@ import orjson
 
 from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
+from bastion.gateway.naming import SEPARATOR
 from bastion.model import Identity
 from bastion.protocol.versions import LEGACY_VERSIONS, META_PROTOCOL_VERSION, is_modern, is_modern_first_message
 from bastion.transport.http.config import HttpConfig
@@ -334,15 +335,23 @@ class HttpFrontend:
         """Take the called server's in-flight slot: (release, None), or (no-op, the busy error) when it is full."""
         if top.method != "tools/call" or not isinstance(top.params, dict):
             return _nothing, None
-        entry = self.gateway.catalog.tool(top.params.get("name")) if isinstance(top.params.get("name"), str) else None
-        if entry is None:
+        name = top.params.get("name")
+        server = self._server_of(name) if isinstance(name, str) else None
+        if server is None:
             return _nothing, None
-        release = self.gate.acquire(entry.server)
+        release = self.gate.acquire(server)
         if release is None:
-            log.info("refused a call of %s: %s has %d calls in flight", entry.exposed_name, entry.server,
-                     self.gate.limit)
-            return _nothing, self.gate.busy_error(entry.server)
+            log.info("refused a call of %s: %s has %d calls in flight", name, server, self.gate.limit)
+            return _nothing, self.gate.busy_error(server)
         return release, None
+
+    def _server_of(self, tool: str) -> str | None:
+        entry = self.gateway.catalog.tool(tool)
+        if entry is not None:
+            return entry.server
+        # A server still starting has no tools in the catalog yet, and its first calls wait for it: they count too.
+        prefix, separator, _ = tool.partition(SEPARATOR)
+        return prefix if separator and prefix in self.gateway.config.servers else None
 
     async def _legacy_post(self, session: LegacySession, body: bytes, top: Peeked, headers: dict[str, str],
                            receive: Receive, send: Send) -> None:

@@ -49,6 +49,7 @@ class SseStream:
         self._finishing = False
         self.overflowed = False
         self.ended = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
 
     def push(self, event: bytes, seq: int | None = None) -> bool:
         """Queue one encoded event; False (and the stream ends) when the client has stopped reading."""
@@ -58,6 +59,8 @@ class SseStream:
             if not self.overflowed:
                 self.overflowed = True
                 log.warning("an SSE client left %d events unread; its stream is closed", self._limit)
+                if self._writer is not None:
+                    self._writer.cancel()  # it may wait on a socket the client does not read, for ever
             self.ended.set()
             self._ready.set()
             return False
@@ -71,6 +74,7 @@ class SseStream:
         self._ready.set()
 
     async def run(self, status: int = 200) -> None:
+        self._writer = asyncio.current_task()
         try:
             await self._send({"type": "http.response.start", "status": status, "headers": self._headers})
             await self._send({"type": "http.response.body", "body": b": stream open\n\n", "more_body": True})
@@ -95,7 +99,11 @@ class SseStream:
             # An overflowed stream returns without ending its body: the server then drops the connection.
         except OSError:
             pass  # the client went while we wrote
+        except asyncio.CancelledError:
+            if not self.overflowed:
+                raise
         finally:
+            self._writer = None
             self.ended.set()
 
 
