@@ -263,6 +263,17 @@ async def test_per_identity_keeps_two_identities_state_apart_and_one_identitys_t
     assert await alice_again.recall() == seen_by_alice  # her second connection, her process
 
 
+async def test_a_callers_log_level_reaches_its_own_instance_and_no_other_callers(memory_gateway):
+    gateway = await memory_gateway("per_identity")
+    alice, bob = Client(gateway, ALICE), Client(gateway, BOB)
+    await asyncio.gather(alice.start(), bob.start())
+    await asyncio.gather(alice.recall(), bob.recall())  # each has its instance now
+    answer = await alice.request("logging/setLevel", {"level": "debug"})
+    assert answer.get("result") == {}, answer
+    assert (await alice.recall())["level"] == "debug"
+    assert (await bob.recall())["level"] is None
+
+
 async def test_per_session_keeps_two_sessions_of_one_identity_apart_and_stops_a_closed_ones(memory_gateway):
     gateway = await memory_gateway("per_session")
     first, second = Client(gateway, ALICE), Client(gateway, ALICE)

@@ -251,7 +251,7 @@ class Gateway:
         if method == "completion/complete":
             return await self._complete(request)
         if method == "logging/setLevel":
-            await self._set_level(params)
+            await self._set_level(params, request.session)
             return {}
         if method == "ping":
             return {}
@@ -425,8 +425,11 @@ class Gateway:
             return await self._forward(request, server, request.params)
         raise GatewayError(jsonrpc.INVALID_PARAMS, "completion ref must be ref/prompt or ref/resource")
 
-    async def _set_level(self, params: dict[str, Any]) -> None:
-        targets = [u for u in self.upstreams.values() if u.era == "legacy" and "logging" in u.capabilities and u.ready.is_set()]
+    async def _set_level(self, params: dict[str, Any], session: Session | None = None) -> None:
+        # A caller of a pooled server has an instance of its own, whose log messages are that caller's: it is told too.
+        own = [pool.instance(session) for pool in self.pools.values()] if session is not None else []
+        candidates = [*self.upstreams.values(), *(u for u in own if u is not None)]
+        targets = [u for u in candidates if u.era == "legacy" and "logging" in u.capabilities and u.ready.is_set()]
         results = await asyncio.gather(*(u.request("logging/setLevel", params) for u in targets), return_exceptions=True)
         for upstream, outcome in zip(targets, results):
             if isinstance(outcome, Exception):
