@@ -55,6 +55,7 @@ _NAME_PARAMS = {"tools/call": "name", "prompts/get": "name", "resources/read": "
 _CONNECT_TIMEOUT = 10.0
 _CLOSE_TIMEOUT = 2.0  # the DELETE that ends a session: a courtesy, never a reason to hold Bastion's exit
 _REOPEN_DELAY = 0.5  # before a server-message stream that ended is opened again
+_STABLE_STREAM = 5.0  # a listen stream that lived this long is reopened after the shortest delay
 _LISTEN = "subscriptions/listen"
 
 
@@ -134,6 +135,7 @@ class HttpTransport:
         self._endpoint_known = asyncio.Event()
         self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._closing = False
+        self._listen_delay = _REOPEN_DELAY
 
     @classmethod
     def for_server(cls, name: str, config: "ServerConfig", *, max_message_bytes: int) -> "HttpTransport":
@@ -212,7 +214,8 @@ class HttpTransport:
     def send(self, frame: bytes) -> None:
         """Send one frame; its answer (and anything the server sends meanwhile) reaches ``on_frame``."""
         if not self.is_open:
-            raise ConnectionDropped(f"server {self.name!r} is not reachable: " + (self._ended.result() if self._ended.done() else "closed"))
+            why = self._ended.result() if self._ended.done() else "closed"
+            raise ConnectionDropped(f"server {self.name!r} is not reachable: {why}")
         message = orjson.loads(frame)
         if not isinstance(message, dict):
             raise ValueError("a frame to a remote server must be one JSON-RPC object")
@@ -297,17 +300,22 @@ class HttpTransport:
                 return
             if self.kind == "auto" and response.status_code < 400:
                 self.kind = "streamable-http"
-            await self._read_post_answer(response, message, is_request, listen)
+            opened = asyncio.get_running_loop().time()
+            streamed = await self._read_post_answer(response, message, is_request, listen)
         finally:
             await response.aclose()
-        if listen and self.is_open:
-            # The listen stream ended or went silent: the server's notifications ride it, so it is reopened.
-            await asyncio.sleep(_REOPEN_DELAY)
+        if listen and streamed and self.is_open:
+            # The listen stream ended or went silent: the server's notifications ride it, so it is reopened, at
+            # once after a long life and more slowly each time one ends as soon as it opened.
+            lasted = asyncio.get_running_loop().time() - opened
+            self._listen_delay = _REOPEN_DELAY if lasted > _STABLE_STREAM else min(30.0, self._listen_delay * 2)
+            await asyncio.sleep(self._listen_delay)
             if self.is_open:
                 self._spawn(self._post(frame, message, method, is_request), message.get("id"))
 
     async def _read_post_answer(self, response: httpx2.Response, message: dict[str, Any], is_request: bool,
-                                listen: bool) -> None:
+                                listen: bool) -> bool:
+        """Deliver a POST's answer; True when it was an event stream (which a listen request reopens)."""
         status = response.status_code
         request_id = message.get("id")
         if status == 404 and self.session_id is not None:
@@ -316,14 +324,14 @@ class HttpTransport:
             if is_request:
                 self._answer_error(request_id, jsonrpc.INTERNAL_ERROR, "the server accepted the request (202) "
                                    "but sent no answer")
-            return
+            return False
         if status >= 400:
             body = await _read_limited(response, self._max_bytes)
             if body is not None and _is_json(response) and self._deliver_error_body(body, request_id):
-                return
+                return False
             self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE if status >= 500 else jsonrpc.INTERNAL_ERROR,
                                f"the server answered HTTP {status} {response.reason_phrase}".rstrip())
-            return
+            return False
         if request_id == self._initialize_id and message.get("method") == "initialize":
             session = response.headers.get(SESSION_HEADER)
             if session:
@@ -334,19 +342,21 @@ class HttpTransport:
             if body is None:
                 self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
                                    f"the server's answer is over the limit of {self._max_bytes} bytes")
-                return
+                return False
             problem = _not_a_message(body)
             if problem is not None:
                 self._note(f"answered {message.get('method')} with JSON that is not a JSON-RPC message ({problem})")
                 self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
                                    f"its answer is not a JSON-RPC message ({problem}): {_shown(body)}")
-                return
+                return False
             self._deliver(body, request_id)
         elif content_type == "text/event-stream":
             await self._read_events(response, request_id, ends_with_answer=not listen)
+            return True
         else:
             self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
                                f"the server answered with {content_type or 'no content type'}, not JSON or SSE")
+        return False
 
     def _deliver(self, body: bytes, request_id: Any = None) -> None:
         """Hand a frame up, noting what the transport itself needs from it (the legacy version negotiated, the
