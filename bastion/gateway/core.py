@@ -251,7 +251,7 @@ class Gateway:
         if method == "completion/complete":
             return await self._complete(request)
         if method == "logging/setLevel":
-            await self._set_level(params, request.session)
+            await self._set_level(params)
             return {}
         if method == "ping":
             return {}
@@ -425,11 +425,8 @@ class Gateway:
             return await self._forward(request, server, request.params)
         raise GatewayError(jsonrpc.INVALID_PARAMS, "completion ref must be ref/prompt or ref/resource")
 
-    async def _set_level(self, params: dict[str, Any], session: Session | None = None) -> None:
-        # A caller of a pooled server has an instance of its own, whose log messages are that caller's: it is told too.
-        own = [pool.instance(session) for pool in self.pools.values()] if session is not None else []
-        candidates = [*self.upstreams.values(), *(u for u in own if u is not None)]
-        targets = [u for u in candidates if u.era == "legacy" and "logging" in u.capabilities and u.ready.is_set()]
+    async def _set_level(self, params: dict[str, Any]) -> None:
+        targets = [u for u in self.upstreams.values() if u.era == "legacy" and "logging" in u.capabilities and u.ready.is_set()]
         results = await asyncio.gather(*(u.request("logging/setLevel", params) for u in targets), return_exceptions=True)
         for upstream, outcome in zip(targets, results):
             if isinstance(outcome, Exception):
@@ -466,7 +463,10 @@ class Gateway:
             logger = params.get("logger")
             forwarded = {**params, "logger": f"{upstream.name}/{logger}" if logger else upstream.name}
             forwarded.pop("_meta", None)
-            for connection in list(self._connections.values()):
+            # A log message names no request: while the server works on calls of some clients it is theirs, else
+            # every client that asked for logs may read it.
+            callers = {origin for origin, _ in upstream._correlator.origins() if origin in self._connections}
+            for connection in [self._connections[o] for o in callers] or list(self._connections.values()):
                 connection.log_message(forwarded)
             return
         if method == "notifications/subscriptions/acknowledged":

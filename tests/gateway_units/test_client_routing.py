@@ -203,3 +203,13 @@ async def test_log_messages_reach_only_the_clients_that_asked_for_logs(gateway: 
         handshake_era.arrived.clear()
         await asyncio.wait_for(handshake_era.arrived.wait(), DEADLINE)
     assert quiet.received("notifications/message") == []
+
+
+async def test_a_log_message_during_one_clients_call_is_not_shown_to_another(gateway: Gateway) -> None:
+    caller = await legacy(gateway, "caller", {})
+    other = await legacy(gateway, "other", {})  # asked for logs too (every level, no setLevel), but has no call
+    await caller.call("tools/call", {"name": "fx__test_tool_with_logging", "arguments": {}})
+    while len(caller.received("notifications/message")) < 3:
+        caller.arrived.clear()
+        await asyncio.wait_for(caller.arrived.wait(), DEADLINE)
+    assert other.received("notifications/message") == []
