@@ -134,6 +134,10 @@ class ServerConfig(BaseModel):
         remote_only = {"headers", "transport", "sse_idle_timeout", "ca_file"} & server.model_fields_set
         if server.url is None and remote_only:
             raise ValueError(f"{', '.join(sorted(remote_only))}: for remote (url) servers only")
+        local_only = {"args", "env", "cwd", "sandbox"} & server.model_fields_set
+        if server.url is not None and local_only:
+            raise ValueError(f"{', '.join(sorted(local_only))}: for local (command) servers only; a remote server is "
+                             "not started by Bastion")
         return server
 
 

@@ -105,6 +105,8 @@ def launcher_servers(config: GatewayConfig) -> dict[str, LaunchPlan]:
     """Every enabled server started through a launcher Bastion reads, with its plan."""
     plans: dict[str, LaunchPlan] = {}
     for name, server in config.servers.items():
+        if server.command is None:  # a remote server: nothing to install
+            continue
         try:
             plan = plan_launch(server.command, server.args)
         except NotALauncher:

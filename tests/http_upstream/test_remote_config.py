@@ -42,6 +42,8 @@ def test_a_header_naming_an_unset_variable_is_an_error_naming_the_header(tmp_pat
     ({"url": "https://x.example/mcp", "headers": {"Bad Name": "v"}}, "not an HTTP header name"),
     ({"url": "https://x.example/mcp", "headers": {"A": "one\r\nX-Smuggled: two"}}, "must be one line"),
     ({"url": "https://x.example/mcp", "transport": "websocket"}, "transport"),
+    ({"url": "https://x.example/mcp", "sandbox": "none"}, "for local (command) servers only"),
+    ({"url": "https://x.example/mcp", "args": ["--port", "1"]}, "for local (command) servers only"),
 ])
 def test_mistakes_in_a_remote_entry_say_what_to_fix(tmp_path, entry, message):
     with pytest.raises(ConfigError) as raised:
@@ -88,3 +90,17 @@ def test_a_client_entry_whose_header_cannot_be_expanded_is_left_out_with_the_fix
     assert list(config.servers) == ["good"]
     [note] = [n for n in config.load_notes if n.where == "mcpServers.bad.headers.X-Key"]
     assert note.level == "error" and "BASTION_TEST_UNSET" in note.message
+
+
+def test_servers_update_and_check_pass_over_a_remote_server(tmp_path):
+    import subprocess
+
+    from tests.support import BASTION
+
+    config = tmp_path / "bastion.toml"
+    config.write_text('policy = "off"\n[servers.r]\nurl = "https://x.example/mcp"\n')
+    update = subprocess.run([BASTION, "servers", "update", "--config", str(config)], capture_output=True, text=True,
+                            timeout=60)
+    assert "Traceback" not in update.stderr and "no server started by npx" in update.stderr
+    check = subprocess.run([BASTION, "check", str(config)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "r: https://x.example/mcp (remote)" in check.stderr
