@@ -16,14 +16,16 @@ import httpx2
 from tests.support import BASTION, READY_TIMEOUT
 
 MODERN = "2026-07-28"
+IDENTITY_HEADER = "X-Bastion-Identity"
 CLIENT_HEADERS = {"Authorization": "Bearer client-token", "X-Team": "client-says-evil", "Cookie": "session=client"}
 
 
-def _serve(tmp_path, remote_url: str) -> tuple[subprocess.Popen, str]:
+def _serve(tmp_path, remote_url: str, **entry) -> tuple[subprocess.Popen, str]:
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, "servers": {"remote": {
+    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT,
+                                  "http": {"identity_header": IDENTITY_HEADER}, "servers": {"remote": {
         "url": remote_url, "era": "legacy",
-        "headers": {"Authorization": "Bearer ${env:BASTION_TEST_REMOTE_TOKEN}", "X-Team": "platform"}}}}))
+        "headers": {"Authorization": "Bearer ${env:BASTION_TEST_REMOTE_TOKEN}", "X-Team": "platform"}, **entry}}}))
     stderr = tmp_path / "bastion.stderr"
     process = subprocess.Popen([BASTION, "serve", str(config), "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),
@@ -48,13 +50,14 @@ def _answer(response: httpx2.Response) -> dict:
     return response.json()
 
 
-def _headers_seen_by_remote_modern(client: httpx2.Client, url: str) -> dict:
+def _headers_seen_by_remote_modern(client: httpx2.Client, url: str, identity: str = "agent") -> dict:
     meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {},
             "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"}}
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
             "params": {"name": "remote__headers", "arguments": {}, "_meta": meta}}
     response = client.post(url, json=body, headers={
-        **CLIENT_HEADERS, "accept": "application/json, text/event-stream", "mcp-protocol-version": MODERN,
+        **CLIENT_HEADERS, IDENTITY_HEADER: identity, "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": MODERN,
         "mcp-method": "tools/call", "mcp-name": "remote__headers"})
     answer = _answer(response)
     assert "result" in answer, answer
@@ -62,7 +65,7 @@ def _headers_seen_by_remote_modern(client: httpx2.Client, url: str) -> dict:
 
 
 def _headers_seen_by_remote_legacy(client: httpx2.Client, url: str) -> dict:
-    accept = {"accept": "application/json, text/event-stream"}
+    accept = {"accept": "application/json, text/event-stream", IDENTITY_HEADER: "agent"}
     init = client.post(url, headers={**CLIENT_HEADERS, **accept}, json={
         "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
@@ -83,6 +86,7 @@ def test_a_clients_credentials_never_reach_a_remote_server(tmp_path, remote_serv
         with httpx2.Client(timeout=120) as client:
             for seen in (_headers_seen_by_remote_modern(client, url), _headers_seen_by_remote_legacy(client, url)):
                 assert seen["authorization"] == "Bearer gateway-token"
+                assert IDENTITY_HEADER.lower() not in seen
                 assert seen["x-team"] == "platform"
                 assert "cookie" not in seen and "client" not in json.dumps(seen)
     finally:
@@ -92,3 +96,23 @@ def test_a_clients_credentials_never_reach_a_remote_server(tmp_path, remote_serv
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def test_a_per_identity_remote_server_gives_each_identity_its_own_session(tmp_path, remote_server):
+    server = remote_server()
+    sessions: dict[str, set[str]] = {}
+    for scope in ("shared", "per_identity"):
+        folder = tmp_path / scope
+        folder.mkdir()
+        process, url = _serve(folder, server.url, scope=scope)
+        try:
+            with httpx2.Client(timeout=120) as client:
+                seen = [_headers_seen_by_remote_modern(client, url, identity) for identity in ("alice", "bob", "alice")]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+        sessions[scope] = [entry["mcp-session-id"] for entry in seen]
+    # One legacy session with the server for everyone, or one per identity (alice's two calls share hers).
+    assert len(set(sessions["shared"])) == 1
+    alice, bob, alice_again = sessions["per_identity"]
+    assert alice == alice_again and alice != bob
