@@ -329,8 +329,9 @@ class HttpTransport:
             body = await _read_limited(response, self._max_bytes)
             if body is not None and _is_json(response) and self._deliver_error_body(body, request_id):
                 return False
+            hint = " (check the credentials in its headers)" if status in (401, 403) else ""
             self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE if status >= 500 else jsonrpc.INTERNAL_ERROR,
-                               f"the server answered HTTP {status} {response.reason_phrase}".rstrip())
+                               f"the server answered HTTP {status} {response.reason_phrase}".rstrip() + hint)
             return False
         if request_id == self._initialize_id and message.get("method") == "initialize":
             session = response.headers.get(SESSION_HEADER)

@@ -132,6 +132,7 @@ GARBAGE = {
                         "without answering"),
     "not-http": (lambda line: b"SSH-2.0-OpenSSH_9.6\r\n" + b"\xff" * 64, "lost the connection"),
     "server-error": (lambda line: _http("500 Internal Server Error", "text/plain", b"boom"), "HTTP 500"),
+    "unauthorized": (lambda line: _http("401 Unauthorized", "text/plain", b"no"), "check the credentials"),
 }
 
 
