@@ -70,7 +70,7 @@ def stop_bastion(served: Served) -> None:
 @pytest.fixture(scope="module")
 def bastion_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     served = start_bastion(tmp_path_factory.mktemp("http"), {
-        "identity_header": IDENTITY_HEADER, "max_body_bytes": 65536, "heartbeat_seconds": 0.5,
+        "identity_header": IDENTITY_HEADER, "max_body_bytes": 65536, "heartbeat_seconds": 0.5, "body_timeout": 2,
         "stream_buffer_messages": 16})
     try:
         yield served

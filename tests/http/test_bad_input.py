@@ -133,3 +133,13 @@ async def test_a_thousand_connections_opened_and_dropped_leak_nothing(bastion_ht
         while open_fds(bastion_http.process.pid) > before + 5:
             assert time.monotonic() < deadline, "connections dropped by their clients were never closed"
             await asyncio.sleep(0.2)
+
+
+def test_a_body_that_stalls_is_answered_with_408(bastion_http: Served) -> None:
+    address = urlsplit(bastion_http.url)
+    with socket.create_connection((address.hostname, address.port), timeout=60) as sock:
+        sock.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"{IDENTITY_HEADER}: tester\r\nContent-Length: 50\r\n\r\n{{".encode())
+        answer = sock.recv(65536).decode()  # the rest of the body never comes
+    assert answer.startswith("HTTP/1.1 408"), answer
+    assert "http.body_timeout" in answer
