@@ -20,6 +20,7 @@ from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.model import GatewayError, GatewayRequest, Identity, Interceptor, Session
 from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
+from bastion.protocol.client_session import SELF
 from bastion.protocol.correlation import Pending
 from bastion.protocol.jsonrpc import ErrorResponse, RawResponse
 from bastion.transport.stdio import WriteBatch
@@ -468,8 +469,10 @@ class Gateway:
             forwarded.pop("_meta", None)
             # A log message names no request: while the server works on calls of some clients it is theirs, else
             # every client that asked for logs may read it.
-            callers = {origin for origin, _ in upstream._correlator.origins() if origin in self._connections}
-            for connection in [self._connections[o] for o in callers] or list(self._connections.values()):
+            callers = {origin for origin, _ in upstream._correlator.origins() if origin != SELF}
+            targets = [self._connections[o] for o in callers if o in self._connections] if callers else \
+                list(self._connections.values())
+            for connection in targets:
                 connection.log_message(forwarded)
             return
         if method == "notifications/subscriptions/acknowledged":
