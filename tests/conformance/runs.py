@@ -8,9 +8,21 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from tests.conformance.suite import FIXTURE_SERVER, SuiteRun, bastion_over_http, fixture_over_http, run_server_scenarios
+from tests.conformance.suite import (
+    FIXTURE_SERVER,
+    SuiteRun,
+    bastion_over_http,
+    fixture_over_http,
+    requirement_set,
+    run_client_scenario,
+    run_server_scenarios,
+)
 
 UPSTREAMS = ("stdio", "http")  # how Bastion reaches the fixture
+CLIENT_DRIVER = Path(__file__).with_name("bastion_client.py")
+# Bastion's HTTP upstream sends the static headers of its configuration and runs no OAuth flow (the identity issue
+# brings that), so the suite's authorization scenarios are not run against it.
+NOT_ATTEMPTED_PREFIX = "auth/"
 # The suite calls the fixture's tools and prompts by their own names, so Bastion federates it without a prefix.
 FIXTURE_NAME = "fx"
 # Policy on, as users run it, and allowing everything: every request takes the whole policy path (Cedar, the
@@ -39,6 +51,25 @@ class Runs:
                 self._done[key] = run_server_scenarios(url, revision, place / "results")
         return self._done[key]
 
+    def client(self, revision: str) -> SuiteRun:
+        """Every client scenario of ``revision`` but the authorization ones, each run alone, with Bastion's HTTP
+        upstream as the client (``bastion_client.py`` starts Bastion on the mock server's URL and drives it)."""
+        key = ("client", revision)
+        if key not in self._done:
+            place = self._place(*key)
+            command = f"{sys.executable} {CLIENT_DRIVER}"
+            merged: SuiteRun | None = None
+            for scenario in client_scenarios(revision):
+                run = run_client_scenario(command, scenario, revision, place / scenario)
+                if merged is None:
+                    merged = run
+                else:
+                    merged.results.update(run.results)
+                    merged.output += run.output
+            assert merged is not None, f"requirement set {revision} lists no client scenario"
+            self._done[key] = merged
+        return self._done[key]
+
     def through_bastion(self, revision: str, upstream: str) -> SuiteRun:
         """The server scenarios of ``revision`` against ``bastion serve`` federating the fixture, which Bastion
         starts itself over stdio (in its default sandbox) or reaches over Streamable HTTP."""
@@ -55,6 +86,10 @@ class Runs:
                 url = running.enter_context(bastion_over_http(config, place))
                 self._done[key] = run_server_scenarios(url, revision, place / "results")
         return self._done[key]
+
+
+def client_scenarios(revision: str) -> list[str]:
+    return [name for name in requirement_set(revision, "client").scenarios if not name.startswith(NOT_ATTEMPTED_PREFIX)]
 
 
 def write_bastion_config(place: Path, fixture_entry: dict) -> Path:

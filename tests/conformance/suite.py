@@ -33,8 +33,8 @@ SCENARIO_TIMEOUT_MS = 60_000  # the suite's own per-scenario bound; generous for
 RUN_DEADLINE = 1200.0  # seconds one whole run of a requirement set may take before it counts as hung
 START_DEADLINE = 120.0  # seconds a server may take to print the address it listens on
 
-# A result directory is named <leg>-<scenario>-<ISO timestamp with - for :>; the suite strips it the same way.
-_RESULT_DIR = re.compile(r"^(?:server|client)-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T[\d-]+Z$")
+# A result directory is named [server-]<scenario>-<ISO timestamp with - for :>; the suite strips it the same way.
+_RESULT_DIR = re.compile(r"^(?:server-)?(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T[\d-]+Z$")
 
 
 def missing_prerequisites() -> str | None:
@@ -70,6 +70,7 @@ class ScenarioResult:
     scenario: str
     succeeded: int  # checks with status SUCCESS
     failures: tuple[str, ...]  # "check-id: message" of each check with status FAILURE
+    ran: bool = True  # False: the suite should have run it but wrote no result
 
     @property
     def passed(self) -> bool:
@@ -80,6 +81,8 @@ class ScenarioResult:
     def summary(self) -> str:
         if self.passed:
             return f"pass ({self.succeeded} checks)"
+        if not self.ran:
+            return "not run"
         if not self.succeeded and not self.failures:
             # e.g. every check INFO: the suite found what it tests not applicable to this answer
             return "no check passed or failed"
@@ -99,7 +102,7 @@ class SuiteRun:
 
     def result(self, scenario: str) -> ScenarioResult:
         """A scenario the suite should have run but wrote nothing for counts as a failure with no checks."""
-        return self.results.get(scenario, ScenarioResult(scenario, 0, ()))
+        return self.results.get(scenario, ScenarioResult(scenario, 0, (), ran=False))
 
     def describe(self, scenario: str) -> str:
         result = self.result(scenario)

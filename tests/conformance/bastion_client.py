@@ -1,0 +1,194 @@
+"""The client the conformance suite's client scenarios test: Bastion's HTTP upstream.
+
+The suite serves a mock MCP server and runs ``python tests/conformance/bastion_client.py URL`` with the scenario in
+``MCP_CONFORMANCE_SCENARIO``, the spec revision in ``MCP_CONFORMANCE_PROTOCOL_VERSION`` and any data the scenario
+hands over in ``MCP_CONFORMANCE_CONTEXT``. This command writes a Bastion configuration federating URL (``prefix =
+""``, so the mock's tool names are unchanged; policy on, allowing everything), starts ``bastion run`` on it over
+stdio, and drives the scenario's requests through it with the official SDK's client, in the revision's era. What
+reaches the mock is what Bastion's upstream sends.
+
+Exit status 0 when every request the scenario makes was answered; what the mock saw is the suite's to judge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client, StdioServerParameters
+from mcp.types import (
+    CreateMessageResult,
+    ElicitRequestFormParams,
+    ElicitResult,
+    ListRootsResult,
+    TextContent,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+BASTION = str(Path(sys.executable).parent / "bastion")
+DEADLINE = 120.0  # seconds any one request may take; the suite's own timeout ends a run that hangs sooner
+ALLOW_ALL = "permit (principal, action, resource);\n"
+
+
+def bastion_config(folder: Path, url: str) -> Path:
+    (folder / "allow-all.cedar").write_text(ALLOW_ALL)
+    config = {
+        "policy": {"policy_files": ["allow-all.cedar"]},
+        "ready_timeout": 60,
+        "servers": {"mock": {"url": url, "prefix": "", "trust": "trusted", "request_timeout": DEADLINE}},
+    }
+    path = folder / "bastion.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def client_mode(revision: str | None) -> str:
+    """The era the client speaks to Bastion in: the revision the suite runs the scenario at."""
+    return "legacy" if revision and revision not in MODERN_PROTOCOL_VERSIONS else "2026-07-28"
+
+
+# ------------------------------------------------------------------------------- what the client answers Bastion
+async def answer_sampling(context: Any, params: Any) -> CreateMessageResult:
+    return CreateMessageResult(role="assistant", content=TextContent(type="text", text=""), model="conformance-stub")
+
+
+async def answer_roots(context: Any) -> ListRootsResult:
+    return ListRootsResult(roots=[])
+
+
+async def accept_with_defaults(context: Any, params: Any) -> ElicitResult:
+    """Accept, filling every field the form gives a default for (SEP-1034), and confirm anything asked."""
+    content: dict[str, Any] = {}
+    if isinstance(params, ElicitRequestFormParams):
+        for name, field in params.requested_schema.get("properties", {}).items():
+            if "default" in field:
+                content[name] = field["default"]
+            elif field.get("type") == "boolean":
+                content[name] = True
+    return ElicitResult(action="accept", content=content)
+
+
+# ------------------------------------------------------------------------------------------------- the scenarios
+def stub_arguments(input_schema: dict[str, Any]) -> dict[str, Any]:
+    """The least arguments that satisfy a tool's required ones."""
+    by_type = {"string": "x", "integer": 0, "number": 0, "boolean": False, "object": {}, "array": [], "null": None}
+    properties = input_schema.get("properties", {})
+    return {name: by_type.get(properties.get(name, {}).get("type"), "x") for name in input_schema.get("required", [])}
+
+
+def context() -> dict[str, Any]:
+    return json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+
+
+async def list_only(client: Client) -> None:
+    await client.list_tools()
+
+
+async def add_numbers(client: Client) -> None:
+    await client.list_tools()
+    await client.call_tool("add_numbers", {"a": 5, "b": 3})
+
+
+def list_then_call(*names: str) -> Callable[[Client], Awaitable[None]]:
+    async def scenario(client: Client) -> None:
+        await client.list_tools()
+        for name in names:
+            await client.call_tool(name, {})
+
+    return scenario
+
+
+async def one_of_each_kind(client: Client) -> None:
+    tools = (await client.list_tools()).tools
+    if tools:
+        await client.call_tool(tools[0].name, stub_arguments(tools[0].input_schema))
+    resources = (await client.list_resources()).resources
+    if resources:
+        await client.read_resource(resources[0].uri)
+    prompts = (await client.list_prompts()).prompts
+    if prompts:
+        await client.get_prompt(prompts[0].name)
+
+
+async def every_listed_tool(client: Client) -> None:
+    # the mock lists tools with malformed x-mcp-header annotations, which a conforming client leaves out
+    for tool in (await client.list_tools()).tools:
+        await call_and_report(client, tool.name, stub_arguments(tool.input_schema))
+
+
+async def the_calls_given(client: Client) -> None:
+    listed = {tool.name for tool in (await client.list_tools()).tools}
+    for call in context().get("toolCalls", []):
+        if call["name"] in listed:
+            await call_and_report(client, call["name"], call.get("arguments") or {})
+
+
+async def echo_the_schema(client: Client) -> None:
+    tools = (await client.list_tools()).tools
+    focal = next(tool for tool in tools if tool.name == "json_schema_2020_12_tool")
+    await client.call_tool("json_schema_echo", {"schema": focal.input_schema})
+
+
+async def call_and_report(client: Client, name: str, arguments: dict[str, Any]) -> None:
+    """A call the scenario expects may be refused: it is reported, and the run goes on."""
+    try:
+        await client.call_tool(name, arguments)
+    except Exception as exc:  # noqa: BLE001 - reported, and the scenario judges
+        print(f"bastion-client: {name} refused: {exc}", file=sys.stderr)
+
+
+SCENARIOS: dict[str, Callable[[Client], Awaitable[None]]] = {
+    "initialize": list_only,
+    "json-schema-ref-no-deref": list_only,
+    "json-schema-2020-12-preservation": echo_the_schema,
+    "tools_call": add_numbers,
+    "request-metadata": add_numbers,
+    "sse-retry": list_then_call("test_reconnection"),
+    "elicitation-sep1034-client-defaults": list_then_call("test_client_elicitation_defaults"),
+    "sep-2322-client-request-state": list_then_call(
+        "test_mrtr_echo_state", "test_mrtr_unrelated", "test_mrtr_no_state", "test_mrtr_no_result_type"
+    ),
+    "http-standard-headers": one_of_each_kind,
+    "http-invalid-tool-headers": every_listed_tool,
+    "http-custom-headers": the_calls_given,
+}
+
+
+async def run(url: str, scenario: str, revision: str | None) -> None:
+    with tempfile.TemporaryDirectory(prefix="bastion-conformance-client-") as folder:
+        config = bastion_config(Path(folder), url)
+        server = StdioServerParameters(command=BASTION, args=["run", str(config), "-q"])
+        async with Client(
+            server, mode=client_mode(revision), read_timeout_seconds=DEADLINE,
+            sampling_callback=answer_sampling, list_roots_callback=answer_roots,
+            elicitation_callback=accept_with_defaults,
+        ) as client:
+            with anyio.fail_after(DEADLINE):
+                await SCENARIOS[scenario](client)
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print("usage: bastion_client.py URL (the conformance suite appends the URL)", file=sys.stderr)
+        return 2
+    scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
+    if scenario not in SCENARIOS:
+        print(f"bastion-client: no driver for scenario {scenario!r}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    try:
+        anyio.run(run, sys.argv[1], scenario, os.environ.get("MCP_CONFORMANCE_PROTOCOL_VERSION"))
+    except Exception:  # noqa: BLE001 - the whole story goes to stderr, which the suite keeps
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
