@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +16,16 @@ REMOTE_SERVER = Path(__file__).with_name("remote_server.py")
 class RemoteServer:
     """One remote server process; ``url`` is where it serves. ``restart()`` brings it back on the same port."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, events: Path | None = None) -> None:
         self.args = list(args)
+        self.env = {**os.environ, "REMOTE_EVENTS": str(events)} if events is not None else None
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.start()
 
     def start(self, port: int = 0) -> None:
         self.proc = subprocess.Popen([sys.executable, str(REMOTE_SERVER), *self.args, "--port", str(port)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=self.env)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         assert self.url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")), \
@@ -49,8 +51,8 @@ def remote_server() -> Iterator[type[RemoteServer]]:
     started: list[RemoteServer] = []
 
     class Tracked(RemoteServer):
-        def __init__(self, *args: str) -> None:
-            super().__init__(*args)
+        def __init__(self, *args: str, events: Path | None = None) -> None:
+            super().__init__(*args, events=events)
             started.append(self)
 
     yield Tracked

@@ -3,12 +3,14 @@
 Serves Streamable HTTP at /mcp (both eras: the SDK answers server/discover and initialize alike) or the old HTTP+SSE
 transport at /sse, on 127.0.0.1 and a free port; the first line on stdout is the URL. Tools: ``echo``, ``headers``
 (the request headers the server received, as JSON), ``ask`` (sampling: the client's model), ``slow`` (progress, then an answer after the seconds asked),
-``grow`` (adds a tool and says the list changed). A resource ``note://hello`` and a prompt ``greet``.
+``grow`` (adds a tool and says the list changed). With REMOTE_EVENTS set, each HTTP request's method, path and
+session id is appended to that file. A resource ``note://hello`` and a prompt ``greet``.
 """
 
 import argparse
 import asyncio
 import json
+import os
 import socket
 
 import uvicorn
@@ -116,6 +118,19 @@ def build_fastmcp():
     return server
 
 
+def recording(app, path: str):
+    """The app, with each HTTP request's method and path appended to the file ``path`` (what reached the server)."""
+
+    async def recorded(scope, receive, send):
+        if scope["type"] == "http":
+            with open(path, "a", encoding="utf-8") as events:
+                session = dict(scope.get("headers") or []).get(b"mcp-session-id", b"-").decode()
+                events.write(f"{scope['method']} {scope['path']} {session}\n")
+        await app(scope, receive, send)
+
+    return recorded
+
+
 def serve_tls(app, path: str, port: int, cert: str, key: str) -> None:
     """HTTPS with ALPN offering h2 and http/1.1 (hypercorn), as a production server behind TLS does."""
     from hypercorn.asyncio import serve
@@ -147,6 +162,8 @@ def main() -> None:
     else:
         app = build_sdk().streamable_http_app(json_response=arguments.json_response)
         path = "/mcp"
+    if os.environ.get("REMOTE_EVENTS"):
+        app = recording(app, os.environ["REMOTE_EVENTS"])
     if arguments.tls:
         serve_tls(app, path, arguments.port, *arguments.tls)
         return

@@ -209,3 +209,22 @@ def test_arguments_a_modern_tool_annotates_with_x_mcp_header_are_mirrored_as_hea
     finally:
         status, stderr = client.close()
     assert status == 0 and "Traceback" not in stderr, stderr
+
+
+def test_a_legacy_session_opens_the_get_stream_and_is_deleted_when_bastion_closes(tmp_path, remote_server):
+    events = tmp_path / "remote-events.log"
+    server = remote_server(events=events)
+    client = _federate(tmp_path, server.url, era="legacy")
+    try:
+        assert _text(client.request(1, "tools/call", {"name": "remote__echo", "arguments": {"text": "s"}},
+                                    timeout=120)) == "echo: s"
+        assert wait_for(lambda: any(line.startswith("GET /mcp ") for line in events.read_text().splitlines()),
+                        timeout=60)
+    finally:
+        status, _ = client.close()
+    assert status == 0
+    lines = events.read_text().splitlines()
+    posts = [line.split()[2] for line in lines if line.startswith("POST")]
+    session = next(s for s in posts if s != "-")  # the initialize POST has none yet; every later one has it
+    assert posts[0] == "-" and all(s == session for s in posts[1:])
+    assert f"GET /mcp {session}" in lines and lines[-1] == f"DELETE /mcp {session}"
