@@ -17,7 +17,7 @@ from bastion.gateway.naming import SEPARATOR, sanitize
 from bastion.gateway.pipeline import build_pipeline, passes_raw
 from bastion.gateway.pool import InstanceListener, UpstreamPool
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
-from bastion.model import GatewayError, GatewayRequest, Identity, Interceptor, Session
+from bastion.model import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session
 from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
 from bastion.protocol.client_session import SELF
@@ -99,6 +99,8 @@ class Gateway:
         # server as the bytes the client sent (``takes_raw_params``: the frontend then leaves them undecoded).
         self.handle = build_pipeline(chain, partial(self._route, raw_results=passes_raw(chain, "tools/call", "results")))
         self.takes_raw_params = passes_raw(chain, "tools/call", "params")
+        # A server's request to the client passes the interceptors that name its method in their ``methods``.
+        self._toward_clients = [i for i in chain if getattr(i, "methods", None)]
         # The same pipeline without the exposure mode, for a frontend that finds tools itself (the host API).
         self.handle_permitted = build_pipeline(permitted, self._route)
         self._connections: dict[str, ClientConnection] = {}
@@ -503,7 +505,9 @@ class Gateway:
                 raise GatewayError(jsonrpc.INVALID_REQUEST,
                                    f"{asking}: the client whose call caused it did not declare the {capability!r} capability")
             self._authorize_server_request(call.identity, upstream, method)
-            return await self.inputs.ask(call, method, params)
+            session = Session(call.identity, "modern", "", call.client_capabilities, None, str(call.origin[0]))
+            return await self._toward_client(method, params, session, upstream.name,
+                                             lambda asked: self.inputs.ask(call, asked.method, asked.params))
         if callers:
             connection = self._connections[callers[0][0]]
         else:
@@ -523,7 +527,17 @@ class Gateway:
                                f"{asking}: the client whose call caused it did not declare the {capability!r} "
                                "capability (Bastion offers it to every server, which start before any client connects)")
         self._authorize_server_request(connection.identity, upstream, method)
-        return await connection.request(method, params)
+        return await self._toward_client(method, params, connection.session, upstream.name,
+                                         lambda asked: connection.request(asked.method, asked.params))
+
+    async def _toward_client(self, method: str, params: dict[str, Any], session: Session, server: str,
+                             ask: Handler) -> dict[str, Any]:
+        """A server's request to a client, through the interceptors that look at its method."""
+        request = GatewayRequest(method, params, session, self.catalog, server=server)
+        chain = [interceptor for interceptor in self._toward_clients if method in interceptor.methods]
+        if not chain:
+            return await ask(request)
+        return await build_pipeline(chain, ask)(request)
 
     def _authorize_server_request(self, identity: Identity, upstream: Upstream, method: str) -> None:
         if self.policy is None:

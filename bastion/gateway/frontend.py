@@ -71,6 +71,12 @@ class ClientConnection:
     def era(self) -> str | None:
         return self.protocol.era
 
+    @property
+    def session(self) -> Session:
+        """The handshake-era session (what its interceptors remember lives there), or one for a connection
+        without a handshake."""
+        return self._session or self._anonymous_session()
+
     # ------------------------------------------------------------------------------------------ input
     def feed(self, frame: bytes) -> None:
         if self._takes_raw_calls and self.protocol.lifecycle.state is State.ACTIVE and self._raw_call(frame):

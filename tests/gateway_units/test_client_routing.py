@@ -17,7 +17,8 @@ import pytest
 from bastion.config import GatewayConfig
 from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
-from bastion.model import Identity
+from bastion.model import GatewayError, Identity
+from bastion.protocol.jsonrpc import INVALID_REQUEST
 from bastion.protocol.versions import LATEST_MODERN, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION
 
 from tests.support import FIXTURES
@@ -213,3 +214,45 @@ async def test_a_log_message_during_one_clients_call_is_not_shown_to_another(gat
         caller.arrived.clear()
         await asyncio.wait_for(caller.arrived.wait(), DEADLINE)
     assert other.received("notifications/message") == []
+
+
+class SamplingGuard:
+    """An interceptor on the path of servers' sampling requests: it names the method in ``methods``."""
+
+    methods = frozenset({"sampling/createMessage"})
+    reads_params = False
+    reads_results = False
+
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+        self.seen: list[tuple[str, str | None, str]] = []
+
+    async def __call__(self, request: Any, call_next: Any) -> Any:
+        if request.method == "sampling/createMessage":
+            self.seen.append((request.session.identity.name, request.server, request.params["messages"][0]["content"]["text"]))
+            if self.refuse:
+                raise GatewayError(INVALID_REQUEST, "sampling refused by the guard")
+        return await call_next(request)
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+async def test_a_servers_request_to_the_client_passes_the_interceptors_that_name_it(tmp_path: Path, refuse: bool) -> None:
+    guard = SamplingGuard(refuse)
+    config = GatewayConfig.model_validate({"policy": "off", "ready_timeout": 60, "servers": {"fx": {
+        "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "legacy",
+        "env": {"FIXTURE_EVENTS": str(tmp_path / "events.log")}, "sandbox": "none", "request_timeout": 300}}})
+    gateway = Gateway(config, interceptors=[guard])
+    gateway.start()
+    await gateway.wait_ready()
+    try:
+        caller = await legacy(gateway, "caller", SAMPLING)
+        answer = await caller.call("tools/call", {"name": "fx__test_sampling", "arguments": {"prompt": "2+2?"}})
+        assert guard.seen == [("caller", "fx", "2+2?")]
+        if refuse:
+            assert caller.received("sampling/createMessage") == []
+            refusal = answer["error"]["message"] if "error" in answer else text(answer)
+            assert "refused by the guard" in refusal
+        else:
+            assert text(answer) == "LLM response: from caller"
+    finally:
+        await gateway.close()
