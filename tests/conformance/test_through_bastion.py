@@ -28,13 +28,6 @@ KNOWN_GAPS: dict[tuple[str, str, str], str] = {
         for revision in ("2025-11-25",) for upstream in UPSTREAMS
     },
     **{
-        ("2026-07-28", upstream, "server-stateless"): (
-            "invalid or missing _meta is answered -32020 with HTTP 200, not -32602 with HTTP 400; methods removed in "
-            "2026-07-28 (initialize, ping, logging/setLevel, resources/subscribe) get HTTP 200, not 404 with -32601"
-        )
-        for upstream in UPSTREAMS
-    },
-    **{
         ("2026-07-28", upstream, "http-custom-header-server-validation"): (
             "pending scenario: Bastion does not check a request's Mcp-Param-* headers against the tool's "
             "x-mcp-header annotations (SEP-2243), so a mismatch is forwarded (with headers mirrored from the body, "

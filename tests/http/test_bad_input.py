@@ -140,6 +140,39 @@ def test_a_body_that_stalls_is_answered_with_408(bastion_http: Served) -> None:
     with socket.create_connection((address.hostname, address.port), timeout=60) as sock:
         sock.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      f"{IDENTITY_HEADER}: tester\r\nContent-Length: 50\r\n\r\n{{".encode())
-        answer = sock.recv(65536).decode()  # the rest of the body never comes
+        answer = ""  # the rest of the body never comes
+        while "http.body_timeout" not in answer:
+            chunk = sock.recv(65536).decode()
+            if not chunk:
+                break
+            answer += chunk
     assert answer.startswith("HTTP/1.1 408"), answer
     assert "http.body_timeout" in answer
+
+
+async def test_2026_requests_get_the_status_their_error_calls_for(bastion_http: Served) -> None:
+    async with httpx2.AsyncClient(timeout=120) as http:
+        no_meta = await http.post(bastion_http.url, headers=MODERN, json={"jsonrpc": "2.0", "id": 1,
+                                                                          "method": "tools/list"})
+        assert no_meta.status_code == 400 and no_meta.json()["error"]["code"] == -32602
+        for method in ("initialize", "ping", "logging/setLevel"):  # removed in 2026-07-28, not a session's start
+            removed = await http.post(bastion_http.url, headers={**MODERN, "mcp-method": method}, json={
+                "jsonrpc": "2.0", "id": 2, "method": method, "params": {"_meta": MODERN_META}})
+            assert removed.status_code == 404 and removed.json()["error"]["code"] == -32601, removed.text
+            assert "mcp-session-id" not in removed.headers
+        unknown = await http.post(bastion_http.url, headers={**MODERN, "mcp-method": "tools/call", "mcp-name": "nope"},
+                                  json={"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                                        "params": {"name": "nope", "arguments": {}, "_meta": MODERN_META}})
+        assert unknown.status_code == 400 and unknown.json()["error"]["code"] == -32602
+
+
+def test_whitespace_around_a_header_value_is_not_part_of_it(bastion_http: Served) -> None:
+    address = urlsplit(bastion_http.url)
+    with socket.create_connection((address.hostname, address.port), timeout=120) as sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Mcp-Method: tools/list \t\r\nMCP-Protocol-Version: 2026-07-28\r\n"
+                     + f"{IDENTITY_HEADER}: tester\r\nContent-Length: {len(LIST)}\r\n\r\n".encode() + LIST)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]

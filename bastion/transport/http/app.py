@@ -9,7 +9,7 @@ import json
 import logging
 import secrets
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 from urllib.parse import parse_qs
 
 import orjson
@@ -18,7 +18,13 @@ from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
 from bastion.gateway.naming import SEPARATOR
 from bastion.model import Identity
-from bastion.protocol.versions import LEGACY_VERSIONS, META_PROTOCOL_VERSION, is_modern, is_modern_first_message
+from bastion.protocol.versions import (
+    LEGACY_VERSIONS,
+    META_CLIENT_CAPABILITIES,
+    META_PROTOCOL_VERSION,
+    is_modern,
+    is_modern_first_message,
+)
 from bastion.transport.http.config import HttpConfig
 from bastion.transport.http.exchanges import Exchange, Peeked, ServerGate, peek
 from bastion.transport.http.guards import (
@@ -38,6 +44,11 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 MCP_PATHS = ("/mcp", "/mcp/")
 _STATUS_FOR_CODE = {-32020: 400, -32021: 400, -32022: 400}
+# A 2026-07-28 answer's HTTP status follows its error code (a JSON answer; a stream has begun with 200 already).
+_MODERN_STATUS_FOR_CODE = {-32700: 400, -32600: 400, -32602: 400, **_STATUS_FOR_CODE, -32601: 404}
+_ENVELOPE_KEYS = (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES)
+_REMOVED_IN_MODERN = frozenset({"initialize", "ping", "logging/setLevel", "resources/subscribe",
+                                "resources/unsubscribe"})
 _NO_STORE = (b"cache-control", b"private, no-store")
 
 
@@ -302,6 +313,9 @@ class HttpFrontend:
         session_id = headers.get("mcp-session-id")
         if session_id is not None:
             await self._legacy_post(self._session(session_id, headers), body, top, headers, receive, send)
+        elif is_modern(headers.get("mcp-protocol-version")) and top.kind in ("request", "notification"):
+            # The header decides first, as on a server of both eras: a 2026-07-28 initialize is a removed method.
+            await self._modern_post(body, top, message, headers, receive, send)
         elif top.method == "initialize":
             identity = self._identity(headers)
             if len(self.sessions) >= self.settings.max_sessions:
@@ -310,9 +324,8 @@ class HttpFrontend:
             session = LegacySession(self, identity)
             self.sessions[session.id] = session
             await self._legacy_post(session, body, top, headers, receive, send)
-        elif top.kind in ("request", "notification") and (
-                is_modern_first_message(top.method or "", top.params if isinstance(top.params, dict) else None)
-                or is_modern(headers.get("mcp-protocol-version"))):
+        elif top.kind in ("request", "notification") and is_modern_first_message(
+                top.method or "", top.params if isinstance(top.params, dict) else None):
             await self._modern_post(body, top, message, headers, receive, send)
         else:
             raise HttpError(400, -32600, "no Mcp-Session-Id header: start a session with initialize, or send a "
@@ -382,10 +395,17 @@ class HttpFrontend:
             await _empty(send, 202)  # cancellation travels as a closed stream on HTTP; nothing else needs a reply
             return
         params = top.params if isinstance(top.params, dict) else {}
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        meta = params.get("_meta")
+        missing = [key for key in _ENVELOPE_KEYS if key not in meta] if isinstance(meta, dict) else list(_ENVELOPE_KEYS)
+        if missing:  # the envelope first, then the headers that mirror it (the order of the SDK's checks)
+            raise HttpError(400, -32602, f"params._meta lacks {', '.join(missing)}: every 2026-07-28 request carries "
+                                         "its protocol version and client capabilities", top.id)
         mismatch = modern_header_mismatch(message, headers, meta.get(META_PROTOCOL_VERSION))
         if mismatch is not None:
             raise HttpError(400, -32020, mismatch, top.id)
+        if top.method in _REMOVED_IN_MODERN:
+            raise HttpError(404, -32601, f"{top.method} does not exist in 2026-07-28 (it has no handshake, sessions or "
+                                         "session-wide log level)", top.id)
         identity = self._identity(headers)
         release, busy = self._gate_call(top)
         if busy is not None:
@@ -402,13 +422,13 @@ class HttpFrontend:
         self._modern.add(connection)
         try:
             connection.feed(body)
-            await self._answer(exchange, receive, send, (), exchange.release)
+            await self._answer(exchange, receive, send, (), exchange.release, _MODERN_STATUS_FOR_CODE)
         finally:
             self._modern.discard(connection)
             await connection.closed()  # a closed stream cancels what the request still runs
 
     async def _answer(self, exchange: Exchange, receive: Receive, send: Send, headers: tuple[tuple[bytes, bytes], ...],
-                      abandon: Callable[[], None]) -> None:
+                      abandon: Callable[[], None], statuses: Mapping[int, int] = _STATUS_FOR_CODE) -> None:
         """Send the exchange's answer as JSON, or as an SSE stream when something comes first; call ``abandon``
         when the client goes before the answer."""
         gone = asyncio.ensure_future(wait_disconnect(receive))
@@ -419,7 +439,7 @@ class HttpFrontend:
                 return
             frame, final = exchange.first.result()
             if final:
-                status = _STATUS_FOR_CODE.get(peek(frame).error_code or 0, 200)
+                status = statuses.get(peek(frame).error_code or 0, 200)
                 await _json(send, status, frame, headers)
                 return
             stream = SseStream(send, limit=self.settings.stream_buffer_messages,
@@ -538,7 +558,7 @@ def _headers(scope: Scope) -> dict[str, str]:
     headers: dict[str, str] = {}
     for raw_name, raw_value in scope.get("headers", ()):
         name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("latin-1")
+        value = raw_value.decode("latin-1").strip()  # whitespace around a field value is not part of it (RFC 9110)
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return headers
 
