@@ -27,14 +27,16 @@ class WriteBatch:
     is most of what a hop costs at high concurrency. Flushing when the chunk is done, rather than from a callback
     scheduled on the loop, also spares an idle turn of the loop (a poll of its own) after every burst.
 
-    A frame written outside any chunk (from a timer or a task) leaves at once.
+    A frame written outside any chunk (from a timer or a task) leaves at once, and those written after it in the
+    same turn of the loop (by the other Tasks it woke) leave together when the turn is done.
     """
 
-    __slots__ = ("is_open", "_held")
+    __slots__ = ("is_open", "_held", "_held_for_turn")
 
     def __init__(self) -> None:
         self.is_open = False
         self._held: list[CoalescingWriter] = []
+        self._held_for_turn: list[CoalescingWriter] = []
 
     def deliver(self, frames: Iterable[_Frame], on_frame: Callable[[_Frame], None]) -> None:
         """Hand one chunk's frames to ``on_frame``, then send what its writers held, even if handling failed. A
@@ -56,6 +58,18 @@ class WriteBatch:
     def hold(self, writer: CoalescingWriter) -> None:
         self._held.append(writer)
 
+    def hold_for_turn(self, writer: CoalescingWriter) -> None:
+        """A frame written outside any chunk, from a request's Task: the frames the other Tasks woken in this turn
+        of the loop write after it leave together, once the turn is done."""
+        if not self._held_for_turn:
+            asyncio.get_running_loop().call_soon(self._flush_turn)
+        self._held_for_turn.append(writer)
+
+    def _flush_turn(self) -> None:
+        held, self._held_for_turn = self._held_for_turn, []
+        for writer in held:
+            writer.flush()
+
 
 class CoalescingWriter:
     """A transport's writer that sends, during a ``WriteBatch`` chunk, the first frame at once and the rest in
@@ -66,20 +80,28 @@ class CoalescingWriter:
         self._transport = writer.transport  # written to directly: the stream's write only forwards to it
         self._batch = batch
         self._burst: list[bytes] | None = None
+        self._held_by_chunk = False  # a chunk being handled sends the held frames when it is done
 
     def write(self, frame: bytes) -> None:
         burst = self._burst
+        batch = self._batch
         if burst is not None:
             burst.append(frame)
+            if batch.is_open and not self._held_by_chunk:  # held for the turn: the chunk sends them sooner
+                self._held_by_chunk = True
+                batch.hold(self)
             return
-        batch = self._batch
+        self._burst = []
         if batch.is_open:
-            self._burst = []
+            self._held_by_chunk = True
             batch.hold(self)
+        else:
+            batch.hold_for_turn(self)
         if not self._transport.is_closing():
             self._transport.write(frame)
 
     def flush(self) -> None:
+        self._held_by_chunk = False
         burst, self._burst = self._burst, None
         if burst and not self._transport.is_closing():
             self._transport.write(b"".join(burst))

@@ -45,12 +45,29 @@ async def pipes() -> AsyncIterator[tuple[WriteBatch, Pipe, Pipe]]:
         os.close(read_fd)
 
 
-async def test_outside_a_chunk_every_frame_leaves_at_once(pipes) -> None:
+async def test_outside_a_chunk_a_frame_leaves_at_once_and_those_after_it_when_the_turn_is_done(pipes) -> None:
+    # Requests run in Tasks: the answers the Tasks woken in one turn of the loop write leave in one write.
     _, pipe, _ = pipes
     pipe.writer.write(b"1\n")
     assert pipe.arrived() == b"1\n"
     pipe.writer.write(b"2\n")
-    assert pipe.arrived() == b"2\n"
+    pipe.writer.write(b"3\n")
+    assert pipe.arrived() == b""
+    await asyncio.sleep(0)
+    assert pipe.arrived() == b"2\n3\n"
+    await asyncio.sleep(0)
+    pipe.writer.write(b"4\n")  # a new turn: a lone frame is never held back
+    assert pipe.arrived() == b"4\n"
+
+
+async def test_frames_held_for_the_turn_leave_with_a_chunk_that_comes_first(pipes) -> None:
+    batch, pipe, _ = pipes
+    pipe.writer.write(b"1\n")
+    pipe.writer.write(b"2\n")
+    batch.deliver([b"3\n"], pipe.writer.write)
+    assert pipe.arrived() == b"1\n2\n3\n"
+    await asyncio.sleep(0)
+    assert pipe.arrived() == b""
 
 
 async def test_in_a_chunk_the_first_frame_leaves_at_once_and_the_rest_when_the_chunk_is_done(pipes) -> None:
