@@ -27,14 +27,6 @@ KNOWN_GAPS: dict[tuple[str, str, str], str] = {
         )
         for revision in ("2025-11-25",) for upstream in UPSTREAMS
     },
-    **{
-        ("2026-07-28", upstream, "http-custom-header-server-validation"): (
-            "pending scenario: Bastion does not check a request's Mcp-Param-* headers against the tool's "
-            "x-mcp-header annotations (SEP-2243), so a mismatch is forwarded (with headers mirrored from the body, "
-            "over the HTTP upstream) instead of refused with HTTP 400 and -32020"
-        )
-        for upstream in UPSTREAMS
-    },
 }
 
 CASES = [(revision, upstream) for revision in REQUIREMENT_SETS for upstream in UPSTREAMS]

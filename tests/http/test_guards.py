@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import base64
 
-from bastion.transport.http.guards import OriginGuard, Peer, TrustedProxies, accepts, modern_header_mismatch
+from bastion.transport.http.guards import (
+    OriginGuard,
+    Peer,
+    TrustedProxies,
+    accepts,
+    modern_header_mismatch,
+    param_header_mismatch,
+)
 
 FORWARDED = {"host": "127.0.0.1:8080", "x-forwarded-for": "203.0.113.9, 10.0.0.7", "x-forwarded-proto": "https",
              "x-forwarded-host": "gateway.example.com"}
@@ -61,3 +68,24 @@ def test_accept_headers() -> None:
     assert accepts(None, "application/json") and accepts("*/*", "text/event-stream")
     assert accepts("application/json, text/event-stream", "text/event-stream")
     assert accepts("text/*;q=0.5", "text/event-stream") and not accepts("text/html", "application/json")
+
+
+def test_param_headers_must_agree_with_the_arguments_their_schema_marks() -> None:
+    schema = {"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"},
+        "count": {"type": "integer", "x-mcp-header": "Count"},
+        "options": {"type": "object", "properties": {"dry": {"type": "boolean", "x-mcp-header": "Dry"}}},
+        "note": {"type": "string"}}}
+    arguments = {"region": "eu-west", "count": 3, "options": {"dry": True}, "note": "not mirrored"}
+    good = {"mcp-param-region": "eu-west", "mcp-param-count": "3", "mcp-param-dry": "true"}
+    assert param_header_mismatch(schema, arguments, good) is None
+    assert param_header_mismatch(schema, arguments, {**good, "mcp-param-count": "3.0"}) is None  # numerically equal
+    encoded = "=?base64?" + base64.b64encode(b"eu-west").decode() + "?="
+    assert param_header_mismatch(schema, arguments, {**good, "mcp-param-region": encoded}) is None
+    assert "does not match" in param_header_mismatch(schema, arguments, {**good, "mcp-param-region": "us-east"})
+    assert "missing" in param_header_mismatch(schema, arguments, {k: v for k, v in good.items() if "dry" not in k})
+    absent = {"count": 3, "options": {"dry": True}}
+    assert "absent" in param_header_mismatch(schema, absent, good)
+    assert param_header_mismatch(schema, absent, {k: v for k, v in good.items() if "region" not in k}) is None
+    assert "malformed" in param_header_mismatch(schema, arguments, {**good, "mcp-param-region": "=?base64?%%?="})
+    assert param_header_mismatch({"type": "object"}, arguments, {}) is None

@@ -33,6 +33,7 @@ from bastion.transport.http.guards import (
     accepts,
     is_json_content,
     modern_header_mismatch,
+    param_header_mismatch,
 )
 from bastion.transport.http.streams import ReplayLog, SseStream, sse_event, wait_disconnect
 
@@ -358,6 +359,13 @@ class HttpFrontend:
             return _nothing, self.gate.busy_error(server)
         return release, None
 
+    def _param_header_mismatch(self, params: dict[str, Any], headers: dict[str, str]) -> str | None:
+        name = params.get("name")
+        entry = self.gateway.catalog.tool(name) if isinstance(name, str) else None
+        if entry is None:
+            return None  # the gateway answers an unknown tool
+        return param_header_mismatch(entry.definition.get("inputSchema"), params.get("arguments"), headers)
+
     def _server_of(self, tool: str) -> str | None:
         entry = self.gateway.catalog.tool(tool)
         if entry is not None:
@@ -401,6 +409,8 @@ class HttpFrontend:
             raise HttpError(400, -32602, f"params._meta lacks {', '.join(missing)}: every 2026-07-28 request carries "
                                          "its protocol version and client capabilities", top.id)
         mismatch = modern_header_mismatch(message, headers, meta.get(META_PROTOCOL_VERSION))
+        if mismatch is None and top.method == "tools/call":
+            mismatch = self._param_header_mismatch(params, headers)
         if mismatch is not None:
             raise HttpError(400, -32020, mismatch, top.id)
         if top.method in _REMOVED_IN_MODERN:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
@@ -130,3 +131,56 @@ def accepts(accept: str | None, media_type: str) -> bool:
 
 def is_json_content(content_type: str | None) -> bool:
     return (content_type or "").split(";")[0].strip().lower() == "application/json"
+
+
+_DECIMAL = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
+
+
+def param_header_mismatch(input_schema: Any, arguments: Any, headers: Mapping[str, str]) -> str | None:
+    """Why a 2026-07-28 tools/call's ``Mcp-Param-*`` headers disagree with the arguments its tool's schema marks
+    ``x-mcp-header`` (SEP-2243: present together and equal, or absent together), or None. Answered with -32020."""
+    arguments = arguments if isinstance(arguments, Mapping) else {}
+    for path, token in annotated_params(input_schema).items():
+        header = f"Mcp-Param-{token}"
+        raw = headers.get(header.lower())
+        value: Any = arguments
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        argument = ".".join(path)
+        rendered = _rendered(value)
+        if rendered is None:
+            if raw is not None:
+                return f"the {header} header is present but the argument {argument!r} is absent or not a scalar"
+            continue
+        if raw is None:
+            return f"the {header} header is missing but the argument {argument!r} is present"
+        decoded = decode_header_value(raw)
+        if decoded is None:
+            return f"the {header} header carries a malformed =?base64?...?= value"
+        if decoded != rendered and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                        and _DECIMAL.match(decoded) and float(decoded) == value):
+            return f"the {header} header does not match the argument {argument!r}"
+    return None
+
+
+def annotated_params(schema: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:
+    """The properties of an input schema annotated ``x-mcp-header``, by their path of ``properties`` keys."""
+    found: dict[tuple[str, ...], str] = {}
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    if isinstance(properties, Mapping):
+        for key, child in properties.items():
+            if not isinstance(child, Mapping):
+                continue
+            token = child.get("x-mcp-header")
+            if isinstance(token, str) and token:
+                found[(*path, key)] = token
+            found.update(annotated_params(child, (*path, key)))
+    return found
+
+
+def _rendered(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    return None
