@@ -50,8 +50,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int) -> signal.Signals | None:
     """Serve until SIGTERM, SIGINT or SIGHUP; the signal that stopped it."""
+    sock = listen(host, port)  # first: an address in use is said before any server starts
     gateway.start()
-    sock = listen(host, port)
     frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host))
     tls = settings.tls_cert is not None
     config = uvicorn.Config(
