@@ -18,7 +18,9 @@ from tests.conformance.suite import (
     run_server_scenarios,
 )
 
-UPSTREAMS = ("stdio", "http")  # how Bastion reaches the fixture
+# How Bastion reaches the fixture: it starts it over stdio, or it reaches it at a URL over Streamable HTTP or over
+# the old HTTP+SSE transport.
+UPSTREAMS = ("stdio", "http", "sse")
 CLIENT_DRIVER = Path(__file__).with_name("bastion_client.py")
 # Bastion's HTTP upstream sends the static headers of its configuration and runs no OAuth flow (the identity issue
 # brings that), so the suite's authorization scenarios are not run against it.
@@ -27,7 +29,7 @@ NOT_ATTEMPTED_PREFIX = "auth/"
 FIXTURE_NAME = "fx"
 # Policy on, as users run it, and allowing everything: every request takes the whole policy path (Cedar, the
 # input-schema check, the audit trail) without waiting for a person the suite cannot be.
-ALLOW_ALL = """// Everything the conformance suite asks is allowed, so each request runs the whole policy path unattended.
+ALLOW_ALL = """// Everything the conformance suite asks is allowed: each request runs the whole policy path unattended.
 permit (principal, action, resource);
 """
 
@@ -72,13 +74,16 @@ class Runs:
 
     def through_bastion(self, revision: str, upstream: str) -> SuiteRun:
         """The server scenarios of ``revision`` against ``bastion serve`` federating the fixture, which Bastion
-        starts itself over stdio (in its default sandbox) or reaches over Streamable HTTP."""
+        starts itself over stdio (in its default sandbox) or reaches over Streamable HTTP or HTTP+SSE."""
         key = (f"bastion-{upstream}", revision)
         if key not in self._done:
             place = self._place(*key)
             with ExitStack() as running:
                 if upstream == "http":
                     entry = {"url": running.enter_context(fixture_over_http(place))}
+                elif upstream == "sse":
+                    entry = {"url": running.enter_context(fixture_over_http(place, transport="sse")),
+                             "transport": "sse"}
                 else:
                     entry = {"command": sys.executable, "args": [str(FIXTURE_SERVER)],
                              "sandbox": {"writable": [str(place)]}}

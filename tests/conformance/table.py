@@ -1,9 +1,10 @@
-"""Print the conformance tables of docs/testing.md from a real run of the suite (about three minutes):
+"""Print the conformance tables of docs/testing.md from a real run of the suite (about four minutes):
 
     .venv/bin/python -m tests.conformance.table > /tmp/conformance.md
 
-Server scenarios of both requirement sets against the fixture directly and through ``bastion serve`` (stdio and
-HTTP upstream), then the client scenarios with Bastion's HTTP upstream as the client, then why each known gap is one.
+Server scenarios of both requirement sets against the fixture directly and through ``bastion serve`` (stdio,
+Streamable HTTP and HTTP+SSE upstreams), then the client scenarios with Bastion's HTTP upstream as the client,
+then why each known gap is one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from tests.conformance.suite import REQUIREMENT_SETS, ScenarioResult, SuiteRun, 
 from tests.conformance.test_client_scenarios import KNOWN_CLIENT_GAPS
 from tests.conformance.test_through_bastion import KNOWN_GAPS
 
-UPSTREAM_TITLES = {"stdio": "through Bastion, stdio upstream", "http": "through Bastion, HTTP upstream"}
+UPSTREAM_TITLES = {
+    "stdio": "through Bastion, stdio upstream",
+    "http": "through Bastion, Streamable HTTP upstream",
+    "sse": "through Bastion, HTTP+SSE upstream",
+}
 
 
 def cell(result: ScenarioResult) -> str:
