@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from bastion.compose import build_gateway
 from bastion.config import GatewayConfig, load_config
 from bastion.gateway.core import Gateway
 from bastion.model import GatewayError, GatewayRequest, Session
@@ -30,7 +31,7 @@ class Host:
         """Start the configured servers (a file, a ``GatewayConfig``, or the demo configuration) and wait for each
         until it is ready or has failed to start within its own startup_timeout."""
         loaded = config if isinstance(config, GatewayConfig) else load_config(config)
-        gateway = Gateway(loaded)
+        gateway = build_gateway(loaded)
         gateway.start({})
         await gateway.wait_started()
         return cls(gateway)

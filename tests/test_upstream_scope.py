@@ -18,6 +18,7 @@ import orjson
 import pydantic
 import pytest
 
+from bastion.compose import build_gateway
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
@@ -57,7 +58,7 @@ async def gateway_with():
     async def make(**scope: Any) -> tuple[Gateway, str]:
         tag = f"scope-{uuid.uuid4().hex[:8]}"
         entry = raw_server(tag=tag, sandbox={"profile": "none"}, **scope)
-        gateway = Gateway(GatewayConfig(servers={"raw": ServerConfig.model_validate(entry)}, policy=None))
+        gateway = build_gateway(GatewayConfig(servers={"raw": ServerConfig.model_validate(entry)}, policy=None))
         started.append(gateway)
         gateway.start()
         await gateway.wait_ready(120)
@@ -230,7 +231,7 @@ async def memory_gateway():
     async def make(scope: str) -> Gateway:
         entry = {"command": sys.executable, "args": [str(FIXTURES / "memory_server.py")], "sandbox": "none",
                  "scope": scope}
-        gateway = Gateway(GatewayConfig(servers={"memory": ServerConfig.model_validate(entry)}, policy=None))
+        gateway = build_gateway(GatewayConfig(servers={"memory": ServerConfig.model_validate(entry)}, policy=None))
         started.append(gateway)
         gateway.start()
         await gateway.wait_ready(120)

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from bastion.cli.conventions import add_global_flags, configure_logging, split_global_flags
+from bastion.compose import build_gateway
 from bastion.config import ConfigError, GatewayConfig, load_config
 from bastion.gateway.core import Gateway
 from bastion.model import GatewayError, GatewayRequest, Session
@@ -79,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     log.info("serving %d server(s) on stdio: %s", len(config.servers), ", ".join(config.servers) or "none")
-    gateway = Gateway(config)
+    gateway = build_gateway(config)
     # What is loaded by now (modules, configuration, policy) lives as long as the process: left in the collected
     # generations, every full collection would walk it again while requests wait.
     gc.freeze()
@@ -167,7 +168,7 @@ def _print_check_report(source: str | None, servers: dict, findings: list, polic
 async def with_gateway(config: GatewayConfig, work) -> Any:
     """Start the servers, wait for every one (up to its own startup_timeout: a one-shot command has no
     list_changed to take a late server in), run ``work(gateway, session)``, shut down."""
-    gateway = Gateway(config)
+    gateway = build_gateway(config)
     session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "cli")
     try:
         gateway.start({})

@@ -40,7 +40,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def _serve(args: argparse.Namespace) -> int:
     from bastion.cli.gateway import _load, run_loop, setup_logging
-    from bastion.gateway.core import Gateway
+    from bastion.compose import build_gateway
     from bastion.transport.http.server import serve_http
 
     setup_logging(args)
@@ -67,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
                 print(f"bastion: the TLS {what} {path} does not exist or is not a file", file=sys.stderr)
                 return 2
         settings = settings.model_copy(update={"tls_cert": cert, "tls_key": key})
-    gateway = Gateway(config)
+    gateway = build_gateway(config)
     gc.freeze()  # what is loaded by now lives as long as the process; see bastion run
     try:
         stopped_by = run_loop(serve_http(gateway, settings, host, port))

@@ -18,7 +18,6 @@ from bastion.gateway.pipeline import build_pipeline, passes_raw
 from bastion.gateway.pool import InstanceListener, UpstreamPool
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
 from bastion.model import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session
-from bastion.policy.interceptors import build_policy_runtime
 from bastion.protocol import jsonrpc
 from bastion.protocol.client_session import SELF
 from bastion.protocol.correlation import Pending
@@ -27,6 +26,7 @@ from bastion.transport.stdio import WriteBatch
 
 if TYPE_CHECKING:
     from bastion.gateway.frontend import ClientConnection
+    from bastion.policy.interceptors import PolicyRuntime
 
 log = logging.getLogger("bastion.gateway")
 
@@ -58,14 +58,24 @@ class Gateway:
         self,
         config: GatewayConfig,
         *,
+        catalog: Catalog | None = None,
+        policy: PolicyRuntime | None = None,
+        exposure: Sequence[Interceptor] = (),
         interceptors: Sequence[Interceptor] = (),
+        tool_index: Any = None,
         launcher: Launcher = launch_server,
     ) -> None:
+        """Built by ``bastion.compose.build_gateway``, which builds the policy, the exposure and the tool index
+        from ``config``; the chain is ``exposure``, then the policy's interceptors, then ``interceptors``."""
+        if config.policy is not None and policy is None:
+            raise ValueError("the configuration has a policy and none was given: build the gateway with "
+                             "bastion.compose.build_gateway, which builds it")
+        if config.tools.exposure == "search" and not exposure:
+            raise ValueError("the configuration asks for search exposure and none was given: build the gateway with "
+                             "bastion.compose.build_gateway, which builds it")
         self.config = config
         enabled = {name: cfg for name, cfg in config.servers.items() if cfg.enabled}
-        self.catalog = Catalog([
-            ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust) for name, cfg in enabled.items()
-        ])
+        self.catalog = catalog if catalog is not None else server_catalog(config)
         # Shared by every pipe Bastion reads and writes, clients' and servers' alike: a frame is written while the
         # chunk that caused it is handled, and the frame may go to any of them.
         self.writes = WriteBatch()
@@ -80,18 +90,8 @@ class Gateway:
             name: UpstreamPool(name, cfg, self._instance_maker(name, cfg, instances, launcher))
             for name, cfg in enabled.items() if cfg.scope != "shared"
         }
-        self._tool_index: Any = None
-        self.policy = build_policy_runtime(
-            config.policy, pre_approved={name: cfg.auto_approve for name, cfg in enabled.items()}
-        ) if config.policy is not None else None
-        if self.policy is None:
-            log.warning("policy is off: every call is allowed and nothing is audited")
-        exposure: list[Interceptor] = []
-        if config.tools.exposure == "search":
-            # Imported only here: the index brings numpy and a model runtime that "all" mode never needs.
-            from bastion.gateway.exposure import SearchExposure
-
-            exposure.append(SearchExposure(self.tool_index(), config.tools.always_list))
+        self._tool_index = tool_index
+        self.policy = policy
         permitted = [*(self.policy.interceptors if self.policy else ()), *interceptors]
         chain = [*exposure, *permitted]
         # The one path of every client request. Where nothing in the chain reads a tools/call's result, the
@@ -175,16 +175,11 @@ class Gateway:
             self._tool_index.close()
 
     def tool_index(self) -> Any:
-        """The search index over this gateway's catalog (one per gateway, built on first use)."""
+        """The search index over this gateway's catalog, as ``build_gateway`` gave it (its ``current()`` is the
+        index as of the catalog now)."""
         if self._tool_index is None:
-            from bastion.gateway.exposure import CatalogIndex
-            from bastion.search.embedding import default_cache_dir
-            from bastion.search.index import ToolIndex
-
-            # Embeddings are cached on disk: a restart or a list_changed embeds only tool texts never seen.
-            cache = default_cache_dir()
-            tokens = self.config.tools.embedding_tokens
-            self._tool_index = CatalogIndex(self.catalog, lambda: ToolIndex(cache_dir=cache, doc_max_tokens=tokens))
+            raise RuntimeError("this gateway was built without a tool index: build it with "
+                               "bastion.compose.build_gateway")
         return self._tool_index
 
     @property
@@ -577,6 +572,14 @@ class Gateway:
                             "resourceTemplates": "notifications/resources/list_changed"}[kind]
             for connection in list(self._connections.values()):
                 connection.list_changed(notification)
+
+
+def server_catalog(config: GatewayConfig) -> Catalog:
+    """An empty catalog of the enabled servers of ``config``, which their lists fill as they come."""
+    return Catalog([
+        ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust)
+        for name, cfg in config.servers.items() if cfg.enabled
+    ])
 
 
 def _encoder(params: Mapping[str, Any]) -> Callable[[Any, str, Any], bytes]:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from bastion.compose import build_gateway
 from bastion.config import GatewayConfig
 from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
@@ -107,7 +108,7 @@ async def gateway(tmp_path: Path):
     config = GatewayConfig.model_validate({"policy": "off", "ready_timeout": 60, "servers": {"fx": {
         "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "legacy",
         "env": {"FIXTURE_EVENTS": str(tmp_path / "events.log")}, "sandbox": "none", "request_timeout": 300}}})
-    gateway = Gateway(config)
+    gateway = build_gateway(config)
     gateway.start()
     await gateway.wait_ready()
     assert gateway.upstreams["fx"].ready.is_set()
@@ -241,7 +242,7 @@ async def test_a_servers_request_to_the_client_passes_the_interceptors_that_name
     config = GatewayConfig.model_validate({"policy": "off", "ready_timeout": 60, "servers": {"fx": {
         "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "legacy",
         "env": {"FIXTURE_EVENTS": str(tmp_path / "events.log")}, "sandbox": "none", "request_timeout": 300}}})
-    gateway = Gateway(config, interceptors=[guard])
+    gateway = build_gateway(config, interceptors=[guard])
     gateway.start()
     await gateway.wait_ready()
     try:

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from bastion.compose import build_gateway
 from bastion.config import GatewayConfig
 from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
@@ -136,7 +137,7 @@ async def start(tmp_path: Path):
         server = raw_server(marks, sandbox="none")
         server["env"] = {**server["env"], "RAW_SERVER_ECHO_VERBATIM": "1", "RAW_SERVER_MARK_CALLS": "1"}
         config = GatewayConfig.model_validate({"servers": {"raw": server}, "policy": "off"})
-        gateway = Gateway(config, interceptors=interceptors)
+        gateway = build_gateway(config, interceptors=interceptors)
         gateways.append(gateway)
         gateway.start({})
         await gateway.wait_ready()

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import pytest
 
+from bastion.compose import build_gateway
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.gateway.core import Gateway
 from bastion.model import GatewayError, GatewayRequest, Identity, Session
@@ -92,7 +93,7 @@ async def gateway_factory(tmp_path: Path):
         runtime = build_policy_runtime(config, **options)
         servers = {"raw": ServerConfig(command=sys.executable, args=[str(FIXTURES / "raw_server.py")], trust="trusted")}
         # The policy under test comes in as interceptors; the configuration's own is off so it is not run twice.
-        gateway = Gateway(GatewayConfig(servers=servers, policy=None), interceptors=runtime.interceptors)
+        gateway = build_gateway(GatewayConfig(servers=servers, policy=None), interceptors=runtime.interceptors)
         gateway.start({"elicitation": {}})
         await gateway.wait_ready(20)
         started.append((gateway, runtime))

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from bastion.gateway.exposure import CatalogIndex, _VisibleTools
 from bastion.model import GatewayRequest, Session, ToolEntry
+from bastion.search.exposure import CatalogIndex, _VisibleTools
 from bastion.search.index import EMBED_CHUNK, ToolIndex
 
 from .conftest import CATALOG, tool

@@ -1,0 +1,88 @@
+"""The composition root: the one place a configuration becomes a running gateway and its parts.
+
+The policy runtime, the search exposure and the tool index are built here and handed to the Gateway, which only
+routes; so the policy and search packages never need the gateway, and every frontend (``bastion run``,
+``bastion serve``, the one-shot commands, the host API) gets the same interceptor chain from the same call.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Sequence
+
+from bastion.config import GatewayConfig, ToolsConfig
+from bastion.gateway.core import Gateway, server_catalog
+from bastion.gateway.upstream import Launcher, launch_server
+from bastion.model import CatalogView, Interceptor
+from bastion.policy.interceptors import PolicyRuntime, build_policy_runtime
+
+if TYPE_CHECKING:
+    from bastion.search.exposure import CatalogIndex
+    from bastion.search.index import ToolIndex
+
+log = logging.getLogger("bastion.gateway")
+
+
+def build_gateway(
+    config: GatewayConfig,
+    *,
+    interceptors: Sequence[Interceptor] = (),
+    launcher: Launcher = launch_server,
+) -> Gateway:
+    """The gateway ``config`` describes: its servers, the policy (unless it is off), search exposure in search
+    mode, then ``interceptors`` (inside the policy: they see only what it permits). Raises ``PolicyStartError``
+    when the policy cannot start (a key that cannot be read, an audit trail that cannot be written)."""
+    catalog = server_catalog(config)
+    policy = build_policy(config)
+    tool_index: CatalogIndex | LazyCatalogIndex
+    exposure: list[Interceptor] = []
+    if config.tools.exposure == "search":
+        # Imported only here: the index brings numpy and a model runtime that "all" mode never needs.
+        from bastion.search.exposure import SearchExposure
+
+        tool_index = catalog_index(catalog, config.tools)
+        exposure.append(SearchExposure(tool_index, config.tools.always_list))
+    else:
+        tool_index = LazyCatalogIndex(catalog, config.tools)
+    return Gateway(config, catalog=catalog, policy=policy, exposure=exposure, interceptors=interceptors,
+                   tool_index=tool_index, launcher=launcher)
+
+
+def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
+    """The policy runtime of ``config``, None when its policy is off (said once, as a warning)."""
+    if config.policy is None:
+        log.warning("policy is off: every call is allowed and nothing is audited")
+        return None
+    pre_approved = {name: cfg.auto_approve for name, cfg in config.servers.items() if cfg.enabled}
+    return build_policy_runtime(config.policy, pre_approved=pre_approved)
+
+
+def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:
+    """The search index that follows ``catalog``; embeddings are cached on disk, so a restart or a list_changed
+    embeds only tool texts never seen."""
+    from bastion.search.embedding import default_cache_dir
+    from bastion.search.exposure import CatalogIndex
+    from bastion.search.index import ToolIndex
+
+    cache = default_cache_dir()
+    tokens = tools.embedding_tokens
+    return CatalogIndex(catalog, lambda: ToolIndex(cache_dir=cache, doc_max_tokens=tokens))
+
+
+class LazyCatalogIndex:
+    """``catalog_index`` built on the first search: in "all" mode only the host API's ``find_tools`` searches, and
+    a gateway that never does should not load the index's libraries."""
+
+    def __init__(self, catalog: CatalogView, tools: ToolsConfig) -> None:
+        self._catalog = catalog
+        self._tools = tools
+        self._index: CatalogIndex | None = None
+
+    async def current(self) -> ToolIndex:
+        if self._index is None:
+            self._index = catalog_index(self._catalog, self._tools)
+        return await self._index.current()
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()

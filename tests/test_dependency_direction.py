@@ -1,0 +1,96 @@
+"""Which parts of Bastion may import which, read from the source: the pure deciders and the sans-I/O protocol
+never reach up into the gateway, a transport or the sandbox, and the gateway builds neither policy nor search
+(the composition root, bastion/compose.py, does)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "bastion"
+
+# The layers a package must never import, at run time or inside a function.
+FORBIDDEN = {
+    "policy": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
+               "bastion.host", "bastion.launchers"),
+    "search": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
+               "bastion.host", "bastion.launchers", "bastion.policy"),
+    "protocol": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
+                 "bastion.host", "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
+    # Routing only: the policy runtime, the search exposure and the tool index come from the composition root.
+    "gateway": ("bastion.policy", "bastion.search", "bastion.compose", "bastion.cli", "bastion.host"),
+}
+
+
+def imported_modules(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """Every bastion module the module at ``path`` (its text, or ``source``) imports when it runs, as (line,
+    module): imports under ``if TYPE_CHECKING:`` are for annotations only and are left out; relative imports
+    are resolved."""
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    package = parts if path.name == "__init__.py" else parts[:-1]
+    package = package[:-1] if package[-1:] == ("__init__",) else package
+    annotation_only = {id(node) for block in ast.walk(tree) if _is_type_checking(block)
+                       for stmt in block.body for node in ast.walk(stmt)}
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in annotation_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+                # `from . import x` may name a module: count it as one.
+                found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
+            elif node.module:
+                found.append((node.lineno, node.module))
+                found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+    return [(line, module) for line, module in found if module == "bastion" or module.startswith("bastion.")]
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _within(module: str, layer: str) -> bool:
+    return module == layer or module.startswith(layer + ".")
+
+
+@pytest.mark.parametrize("area", sorted(FORBIDDEN))
+def test_a_layer_imports_nothing_above_it(area: str) -> None:
+    sources = sorted((PACKAGE / area).rglob("*.py"))
+    assert sources, f"bastion/{area} has no sources: the rule would check nothing"
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in sources
+        for line, module in imported_modules(path)
+        if any(_within(module, layer) for layer in FORBIDDEN[area])
+    ]
+    assert wrong == [], "imports against the dependency direction (see docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def test_the_shared_model_imports_nothing_of_bastion() -> None:
+    # Everything speaks the model; were it to import any part, that part could never import it back.
+    assert imported_modules(PACKAGE / "model.py") == []
+
+
+def test_the_rules_see_imports_in_functions_and_relative_ones() -> None:
+    # The checker itself: an import inside a function or written relatively counts; one for annotations does not.
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from bastion.gateway.core import Gateway\n"
+        "def late():\n    from bastion.gateway import core\n"
+        "from ..transport import stdio\n"
+    )
+    found = imported_modules(PACKAGE / "policy" / "probe.py", source)
+    assert (5, "bastion.gateway") in found and (5, "bastion.gateway.core") in found
+    assert (6, "bastion.transport.stdio") in found
+    assert all(line != 3 for line, _ in found), "an annotation-only import must not count"
