@@ -18,6 +18,7 @@ from bastion.compose import build_gateway
 from bastion.config import ConfigError, GatewayConfig, load_config
 from bastion.gateway.core import Gateway
 from bastion.model import GatewayError, GatewayRequest, Session
+from bastion.protocol.jsonrpc import ErrorResponse, RawResponse
 
 log = logging.getLogger("bastion")
 
@@ -316,7 +317,7 @@ def _call(args: argparse.Namespace) -> int:
         request = GatewayRequest("tools/call", {"name": args.name, "arguments": arguments}, session, gateway.catalog,
                                  request_id="cli-call")
         try:
-            result = await gateway.handle(request)
+            result = _decoded(await gateway.handle(request))
         except GatewayError as exc:
             print(f"bastion: error {exc.code}: {exc.message}", file=sys.stderr)
             return 1
@@ -324,3 +325,13 @@ def _call(args: argparse.Namespace) -> int:
         return 1 if result.get("isError") else 0
 
     return run_loop(with_gateway(config, work))
+
+
+def _decoded(result: Any) -> dict[str, Any]:
+    """A tools/call result as a dict: where nothing in the chain reads results, it comes as the server's bytes."""
+    if type(result) is not RawResponse:
+        return result
+    decoded = result.decoded()
+    if type(decoded) is ErrorResponse:
+        raise GatewayError.from_error(decoded.error)
+    return decoded.result
