@@ -11,3 +11,4 @@ test: setup
 
 bench: setup
 	@.venv/bin/python bench/dataplane.py
+	@.venv/bin/python bench/http_dataplane.py

@@ -15,7 +15,8 @@ driven by the same cheap raw HTTP/1.1 client (asyncio streams, keep-alive, reque
   fastmcp-modern  the same proxy spoken to in 2026-07-28; skipped with the reason if it does not answer
 
 Sequential calls, then 64 concurrent clients (each its own connection, and its own session where the era has
-sessions), in rounds that alternate between the paths. Then Bastion's RSS with 1,000 idle legacy sessions.
+sessions), in rounds that alternate between the paths. Then a fresh `bastion serve`'s RSS (without its echo
+server) before and after 1,000 legacy sessions are opened and left idle.
 Only ratios taken within one run are meaningful.
 
 Usage: .venv/bin/python bench/http_dataplane.py [--calls N] [--quick] [--paths ...] [--sessions N] [--json]
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import os
 import platform
 import re
@@ -42,7 +42,7 @@ from typing import Any, Callable
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dataplane import Accumulated, bastion_command, collector_paused, fmt, log, stderr_tail  # noqa: E402
+from dataplane import Accumulated, bastion_command, collector_paused, fmt, log  # noqa: E402
 from dataplane_client import CallTiming, McpPipeClient  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -389,7 +389,6 @@ async def measure_idle_sessions(port: int, pid: int, sessions: int) -> dict[str,
     ids: set[bytes] = set()
 
     async def opener(connection: Connection, count: int) -> None:
-        client = HttpMcpClient(connection, style)
         for _ in range(count):
             status, headers, payload = await connection.post(style.head(connection.host, "", None, None), orjson.dumps(
                 {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
@@ -402,12 +401,10 @@ async def measure_idle_sessions(port: int, pid: int, sessions: int) -> dict[str,
                                                  b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
             if status != 202:
                 raise HttpError(f"notifications/initialized of an idle session answered {status}")
-        del client
 
     try:
         share, extra = divmod(sessions, len(connections))
         await asyncio.gather(*(opener(c, share + (i < extra)) for i, c in enumerate(connections)))
-        gc.collect()
         await asyncio.sleep(2.0)
         after = process_rss_bytes(pid)
     finally:
@@ -499,10 +496,17 @@ async def run(options: argparse.Namespace) -> dict[str, Any]:
                     if isinstance(client, HttpMcpClient):
                         client.close()
 
-            bastion = by_server.get("bastion")
-            if bastion is not None and options.sessions > 0 and bastion.process.poll() is None:
+            if "bastion" in by_server and options.sessions > 0:
+                # A fresh gateway, so that the sessions cannot reuse memory the timed calls left free.
                 try:
-                    idle = await asyncio.wait_for(measure_idle_sessions(bastion.port, bastion.process.pid,
+                    argv = [*bastion_command(python, options.bastion), "serve", str(bastion_config(workdir, python)),
+                            "--http", "127.0.0.1:0"]
+                    fresh = await start_server("bastion-idle", argv, None, workdir)
+                    servers.append(fresh)
+                    warm = await HttpMcpClient.open(fresh.port, STYLES["bastion-legacy"])
+                    await warm.call()
+                    warm.close()
+                    idle = await asyncio.wait_for(measure_idle_sessions(fresh.port, fresh.process.pid,
                                                                         options.sessions), options.timeout)
                 except Exception as error:  # noqa: BLE001
                     idle = {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
