@@ -71,6 +71,26 @@ def test_table_output_lists_paths_and_targets() -> None:
     assert "[bench]" not in result.stdout, "progress belongs on stderr, out of the table"
 
 
+def test_every_path_runs_with_the_policy_on_and_off() -> None:
+    result = run_bench("--quick", "--calls", "64", "--json")
+    assert result.returncode == 0, result.stderr
+    report = orjson.loads(result.stdout)
+    assert list(report["paths"]) == ["direct", "relay", "bastion", "bastion-off", "fastmcp"]
+    for name, entry in report["paths"].items():
+        assert entry["status"] == "ok", (name, entry)
+        assert_sane_mode(entry["sequential"], 64)
+        assert_sane_mode(entry["inflight"], 64)
+    assert report["paths"]["bastion"]["tool"] == report["paths"]["bastion-off"]["tool"] == "echo__echo"
+    latency_rows, other_rows = report["targets"][:2], report["targets"][2:]
+    assert {row["status"] for row in other_rows} <= {"PASS", "MISS"}, other_rows
+    # A divisor that noise made zero or less (the relay as fast as direct in 64 calls) is a SKIP that says so.
+    assert all(row["status"] in ("PASS", "MISS") or row["note"] for row in latency_rows), latency_rows
+    for name in ("bastion", "bastion-off"):  # the policy-off path stays reported beside the targets
+        assert report["context"][f"{name}_added_p50_ms"] is not None
+        assert report["context"][f"{name}_inflight_throughput_vs_direct"] > 0
+    assert report["bastion_idle_rss"]["status"] == "ok" and report["bastion_idle_rss"]["tools"] == 10
+
+
 def test_a_bastion_that_cannot_start_is_skipped_with_the_reason(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-bastion"
     result = run_bench("--quick", "--calls", "32", "--paths", "direct,bastion", "--bastion", str(missing), "--json")
