@@ -95,6 +95,7 @@ class Handshake:
         self._client_info = dict(client_info)
         self._lifecycle: ClientLifecycle | None = None
         self._waiting: str | None = None
+        self._probe_retried = False
 
     def first(self) -> HandshakeStep:
         return self._initialize() if self._era == "legacy" else self._probe()
@@ -119,7 +120,13 @@ class Handshake:
         return Exchange(DISCOVER, {"_meta": modern_meta(self._capabilities, self._client_info)}, timeout)
 
     def _probe_answered(self, answer: Response | ErrorResponse) -> HandshakeStep:
-        """``server/discover`` answered with a modern version means modern; anything else, legacy."""
+        """``server/discover`` answered with a modern version means modern; anything else, legacy.
+
+        An unsupported-version error that lists a modern version Bastion speaks is a modern server's own answer:
+        the probe is sent again, once, rather than taking the server for a legacy one."""
+        if isinstance(answer, ErrorResponse) and not self._probe_retried and _offers_a_modern_version(answer):
+            self._probe_retried = True
+            return self._probe()
         if isinstance(answer, Response):
             result = answer.result
             versions = result.get("supportedVersions")
@@ -165,6 +172,14 @@ class Handshake:
                         instructions if isinstance(instructions, str) else None),
             Notification("notifications/initialized", None),
         )
+
+
+def _offers_a_modern_version(answer: ErrorResponse) -> bool:
+    error = answer.error
+    if error.get("code") != jsonrpc.UNSUPPORTED_PROTOCOL_VERSION or not isinstance(error.get("data"), dict):
+        return False
+    supported = error["data"].get("supported")
+    return isinstance(supported, list) and any(version in MODERN_VERSIONS for version in supported)
 
 
 # ------------------------------------------------------------------------------- what the server sends

@@ -23,10 +23,6 @@ KNOWN_CLIENT_GAPS: dict[tuple[str, str], str] = {
         "after the server closes an SSE stream, Bastion reconnects without Last-Event-ID, and at once instead of "
         "after the stream's retry interval"
     ),
-    ("2026-07-28", "request-metadata"): (
-        "after a server/discover answered with an unsupported-version error and the retry with a supported version, "
-        "Bastion still falls back to initialize, which carries no _meta and no MCP-Protocol-Version header"
-    ),
     ("2026-07-28", "http-custom-headers"): (
         "the scenario's second call passes null for a boolean argument, which Bastion's input-schema check refuses "
         "before it reaches the server, so the mock never sees how a null x-mcp-header parameter is sent"

@@ -92,6 +92,33 @@ class TestHandshake:
         assert step.params == {"protocolVersion": LATEST_LEGACY, "capabilities": CAPS, "clientInfo": INFO}
         assert step.timeout is None
 
+    @pytest.mark.parametrize("era", ["auto", "modern"])
+    def test_an_unsupported_version_error_listing_a_modern_version_is_probed_again_once(self, era):
+        handshake = Handshake(era, CAPS, INFO)
+        handshake.first()
+        rejected = ErrorResponse(1, error(-32022, "Unsupported protocol version",
+                                          {"supported": [LATEST_MODERN], "requested": LATEST_MODERN}))
+        again = handshake.answered(rejected)
+        assert isinstance(again, Exchange) and again.method == "server/discover"
+        assert again.params["_meta"][META_PROTOCOL_VERSION] == LATEST_MODERN
+        assert isinstance(handshake.answered(Response(2, discover_result())), Ready)
+
+    def test_a_second_unsupported_version_error_is_not_probed_again(self):
+        handshake = Handshake("auto", CAPS, INFO)
+        handshake.first()
+        rejected = ErrorResponse(1, error(-32022, "Unsupported protocol version", {"supported": [LATEST_MODERN]}))
+        handshake.answered(rejected)
+        step = handshake.answered(rejected)
+        assert isinstance(step, Exchange) and step.method == "initialize"
+
+    @pytest.mark.parametrize("data", [None, {"supported": ["2099-01-01"]}, {"supported": LATEST_MODERN}, "x"],
+                             ids=["no-data", "unknown-version", "not-a-list", "not-an-object"])
+    def test_an_unsupported_version_error_without_a_modern_version_falls_back(self, data):
+        handshake = Handshake("auto", CAPS, INFO)
+        handshake.first()
+        step = handshake.answered(ErrorResponse(1, error(-32022, "Unsupported protocol version", data)))
+        assert isinstance(step, Exchange) and step.method == "initialize"
+
     def test_auto_falls_back_to_initialize_when_the_probe_is_unanswered(self):
         handshake = Handshake("auto", CAPS, INFO)
         handshake.first()
