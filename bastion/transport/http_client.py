@@ -12,7 +12,9 @@ a local server and gets the server's frames back, whatever carried them. What HT
 - **Streamable HTTP, 2025-11-25 and before**: the ``Mcp-Session-Id`` the server gives with its ``initialize``
   answer goes on every later request, with the negotiated version; after ``notifications/initialized`` a GET
   stream carries the server's own messages; DELETE ends the session at close. A 404 on a session is the server
-  having forgotten it: the connection is over and the upstream reconnects with a new handshake.
+  having forgotten it: the connection is over and the upstream reconnects with a new handshake. An event stream
+  the server closes (the GET one, or a request's before its answer) is reopened after its ``retry:`` interval with
+  ``Last-Event-ID``, so the server can send what followed (resumability).
 - **HTTP+SSE (2024-11-05)**: GET opens the event stream, whose ``endpoint`` event names where to POST; every answer
   comes back on the stream. With ``transport = "auto"`` a server that refuses the first POST with 404 or 405 is
   tried this way, as the specification asks of clients.
@@ -56,6 +58,8 @@ _CONNECT_TIMEOUT = 10.0
 _CLOSE_TIMEOUT = 2.0  # the DELETE that ends a session: a courtesy, never a reason to hold Bastion's exit
 _REOPEN_DELAY = 0.5  # before a server-message stream that ended is opened again
 _STABLE_STREAM = 5.0  # a listen stream that lived this long is reopened after the shortest delay
+_LONGEST_RETRY = 60.0  # a stream's ``retry:`` is obeyed up to this, so a server cannot park a request for hours
+_RESUMPTIONS = 5  # a request's stream resumed this many times in a row without a new event id has failed
 _LISTEN = "subscriptions/listen"
 
 
@@ -69,6 +73,26 @@ def _has_http2() -> bool:
 
 class ConnectionDropped(TransportClosed):
     """The connection to the server is gone; the message says how."""
+
+
+class StreamPosition:
+    """Where an event stream got to: the last event id it named and the reconnection delay its ``retry:`` field
+    asked for, which a resumption sends back as ``Last-Event-ID`` and waits out (2025-11-25 resumability)."""
+
+    __slots__ = ("last_event_id", "retry")
+
+    def __init__(self) -> None:
+        self.last_event_id: str | None = None
+        self.retry: float | None = None  # seconds
+
+    def note(self, event: httpx2.ServerSentEvent) -> None:
+        if event.id and "\0" not in event.id:
+            self.last_event_id = event.id
+        if event.retry is not None and event.retry >= 0:
+            self.retry = min(event.retry / 1000, _LONGEST_RETRY)
+
+    def delay(self) -> float:
+        return _REOPEN_DELAY if self.retry is None else self.retry
 
 
 def encode_header_value(value: str) -> str:
@@ -352,7 +376,11 @@ class HttpTransport:
                 return False
             self._deliver(body, request_id)
         elif content_type == "text/event-stream":
-            await self._read_events(response, request_id, ends_with_answer=not listen)
+            # On the session's wire a request's stream that closes early, having named an event id, is resumed.
+            position = StreamPosition() if self._legacy and not listen else None
+            if await self._read_events(response, request_id, ends_with_answer=not listen, position=position):
+                assert position is not None
+                await self._resume(request_id, position)
             return True
         else:
             self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
@@ -405,11 +433,16 @@ class HttpTransport:
             self._on_frame(orjson.dumps({"jsonrpc": "2.0", "id": request_id,
                                          "error": {"code": code, "message": f"server {self.name!r}: {message}"}}))
 
-    async def _read_events(self, response: httpx2.Response, request_id: Any, *, ends_with_answer: bool) -> None:
-        """Deliver a stream's messages; a request's stream is done with its answer."""
+    async def _read_events(self, response: httpx2.Response, request_id: Any, *, ends_with_answer: bool,
+                           position: StreamPosition | None = None) -> bool:
+        """Deliver a stream's messages; a request's stream is done with its answer. True when a request's stream
+        ended cleanly without its answer after naming an event id in ``position``: the caller resumes it."""
         answered = False
+        resumable = False
         try:
             async for event in httpx2.EventSource(response, max_event_size=self._max_bytes):
+                if position is not None:
+                    position.note(event)
                 if event.event not in ("message", "") or not event.data:
                     continue  # a priming event, or one this protocol does not define
                 data = event.data.encode("utf-8")
@@ -420,28 +453,62 @@ class HttpTransport:
                 if ends_with_answer and _answers(data, request_id):
                     self._deliver(data, request_id)
                     answered = True
-                    return
+                    return False
                 self._on_frame(data)
+            resumable = ends_with_answer and position is not None and position.last_event_id is not None
+            return resumable
         except httpx2.ReadTimeout:
             if ends_with_answer:
                 raise
-            return  # a listen or GET stream silent past the idle timeout: reopened by the caller
+            return False  # a listen or GET stream silent past the idle timeout: reopened by the caller
         except httpx2.SSEError as exc:
             if ends_with_answer:
                 self._answer_error(request_id, jsonrpc.INTERNAL_ERROR, f"its event stream broke: {exc}")
-            return
+            return False
         finally:
-            if ends_with_answer and not answered and not self._ended.done() and not self._closing:
+            if ends_with_answer and not answered and not resumable and not self._ended.done() and not self._closing:
                 if not asyncio.current_task().cancelling():  # type: ignore[union-attr]
                     self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE,
                                        "the server closed the request's stream without answering")
 
+    async def _resume(self, request_id: Any, position: StreamPosition) -> None:
+        """A request's stream closed before its answer: after the stream's retry interval, a GET with
+        ``Last-Event-ID`` asks for what followed, until the answer comes (2025-11-25 resumability)."""
+        fruitless = 0
+        while fruitless < _RESUMPTIONS:
+            await asyncio.sleep(position.delay())
+            if not self.is_open:
+                return
+            resumed_from = position.last_event_id
+            assert resumed_from is not None
+            headers = {**self._headers(), "accept": "text/event-stream", "last-event-id": resumed_from}
+            async with self._client.stream("GET", self.url, headers=headers,
+                                           timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
+                if response.status_code == 404 and self.session_id is not None:
+                    raise ConnectionDropped("the server ended the session (404 for its Mcp-Session-Id)")
+                content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+                if response.status_code >= 400 or content_type != "text/event-stream":
+                    self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE,
+                                       "the server closed the request's stream without answering and did not resume "
+                                       f"it (HTTP {response.status_code} for a GET with Last-Event-ID)")
+                    return
+                if not await self._read_events(response, request_id, ends_with_answer=True, position=position):
+                    return  # answered, or the failure was said
+            fruitless = 0 if position.last_event_id != resumed_from else fruitless + 1
+        self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE,
+                           f"the server closed the request's stream without answering, {_RESUMPTIONS} resumptions in "
+                           "a row")
+
     # ----------------------------------------------------------------- the server's own messages (legacy)
     async def _get_stream(self) -> None:
-        """After ``notifications/initialized``: the GET stream on which a session's server sends on its own."""
+        """After ``notifications/initialized``: the GET stream on which a session's server sends on its own,
+        reopened after the stream's ``retry:`` interval with ``Last-Event-ID`` when it ends."""
         await asyncio.sleep(0)  # after the notification's POST has gone out
+        position = StreamPosition()
         while self.is_open:
             headers = {**self._headers(), "accept": "text/event-stream"}
+            if position.last_event_id is not None:
+                headers["last-event-id"] = position.last_event_id
             try:
                 async with self._client.stream("GET", self.url, headers=headers,
                                                timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
@@ -450,13 +517,13 @@ class HttpTransport:
                         return
                     if response.status_code >= 400:
                         return  # 405: this server has no stream of its own messages
-                    await self._read_events(response, None, ends_with_answer=False)
+                    await self._read_events(response, None, ends_with_answer=False, position=position)
             except httpx2.ReadTimeout:
                 pass  # silent past the idle timeout: a stream a proxy may have dropped unnoticed is opened again
             except httpx2.TransportError as exc:
                 self._drop(_describe(exc, self.url))
                 return
-            await asyncio.sleep(_REOPEN_DELAY)
+            await asyncio.sleep(position.delay())
 
     # ------------------------------------------------------------------------------------------ HTTP+SSE
     async def _open_sse(self) -> None:

@@ -19,10 +19,6 @@ pytestmark = pytest.mark.slow
 
 # (revision, scenario) -> why Bastion's HTTP upstream does not pass it yet
 KNOWN_CLIENT_GAPS: dict[tuple[str, str], str] = {
-    ("2025-11-25", "sse-retry"): (
-        "after the server closes an SSE stream, Bastion reconnects without Last-Event-ID, and at once instead of "
-        "after the stream's retry interval"
-    ),
     ("2026-07-28", "http-custom-headers"): (
         "the scenario's second call passes null for a boolean argument, which Bastion's input-schema check refuses "
         "before it reaches the server, so the mock never sees how a null x-mcp-header parameter is sent"
