@@ -62,6 +62,11 @@ class ResumingServer:
             else:
                 self._held.append(writer)  # open and silent
             return
+        if method != "POST":  # the DELETE that ends the session at close
+            writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+            return
         message = orjson.loads(body)
         if message.get("method") == "initialize":
             result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
