@@ -441,17 +441,16 @@ class HttpFrontend:
                       abandon: Callable[[], None], statuses: Mapping[int, int] = _STATUS_FOR_CODE) -> None:
         """Send the exchange's answer as JSON, or as an SSE stream when something comes first; call ``abandon``
         when the client goes before the answer."""
+        if not exchange.first.done() and not await _first_before_disconnect(exchange.first, receive):
+            abandon()
+            return
+        frame, final = exchange.first.result()
+        if final:
+            status = statuses.get(peek(frame).error_code or 0, 200)
+            await _json(send, status, frame, headers)
+            return
         gone = asyncio.ensure_future(wait_disconnect(receive))
         try:
-            await asyncio.wait((gone, exchange.first), return_when=asyncio.FIRST_COMPLETED)
-            if not exchange.first.done():
-                abandon()
-                return
-            frame, final = exchange.first.result()
-            if final:
-                status = statuses.get(peek(frame).error_code or 0, 200)
-                await _json(send, status, frame, headers)
-                return
             stream = SseStream(send, limit=self.settings.stream_buffer_messages,
                                heartbeat=self.settings.heartbeat_seconds, headers=(_NO_STORE, *headers))
             exchange.attach(stream, frame)
@@ -562,6 +561,34 @@ class _Gone(Exception):
 
 def _nothing() -> None:
     return None
+
+
+async def _first_before_disconnect(first: asyncio.Future[Any], receive: Receive) -> bool:
+    """Wait for ``first`` while this task itself watches ``receive()``: True when it came, False when the client
+    went first. The future's arrival interrupts the wait on ``receive()`` by cancelling it; a Task per request to
+    watch for the disconnect, and ``asyncio.wait`` over both, cost about 8 µs of CPU on every POST."""
+    task = asyncio.current_task()
+    assert task is not None
+    watching, interrupted = True, False
+
+    def interrupt(_: asyncio.Future[Any]) -> None:
+        nonlocal interrupted
+        if watching:  # a callback already queued when the disconnect won must not cancel a later await
+            interrupted = True
+            task.cancel()
+
+    first.add_done_callback(interrupt)
+    try:
+        await wait_disconnect(receive)
+    except asyncio.CancelledError:
+        # Only this interruption is absorbed; a cancellation from elsewhere (the server stopping) goes on.
+        if not interrupted or task.uncancel() > 0:
+            raise
+        return True
+    finally:
+        watching = False
+        first.remove_done_callback(interrupt)
+    return False
 
 
 def _headers(scope: Scope) -> dict[str, str]:
