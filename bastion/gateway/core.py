@@ -101,6 +101,9 @@ class Gateway:
         self.takes_raw_params = passes_raw(chain, "tools/call", "params")
         # A server's request to the client passes the interceptors that name its method in their ``methods``.
         self._toward_clients = [i for i in chain if getattr(i, "methods", None)]
+        # So does a server's notification; one no interceptor names is delivered at once, at no cost.
+        self._notice_tail: asyncio.Task[None] | None = None
+        self._notices: set[asyncio.Task[None]] = set()
         # The same pipeline without the exposure mode, for a frontend that finds tools itself (the host API).
         self.handle_permitted = build_pipeline(permitted, self._route)
         self._connections: dict[str, ClientConnection] = {}
@@ -165,6 +168,8 @@ class Gateway:
 
     async def close(self) -> None:
         for task in self._refreshes.values():
+            task.cancel()
+        for task in list(self._notices):
             task.cancel()
         self.inputs.close()
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), *(p.close() for p in self.pools.values()),
@@ -444,6 +449,51 @@ class Gateway:
         log.debug("server %s is down: %s", upstream.name, reason)
 
     def upstream_notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None) -> None:
+        chain = [interceptor for interceptor in self._toward_clients if method in interceptor.methods]
+        # Whose calls the server works on is read now: by the time an interceptor passes a log message on, the
+        # call it belongs to may have ended.
+        callers = self._log_callers(upstream) if method == "notifications/message" else None
+        if not chain:
+            self._deliver_notification(upstream, method, params, pending, callers)
+            return
+        request = GatewayRequest(method, params, self._notice_session(pending, callers), self.catalog,
+                                 server=upstream.name)
+
+        async def deliver(passed: GatewayRequest) -> dict[str, Any]:
+            self._deliver_notification(upstream, passed.method, passed.params, pending, callers)
+            return {}
+
+        # Intercepted notifications run one after another, so they reach clients in the order the server sent them.
+        previous = self._notice_tail
+        self._notice_tail = asyncio.create_task(
+            self._intercept_notification(previous, build_pipeline(chain, deliver), request))
+        self._notices.add(self._notice_tail)
+        self._notice_tail.add_done_callback(self._notices.discard)
+
+    async def _intercept_notification(self, previous: asyncio.Task[None] | None, handle: Handler,
+                                      request: GatewayRequest) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        try:
+            await handle(request)
+        except Exception as exc:  # a notification has no reply to carry a refusal: the interceptor dropped it
+            reason = exc.message if isinstance(exc, GatewayError) else repr(exc)
+            log.info("server %s: %s not forwarded: %s", request.server, request.method, reason)
+
+    def _log_callers(self, upstream: Upstream) -> set[str]:
+        return {origin for origin, _ in upstream._correlator.origins() if origin != SELF}
+
+    def _notice_session(self, pending: Pending | None, callers: set[str] | None) -> Session:
+        """The session of the client a notification belongs to, when one call's client is known; else Bastion's."""
+        origins = {pending.origin} if pending is not None else callers or set()
+        if len(origins) == 1:
+            connection = self._connections.get(next(iter(origins)))
+            if connection is not None:
+                return connection.session
+        return Session(self.identity, "legacy", "", {})
+
+    def _deliver_notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None,
+                              callers: set[str] | None) -> None:
         if method == "notifications/progress" and pending is not None:
             connection = self._connections.get(pending.origin)
             if connection is not None:
@@ -466,7 +516,8 @@ class Gateway:
             forwarded.pop("_meta", None)
             # A log message names no request: while the server works on calls of some clients it is theirs, else
             # every client that asked for logs may read it.
-            callers = {origin for origin, _ in upstream._correlator.origins() if origin != SELF}
+            if callers is None:
+                callers = self._log_callers(upstream)
             targets = [self._connections[o] for o in callers if o in self._connections] if callers else \
                 list(self._connections.values())
             for connection in targets:

@@ -257,3 +257,79 @@ async def test_a_servers_request_to_the_client_passes_the_interceptors_that_name
             assert text(answer) == "LLM response: from caller"
     finally:
         await gateway.close()
+
+
+class NoticeGuard:
+    """An interceptor on the path of server notifications: it rewrites log messages and drops progress."""
+
+    methods = frozenset({"notifications/message", "notifications/progress"})
+    reads_params = True
+    reads_results = False
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None, str]] = []
+
+    async def __call__(self, request: Any, call_next: Any) -> Any:
+        if request.method not in self.methods:  # the client's own calls pass the chain too
+            return await call_next(request)
+        self.seen.append((request.method, request.server, request.session.identity.name))
+        if request.method == "notifications/progress":
+            return {}
+        await asyncio.sleep(0)  # an interceptor may await: the notification still arrives, in order
+        return await call_next(request.__class__(
+            request.method, {**request.params, "data": f"checked: {request.params['data']}"}, request.session,
+            request.catalog, server=request.server))
+
+
+@pytest.fixture
+async def guarded(tmp_path: Path):
+    guard = NoticeGuard()
+    config = GatewayConfig.model_validate({"policy": "off", "ready_timeout": 60, "servers": {"fx": {
+        "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "legacy",
+        "env": {"FIXTURE_EVENTS": str(tmp_path / "events.log")}, "sandbox": "none", "request_timeout": 300}}})
+    gateway = Gateway(config, interceptors=[guard])
+    gateway.start()
+    await gateway.wait_ready()
+    try:
+        yield gateway, guard
+    finally:
+        await gateway.close()
+
+
+async def test_an_interceptor_that_names_notifications_message_rewrites_a_servers_log(guarded: Any) -> None:
+    gateway, guard = guarded
+    caller = await legacy(gateway, "caller", {})
+    other = await legacy(gateway, "other", {})
+    await caller.call("tools/call", {"name": "fx__test_tool_with_logging", "arguments": {}})
+    while len(caller.received("notifications/message")) < 3:
+        caller.arrived.clear()
+        await asyncio.wait_for(caller.arrived.wait(), DEADLINE)
+    assert [m["params"]["data"] for m in caller.received("notifications/message")] == [
+        "checked: Tool execution started", "checked: Tool processing data", "checked: Tool execution completed"]
+    assert {m["params"]["logger"] for m in caller.received("notifications/message")} == {"fx/conformance-test-server"}
+    assert guard.seen == [("notifications/message", "fx", "caller")] * 3
+    # Still routed by the call that caused it, though delivered after the interceptor's await.
+    assert other.received("notifications/message") == []
+
+
+async def test_an_interceptor_that_names_notifications_progress_drops_it(guarded: Any) -> None:
+    gateway, guard = guarded
+    caller = await legacy(gateway, "caller", {})
+    answer = await caller.call("tools/call", {"name": "fx__test_tool_with_progress", "arguments": {},
+                                              "_meta": {"progressToken": "p1"}})
+    assert text(answer) == "progress reported"
+    while len(guard.seen) < 3:
+        await asyncio.sleep(0.05)
+    assert guard.seen == [("notifications/progress", "fx", "caller")] * 3
+    await asyncio.sleep(0.2)
+    assert caller.received("notifications/progress") == []
+
+
+async def test_without_an_interceptor_naming_it_progress_reaches_the_caller(gateway: Gateway) -> None:
+    caller = await legacy(gateway, "caller", {})
+    await caller.call("tools/call", {"name": "fx__test_tool_with_progress", "arguments": {},
+                                     "_meta": {"progressToken": "p1"}})
+    while len(caller.received("notifications/progress")) < 3:
+        caller.arrived.clear()
+        await asyncio.wait_for(caller.arrived.wait(), DEADLINE)
+    assert [m["params"]["progressToken"] for m in caller.received("notifications/progress")] == ["p1"] * 3
