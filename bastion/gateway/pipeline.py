@@ -3,7 +3,9 @@
 An interceptor is an async callable ``(request, call_next) -> result``, the same shape as ASGI or
 Starlette middleware: it may inspect or rewrite the request, refuse it by raising ``GatewayError``,
 call ``call_next`` to pass it on, and inspect or rewrite the result on the way back (for example to
-hide tools from a list). The innermost handler routes the request to the server that owns it. The
+hide tools from a list). The innermost handler routes the request to the server that owns it. A server's
+request to a client and a server's notification pass, the other way, the interceptors that name their method in
+``methods`` (``request.server`` says which server); the innermost handler there asks or tells the client. The
 request, handler and interceptor types live in ``bastion.model``.
 """
 
