@@ -81,7 +81,7 @@ class GatewayRequest:
     catalog: CatalogView
     request_id: Any = None  # the id the client used
     log_level: str | None = None  # modern clients opt in to log messages per request
-    server: str | None = None  # a server's request to the client: the server that asks
+    server: str | None = None  # a request or notification from a server toward clients: the server that sent it
 
 
 class GatewayError(Exception):
