@@ -449,23 +449,27 @@ class HttpFrontend:
             status = statuses.get(peek(frame).error_code or 0, 200)
             await _json(send, status, frame, headers)
             return
-        gone = asyncio.ensure_future(wait_disconnect(receive))
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           heartbeat=self.settings.heartbeat_seconds, headers=(_NO_STORE, *headers))
+        exchange.attach(stream, frame)
         try:
-            stream = SseStream(send, limit=self.settings.stream_buffer_messages,
-                               heartbeat=self.settings.heartbeat_seconds, headers=(_NO_STORE, *headers))
-            exchange.attach(stream, frame)
-            self._streams.add(stream)
-            writer = asyncio.ensure_future(stream.run())
-            try:
-                await asyncio.wait((gone, writer), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                self._streams.discard(stream)
-                if not exchange.answered or stream.overflowed:
-                    abandon()
-                if not writer.done():
-                    writer.cancel()
+            await self._stream_until_gone(stream, receive)
+        finally:
+            if not exchange.answered or stream.overflowed:
+                abandon()
+
+    async def _stream_until_gone(self, stream: SseStream, receive: Receive) -> None:
+        """Run ``stream`` until it ends or its client goes, whichever comes first."""
+        self._streams.add(stream)
+        gone = asyncio.ensure_future(wait_disconnect(receive))
+        writer = asyncio.ensure_future(stream.run())
+        try:
+            await asyncio.wait((gone, writer), return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
+            if not writer.done():
+                writer.cancel()
+            self._streams.discard(stream)
 
     async def _get(self, headers: dict[str, str], receive: Receive, send: Send) -> None:
         session_id = headers.get("mcp-session-id")
@@ -486,16 +490,9 @@ class HttpFrontend:
         for seq, frame in session.outbox.after(start):
             stream.push(sse_event(frame, str(seq)), seq)
         session.get_stream = stream
-        self._streams.add(stream)
-        gone = asyncio.ensure_future(wait_disconnect(receive))
-        writer = asyncio.ensure_future(stream.run())
         try:
-            await asyncio.wait((gone, writer), return_when=asyncio.FIRST_COMPLETED)
+            await self._stream_until_gone(stream, receive)
         finally:
-            gone.cancel()
-            if not writer.done():
-                writer.cancel()
-            self._streams.discard(stream)
             if session.get_stream is stream:
                 session.get_stream = None
             session.last_seen = time.monotonic()
@@ -517,16 +514,9 @@ class HttpFrontend:
         session = SseSession(self, identity, stream)
         self.sse_sessions[session.id] = session
         stream.push(sse_event(f"/messages?session_id={session.id}".encode(), event="endpoint"))
-        self._streams.add(stream)
-        gone = asyncio.ensure_future(wait_disconnect(receive))
-        writer = asyncio.ensure_future(stream.run())
         try:
-            await asyncio.wait((gone, writer), return_when=asyncio.FIRST_COMPLETED)
+            await self._stream_until_gone(stream, receive)
         finally:
-            gone.cancel()
-            if not writer.done():
-                writer.cancel()
-            self._streams.discard(stream)
             self.sse_sessions.pop(session.id, None)
             for release in session.releases.values():
                 release()
