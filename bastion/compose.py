@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Sequence
 from bastion.config import GatewayConfig, ToolsConfig
 from bastion.gateway.core import Gateway, server_catalog
 from bastion.gateway.upstream import Launcher, launch_server
+from bastion.guardrails.chain import build_guardrails
+from bastion.guardrails.report import InterventionLog
 from bastion.model import CatalogView, Interceptor
 from bastion.policy.interceptors import PolicyRuntime, build_policy_runtime
 
@@ -30,10 +32,12 @@ def build_gateway(
     launcher: Launcher = launch_server,
 ) -> Gateway:
     """The gateway ``config`` describes: its servers, the policy (unless it is off), search exposure in search
-    mode, then ``interceptors`` (inside the policy: they see only what it permits). Raises ``PolicyStartError``
-    when the policy cannot start (a key that cannot be read, an audit trail that cannot be written)."""
+    mode, the guardrails (unless they are off), then ``interceptors`` (inside the policy and the guardrails: they
+    see only what those let through). Raises ``PolicyStartError`` when the policy cannot start (a key that cannot
+    be read, an audit trail that cannot be written)."""
     catalog = server_catalog(config)
     policy = build_policy(config)
+    guardrails = build_guardrail_chain(config, policy, catalog)
     tool_index: CatalogIndex | LazyCatalogIndex
     exposure: list[Interceptor] = []
     if config.tools.exposure == "search":
@@ -44,7 +48,7 @@ def build_gateway(
         exposure.append(SearchExposure(tool_index, config.tools.always_list))
     else:
         tool_index = LazyCatalogIndex(catalog, config.tools)
-    return Gateway(config, catalog=catalog, policy=policy, exposure=exposure, interceptors=interceptors,
+    return Gateway(config, catalog=catalog, policy=policy, exposure=exposure, interceptors=[*guardrails, *interceptors],
                    tool_index=tool_index, launcher=launcher)
 
 
@@ -55,6 +59,17 @@ def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
         return None
     pre_approved = {name: cfg.auto_approve for name, cfg in config.servers.items() if cfg.enabled}
     return build_policy_runtime(config.policy, pre_approved=pre_approved)
+
+
+def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, catalog: CatalogView) -> list[Interceptor]:
+    """The guardrail interceptors of ``config`` (none when they are off, said once, as a warning); their
+    interventions go to the policy's audit trail when there is one."""
+    if config.guardrails is None:
+        log.warning("guardrails are off: tool definitions are not pinned and results are not scanned")
+        return []
+    writer = policy.audit.writer if policy is not None else None
+    report = InterventionLog(writer.write if writer is not None else None)
+    return build_guardrails(config.guardrails, report, catalog)
 
 
 def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:

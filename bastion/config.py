@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from bastion import paths
 from bastion.clients.grants import with_inferred_grants
 from bastion.diagnostics import Finding
+from bastion.guardrails.config import GuardrailsConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox import SandboxConfig
@@ -169,6 +170,10 @@ class GatewayConfig(BaseModel):
     )
     ready_timeout: float = Field(default=5.0, gt=0, description="how long a client's first request waits for servers")
     http: HttpConfig = Field(default_factory=HttpConfig, description="how `bastion serve --http` listens and its bounds")
+    guardrails: GuardrailsConfig | None = Field(
+        default_factory=GuardrailsConfig,
+        description='content guardrails (pinning, secrets, PII, injection, taint, sampling); "off": none',
+    )
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)
@@ -212,6 +217,17 @@ class GatewayConfig(BaseModel):
             raise ValueError('policy must be a table of policy settings, or "off" for no policy and no audit')
         return value
 
+    @field_validator("guardrails", mode="before")
+    @classmethod
+    def _guardrails_switch(cls, value: Any) -> Any:
+        if value is False or value == "off":
+            return None
+        if value is True:
+            return GuardrailsConfig()
+        if isinstance(value, str):
+            raise ValueError('guardrails must be a table of guardrail settings, or "off" for none')
+        return value
+
     @field_validator("servers")
     @classmethod
     def _valid_names(cls, servers: dict[str, ServerConfig]) -> dict[str, ServerConfig]:
@@ -219,6 +235,14 @@ class GatewayConfig(BaseModel):
             if not name or "/" in name or name != name.strip():
                 raise ValueError(f"server name {name!r} must be non-empty, without '/' or surrounding spaces")
         return servers
+
+    @model_validator(mode="after")
+    def _guardrails_name_servers(self) -> "GatewayConfig":
+        unknown = sorted(set(self.guardrails.servers) - set(self.servers)) if self.guardrails is not None else []
+        if unknown:
+            raise ValueError(f"guardrails.servers names {', '.join(map(repr, unknown))}, which is not a configured "
+                             "server: use a name from the servers table, or remove the entry")
+        return self
 
 
 class ConfigError(Exception):

@@ -1,0 +1,32 @@
+"""The guardrail interceptors a configuration asks for, in the order the chain needs them."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.report import InterventionLog
+from bastion.model import CatalogView, Interceptor
+
+# The first guardrail sees a client's request first and the result last: pinning and metadata scanning hide what must
+# not be listed before anything else looks at it, and the scanners of results sit innermost, so a result is
+# redacted before it is marked and before taint is recorded from it.
+Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Interceptor | None"]
+
+
+def builders() -> list[Builder]:
+    """Each guardrail's builder, outermost first; a builder returns None when its guardrail is off everywhere."""
+    ordered: list[Builder] = []
+    # slot 1: pinning
+    # slot 2: metadata injection
+    # slot 3: confused deputy
+    # slot 4: taint
+    # slot 5: sampling
+    # slot 6: output injection
+    # slot 7: secrets and PII
+    return ordered
+
+
+def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> list[Interceptor]:
+    built = (builder(config, report, catalog) for builder in builders())
+    return [interceptor for interceptor in built if interceptor is not None]

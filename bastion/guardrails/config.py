@@ -1,0 +1,88 @@
+"""The ``[guardrails]`` configuration: every guardrail on by default, each one a readable switch, per server too.
+
+    [guardrails]
+    secrets = "redact"            # redact | block | off
+    output_injection = "mark"     # mark | block | off
+
+    [guardrails.servers.github]   # the same switches, for one server
+    secrets = "off"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bastion.paths import state_dir
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GuardrailSwitches(_Strict):
+    """What each guardrail does; in ``[guardrails.servers.NAME]`` an absent switch keeps the gateway-wide one."""
+
+    pinning: Literal["enforce", "off"] | None = Field(
+        default=None, description="enforce: a tool, prompt or template changed since first seen is withheld until "
+        "`bastion pins accept`")
+    secrets: Literal["redact", "block", "off"] | None = Field(
+        default=None, description="credentials in what reaches the model: redact replaces each value by a marker")
+    pii: Literal["redact", "block", "off"] | None = Field(
+        default=None, description="personal data in what reaches the model: redact replaces each value by a marker")
+    metadata_injection: Literal["withhold", "sanitize", "off"] | None = Field(
+        default=None, description="instructions or hidden text in tool, prompt and resource descriptions")
+    output_injection: Literal["mark", "block", "off"] | None = Field(
+        default=None, description="instructions aimed at the model in results: mark labels them untrusted data")
+    taint: Literal["approve", "refuse", "off"] | None = Field(
+        default=None, description="after untrusted content, a destructive call on another server needs approval")
+    sampling: Literal["enforce", "off"] | None = Field(
+        default=None, description="a server's sampling requests: origin, budgets, scanning")
+    deputy: Literal["enforce", "off"] | None = Field(
+        default=None, description="a server reads through Bastion only what it owns")
+
+
+DEFAULT_SWITCHES = GuardrailSwitches(
+    pinning="enforce", secrets="redact", pii="redact", metadata_injection="withhold", output_injection="mark",
+    taint="approve", sampling="enforce", deputy="enforce",
+)
+
+
+class PinningSettings(_Strict):
+    path: str = Field(default_factory=lambda: str(state_dir() / "pins.json"),
+                      description="where first-seen definitions are recorded")
+
+
+class SamplingSettings(_Strict):
+    requests_per_call: int = Field(default=3, ge=0, description="sampling requests a server may make in one call")
+    requests_per_minute: int = Field(default=20, ge=0, description="sampling requests per server and session a minute")
+    max_tokens: int = Field(default=4096, ge=1, description="maxTokens above this is capped to it")
+    tokens_per_minute: int = Field(default=32768, ge=1, description="maxTokens requested per server and session a minute")
+
+
+class GuardrailsConfig(GuardrailSwitches):
+    pins: PinningSettings = Field(default_factory=PinningSettings)
+    sampling_budget: SamplingSettings = Field(default_factory=SamplingSettings)
+    servers: dict[str, GuardrailSwitches] = Field(
+        default_factory=dict, description="per server: the switches that differ from the gateway-wide ones")
+
+    def switch(self, name: str, server: str | None) -> str:
+        """What guardrail ``name`` does for ``server`` (gateway-wide when None): its own setting, the gateway's,
+        then the default."""
+        if server is not None:
+            own = self.servers.get(server)
+            if own is not None and getattr(own, name) is not None:
+                return getattr(own, name)
+        value = getattr(self, name)
+        return value if value is not None else getattr(DEFAULT_SWITCHES, name)
+
+    def on_anywhere(self, name: str) -> bool:
+        """Whether guardrail ``name`` is on for some server, so its interceptor is needed at all."""
+        if self.switch(name, None) != "off":
+            return True
+        return any(getattr(own, name) not in (None, "off") for own in self.servers.values())
+
+    def pins_path(self) -> Path:
+        return Path(self.pins.path).expanduser()

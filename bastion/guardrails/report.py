@@ -1,0 +1,41 @@
+"""Every intervention of a guardrail, made visible the same way: a log line, a counter and an audit record.
+
+The line and the record name the server, the tool, the kind and the rule, never the matched value itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+log = logging.getLogger("bastion.guardrails")
+
+
+@dataclass(frozen=True, slots=True)
+class Intervention:
+    guardrail: str  # "pinning", "secrets", "pii", "metadata_injection", "output_injection", "taint", "sampling", "deputy"
+    action: str  # what was done: "withheld", "refused", "redacted", "blocked", "marked", "sanitized", "capped", ...
+    server: str | None
+    target: str | None  # the tool, prompt, resource or method concerned
+    kind: str  # what was found: "aws-access-key", "email", "zero-width", "changed-definition", ...
+    rule: str  # the rule or detector that found it
+    detail: str = ""  # words for people; never the matched value
+    session: str = ""
+
+
+class InterventionLog:
+    """Reports interventions; ``counts`` holds how many of each (guardrail, action, kind) since start."""
+
+    def __init__(self, audit: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self._audit = audit
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+
+    def report(self, intervention: Intervention) -> None:
+        self.counts[(intervention.guardrail, intervention.action, intervention.kind)] += 1
+        log.warning("guardrail %s %s %s on server %s, %s (rule %s)%s", intervention.guardrail, intervention.action,
+                    intervention.kind, intervention.server or "-", intervention.target or "-", intervention.rule,
+                    f": {intervention.detail}" if intervention.detail else "")
+        if self._audit is not None:
+            self._audit({"kind": "guardrail", **asdict(intervention)})
