@@ -17,6 +17,8 @@ FORBIDDEN = {
                "bastion.host", "bastion.launchers"),
     "search": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
                "bastion.host", "bastion.launchers", "bastion.policy"),
+    "guardrails": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
+                   "bastion.host", "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
     "protocol": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
                  "bastion.host", "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
     # Routing only: the policy runtime, the search exposure and the tool index come from the composition root.
