@@ -71,6 +71,14 @@ class CatalogView(Protocol):
         never one changed in place, so a caller can tell that nothing changed by identity."""
 
 
+@dataclass(frozen=True, slots=True)
+class CallInFlight:
+    """A client's call a server is working on when that server asks the client something (sampling, elicitation)."""
+
+    method: str
+    request_id: Any  # the id the client used
+
+
 @dataclass(slots=True)
 class GatewayRequest:
     """A client request on its way through the pipeline."""
@@ -82,6 +90,11 @@ class GatewayRequest:
     request_id: Any = None  # the id the client used
     log_level: str | None = None  # modern clients opt in to log messages per request
     server: str | None = None  # a request or notification from a server toward clients: the server that sent it
+    # A server's request toward a client: that client's calls the sending server is working on (empty when it asks
+    # outside any of them), so a guardrail can tell a request a call caused from an unsolicited one.
+    calls_in_flight: tuple[CallInFlight, ...] = ()
+    # A person approved this very call in the policy's approval stage (not an earlier approval remembered).
+    person_approved: bool = False
 
 
 class GatewayError(Exception):

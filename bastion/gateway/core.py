@@ -17,7 +17,7 @@ from bastion.gateway.naming import SEPARATOR, sanitize
 from bastion.gateway.pipeline import build_pipeline, passes_raw
 from bastion.gateway.pool import InstanceListener, UpstreamPool
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
-from bastion.model import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session
+from bastion.model import CallInFlight, GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.client_session import SELF
 from bastion.protocol.correlation import Pending
@@ -368,7 +368,11 @@ class Gateway:
                 raise GatewayError(jsonrpc.INTERNAL_ERROR,
                                    f"server {upstream.name!r} needs {method or 'input'} from the client, which did not "
                                    f"declare the {capability or 'needed'!r} capability")
-            responses[key] = await client.request(method, embedded.get("params") or {})
+            # Through the interceptors of the method, as a handshake-era server's own request would be.
+            responses[key] = await self._toward_client(
+                method, embedded.get("params") or {}, request.session, upstream.name,
+                lambda asked: client.request(asked.method, asked.params),  # type: ignore[union-attr]
+                (CallInFlight(request.method, request.request_id),))
         retry = {**params, "inputResponses": responses}
         if result.get("requestState") is not None:
             retry["requestState"] = result["requestState"]
@@ -553,7 +557,8 @@ class Gateway:
             self._authorize_server_request(call.identity, upstream, method)
             session = Session(call.identity, "modern", "", call.client_capabilities, None, str(call.origin[0]))
             return await self._toward_client(method, params, session, upstream.name,
-                                             lambda asked: self.inputs.ask(call, asked.method, asked.params))
+                                             lambda asked: self.inputs.ask(call, asked.method, asked.params),
+                                             _calls_in_flight(upstream, [call.origin]))
         if callers:
             connection = self._connections[callers[0][0]]
         else:
@@ -574,12 +579,14 @@ class Gateway:
                                "capability (Bastion offers it to every server, which start before any client connects)")
         self._authorize_server_request(connection.identity, upstream, method)
         return await self._toward_client(method, params, connection.session, upstream.name,
-                                         lambda asked: connection.request(asked.method, asked.params))
+                                         lambda asked: connection.request(asked.method, asked.params),
+                                         _calls_in_flight(upstream, [c for c in callers if c[0] == connection.id]))
 
     async def _toward_client(self, method: str, params: dict[str, Any], session: Session, server: str,
-                             ask: Handler) -> dict[str, Any]:
-        """A server's request to a client, through the interceptors that look at its method."""
-        request = GatewayRequest(method, params, session, self.catalog, server=server)
+                             ask: Handler, calls: tuple[CallInFlight, ...] = ()) -> dict[str, Any]:
+        """A server's request to a client, through the interceptors that look at its method; ``calls`` are that
+        client's calls the server is working on."""
+        request = GatewayRequest(method, params, session, self.catalog, server=server, calls_in_flight=calls)
         chain = [interceptor for interceptor in self._toward_clients if method in interceptor.methods]
         if not chain:
             return await ask(request)
@@ -639,6 +646,16 @@ def _encoder(params: Mapping[str, Any]) -> Callable[[Any, str, Any], bytes]:
     if any(type(value) is msgspec.Raw for value in params.values()):
         return jsonrpc.raw_request_frame
     return jsonrpc.request_frame
+
+
+def _calls_in_flight(upstream: Upstream, origins: Sequence[tuple[Any, Any]]) -> tuple[CallInFlight, ...]:
+    """The calls of ``origins`` (connection id, the client's request id) ``upstream`` is still working on."""
+    calls = []
+    for origin, origin_id in origins:
+        pending = upstream._correlator.find_by_origin(origin, origin_id)
+        if pending is not None:
+            calls.append(CallInFlight(pending.method, origin_id))
+    return tuple(calls)
 
 
 def _relayable(capabilities: Mapping[str, Any]) -> dict[str, Any]:
