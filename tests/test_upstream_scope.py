@@ -275,6 +275,18 @@ async def test_a_callers_log_level_reaches_its_own_instance_and_no_other_callers
     assert (await bob.recall())["level"] is None
 
 
+@pytest.mark.parametrize("scope", ["per_identity", "per_session"])
+async def test_a_callers_roots_change_reaches_its_own_instance_and_no_other_callers(memory_gateway, scope):
+    gateway = await memory_gateway(scope)
+    alice, bob = Client(gateway, ALICE), Client(gateway, BOB)
+    await asyncio.gather(alice.start(), bob.start())
+    await asyncio.gather(alice.recall(), bob.recall())  # each has its instance now
+    alice.connection.feed(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}))
+    # A notification has no answer; the next call travels behind it on the same pipe, so it counts it.
+    assert (await alice.recall())["roots_changed"] == 1
+    assert (await bob.recall())["roots_changed"] == 0
+
+
 async def test_per_session_keeps_two_sessions_of_one_identity_apart_and_stops_a_closed_ones(memory_gateway):
     gateway = await memory_gateway("per_session")
     first, second = Client(gateway, ALICE), Client(gateway, ALICE)

@@ -108,8 +108,10 @@ class ClientConnection:
                 if future is not None and not future.done():
                     future.set_result(event.answer)  # type: ignore[union-attr]
             elif kind is RootsChanged:
-                for upstream in self.gateway.upstreams.values():
-                    if "roots" in upstream.client_capabilities:
+                # Pooled servers' instances of this client are told too; another caller's instances are not theirs.
+                own = [pool.instance(self.session) for pool in self.gateway.pools.values()]
+                for upstream in [*self.gateway.upstreams.values(), *own]:
+                    if upstream is not None and "roots" in upstream.client_capabilities:
                         upstream.notify("notifications/roots/list_changed", None)
             elif kind is CloseConnection:
                 self._close_transport()
