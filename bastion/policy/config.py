@@ -48,6 +48,10 @@ class PathGuardConfig(_GuardBase):
     resolve_symlinks: bool = True
     allow_hidden: bool = Field(default=False, description="admit names starting with a dot (.env, .git, .ssh)")
     allow_backslash: bool = False
+    allow_percent: bool = Field(
+        default=False, description="admit percent signs (names like '100% done.txt'); escapes must be valid UTF-8")
+    allow_lookalikes: bool = Field(
+        default=False, description="admit characters that look like '/', '\\' or '.'; each is also read as that ASCII")
 
 
 class ShellGuardConfig(_GuardBase):

@@ -82,7 +82,8 @@ def compile_guard(config: GuardConfig, schemas: SchemaCache) -> CompiledGuard:
     check: Callable[[Any], GuardResult]
     if isinstance(config, PathGuardConfig):
         path_rules = PathRules.build(
-            config.roots, config.base, config.resolve_symlinks, config.allow_hidden, config.allow_backslash
+            config.roots, config.base, config.resolve_symlinks, config.allow_hidden, config.allow_backslash,
+            allow_percent=config.allow_percent, allow_lookalikes=config.allow_lookalikes,
         )
         check = _bound(check_path, path_rules)
     elif isinstance(config, ShellGuardConfig):

@@ -4,6 +4,12 @@ Every reading of the value is checked (as written, decoded, with backslashes as 
 Tomcat ``;param`` and Windows trailing-dot quirks applied), so a value is admitted only when no
 interpretation leaves the allowed roots. The literal reading is then resolved on the real file system so a
 symbolic link inside a root cannot lead out of it.
+
+Before any reading, the marks of an encoding are refused outright rather than decoded one scheme at a time:
+every percent sign, every ``%u`` escape, lone surrogates (what a lax decoder turns into overlong UTF-8) and
+every character that looks like a separator or a dot. A new encoding of those needs no new case here. A guard
+may allow percent signs or look-alikes for servers whose names really contain them; every reading is then
+checked, with each look-alike also read as the ASCII it imitates.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import unicodedata
 from stat import S_ISLNK
 from dataclasses import dataclass, field
 
@@ -21,6 +28,7 @@ from bastion.policy.guards.decoding import (
     decode_hex_literals,
     has_control_characters,
 )
+from bastion.policy.guards.lookalikes import LOOKALIKE, as_ascii
 from bastion.policy.guards.nofollow import NO_LINK, symlink_free
 
 # Characters whose encoded form in a path is an attack, never a file name: a client that means "." writes ".".
@@ -39,6 +47,10 @@ _THROUGH_A_LINK = "the path leads outside the allowed directories through a symb
 _NOT_PLAIN = re.compile(r"%|\\|;|~|:|0[xX]|\.\.\.|\./| /")
 _NOT_PLAIN_ENDINGS = (".", " ")
 _PLACEMENTS_KEPT = 4096
+_PERCENT_U = re.compile(r"%u[0-9a-fA-F]{4}")
+_HALF_ESCAPE = re.compile(r"%[0-9a-fA-F](?![0-9a-fA-F])")
+_ESCAPE_RUN = re.compile(r"(?:%[0-9a-fA-F]{2})+")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +66,9 @@ class PathRules:
     # Roots with no symbolic link in their own path: below them, one openat2 call answers for a whole
     # path (``nofollow``), since any link it meets is below the root.
     linkless_roots: frozenset[str] = frozenset()
+    # A percent sign, or a character that looks like "/", "\\" or ".", is refused unless these admit it.
+    allow_percent: bool = False
+    allow_lookalikes: bool = False
     # Where each plain value lands (or why it is refused): a pure function of the value and the rules.
     _placements: dict[str, "tuple[str, str] | GuardResult"] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -66,6 +81,8 @@ class PathRules:
         resolve_symlinks: bool = True,
         allow_hidden: bool = False,
         allow_backslash: bool = False,
+        allow_percent: bool = False,
+        allow_lookalikes: bool = False,
     ) -> "PathRules":
         lexical = tuple(posixpath.normpath(os.path.abspath(os.path.expanduser(r))) for r in roots)
         if not lexical:
@@ -73,7 +90,8 @@ class PathRules:
         base_dir = posixpath.normpath(os.path.abspath(os.path.expanduser(base))) if base else lexical[0]
         resolved = tuple(os.path.realpath(r) for r in lexical)
         linkless = frozenset(r for r, real in zip(lexical, resolved) if r == real)
-        return PathRules(lexical, base_dir, resolved, resolve_symlinks, allow_hidden, allow_backslash, linkless)
+        return PathRules(lexical, base_dir, resolved, resolve_symlinks, allow_hidden, allow_backslash, linkless,
+                         allow_percent=allow_percent, allow_lookalikes=allow_lookalikes)
 
 
 def _root_of(path: str, roots: tuple[str, ...]) -> str | None:
@@ -113,6 +131,8 @@ def _readings(value: str) -> set[str]:
         quirks = _TRAILING_DOTS_SPACES.sub("", quirks)
         quirks = _DOT_RUN.sub("..", quirks)
         readings.update((folded, hexed, slashed, quirks))
+    # The laxest server reads each look-alike as the ASCII it imitates (only reached when a guard allows them).
+    readings.update([as_ascii(reading) for reading in readings if LOOKALIKE.search(reading)])
     return readings
 
 
@@ -164,6 +184,9 @@ def _check_readings(value: str, rules: PathRules) -> GuardResult:
     """Any value: admitted only when every way a server might read it stays inside the roots."""
     if "\x00" in value or has_control_characters(value) or has_control_characters(decode_fully(value)):
         return refuse("the path contains NUL or control characters")
+    marked = _encoding_marks(value, rules)
+    if marked is not None:
+        return marked
     if _encoded_syntax(value):
         return refuse("the path contains encoded path syntax")
     every: list[tuple[str, str]] = []
@@ -181,6 +204,49 @@ def _check_readings(value: str, rules: PathRules) -> GuardResult:
             if not _resolves_inside(absolute, root, rules):
                 return refuse(_THROUGH_A_LINK)
     return PASS
+
+
+def _encoding_marks(value: str, rules: PathRules) -> GuardResult | None:
+    """Why ``value`` is refused for carrying the mark of an encoding, whatever scheme it uses; None: it carries none."""
+    if _LONE_SURROGATE.search(value):
+        return refuse("the path contains a lone surrogate, which is not text (lax decoders read such bytes as "
+                      "overlong UTF-8)")
+    if "%" in value:
+        if not rules.allow_percent:
+            return refuse("the path contains a percent sign: path arguments are never percent-encoded "
+                          "(set allow_percent = true on the guard if the server's names contain %)")
+        if _PERCENT_U.search(value):
+            return refuse("the path contains a %u escape, an encoding no file name needs")
+        if not _escapes_are_utf8(value):
+            # Lax decoders read broken and overlong escapes by their low bits: %c0%9v, %c0%2e and %c0%ae become
+            # separators and dots.
+            return refuse("the path contains a percent escape that is not valid UTF-8")
+    for reading in (value, decode_fully(value)) if rules.allow_percent else (value,):
+        lookalike = None if rules.allow_lookalikes else LOOKALIKE.search(reading)
+        if lookalike is not None:
+            character = lookalike.group()
+            return refuse(f"the path contains U+{ord(character):04X} {unicodedata.name(character, '')}, which looks "
+                          "like a separator or a dot (set allow_lookalikes = true on the guard if names need it)")
+        if _LONE_SURROGATE.search(reading):
+            return refuse("the path contains an encoded lone surrogate, which is not text")
+    return None
+
+
+def _escapes_are_utf8(value: str) -> bool:
+    """Whether every percent escape, at every round of decoding, is complete and spells strict UTF-8."""
+    for _ in range(8):
+        if _HALF_ESCAPE.search(value):
+            return False
+        for run in _ESCAPE_RUN.findall(value):
+            try:
+                bytes.fromhex(run.replace("%", "")).decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+        decoded = _ESCAPE_RUN.sub(lambda m: bytes.fromhex(m.group().replace("%", "")).decode("utf-8"), value)
+        if decoded == value:
+            return True
+        value = decoded
+    return False  # still decoding after eight rounds: no file name is encoded that deep
 
 
 def _plain(value: str) -> bool:
