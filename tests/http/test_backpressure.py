@@ -1,4 +1,5 @@
-"""A per-server bound on calls in flight: past it a call is refused at once with -32000 and retryAfterSeconds."""
+"""A per-server bound on requests in flight (calls, prompts, reads, completions): past it a request is refused at
+once with -32000 and retryAfterSeconds."""
 
 from __future__ import annotations
 
@@ -36,6 +37,20 @@ async def test_a_full_server_refuses_calls_with_retry_after(tmp_path) -> None:
             assert refused.status_code == 200 and refused.headers["retry-after"] == "3"
             error = refused.json()["error"]
             assert error["code"] == -32000 and error["data"] == {"retryAfterSeconds": 3}
+            # Every request forwarded to that server counts, not only calls; the gateway's own answers do not.
+            prompt = f"{SERVER}__test_simple_prompt"
+            for method, name, params in [
+                    ("prompts/get", prompt, {"name": prompt}),
+                    ("resources/read", "test://static-text", {"uri": "test://static-text"}),
+                    ("completion/complete", None, {"ref": {"type": "ref/prompt", "name": f"{SERVER}__test_prompt_"
+                                                           "with_arguments"}, "argument": {"name": "arg1", "value": "p"}})]:
+                refused = await post(method, name, f"busy-{method}", params)
+                assert refused.headers["retry-after"] == "3", (method, refused.text)
+                error = refused.json()["error"]
+                assert error["code"] == -32000 and error["data"] == {"retryAfterSeconds": 3}, method
+                assert "2 requests in flight" in error["message"] and "max_in_flight_per_server" in error["message"]
+            listed = await post("tools/list", None, "list-again", {})
+            assert slow in {tool["name"] for tool in listed.json()["result"]["tools"]}
             for call in calls:
                 call.cancel()
             await asyncio.gather(*calls, return_exceptions=True)
@@ -47,5 +62,11 @@ async def test_a_full_server_refuses_calls_with_retry_after(tmp_path) -> None:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.2)
             assert ok.json()["result"]["content"][0]["text"].startswith("This is a simple text")
+            # A prompt, a read and a completion give their slots back when answered: more of them than the bound pass.
+            for turn in range(3):
+                got = await post("prompts/get", prompt, f"prompt-{turn}", {"name": prompt})
+                assert "messages" in got.json()["result"], got.text
+                read = await post("resources/read", "test://static-text", f"read-{turn}", {"uri": "test://static-text"})
+                assert read.json()["result"]["contents"][0]["uri"] == "test://static-text", read.text
     finally:
         stop_bastion(served)

@@ -345,19 +345,39 @@ class HttpFrontend:
         session.last_seen = time.monotonic()
         return session
 
-    def _gate_call(self, top: Peeked) -> tuple[Callable[[], None], dict[str, Any] | None]:
-        """Take the called server's in-flight slot: (release, None), or (no-op, the busy error) when it is full."""
-        if top.method != "tools/call" or not isinstance(top.params, dict):
-            return _nothing, None
-        name = top.params.get("name")
-        server = self._server_of(name) if isinstance(name, str) else None
+    def _gate_request(self, top: Peeked) -> tuple[Callable[[], None], dict[str, Any] | None]:
+        """Take the in-flight slot of the server a request goes to: (release, None), or (no-op, the busy error)
+        when that server is full. A request the gateway answers itself (lists, ping) takes none."""
+        server = self._target_server(top.method, top.params) if isinstance(top.params, dict) else None
         if server is None:
             return _nothing, None
         release = self.gate.acquire(server)
         if release is None:
-            log.info("refused a call of %s: %s has %d calls in flight", name, server, self.gate.limit)
+            log.info("refused %s for %s: it has %d requests in flight", top.method, server, self.gate.limit)
             return _nothing, self.gate.busy_error(server)
         return release, None
+
+    def _target_server(self, method: str | None, params: dict[str, Any]) -> str | None:
+        """The one server a request is forwarded to, or None when the gateway answers it (or refuses it) itself."""
+        catalog = self.gateway.catalog
+        if method == "tools/call":
+            name = params.get("name")
+            return self._server_of(name, catalog.tool) if isinstance(name, str) else None
+        if method == "prompts/get":
+            name = params.get("name")
+            return self._server_of(name, catalog.prompt) if isinstance(name, str) else None
+        if method in ("resources/read", "resources/subscribe", "resources/unsubscribe"):
+            uri = params.get("uri")
+            return catalog.resource_owner(uri) if isinstance(uri, str) else None
+        if method == "completion/complete":
+            ref = params.get("ref")
+            if not isinstance(ref, dict):
+                return None
+            if ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str):
+                return self._server_of(ref["name"], catalog.prompt)
+            if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
+                return catalog.template_owner(ref["uri"])
+        return None
 
     def _param_header_mismatch(self, params: dict[str, Any], headers: dict[str, str]) -> str | None:
         name = params.get("name")
@@ -366,12 +386,12 @@ class HttpFrontend:
             return None  # the gateway answers an unknown tool
         return param_header_mismatch(entry.definition.get("inputSchema"), params.get("arguments"), headers)
 
-    def _server_of(self, tool: str) -> str | None:
-        entry = self.gateway.catalog.tool(tool)
+    def _server_of(self, name: str, lookup: Callable[[str], Any]) -> str | None:
+        entry = lookup(name)
         if entry is not None:
             return entry.server
         # A server still starting has no tools in the catalog yet, and its first calls wait for it: they count too.
-        prefix, separator, _ = tool.partition(SEPARATOR)
+        prefix, separator, _ = name.partition(SEPARATOR)
         return prefix if separator and prefix in self.gateway.config.servers else None
 
     async def _legacy_post(self, session: LegacySession, body: bytes, top: Peeked, headers: dict[str, str],
@@ -383,7 +403,7 @@ class HttpFrontend:
             return
         if top.id in session.exchanges:
             raise HttpError(400, -32600, f"request id {top.id!r} is already in flight in this session", top.id)
-        release, busy = self._gate_call(top)
+        release, busy = self._gate_request(top)
         if busy is not None:
             await _json(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
                         (*session_header, (b"retry-after", str(self.gate.retry_after).encode())))
@@ -417,7 +437,7 @@ class HttpFrontend:
             raise HttpError(404, -32601, f"{top.method} does not exist in 2026-07-28 (it has no handshake, sessions or "
                                          "session-wide log level)", top.id)
         identity = self._identity(headers)
-        release, busy = self._gate_call(top)
+        release, busy = self._gate_request(top)
         if busy is not None:
             await _json(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
                         ((b"retry-after", str(self.gate.retry_after).encode()),))
@@ -533,7 +553,7 @@ class HttpFrontend:
             raise HttpError(403, -32600, f"this session belongs to another caller ({self.settings.identity_header})")
         body, top, _ = await self._message(scope, headers, receive)
         if top.kind == "request":
-            release, busy = self._gate_call(top)
+            release, busy = self._gate_request(top)
             if busy is not None:
                 session.stream.push(sse_event(orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
                                               event="message"))

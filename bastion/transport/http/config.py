@@ -29,7 +29,8 @@ class HttpConfig(BaseModel):
     max_body_bytes: int = Field(default=4 * MIB, ge=1024, description="larger request bodies are answered with 413")
     body_timeout: float = Field(default=30.0, gt=0, description="seconds a client may take to send one request body")
     max_in_flight_per_server: int = Field(
-        default=64, ge=1, description="tools/call requests one server may have in flight from all clients together")
+        default=64, ge=1, description="requests (tools/call, prompts/get, resources/read, ...) one server may have in "
+                                  "flight from all clients together")
     retry_after_seconds: int = Field(default=1, ge=0, description="what a refusal for a full server tells the client")
     max_sessions: int = Field(default=10000, ge=1, description="open handshake-era sessions at most")
     session_idle_timeout: float = Field(default=3600.0, gt=0, description="seconds after which a quiet session ends")

@@ -95,8 +95,8 @@ class Exchange:
 
 
 class ServerGate:
-    """A bound on the calls one server has in flight from all clients: past it a call is refused at once with
-    -32000 and ``retryAfterSeconds``, never queued."""
+    """A bound on the requests one server has in flight from all clients (calls, prompts, reads, completions):
+    past it a request is refused at once with -32000 and ``retryAfterSeconds``, never queued."""
 
     def __init__(self, limit: int, retry_after: int) -> None:
         self.limit = limit
@@ -123,6 +123,6 @@ class ServerGate:
 
     def busy_error(self, server: str) -> dict[str, Any]:
         return {"code": -32000,
-                "message": f"server {server!r} has {self.limit} calls in flight, the most Bastion sends it "
+                "message": f"server {server!r} has {self.limit} requests in flight, the most Bastion sends it "
                            f"(http.max_in_flight_per_server); retry in {self.retry_after} s",
                 "data": {"retryAfterSeconds": self.retry_after}}
