@@ -23,7 +23,8 @@ def builders() -> list[Builder]:
     # slot 4: taint
     # slot 5: sampling
     # slot 6: output injection
-    # slot 7: secrets and PII
+    from bastion.guardrails.scanning import build as scanning_guardrail
+    ordered.append(scanning_guardrail)
     return ordered
 
 

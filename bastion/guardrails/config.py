@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from bastion.paths import state_dir
 
@@ -50,6 +50,36 @@ DEFAULT_SWITCHES = GuardrailSwitches(
 )
 
 
+ScanAction = Literal["redact", "block", "off"]
+
+
+class ScanningSettings(_Strict):
+    """Secret and personal-data scanning per kind (the kinds are the markers' names: "email", "private-key",
+    "aws-access-key", ...; docs/guardrails.md lists them), everywhere or for one server."""
+
+    kinds: dict[str, ScanAction] = Field(
+        default_factory=dict, description="kind -> what to do with it on every server (overrides secrets/pii)")
+    servers: dict[str, dict[str, ScanAction]] = Field(
+        default_factory=dict, description="server -> kind -> what to do with it in that server's content")
+    thread_above_bytes: int = Field(
+        default=65536, ge=0, description="content larger than this is scanned in a worker thread, off the event loop")
+
+    @field_validator("kinds", "servers")
+    @classmethod
+    def _known_kinds(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        tables = value.values() if info.field_name == "servers" else [value]
+        named = {kind for table in tables for kind in table}
+        if named:
+            from bastion.guardrails.scanning import known_kinds
+
+            unknown = sorted(named - known_kinds())
+            if unknown:
+                raise ValueError(f"unknown kind(s) {', '.join(unknown)}: use a kind the scanners report, such as "
+                                 f"email, payment-card, private-key, aws-access-key, generic-api-key (the full list is "
+                                 f"in docs/guardrails.md)")
+        return value
+
+
 class PinningSettings(_Strict):
     path: str = Field(default_factory=lambda: str(state_dir() / "pins.json"),
                       description="where first-seen definitions are recorded")
@@ -67,6 +97,7 @@ class GuardrailsConfig(GuardrailSwitches):
     sampling_budget: SamplingSettings = Field(default_factory=SamplingSettings)
     servers: dict[str, GuardrailSwitches] = Field(
         default_factory=dict, description="per server: the switches that differ from the gateway-wide ones")
+    scanning: ScanningSettings = Field(default_factory=ScanningSettings)
 
     def switch(self, name: str, server: str | None) -> str:
         """What guardrail ``name`` does for ``server`` (gateway-wide when None): its own setting, the gateway's,

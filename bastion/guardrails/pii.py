@@ -1,0 +1,142 @@
+"""Personal-data detectors: an expression finds candidates, a well-kept validator decides.
+
+The validators are libraries' own: ``python-stdnum`` for payment cards (Luhn), IBANs (ISO 13616 check digits and
+each country's length) and national identifiers (each country's checksum and ranges), ``phonenumbers`` (Google's
+libphonenumber metadata) for telephone numbers. The candidate expressions are written here because no rule set
+publishes them as expressions; each is narrow on purpose, because text that reaches a model is full of numbers
+(commit ids, timestamps, sizes, versions) and a checksum alone lets one random number in ten through:
+
+- e-mail: the common address form; reserved example domains (RFC 2606/6761: example.com, .test, .invalid,
+  .localhost, .example) and ``git@host`` remote addresses are not personal data.
+- payment cards: 13 to 19 digits, optionally in groups, Luhn-valid, and starting with a card network's prefix.
+- national identifiers: only formats with a checksum or a distinctive layout: US SSN (ddd-dd-dddd, valid ranges),
+  UK National Insurance numbers, Canadian SIN (grouped, Luhn), Spanish DNI/NIE, Italian codice fiscale, French NIR
+  (grouped), Brazilian CPF (punctuated), Indian Aadhaar (grouped, Verhoeff), Swedish personnummer, Finnish HETU.
+  Bare runs of nine to eleven digits (Dutch BSN, German IdNr, PESEL) are left out: as many ordinary numbers pass
+  their checksums as real identifiers appear.
+- IBAN: country code, check digits, the national part, validated by stdnum.
+- phone numbers: the international form (+country code) and ``tel:`` links, valid for their country by
+  libphonenumber; national forms without the country code cannot be told from other digit groups.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import phonenumbers
+from stdnum import iban as stdnum_iban
+from stdnum import luhn
+from stdnum.br import cpf
+from stdnum.ca import sin
+from stdnum.es import dni, nie
+from stdnum.fi import hetu
+from stdnum.fr import nir
+from stdnum.in_ import aadhaar
+from stdnum.it import codicefiscale
+from stdnum.se import personnummer
+from stdnum.us import ssn
+
+from bastion.guardrails.matching import Detector
+
+_RESERVED_DOMAIN = re.compile(
+    rb"(?i)(?:^|\.)(?:example\.(?:com|net|org)|[^.]+\.(?:test|invalid|localhost|example|local)|localhost)$")
+_NOT_A_PERSON = re.compile(rb"(?i)^(?:git|noreply|no-reply|donotreply|do-not-reply)$")
+
+
+def _email(value: bytes, _match: bytes, _line: bytes) -> bool:
+    local, _, domain = value.rpartition(b"@")
+    return not _RESERVED_DOMAIN.search(domain) and not _NOT_A_PERSON.match(local)
+
+
+# A card network's prefix: Visa, Mastercard, American Express, Discover, JCB, Diners Club, UnionPay, Maestro.
+_CARD_PREFIX = re.compile(rb"^(?:4|5[1-5]|2(?:2[2-9]|[3-6]|7[01]|720)|3[47]|6(?:011|5|4[4-9]|2)|35(?:2[89]|[3-8])|"
+                          rb"3(?:0[0-5]|[68])|5[06-9]|6[37])")
+
+
+def _card(value: bytes, _match: bytes, _line: bytes) -> bool:
+    digits = re.sub(rb"[ -]", b"", value)
+    if not 13 <= len(digits) <= 19 or len(set(digits)) < 2:
+        return False
+    return bool(_CARD_PREFIX.match(digits)) and luhn.is_valid(digits.decode())
+
+
+def _validated_by(module: object) -> "functools.partial[bool]":
+    return functools.partial(_stdnum_valid, module)
+
+
+def _stdnum_valid(module: object, value: bytes, _match: bytes, _line: bytes) -> bool:
+    try:
+        return bool(module.is_valid(value.decode()))  # type: ignore[attr-defined]
+    except Exception:  # stdnum raises its own errors for odd input; any of them means "not this kind"
+        return False
+
+
+def _nino(value: bytes, _match: bytes, _line: bytes) -> bool:
+    # HMRC's rules: no D, F, I, Q, U, V in either letter, no O second, and never the prefixes BG, GB, NK, KN, TN,
+    # NT, ZZ; stdnum has no module for it.
+    prefix = value[:2].upper()
+    return prefix not in (b"BG", b"GB", b"NK", b"KN", b"TN", b"NT", b"ZZ") and prefix[1:2] != b"O"
+
+
+def _phone(value: bytes, _match: bytes, _line: bytes) -> bool:
+    text = value.decode(errors="replace")
+    if text.lower().startswith("tel:"):
+        text = text[4:]
+    try:
+        number = phonenumbers.parse(text, None)
+    except phonenumbers.NumberParseException:
+        return False
+    return phonenumbers.is_valid_number(number)
+
+
+_D = r"(?:^|[^\w.+-])"  # what may come before a number: not part of a longer word, number or version
+_E = r"(?:$|[^\w@-]|\.(?:$|\D))"  # and after it
+# For numbers written in groups: not one more group before or after (a card's digits are not an Aadhaar number).
+_DG = r"(?:^|[^\w.+ -]|\D[ -])"
+_EG = r"(?:$|[^\w@ -]|\.(?:$|\D)|[ -](?:$|\D))"
+
+PII_DETECTORS = (
+    Detector("pii", "email", "bastion:email",
+             r"([A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?"
+             r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*\.[A-Za-z]{2,24})\b",
+             group=1, check=_email, shard="pii-email"),
+    Detector("pii", "payment-card", "bastion:payment-card+luhn",
+             _DG + r"((?:\d{4}[ -]?){2}\d{4}[ -]?\d{1,7}|\d{4}[ -]?\d{6}[ -]?\d{4,5}|\d{13,19})" + _EG,
+             group=1, check=_card),
+    Detector("pii", "iban", "bastion:iban+stdnum",
+             r"\b([A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?)\b", group=1,
+             check=_validated_by(stdnum_iban)),
+    Detector("pii", "us-ssn", "bastion:us-ssn+stdnum", _DG + r"(\d{3}-\d{2}-\d{4})" + _EG, group=1,
+             check=_validated_by(ssn)),
+    Detector("pii", "uk-nino", "bastion:uk-nino",
+             r"\b([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D])\b", group=1, check=_nino),
+    Detector("pii", "ca-sin", "bastion:ca-sin+stdnum", _DG + r"(\d{3}[ -]\d{3}[ -]\d{3})" + _EG, group=1,
+             check=_validated_by(sin)),
+    Detector("pii", "es-dni", "bastion:es-dni+stdnum", r"\b(\d{8}-?[A-HJ-NP-TV-Z])\b", group=1,
+             check=_validated_by(dni)),
+    Detector("pii", "es-nie", "bastion:es-nie+stdnum", r"\b([XYZ]-?\d{7}-?[A-HJ-NP-TV-Z])\b", group=1,
+             check=_validated_by(nie)),
+    Detector("pii", "it-codice-fiscale", "bastion:it-codice-fiscale+stdnum",
+             r"\b([A-Z]{6}\d{2}[A-EHLMPR-T]\d{2}[A-Z]\d{3}[A-Z])\b", group=1, check=_validated_by(codicefiscale)),
+    Detector("pii", "fr-nir", "bastion:fr-nir+stdnum",
+             _DG + r"([12] ?\d{2} ?(?:0[1-9]|1[0-2]) ?(?:\d{2}|2[AB]) ?\d{3} ?\d{3} ?\d{2})" + _EG, group=1,
+             check=_validated_by(nir)),
+    Detector("pii", "br-cpf", "bastion:br-cpf+stdnum", _D + r"(\d{3}\.\d{3}\.\d{3}-\d{2})" + _E, group=1,
+             check=_validated_by(cpf)),
+    Detector("pii", "in-aadhaar", "bastion:in-aadhaar+stdnum", _DG + r"([2-9]\d{3} \d{4} \d{4})" + _EG, group=1,
+             check=_validated_by(aadhaar)),
+    Detector("pii", "se-personnummer", "bastion:se-personnummer+stdnum",
+             _D + r"((?:19|20)?\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])[-+]\d{4})" + _E, group=1,
+             check=_validated_by(personnummer)),
+    Detector("pii", "fi-hetu", "bastion:fi-hetu+stdnum",
+             r"\b((?:0[1-9]|[12]\d|3[01])(?:0[1-9]|1[0-2])\d{2}[-+A-FU-Y]\d{3}[0-9A-FHJ-NPR-Y])\b", group=1,
+             check=_validated_by(hetu)),
+    Detector("pii", "phone", "bastion:phone+libphonenumber",
+             r"((?:tel:)?\+[1-9]\d{0,2}(?:[ .-]?\(?\d{1,4}\)?){1,2}(?:[ .-]?\d{2,4}){1,4})" + _E, group=1,
+             check=_phone),
+)
+
+
+def pii_kinds() -> frozenset[str]:
+    return frozenset(detector.kind for detector in PII_DETECTORS)
