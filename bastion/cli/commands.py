@@ -6,7 +6,8 @@ import importlib
 from typing import Any, Callable
 
 MODULES: tuple[str, ...] = ("bastion.cli.gateway", "bastion.cli.policy", "bastion.cli.sandbox",
-                           "bastion.cli.clients", "bastion.cli.servers", "bastion.cli.serve")
+                           "bastion.cli.clients", "bastion.cli.servers", "bastion.cli.serve",
+                           "bastion.cli.pins")
 
 
 def registrars() -> list[Callable[[Any], None]]:

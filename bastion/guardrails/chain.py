@@ -16,8 +16,10 @@ Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Intercepto
 
 def builders() -> list[Builder]:
     """Each guardrail's builder, outermost first; a builder returns None when its guardrail is off everywhere."""
+    from bastion.guardrails.pinning import build as pinning_guardrail
+
     ordered: list[Builder] = []
-    # slot 1: pinning
+    ordered.append(pinning_guardrail)  # slot 1: pinning
     # slot 2: metadata injection
     # slot 3: confused deputy
     # slot 4: taint

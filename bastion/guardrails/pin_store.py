@@ -1,0 +1,125 @@
+"""The pins file: the ``PinBook`` on disk, shared by every Bastion process of a user and by ``bastion pins``.
+
+Every change is a read-modify-write under an exclusive ``flock`` on a lock file beside it, so two gateways that
+see a server for the first time at once, or a gateway and ``bastion pins accept``, never lose each other's
+records; the file is replaced atomically (a temporary file in the same folder, flushed, then renamed), so a reader
+never sees half of one. Readers take no lock. A file that cannot be read or is not a pins file is never
+overwritten: the error names it and says how to fix it.
+
+These calls block on the disk: the gateway makes them on a worker thread.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply
+
+Signature = tuple[int, int, int] | None  # (inode, size, mtime in ns) of the file; None when there is none
+
+
+class PinStoreError(Exception):
+    """The pins file cannot be read or written; the message names the file and the fix."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class PinStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock_path = path.with_name(path.name + ".lock")
+
+    def signature(self) -> Signature:
+        """What changes whenever the file is replaced: a reader compares it to know whether to read again."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise PinStoreError(f"{self.path}: cannot read the pins file: {exc.strerror}") from None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def load(self) -> tuple[PinBook, Signature]:
+        """The book as the file has it now (empty when there is no file yet), and the file's signature."""
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                text = f.read()
+        except FileNotFoundError:
+            return PinBook(), None
+        except OSError as exc:
+            raise PinStoreError(f"{self.path}: cannot read the pins file: {exc.strerror}") from None
+        try:
+            book = PinBook.from_json(json.loads(text))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise PinStoreError(
+                f"{self.path}: not a pins file ({exc}); Bastion leaves it as it is and withholds what it cannot "
+                "check against it: repair it, or move it away to trust what servers offer now afresh") from None
+        return book, (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def record(self, observations: Iterable[Observation]) -> tuple[PinBook, Signature]:
+        """Write ``observations`` into the file as it is now, and return the book they make."""
+        seen = list(observations)
+        return self._update(lambda book: apply(book, seen, now()))
+
+    def accept(self, server: str, key: str | None) -> tuple[list[Address], PinBook]:
+        """Trust what ``server`` offers now (``key`` only, when given) and return what was accepted."""
+        accepted: list[Address] = []
+
+        def change(book: PinBook) -> PinBook:
+            changed, done = accept(book, server, key, now())
+            accepted.extend(done)
+            return changed
+
+        book, _ = self._update(change)
+        return accepted, book
+
+    def _update(self, change: Callable[[PinBook], PinBook]) -> tuple[PinBook, Signature]:
+        with self._locked():
+            book, signature = self.load()
+            changed = change(book)
+            if changed.records == book.records:
+                return book, signature
+            return changed, self._write(changed)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            handle = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise PinStoreError(f"{self._lock_path}: cannot create the pins file's lock: {exc.strerror}; make its "
+                                "folder writable or set guardrails.pins.path") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(handle)  # closing releases the lock
+
+    def _write(self, book: PinBook) -> Signature:
+        data = json.dumps(book.to_json(), indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+        try:
+            fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(temporary, self.path)
+            except BaseException:
+                os.unlink(temporary)
+                raise
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise PinStoreError(f"{self.path}: cannot write the pins file: {exc.strerror}; make its folder writable "
+                                "or set guardrails.pins.path") from None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -1,0 +1,405 @@
+"""Tool pinning against rug pulls, trust on first use: what a server changes after it was first seen is withheld.
+
+The first definitions a server offers (its tools, prompts and resource templates, each whole: name, title,
+description, every schema and annotation) are pinned in the pins file. A later definition that differs, after a
+``list_changed``, a restart or an upgrade, is not served: it is left out of the lists, a call to it is refused with
+an error that says what changed, and it waits, in the pins file too, until a person runs ``bastion pins accept``.
+A new name that carries a pinned or withheld definition is a rename, and withheld the same way.
+
+Everything is judged against the catalog once per change of it (a call costs a lookup). The pins file is read again whenever something is withheld and a list or a refused call comes,
+so an acceptance takes effect without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+import msgspec
+import orjson
+
+from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.pin_book import (
+    RENAMED,
+    SINGULAR,
+    PinBook,
+    Verdict,
+    apply,
+    item_key,
+    judge,
+    observation,
+)
+from bastion.guardrails.pin_diff import summary
+from bastion.guardrails.pin_store import PinStore, PinStoreError, Signature, now
+from bastion.guardrails.report import Intervention, InterventionLog
+from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Session
+
+log = logging.getLogger("bastion.guardrails")
+
+INVALID_PARAMS = -32602  # what a call to a tool the client was not offered gets
+_LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+_TOLD = "guardrails.pinning.told"  # session facts: the withholdings this client was told about
+
+
+class NamedItem(Protocol):
+    exposed: str
+    server: str
+    original: str
+
+
+class PinnedCatalog(CatalogView, Protocol):
+    """The gateway's catalog as pinning reads it: besides tools, its prompts and templates and whose they are."""
+
+    version: int  # moves on whenever any list of any server changes
+
+    def listing(self, kind: str) -> list[dict[str, Any]]: ...
+
+    def prompt(self, exposed_name: str) -> NamedItem | None: ...
+
+    def template_owner(self, uri_template: str) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    """One definition not served, and why, in words for the client and the log."""
+
+    exposed: str  # the name the client would see (a template: its uriTemplate)
+    server: str
+    kind: str
+    key: str
+    verdict: Verdict | None  # None: the pins file cannot be read, so nothing can be checked against it
+    problem: str = ""
+
+    @property
+    def reference(self) -> str:
+        return f"{self.server}/{self.key}"
+
+    @property
+    def intervention_kind(self) -> str:
+        if self.verdict is None:
+            return "unreadable-pins"
+        return "renamed-definition" if self.verdict.status == RENAMED else "changed-definition"
+
+    def sentence(self) -> str:
+        what = f"{SINGULAR[self.kind]} {self.exposed!r} of server {self.server!r} is withheld"
+        if self.verdict is None:
+            return f"{what}: it cannot be checked against the pinned definitions: {self.problem}"
+        review = (f"a person can review it with `bastion pins diff {self.reference}` and trust it with "
+                  f"`bastion pins accept {self.reference}`")
+        if self.verdict.status == RENAMED:
+            further = list(self.verdict.changes[1:])
+            return (f"{what}: {self.verdict.why}, so it is treated as a changed definition (a new name does not "
+                    f"dodge a pin){f', and besides: {summary(further)}' if further else ''}; {review}")
+        since = f" on {self.verdict.since}" if self.verdict.since else ""
+        return (f"{what}: its definition changed since it was pinned{since}: {summary(list(self.verdict.changes))}; "
+                f"{review}")
+
+    def data(self) -> dict[str, Any]:
+        return {"guardrail": "pinning", "server": self.server, SINGULAR[self.kind].split()[-1]: self.key,
+                "status": self.intervention_kind,
+                "changes": [c.summary for c in self.verdict.changes] if self.verdict is not None else [],
+                "review": f"bastion pins diff {self.reference}", "accept": f"bastion pins accept {self.reference}"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Offered:
+    exposed: str
+    server: str
+    kind: str
+    key: str
+    definition: Mapping[str, Any]
+
+
+class PinningGuard:
+    """Slot 1 of the guardrails: it sees a request first, so nothing inside it lists or calls a withheld one."""
+
+    methods = frozenset({"tools/list", "prompts/list", "resources/templates/list", "tools/call", "prompts/get"})
+    reads_params = False  # of a tools/call it reads only the name, which it decodes itself when left as bytes
+    # Of the methods above it reads only the lists' results, which the gateway builds as objects and never passes
+    # as a server's bytes; a tools/call's result it never reads, so declaring it keeps that result raw.
+    reads_results = False
+
+    def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore) -> None:
+        self._config = config
+        self._report = report
+        self._store = store
+        self._book = PinBook()
+        self._signature: Signature = None
+        self._loaded = False
+        self._problem: str | None = None  # why the pins file cannot be read, while it cannot
+        self._unwritable: str | None = None  # said once: pins are kept for this run only
+        self._lock = asyncio.Lock()
+        self._tools_from: Sequence[Any] | None = None  # the catalog's tool sequence last judged
+        self._tools_book: PinBook | None = None  # the book it was judged against
+        self._withheld_tools: dict[str, Withheld] = {}
+        self._others_from: int | None = None  # the catalog version whose prompts and templates were last judged
+        self._others_book: PinBook | None = None
+        self._withheld_prompts: dict[str, Withheld] = {}  # by exposed name
+        self._withheld_templates: dict[str, Withheld] = {}  # by uriTemplate
+        self._reported: set[tuple[str, str, str, str]] = set()
+
+    # ------------------------------------------------------------------------------------------ the chain
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        method = request.method
+        if method == "tools/call":
+            name = _call_name(request.params)
+            entry = request.catalog.tool(name) if name is not None else None
+            if entry is not None and self._enforced(entry.server):
+                withheld = await self._withheld_tool(request.catalog, name)
+                if withheld is not None:
+                    self._refuse(request, withheld)
+            return await call_next(request)
+        if method == "tools/list":
+            result = await call_next(request)
+            withheld = await self._tool_withholdings(request.catalog, reread=True)
+            return self._served(request, result, "tools", lambda item: withheld.get(item.get("name")))
+        if method == "prompts/list":
+            result = await call_next(request)
+            prompts, _ = await self._other_withholdings(request.catalog, reread=True)
+            return self._served(request, result, "prompts", lambda item: prompts.get(item.get("name")))
+        if method == "resources/templates/list":
+            result = await call_next(request)
+            _, templates = await self._other_withholdings(request.catalog, reread=True)
+            return self._served(request, result, "resourceTemplates",
+                                lambda item: templates.get(item.get("uriTemplate")))
+        if method == "prompts/get":
+            name = request.params.get("name")
+            withheld = (await self._other_withholdings(request.catalog))[0].get(name)
+            if withheld is not None and await self._reread():
+                withheld = (await self._other_withholdings(request.catalog))[0].get(name)
+            if withheld is not None:
+                self._refuse(request, withheld)
+        return await call_next(request)
+
+    def _enforced(self, server: str) -> bool:
+        return self._config.switch("pinning", server) == "enforce"
+
+    def _refuse(self, request: GatewayRequest, withheld: Withheld) -> None:
+        self._report.report(Intervention(
+            "pinning", "refused", withheld.server, f"{SINGULAR[withheld.kind]} {withheld.key}",
+            withheld.intervention_kind, "trust-on-first-use", _detail(withheld), request.session.session_id))
+        raise GatewayError(INVALID_PARAMS, withheld.sentence(), withheld.data())
+
+    def _served(self, request: GatewayRequest, result: dict[str, Any], key: str,
+                withheld_of: Any) -> dict[str, Any]:
+        """``result`` without the withheld items (a new list: the catalog's items are shared, never changed)."""
+        page = result.get(key) if isinstance(result, dict) else None
+        if not isinstance(page, list):
+            return result
+        kept: list[Any] = []
+        left_out: list[Withheld] = []
+        for item in page:
+            withheld = withheld_of(item) if isinstance(item, dict) else None
+            if withheld is None:
+                kept.append(item)
+            else:
+                left_out.append(withheld)
+        if not left_out:
+            return result
+        _tell(request, left_out)
+        return {**result, key: kept}
+
+    # ------------------------------------------------------------------------------------------ tools
+    async def _withheld_tool(self, catalog: CatalogView, name: str) -> Withheld | None:
+        withheld = (await self._tool_withholdings(catalog)).get(name)
+        if withheld is not None and await self._reread():  # a person may have accepted it meanwhile
+            withheld = (await self._tool_withholdings(catalog)).get(name)
+        return withheld
+
+    async def _tool_withholdings(self, catalog: CatalogView, *, reread: bool = False) -> dict[str, Withheld]:
+        """The catalog's withheld tools by exposed name, judged again only when the catalog or the book changed."""
+        if reread and (self._withheld_tools or self._problem is not None):
+            await self._reread()
+        await self._other_withholdings(catalog)  # first seen together with the tools, not only when listed
+        entries = catalog.tools()
+        if entries is self._tools_from and self._tools_book is self._book:
+            return self._withheld_tools
+        async with self._lock:
+            if entries is self._tools_from and self._tools_book is self._book:
+                return self._withheld_tools
+            await self._ensure_loaded()
+            offered = [_Offered(entry.exposed_name, entry.server, "tools", entry.original_name,
+                                {**entry.definition, "name": entry.original_name})
+                       for entry in entries if self._enforced(entry.server)]
+            withheld = await self._reconcile(offered)
+            self._withheld_tools, self._tools_from, self._tools_book = withheld, entries, self._book
+            return withheld
+
+    # ------------------------------------------------------------------------------------------ prompts, templates
+    async def _other_withholdings(self, catalog: CatalogView, *, reread: bool = False,
+                                  ) -> tuple[dict[str, Withheld], dict[str, Withheld]]:
+        """The catalog's withheld prompts (by exposed name) and templates (by uriTemplate), judged again only when
+        the catalog or the book changed."""
+        if reread and (self._withheld_prompts or self._withheld_templates or self._problem is not None):
+            await self._reread()
+        view: PinnedCatalog = catalog  # type: ignore[assignment]
+        if getattr(view, "listing", None) is None:  # a catalog of tools only
+            return {}, {}
+        version = getattr(view, "version", None)
+        if version is not None and version == self._others_from and self._others_book is self._book:
+            return self._withheld_prompts, self._withheld_templates
+        async with self._lock:
+            if version is not None and version == self._others_from and self._others_book is self._book:
+                return self._withheld_prompts, self._withheld_templates
+            await self._ensure_loaded()
+            offered = [item for kind in ("prompts", "resourceTemplates")
+                       for item in _listed(view, kind, view.listing(kind)) if self._enforced(item.server)]
+            withheld = await self._reconcile(offered)
+            self._withheld_prompts = {name: w for name, w in withheld.items() if w.kind == "prompts"}
+            self._withheld_templates = {name: w for name, w in withheld.items() if w.kind == "resourceTemplates"}
+            self._others_from, self._others_book = version, self._book
+            return self._withheld_prompts, self._withheld_templates
+
+    # ------------------------------------------------------------------------------------------ judging
+    async def _reconcile(self, offered: list[_Offered]) -> dict[str, Withheld]:
+        """Judge ``offered`` against the book, record what is new or newly changed, and return what is withheld.
+        Called with the lock held."""
+        if self._problem is not None:
+            withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, None, self._problem)
+                        for item in offered}
+            self._report_new(withheld.values())
+            return withheld
+        present: dict[tuple[str, str], set[str]] = {}
+        for item in offered:
+            present.setdefault((item.server, item.kind), set()).add(item.key)
+        verdicts = self._judge_all(offered, present)
+        seen = [o for item, verdict in zip(offered, verdicts)
+                if (o := observation(self._book, item.server, item.kind, item.key, item.definition, verdict))]
+        if seen:
+            await self._record(seen)
+            # Judged again: a first-seen one is trusted now, unless another process pinned another definition first.
+            verdicts = self._judge_all(offered, present)
+            pinned = [o.server for o in seen if o.action == "pin"]
+            for server in sorted(set(pinned)):
+                log.info("pinned %d definitions of server %s on first use", pinned.count(server), server)
+        withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, verdict)
+                    for item, verdict in zip(offered, verdicts) if verdict.withheld}
+        self._report_new(withheld.values(), offered)
+        return withheld
+
+    def _judge_all(self, offered: list[_Offered], present: dict[tuple[str, str], set[str]]) -> list[Verdict]:
+        return [judge(self._book, item.server, item.kind, item.key, item.definition,
+                      present[(item.server, item.kind)]) for item in offered]
+
+    async def _record(self, seen: list[Any]) -> None:
+        try:
+            self._book, self._signature = await asyncio.to_thread(self._store.record, seen)
+        except PinStoreError as exc:
+            # Pinned in memory still: a change within this run is caught; a change across a restart is not.
+            self._book = apply(self._book, seen, now())
+            if self._unwritable != str(exc):
+                self._unwritable = str(exc)
+                log.error("%s; definitions are pinned for this run only", exc)
+
+    def _report_new(self, withheld: Iterable[Withheld], offered: list[_Offered] = ()) -> None:
+        definitions = {item.exposed: item.definition for item in offered}
+        for item in withheld:
+            mark = (item.server, item.kind, item.key, _digest(definitions.get(item.exposed)))
+            if mark in self._reported:
+                continue
+            self._reported.add(mark)
+            self._report.report(Intervention("pinning", "withheld", item.server, f"{SINGULAR[item.kind]} {item.key}",
+                                             item.intervention_kind, "trust-on-first-use", _detail(item)))
+
+    # ------------------------------------------------------------------------------------------ the pins file
+    async def _ensure_loaded(self) -> None:
+        if not self._loaded:
+            await self._load()
+
+    async def _reread(self) -> bool:
+        """Read the pins file again if it changed since it was read; whether it did."""
+        try:
+            signature = await asyncio.to_thread(self._store.signature)
+        except PinStoreError as exc:
+            self._fail(str(exc))
+            return True
+        if self._loaded and signature == self._signature and self._problem is None:
+            return False
+        await self._load()
+        return True
+
+    async def _load(self) -> None:
+        try:
+            book, signature = await asyncio.to_thread(self._store.load)
+        except PinStoreError as exc:
+            self._fail(str(exc))
+            return
+        if self._problem is not None:
+            log.warning("the pins file %s can be read again; definitions are checked against it", self._store.path)
+        self._book, self._signature, self._problem, self._loaded = book, signature, None, True
+
+    def _fail(self, problem: str) -> None:
+        if self._problem != problem:
+            log.error("%s", problem)
+        self._problem, self._loaded = problem, True
+        self._book = PinBook()  # a new object: every cached judgement is made again
+
+
+def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> PinningGuard | None:
+    """The pinning interceptor, or None when pinning is off for every server."""
+    if not config.on_anywhere("pinning"):
+        return None
+    return PinningGuard(config, report, PinStore(config.pins_path()))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _listed(catalog: CatalogView, kind: str, page: list[Any]) -> Iterable[_Offered]:
+    """The prompts or templates of ``page`` with the server that offers each and its own definition."""
+    view: PinnedCatalog = catalog  # type: ignore[assignment]
+    for item in page:
+        if not isinstance(item, dict):
+            continue
+        if kind == "prompts":
+            named = view.prompt(item.get("name")) if isinstance(item.get("name"), str) else None
+            if named is not None:
+                yield _Offered(named.exposed, named.server, kind, named.original, {**item, "name": named.original})
+        else:
+            template = item.get("uriTemplate")
+            server = view.template_owner(template) if isinstance(template, str) else None
+            if server is not None:
+                yield _Offered(template, server, kind, item_key(kind, item), item)
+
+
+def _call_name(params: Mapping[str, Any]) -> str | None:
+    name = params.get("name")
+    if type(name) is msgspec.Raw:  # params the frontend left as the client's bytes
+        try:
+            name = msgspec.json.decode(name)
+        except msgspec.DecodeError:
+            return None
+    return name if isinstance(name, str) else None
+
+
+def _digest(definition: Mapping[str, Any] | None) -> str:
+    if definition is None:
+        return ""
+    return hashlib.sha256(orjson.dumps(definition, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _detail(withheld: Withheld) -> str:
+    if withheld.verdict is None:
+        return "the pins file cannot be read"
+    return summary(list(withheld.verdict.changes))
+
+
+def _tell(request: GatewayRequest, withheld: list[Withheld]) -> None:
+    """Say in words, once per session and definition, why a listed item is missing: a warning log message, when
+    the request takes them (a 2026-07-28 one opts in by its log level; a handshake-era client gets them until it
+    sets a level above warning)."""
+    session: Session = request.session
+    client = session.client
+    threshold = request.log_level
+    if client is None or threshold is None or _LOG_LEVELS.index("warning") < (
+            _LOG_LEVELS.index(threshold) if threshold in _LOG_LEVELS else 0):
+        return
+    told: set[tuple[str, str]] = session.facts.setdefault(_TOLD, set())
+    for item in withheld:
+        mark = (item.exposed, item.sentence())
+        if mark in told:
+            continue
+        told.add(mark)
+        client.notify("notifications/message", {"level": "warning", "logger": "bastion.pinning",
+                                                "data": {"message": item.sentence(), **item.data()}})
