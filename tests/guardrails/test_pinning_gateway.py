@@ -223,3 +223,27 @@ def test_withheld_tools_are_never_found_or_called_in_search_mode(tmp_path: Path,
         assert via_meta.get("error") or via_meta["result"]["isError"]
     finally:
         client.close()
+
+
+def test_a_broken_pins_file_withholds_what_it_cannot_check_until_it_is_repaired(tmp_path: Path, state: Path) -> None:
+    state.mkdir(parents=True)
+    (state / "pins.json").write_text("{broken")
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"rug": rug(0)}, "policy": "off", "ready_timeout": READY_TIMEOUT}))
+    client = RawClient(config)
+    try:
+        client.initialize()
+        assert names(client, 1) == set()
+        refused = client.request(2, "tools/call", {"name": "rug__add", "arguments": {"a": 1, "b": 2}})
+        message = refused["error"]["message"]
+        assert "it cannot be checked against the pinned definitions" in message and str(state / "pins.json") in message
+        assert (state / "pins.json").read_text() == "{broken"  # never overwritten
+        (state / "pins.json").unlink()  # a person moves it away: what is offered now is trusted afresh
+        assert names(client, 3) == {"rug__add", "rug__delete_file", "rug__advance"}
+        assert client.request(4, "tools/call", {"name": "rug__add", "arguments": {"a": 1, "b": 2}})["result"][
+            "content"][0]["text"] == "3"
+    finally:
+        _, stderr = client.close()
+    assert stderr.count("not a pins file") == 1 and "can be read again" in stderr
+    assert set(json.loads((state / "pins.json").read_text())["servers"]["rug"]["tools"]) == {
+        "add", "delete_file", "advance"}
