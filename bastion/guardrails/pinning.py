@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -42,6 +43,7 @@ log = logging.getLogger("bastion.guardrails")
 INVALID_PARAMS = -32602  # what a call to a tool the client was not offered gets
 _LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 _TOLD = "guardrails.pinning.told"  # session facts: the withholdings this client was told about
+WATCH_SECONDS = 2.0  # how often the pins file is looked at while something is withheld
 
 
 class NamedItem(Protocol):
@@ -122,7 +124,14 @@ class PinningGuard:
     # as a server's bytes; a tools/call's result it never reads, so declaring it keeps that result raw.
     reads_results = False
 
-    def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore) -> None:
+    def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore,
+                 catalog: CatalogView | None = None, *, watch_seconds: float = WATCH_SECONDS) -> None:
+        """``catalog``, when given, is judged again when the pins file changes while something is withheld, and the
+        clients that were served a list without it are told the list changed."""
+        self._catalog = catalog
+        self._watch_seconds = watch_seconds
+        self._watcher: asyncio.Task[None] | None = None
+        self._listeners: weakref.WeakSet[Any] = weakref.WeakSet()  # clients served a list with something left out
         self._config = config
         self._report = report
         self._store = store
@@ -200,7 +209,42 @@ class PinningGuard:
         if not left_out:
             return result
         _tell(request, left_out)
+        self._listen(request.session.client)
         return {**result, key: kept}
+
+    # ------------------------------------------------------------------------------------------ acceptance
+    def _listen(self, client: Any) -> None:
+        """Remember ``client`` to tell it when a person accepts what it was not served, and watch the pins file."""
+        if client is None or self._catalog is None:
+            return
+        try:
+            self._listeners.add(client)
+        except TypeError:  # a channel that cannot be referred to weakly is not told
+            return
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        """While something is withheld, read the pins file when it changes; what it now serves, the clients that
+        were served lists without it hear of by the list's list_changed."""
+        assert self._catalog is not None
+        while self._withheld_tools or self._withheld_prompts or self._withheld_templates or self._problem is not None:
+            await asyncio.sleep(self._watch_seconds)
+            before = (set(self._withheld_tools), set(self._withheld_prompts), set(self._withheld_templates))
+            if not await self._reread():
+                continue
+            tools = set(await self._tool_withholdings(self._catalog))
+            prompts, templates = (set(w) for w in await self._other_withholdings(self._catalog))
+            changed = [method for method, was, now in (
+                ("notifications/tools/list_changed", before[0], tools),
+                ("notifications/prompts/list_changed", before[1], prompts),
+                ("notifications/resources/list_changed", before[2], templates)) if was != now]
+            for client in list(self._listeners):
+                for method in changed:
+                    try:
+                        client.list_changed(method)
+                    except Exception as exc:  # a client gone meanwhile; the others are still told
+                        log.debug("telling a client %s failed: %r", method, exc)
 
     # ------------------------------------------------------------------------------------------ tools
     async def _withheld_tool(self, catalog: CatalogView, name: str) -> Withheld | None:
@@ -342,7 +386,7 @@ def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogVie
     """The pinning interceptor, or None when pinning is off for every server."""
     if not config.on_anywhere("pinning"):
         return None
-    return PinningGuard(config, report, PinStore(config.pins_path()))
+    return PinningGuard(config, report, PinStore(config.pins_path()), catalog)
 
 
 # ------------------------------------------------------------------------------------------ helpers

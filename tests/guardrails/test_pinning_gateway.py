@@ -120,9 +120,13 @@ def test_a_rug_pull_across_restarts_is_withheld_until_a_person_accepts_it(tmp_pa
         assert '-  "description": "Adds two numbers",' in diff.stdout
         assert '+  "description": "Adds two numbers. <IMPORTANT>' in diff.stdout
 
+        second.skipped.clear()
         accepted = pins("accept", "rug/add")
         assert accepted.returncode == 0, accepted.stderr
         assert accepted.stdout == "accepted rug/add (tool)\n"
+        # The running gateway notices the pins file changed and tells the client, which lists again.
+        while not any(m.get("method") == "notifications/tools/list_changed" for m in second.skipped):
+            second.skipped.append(second.recv(timeout=DEADLINE))
 
         assert names(second, 6) == {"rug__add", "rug__advance", "rug__multiply"}  # delete_file is still withheld
         summed = second.request(7, "tools/call", {"name": "rug__add", "arguments": {"a": 2, "b": 3, "note": "x"}})
