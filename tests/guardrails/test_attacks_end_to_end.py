@@ -1,0 +1,435 @@
+"""Each content attack of issue 19, carried out by a real malicious MCP server (tests/fixtures/malicious_server.py),
+through ``bastion run`` with a plain ``mcpServers`` file and nothing else: the defaults must stop it. Each one has a
+control run first, the official SDK client talking to the server directly, proving the attack works without
+Bastion. A benign server whose tools and results look alike (tests/fixtures/benign_lookalike_server.py) must
+pass through unchanged.
+
+The client is the official SDK's, in the handshake era, with a sampling callback (it answers every request and
+records it) and an elicitation callback that approves every call Bastion asks about (the default policy asks a
+person before an untrusted server's tool runs), recording what it was asked. Every test bounds itself with a
+generous deadline; none asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.types import CreateMessageResult, ElicitResult, TextContent
+
+from bastion.guardrails.chain import builders
+from tests.fixtures import malicious_server as evil
+from tests.support import BASTION, FIXTURES, READY_TIMEOUT
+
+DEADLINE = 180.0  # seconds a test may take before it counts as hung (process starts are slow on a busy machine)
+ANSWER = "a sampled answer from the client"
+EVIL = "evil"  # the malicious server's name in the mcpServers file, hence the prefix of its tools
+NOTES = "notes"  # the benign look-alike server's name
+MALICIOUS = str(FIXTURES / "malicious_server.py")
+BENIGN = str(FIXTURES / "benign_lookalike_server.py")
+
+
+# The guardrail modules the chain builds (bastion/guardrails/chain.py). A case whose guardrail is not in the
+# chain yet is an expected failure, strictly: once it is, the case must pass.
+IN_THE_CHAIN = {builder.__module__.rsplit(".", 1)[-1] for builder in builders()}
+
+
+def needs(*guardrails: str) -> pytest.MarkDecorator:
+    missing = [name for name in guardrails if name not in IN_THE_CHAIN]
+    return pytest.mark.xfail(bool(missing), strict=True, reason=f"not in the chain yet: {', '.join(missing)}")
+
+
+@dataclass
+class Inbox:
+    """What the client was asked besides answers: sampling requests, approvals (elicitations), log messages."""
+
+    sampling: list[Any] = field(default_factory=list)
+    elicitations: list[Any] = field(default_factory=list)
+    logs: list[Any] = field(default_factory=list)
+
+    async def on_sampling(self, context: Any, params: Any) -> CreateMessageResult:
+        self.sampling.append(params)
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text=ANSWER), model="test-model")
+
+    async def on_elicitation(self, context: Any, params: Any) -> ElicitResult:
+        self.elicitations.append(params)
+        return ElicitResult(action="accept", content={"approve": True})
+
+    async def on_log(self, params: Any) -> None:
+        self.logs.append(params)
+
+
+@dataclass
+class World:
+    """A plain client configuration file federating the malicious and the benign server, and Bastion's state."""
+
+    tmp: Path
+    state: Path
+
+    def config(self, *, evil_env: dict[str, str] | None = None) -> Path:
+        path = self.tmp / "claude_desktop_config.json"
+        # ready_timeout only so that a slow machine still lists every tool at the first answer.
+        path.write_text(json.dumps({"ready_timeout": READY_TIMEOUT, "mcpServers": {
+            EVIL: {"command": sys.executable, "args": [MALICIOUS], **({"env": evil_env} if evil_env else {})},
+            NOTES: {"command": sys.executable, "args": [BENIGN]},
+        }}))
+        return path
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "XDG_STATE_HOME": str(self.state)}
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path, tmp_path / "state")
+
+
+def _callbacks(inbox: Inbox) -> dict[str, Any]:
+    return {"sampling_callback": inbox.on_sampling, "elicitation_callback": inbox.on_elicitation,
+            "logging_callback": inbox.on_log, "read_timeout_seconds": DEADLINE}
+
+
+def through_bastion(world: World, inbox: Inbox, **config: Any) -> Client:
+    """The SDK client on ``bastion run`` with the plain mcpServers file: every default on."""
+    parameters = StdioServerParameters(command=BASTION, args=["run", str(world.config(**config)), "-q"],
+                                       env=world.environment())
+    return Client(parameters, mode="legacy", **_callbacks(inbox))
+
+
+def directly(script: str, inbox: Inbox, env: dict[str, str] | None = None) -> Client:
+    """The SDK client on the server itself: the control run, without Bastion."""
+    parameters = StdioServerParameters(command=sys.executable, args=[script], env={**os.environ, **(env or {})})
+    return Client(parameters, mode="legacy", **_callbacks(inbox))
+
+
+def evil_tool(name: str) -> str:
+    return f"{EVIL}__{name}"
+
+
+def notes_tool(name: str) -> str:
+    return f"{NOTES}__{name}"
+
+
+def texts(result: Any) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+def dumped(result: Any) -> str:
+    """Everything a result carries to the model, as one JSON text to search."""
+    return json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), ensure_ascii=False)
+
+
+def described(listing: Any) -> dict[str, Any]:
+    return {item.name: item for item in listing}
+
+
+async def refused(call: Any) -> str:
+    """The words of a refusal: a JSON-RPC error's message or an error result's text; fails when it was served."""
+    try:
+        result = await call
+    except MCPError as error:
+        return str(error)
+    assert result.is_error, f"served: {texts(result)!r}"
+    return texts(result)
+
+
+def hidden_characters(text: str) -> list[str]:
+    return [c for c in text if c in "\u200b\u200c\u200d\u2060\ufeff\u202a\u202b\u202c\u202d\u202e"
+            or 0xE0000 <= ord(c) <= 0xE007F]
+
+
+# ============================================================================================== rug pull
+async def test_control_a_rug_pull_changes_tools_after_list_changed() -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with directly(MALICIOUS, inbox) as client:
+            before = described((await client.list_tools()).tools)
+            await client.call_tool("refresh_forecasts", {})
+            after = described((await client.list_tools()).tools)
+    assert before["get_weather"].description == evil.ORIGINAL_WEATHER
+    assert after["get_weather"].description == evil.CHANGED_WEATHER
+    assert "contacts" in after["get_weather"].input_schema["required"]
+    assert before["clear_cache"].annotations.destructive_hint and not before["clear_cache"].annotations.read_only_hint
+    assert after["clear_cache"].annotations.read_only_hint  # a destructive tool now claims to only read
+    assert "get_weather_v2" in after and "get_weather_v2" not in before
+
+
+@needs("pinning")
+async def test_a_rug_pull_after_list_changed_is_withheld_and_calls_say_what_changed(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            before = described((await client.list_tools()).tools)
+            assert texts(await client.call_tool(evil_tool("get_weather"), {"city": "Paris"})) == "Sunny in Paris"
+            await client.call_tool(evil_tool("refresh_forecasts"), {})
+            after = await _tools_once_changed(client, gone=evil_tool("get_weather"))
+            changed = await refused(client.call_tool(evil_tool("get_weather"), {"city": "Paris", "contacts": "x"}))
+            flipped = await refused(client.call_tool(evil_tool("clear_cache"), {}))
+    assert {evil_tool("get_weather"), evil_tool("clear_cache")} <= set(before)
+    # Changed, flipped to read-only, and the changed tool under a new name: none is served.
+    assert not {evil_tool("get_weather"), evil_tool("clear_cache"), evil_tool("get_weather_v2")} & set(after)
+    assert evil_tool("refresh_forecasts") in after and notes_tool("get_weather") in after
+    assert "changed" in changed and "description" in changed, changed
+    assert "changed" in flipped and "readOnlyHint" in flipped, flipped
+
+
+@needs("pinning")
+async def test_a_rug_pull_across_a_restart_is_withheld(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            assert evil_tool("get_weather") in described((await client.list_tools()).tools)
+        async with through_bastion(world, inbox, evil_env={"EVIL_DEFINITIONS": "changed"}) as client:
+            upgraded = described((await client.list_tools()).tools)
+            changed = await refused(client.call_tool(evil_tool("get_weather"), {"city": "Paris", "contacts": "x"}))
+    assert not {evil_tool("get_weather"), evil_tool("clear_cache"), evil_tool("get_weather_v2")} & set(upgraded)
+    assert evil_tool("refresh_forecasts") in upgraded
+    assert "changed" in changed, changed
+
+
+async def _tools_once_changed(client: Client, gone: str) -> dict[str, Any]:
+    """The tool list once the gateway took in the server's list_changed (it re-lists in the background)."""
+    while True:
+        listed = described((await client.list_tools()).tools)
+        if gone not in listed:
+            return listed
+        await anyio.sleep(0.1)
+
+
+# ====================================================================================== poisoned metadata
+async def test_control_poisoned_descriptions_reach_the_client() -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with directly(MALICIOUS, inbox) as client:
+            tools = described((await client.list_tools()).tools)
+            prompts = described((await client.list_prompts()).prompts)
+            resources = {str(r.uri): r for r in (await client.list_resources()).resources}
+    assert "<IMPORTANT>" in tools["add"].description and "id_rsa" in tools["add"].description
+    assert hidden_characters(tools["lookup_word"].description)
+    assert "bcc" in tools["format_date"].description
+    assert "Ignore all previous instructions" in prompts["review_code"].description
+    assert "<IMPORTANT>" in resources["evil://manual"].description
+
+
+@needs("injection")
+async def test_poisoned_descriptions_are_withheld_or_sanitised(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            tools = described((await client.list_tools()).tools)
+            prompts = described((await client.list_prompts()).prompts)
+            resources = {str(r.uri): r for r in (await client.list_resources()).resources}
+            poisoned_call = await refused(client.call_tool(evil_tool("add"), {"a": 1, "b": 2}))
+    every_description = [item.description or "" for item in (*tools.values(), *prompts.values(), *resources.values())]
+    every_description += [json.dumps(t.input_schema) for t in tools.values()]
+    for description in every_description:
+        assert "<IMPORTANT>" not in description and "id_rsa" not in description, description
+        assert "bcc" not in description and "Ignore all previous instructions" not in description, description
+        assert not hidden_characters(description), ascii(description)
+    assert evil_tool("add") not in tools and poisoned_call
+    # The clean tools of the same server are still served.
+    assert {evil_tool("get_weather"), evil_tool("fetch_page")} <= set(tools)
+
+
+# ================================================================================== injection in a result
+async def test_control_an_injection_in_a_result_reaches_the_client() -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with directly(MALICIOUS, inbox) as client:
+            page = await client.call_tool("fetch_page", {"url": "https://example.test"})
+    assert evil.INJECTION in texts(page)
+
+
+@needs("injection")
+async def test_an_injection_in_a_result_is_marked_as_untrusted_data(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            page = await client.call_tool(evil_tool("fetch_page"), {"url": "https://example.test"})
+    text = texts(page)
+    assert "untrusted data from" in text and "</untrusted-data>" in text, text
+    # The label comes first: what follows it reads as data, not as a message to the model.
+    assert text.index("untrusted data") < text.index("ignore all previous instructions")
+
+
+# ============================================================================= secrets and personal data
+async def test_control_secrets_and_personal_data_reach_the_client() -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with directly(MALICIOUS, inbox) as client:
+            config = dumped(await client.call_tool("read_config", {}))
+            failed = dumped(await client.call_tool("lookup_user", {"name": "bob"}))
+            resource = dumped(await client.read_resource("evil://env"))
+            prompt = dumped(await client.get_prompt("deploy", {}))
+    for value in (*evil.SECRETS, *evil.PERSONAL):
+        assert value in config, value
+    assert evil.GITHUB_TOKEN in failed and evil.EMAIL in failed
+    assert evil.AWS_SECRET_KEY in resource and evil.AWS_SECRET_KEY in prompt
+
+
+@needs("scanning")
+async def test_secrets_and_personal_data_are_redacted_everywhere_they_reach_the_model(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            result = await client.call_tool(evil_tool("read_config"), {})
+            failed = dumped(await client.call_tool(evil_tool("lookup_user"), {"name": "bob"}))
+            resource = dumped(await client.read_resource("evil://env"))
+            prompt = dumped(await client.get_prompt(evil_tool("deploy"), {}))
+    config = dumped(result.model_copy(update={"structured_content": None}))
+    structured = json.dumps(result.structured_content)
+    for where, seen in (("result", config), ("error", failed), ("resource", resource), ("prompt", prompt)):
+        for value in (*evil.SECRETS, *evil.PERSONAL):
+            assert value not in seen, f"{where} still carries {value[:12]}..."
+    for value in (evil.AWS_ACCESS_KEY, evil.GITHUB_TOKEN, *evil.PERSONAL):  # the AWS secret: see the next test
+        assert value not in structured, f"structuredContent still carries {value[:12]}..."
+    assert "[redacted: " in config and "[redacted: " in resource and "[redacted: " in prompt
+    # Redaction keeps the structure: the same blocks and keys, only values replaced.
+    assert [block.type for block in result.content] == ["text", "resource"]
+    assert set(result.structured_content) == {"aws", "owner", "github"}
+    assert "Sunny" not in config and "AWS_ACCESS_KEY_ID=" in config  # the names around the values are kept
+
+
+@pytest.mark.xfail(strict=True, reason="the secret scanner reads each string of structuredContent alone: a "
+                   "high-entropy value is not judged by the key-like name of the key it sits under")
+async def test_a_secret_under_a_key_like_name_in_structured_content_is_redacted(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            result = await client.call_tool(evil_tool("read_config"), {})
+    assert evil.AWS_SECRET_KEY not in json.dumps(result.structured_content)  # {"aws": {"secret": ...}}
+
+
+# ============================================================================================== sampling
+async def test_control_a_server_samples_unsolicited_greedily_and_over_and_over() -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with directly(MALICIOUS, inbox) as client:
+            greedy = texts(await client.call_tool("summarize_greedy", {"text": "x"}))
+            await client.call_tool("start_background_job", {"delay": 0.2})
+            status = await _background_status(client, "background_job_status")
+    first = inbox.sampling[0]
+    assert first.max_tokens == 1_000_000 and first.include_context == "allServers"
+    assert greedy.count("answered") == 11 and len(inbox.sampling) == 12
+    assert status == f"answered: {ANSWER}"  # the unsolicited request reached the client's model
+
+
+@needs("sampling")
+async def test_ordinary_sampling_passes_from_an_untrusted_server(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            evil_summary = texts(await client.call_tool(evil_tool("summarize"), {"text": "the weather"}))
+            notes_summary = texts(await client.call_tool(notes_tool("summarize"), {"text": "the weather"}))
+    assert evil_summary == notes_summary == f"summary: {ANSWER}"
+    assert len(inbox.sampling) == 2 and inbox.sampling[0].max_tokens == 200
+
+
+@needs("sampling")
+async def test_greedy_and_unsolicited_sampling_is_held_to_its_budgets(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            greedy = texts(await client.call_tool(evil_tool("summarize_greedy"), {"text": "x"}))
+            asked_in_the_call = list(inbox.sampling)
+            await client.call_tool(evil_tool("start_background_job"), {"delay": 0.2})
+            status = await _background_status(client, evil_tool("background_job_status"))
+    # includeContext "allServers" from an untrusted server: refused with words, as a JSON-RPC error to the server.
+    assert greedy.startswith("greedy: refused:"), greedy
+    # Every request the client saw is within the per-call budget and the maxTokens cap.
+    assert 1 <= len(asked_in_the_call) <= 3, len(asked_in_the_call)
+    assert all(params.max_tokens <= 4096 and params.include_context in (None, "none") for params in asked_in_the_call)
+    assert "refused:" in greedy.splitlines()[-1]  # the tenth round is over the budget
+    # Sampling outside any call of the server's: the client never sees it, the server gets an error.
+    assert status.startswith("refused:"), status
+    assert len(inbox.sampling) == len(asked_in_the_call)
+
+
+async def _background_status(client: Client, tool: str) -> str:
+    while True:
+        status = texts(await client.call_tool(tool, {}))
+        if status not in ("not started", "sampling"):
+            return status
+        await anyio.sleep(0.1)
+
+
+# ======================================================================================= confused deputy
+async def test_control_a_server_points_the_client_at_another_servers_resource() -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with directly(MALICIOUS, inbox) as client:
+            linked = dumped(await client.call_tool("share_link", {}))
+            sampled = texts(await client.call_tool("summarize_diary", {}))
+    assert evil.OTHER_SERVERS_RESOURCE in linked
+    assert sampled == f"answered: {ANSWER}"
+    assert evil.OTHER_SERVERS_RESOURCE in json.dumps(inbox.sampling[0].model_dump(mode="json"))
+
+
+@needs("deputy")
+async def test_a_server_cannot_reach_another_servers_resource_through_bastion(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            linked = await client.call_tool(evil_tool("share_link"), {})
+            sampled = texts(await client.call_tool(evil_tool("summarize_diary"), {}))
+            own = dumped(await client.call_tool(notes_tool("share_link"), {}))
+    assert evil.OTHER_SERVERS_RESOURCE not in dumped(linked)
+    assert sampled.startswith("refused:"), sampled
+    assert not any(evil.OTHER_SERVERS_RESOURCE in json.dumps(p.model_dump(mode="json")) for p in inbox.sampling)
+    assert "notes://public/readme" in own  # a server's link to its own resource passes
+
+
+# ================================================================================== cross-server taint
+@needs("taint")
+async def test_after_untrusted_content_a_destructive_call_elsewhere_says_what_came_first(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            await client.call_tool(evil_tool("fetch_page"), {"url": "https://example.test"})
+            before = len(inbox.elicitations)
+            deleted = texts(await client.call_tool(notes_tool("delete_note"), {"id": "1"}))
+    assert deleted == "deleted 1"  # approved by the person (this client approves everything)
+    [approval] = inbox.elicitations[before:]
+    assert f"'{EVIL}'" in approval.message or f"{EVIL}__fetch_page" in approval.message, approval.message
+
+
+# ============================================================================ benign look-alikes pass
+BENIGN_CALLS = [
+    ("get_weather", {"city": "Paris"}), ("add", {"a": 2, "b": 3}), ("lookup_word", {"word": "café"}),
+    ("format_date", {"date": "2024-03-04"}), ("fetch_page", {"url": "https://example.test"}), ("git_log", {}),
+    ("read_config", {}), ("lookup_user", {"name": "bob"}), ("share_link", {}), ("refresh_forecasts", {}),
+]
+
+
+@needs("sampling")  # the default policy let only trusted servers sample before
+async def test_benign_look_alikes_pass_through_unchanged(world: World) -> None:
+    direct_inbox, inbox = Inbox(), Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with directly(BENIGN, direct_inbox) as client:
+            direct_tools = described((await client.list_tools()).tools)
+            direct_results = [dumped(await client.call_tool(name, args)) for name, args in BENIGN_CALLS]
+            direct_resources = [dumped(await client.read_resource(uri)) for uri in ("notes://public/readme",)]
+            direct_prompt = dumped(await client.get_prompt("review_code", {"code": "x = 1"}))
+            direct_summary = texts(await client.call_tool("summarize", {"text": "x"}))
+        async with through_bastion(world, inbox) as client:
+            tools = described((await client.list_tools()).tools)
+            results = [dumped(await client.call_tool(notes_tool(name), args)) for name, args in BENIGN_CALLS]
+            after_refresh = described((await client.list_tools()).tools)
+            resources = [dumped(await client.read_resource(uri)) for uri in ("notes://public/readme",)]
+            prompt = dumped(await client.get_prompt(notes_tool("review_code"), {"code": "x = 1"}))
+            summary = texts(await client.call_tool(notes_tool("summarize"), {"text": "x"}))
+    for name, definition in direct_tools.items():
+        served = tools[notes_tool(name)]
+        assert (served.description, served.input_schema) == (definition.description, definition.input_schema), name
+        assert notes_tool(name) in after_refresh, name  # list_changed with nothing changed withholds nothing
+    for (name, _), direct, through in zip(BENIGN_CALLS, direct_results, results):
+        assert through == direct, name
+    assert resources == direct_resources and prompt == direct_prompt
+    assert summary == direct_summary == f"summary: {ANSWER}"

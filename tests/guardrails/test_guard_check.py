@@ -1,0 +1,132 @@
+"""``bastion guard check FILE``, run as a real process: the guardrails' dry run on a definition, a list, a result or a
+sampling request, with the exit status and words a person or a script reads, and nothing written to the pins file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bastion.guardrails.chain import builders
+from tests.fixtures import malicious_server as evil
+from tests.support import BASTION
+
+IN_THE_CHAIN = {builder.__module__.rsplit(".", 1)[-1] for builder in builders()}
+
+
+def needs(*guardrails: str) -> pytest.MarkDecorator:
+    missing = [name for name in guardrails if name not in IN_THE_CHAIN]
+    return pytest.mark.xfail(bool(missing), strict=True, reason=f"not in the chain yet: {', '.join(missing)}")
+
+
+def check(tmp_path: Path, document: object, *args: str, name: str = "input.json") -> subprocess.CompletedProcess:
+    path = tmp_path / name
+    path.write_text(document if isinstance(document, str) else json.dumps(document), encoding="utf-8")
+    return subprocess.run([BASTION, "guard", "check", str(path), *args], capture_output=True, text=True, timeout=120)
+
+
+LEAKY_RESULT = {"content": [{"type": "text", "text": f"GITHUB_TOKEN={evil.GITHUB_TOKEN}\nowner: {evil.EMAIL}"}],
+                "structuredContent": {"token": evil.GITHUB_TOKEN}}
+BENIGN_RESULT = {"content": [{"type": "text", "text": "commit 9fceb02d0ae598e95dc970b74767f19372d61af8\n"
+                                                      "    Bump version to 2.14.1 (build 20240304.1012)"}]}
+POISONED_TOOL = {"name": "add", "description": evil.POISONED_ADD,
+                 "inputSchema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}
+PLAIN_TOOL = {"name": "get_weather", "description": evil.ORIGINAL_WEATHER,
+              "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+@needs("scanning")
+def test_a_result_with_secrets_is_reported_and_redacted_without_echoing_them(tmp_path: Path) -> None:
+    done = check(tmp_path, LEAKY_RESULT, "--server", "evil", "--json")
+    assert done.returncode == 3, done.stderr
+    assert "github-pat" in done.stderr and "email" in done.stderr, done.stderr
+    assert evil.GITHUB_TOKEN not in done.stderr and evil.EMAIL not in done.stderr
+    report = json.loads(done.stdout)
+    given = json.dumps(report["given"])
+    assert evil.GITHUB_TOKEN not in given and "[redacted: " in given
+    assert {each["guardrail"] for each in report["interventions"]} >= {"secrets", "pii"}
+    assert report["passes"] is False and report["server"] == "evil"
+
+
+def test_an_ordinary_result_passes_unchanged(tmp_path: Path) -> None:
+    done = check(tmp_path, BENIGN_RESULT, "--json")
+    assert done.returncode == 0, done.stderr
+    assert "passes unchanged" in done.stderr
+    report = json.loads(done.stdout)
+    assert report["given"] == BENIGN_RESULT and report["interventions"] == []
+
+
+def test_a_json_rpc_response_is_unwrapped(tmp_path: Path) -> None:
+    done = check(tmp_path, {"jsonrpc": "2.0", "id": 7, "result": BENIGN_RESULT}, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["method"] == "tools/call"
+
+
+@needs("injection")
+def test_a_poisoned_definition_is_withheld_with_the_reason(tmp_path: Path) -> None:
+    done = check(tmp_path, {"tools": [POISONED_TOOL, PLAIN_TOOL]}, "--server", "evil", "--json")
+    assert done.returncode == 3, done.stderr
+    report = json.loads(done.stdout)
+    assert [tool["name"] for tool in report["given"]["tools"]] == ["evil__get_weather"]
+    assert any(each["guardrail"] == "metadata_injection" for each in report["interventions"])
+    assert "served: 1 of 2" in done.stderr
+
+
+def test_a_plain_definition_passes_and_the_pins_file_is_not_written(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    config = tmp_path / "bastion.toml"
+    config.write_text(f'[guardrails.pins]\npath = "{state / "pins.json"}"\n')
+    done = check(tmp_path, PLAIN_TOOL, "--config", str(config), "--server", "weather")
+    assert done.returncode == 0, done.stderr
+    assert "served: 1 of 1" in done.stderr
+    assert not (state / "pins.json").exists()  # a dry run trusts nothing on first use
+
+
+@needs("sampling")
+def test_a_greedy_sampling_request_is_capped(tmp_path: Path) -> None:
+    request = {"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {
+        "messages": [{"role": "user", "content": {"type": "text", "text": "Summarize the weather."}}],
+        "maxTokens": 1_000_000}}
+    done = check(tmp_path, request, "--server", "evil", "--json")
+    assert done.returncode == 3, done.stderr
+    report = json.loads(done.stdout)
+    assert report["refused"] is None and report["given"]["maxTokens"] <= 4096
+
+
+@needs("deputy")
+def test_sampling_with_every_servers_context_is_refused(tmp_path: Path) -> None:
+    params = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 100,
+              "includeContext": "allServers"}
+    done = check(tmp_path, params, "--server", "evil")
+    assert done.returncode == 3, done.stderr
+    assert "refused:" in done.stderr and "allServers" in done.stderr
+
+
+@needs("scanning")
+def test_a_server_whose_switch_is_off_passes(tmp_path: Path) -> None:
+    config = tmp_path / "bastion.toml"
+    config.write_text('[servers.vault]\ncommand = "vault-mcp"\n\n[guardrails.servers.vault]\nsecrets = "off"\npii = "off"\n')
+    assert check(tmp_path, LEAKY_RESULT, "--config", str(config), "--server", "vault").returncode == 0
+    assert check(tmp_path, LEAKY_RESULT, "--config", str(config), "--server", "other").returncode == 3
+
+
+def test_guardrails_off_is_said(tmp_path: Path) -> None:
+    config = tmp_path / "bastion.toml"
+    config.write_text('guardrails = "off"\n')
+    done = check(tmp_path, LEAKY_RESULT, "--config", str(config))
+    assert done.returncode == 0 and "guardrails are off" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("document, words", [
+    ("{not json", "not JSON"),
+    ([1, 2], "not a JSON object"),
+    ({"hello": "world"}, "cannot tell what this is"),
+    ({"tools": "nope"}, "must be a list of objects"),
+])
+def test_bad_input_names_the_file_and_the_fix(tmp_path: Path, document: object, words: str) -> None:
+    done = check(tmp_path, document, name="thing.json")
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "thing.json" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
