@@ -16,9 +16,9 @@ import os
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import hyperscan
 import re2
@@ -41,6 +41,9 @@ class Detector:
     pattern: str  # RE2 syntax (Hyperscan reads the same)
     group: int = 0  # the capture group that is the value itself (0: the whole match)
     check: Check | None = None
+    # (the whole text, the value's start and end) -> whether the value stands alone there; for tests of the context
+    # that would make the expression itself slow in Hyperscan (a lookbehind written as a class matching most text).
+    context: Callable[[bytes, int, int], bool] | None = None
     lookback: int = DEFAULT_LOOKBACK
     generic: bool = False  # a specific detector's finding wins over a generic one's on the same value
     # As in gitleaks: when given, the detector applies only to a text that holds one of these (any case), which is
@@ -110,13 +113,21 @@ class Matcher:
         expression = self._confirm[index]
         seen: set[tuple[int, int]] = set()
         for window_start, window_end in _windows(ends, detector.lookback, len(data), data):
-            for match in expression.finditer(data, window_start, window_end):
+            # A copy of the window, not pos/endpos on the whole text: RE2's binding costs time in proportion to the
+            # whole text on every call that way (90 µs against 11 µs for a window of a 1 MB text).
+            window = data[window_start:window_end]
+            for match in expression.finditer(window):
                 start, end = match.span(detector.group)
-                if start < 0 or start == end or (start, end) in seen:
+                if start < 0 or start == end:
+                    continue
+                start, end = start + window_start, end + window_start
+                if (start, end) in seen:
                     continue
                 seen.add((start, end))
+                if detector.context is not None and not detector.context(data, start, end):
+                    continue
                 if detector.check is not None:
-                    line = _line_around(data, match.start(), match.end())
+                    line = _line_around(data, match.start() + window_start, match.end() + window_start)
                     if not detector.check(data[start:end], match.group(0), line):
                         continue
                 yield Finding(detector, start, end)

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
+
+import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.content import TextSlot, error_slots, text_slots
@@ -136,7 +139,9 @@ class ScanningPolicy:
 
 class ScanningInterceptor:
     methods = SCANNED_RESULTS | {SAMPLING}
-    reads_params = True  # the sampling request's messages; the other methods' params are not looked at
+    # Of a client's call only the tool's name is read (decoded here when it is still the client's bytes), so the
+    # arguments may stay as they came; a server's sampling request is always decoded, and its params are read.
+    reads_params = False
     reads_results = True
 
     def __init__(self, scanner: ContentScanner, policy: ScanningPolicy, report: InterventionLog,
@@ -212,7 +217,7 @@ class ScanningInterceptor:
             self._report.report(Intervention(
                 guardrail=guardrail, action="redacted" if action == "redact" else "blocked", server=server,
                 target=target, kind=kind, rule=rule,
-                detail=f"{len(wheres)} value(s) in {', '.join(wheres[:5])}{' …' if len(wheres) > 5 else ''}",
+                detail=_count_and_places(wheres),
                 session=request.session.session_id))
 
 
@@ -221,6 +226,12 @@ def _grouped(hits: list[Hit]) -> Iterator[tuple[tuple[str, str, str, str], list[
     for hit in hits:
         groups.setdefault((hit.guardrail, hit.kind, hit.rule, hit.action), []).append(hit.where)
     return iter(groups.items())
+
+
+def _count_and_places(wheres: list[str]) -> str:
+    places = list(dict.fromkeys(wheres))
+    shown = ", ".join(places[:5]) + (f" and {len(places) - 5} more places" if len(places) > 5 else "")
+    return f"{len(wheres)} value{'s' if len(wheres) > 1 else ''} in {shown}"
 
 
 def _blocked_words(blocked: list[Hit], server: str | None) -> str:
@@ -235,7 +246,10 @@ def _server_of(request: GatewayRequest) -> str | None:
     params = request.params
     catalog: Any = request.catalog
     if request.method == "tools/call":
-        entry = catalog.tool(params.get("name")) if isinstance(params.get("name"), str) else None
+        name = params.get("name")
+        if isinstance(name, msgspec.Raw):
+            name = msgspec.json.decode(name)
+        entry = catalog.tool(name) if isinstance(name, str) else None
         return entry.server if entry is not None else None
     if request.method == "prompts/get":
         lookup = getattr(catalog, "prompt", None)
@@ -250,6 +264,8 @@ def _server_of(request: GatewayRequest) -> str | None:
 def _target_of(request: GatewayRequest) -> str:
     key = "uri" if request.method == "resources/read" else "name"
     name = request.params.get(key)
+    if isinstance(name, msgspec.Raw):
+        name = msgspec.json.decode(name)
     return f"{request.method} {name}" if isinstance(name, str) else request.method
 
 

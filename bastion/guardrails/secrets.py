@@ -62,7 +62,7 @@ def secret_kinds() -> frozenset[str]:
     return frozenset(detector.kind for detector in secret_detectors())
 
 
-def _from_rule(rule: dict[str, Any], allow_everywhere: "_Allowlist") -> Detector:
+def _from_rule(rule: dict[str, Any], allow_everywhere: _Allowlist) -> Detector:
     pattern: str = rule["regex"]
     group = rule.get("secretGroup") or (1 if re2.compile(pattern.encode()).groups else 0)
     allowlists = [_Allowlist.of(entry) for entry in rule.get("allowlists", []) if _applies_without_a_path(entry)]
@@ -79,7 +79,7 @@ def _applies_without_a_path(entry: dict[str, Any]) -> bool:
 
 
 class _Allowlist:
-    __slots__ = ("target", "regexes", "stopwords")
+    __slots__ = ("regexes", "stopwords", "target")
 
     def __init__(self, target: str, regexes: tuple[Any, ...], stopwords: tuple[bytes, ...]) -> None:
         self.target = target
@@ -87,7 +87,7 @@ class _Allowlist:
         self.stopwords = stopwords
 
     @classmethod
-    def of(cls, entry: dict[str, Any]) -> "_Allowlist":
+    def of(cls, entry: dict[str, Any]) -> _Allowlist:
         regexes = tuple(re2.compile(pattern.encode()) for pattern in entry.get("regexes", []))
         stopwords = tuple(word.lower().encode() for word in entry.get("stopwords", []))
         return cls(entry.get("regexTarget", "secret"), regexes, stopwords)
@@ -104,7 +104,7 @@ class _RuleCheck:
     """gitleaks' tests after a rule's expression matched: entropy above the threshold (and, for its generic rules,
     at least one digit), and no allowlist that takes the value back."""
 
-    __slots__ = ("rule", "entropy", "allowlists")
+    __slots__ = ("allowlists", "entropy", "rule")
 
     def __init__(self, rule: str, entropy: float, allowlists: tuple[_Allowlist, ...]) -> None:
         self.rule = rule

@@ -47,7 +47,7 @@ class _Run:
 
     def client(self) -> Client:
         # Through a shell only to keep Bastion's stderr (its log lines) in a file the test reads afterwards.
-        command = f'exec "$0" run "$1" 2>>"$2"'
+        command = 'exec "$0" run "$1" 2>>"$2"'
         return Client(StdioServerParameters(command="sh", args=["-c", command, BASTION, str(self.config), str(self.log)]),
                       mode="legacy", read_timeout_seconds=DEADLINE, sampling_callback=self.on_sampling)
 
