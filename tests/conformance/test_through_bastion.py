@@ -19,15 +19,7 @@ from tests.conformance.suite import REQUIREMENT_SETS
 pytestmark = pytest.mark.slow
 
 # (revision, upstream, scenario) -> why it does not pass through Bastion yet
-KNOWN_GAPS: dict[tuple[str, str, str], str] = {
-    **{
-        (revision, upstream, "server-sse-polling"): (
-            "pending scenario: Bastion answers the tools/call with JSON rather than an SSE stream (which the "
-            "transport allows), so the suite's SSE priming and polling checks do not apply"
-        )
-        for revision in ("2025-11-25",) for upstream in UPSTREAMS
-    },
-}
+KNOWN_GAPS: dict[tuple[str, str, str], str] = {}
 
 CASES = [(revision, upstream) for revision in REQUIREMENT_SETS for upstream in UPSTREAMS]
 

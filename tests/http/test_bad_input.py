@@ -87,17 +87,23 @@ async def test_the_get_stream_replays_what_a_reconnecting_client_missed(bastion_
 
 
 async def read_events(http: httpx2.AsyncClient, url: str, headers: dict, count: int) -> list[tuple[str, str]]:
+    """The first ``count`` messages of a GET stream, as (event id, data), after its priming event (an id with
+    empty data, which a 2025-11-25 stream begins with so that the client knows where to resume)."""
     found: list[tuple[str, str]] = []
+    primed = False
     async with http.stream("GET", url, headers=headers) as stream:
         assert stream.status_code == 200
         event_id = ""
         async for line in stream.aiter_lines():
             if line.startswith("id: "):
                 event_id = line[4:]
+            elif line == "data: " and not found and not primed:
+                primed = True
             elif line.startswith("data: "):
                 found.append((event_id, line[6:]))
                 if len(found) == count:
                     break
+    assert primed, "the GET stream did not begin with a priming event"
     return found
 
 

@@ -5,6 +5,7 @@ HTTP+SSE transport on ``/sse`` + ``/messages``. Each handshake-era session is on
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import secrets
@@ -35,7 +36,7 @@ from bastion.transport.http.guards import (
     modern_header_mismatch,
     param_header_mismatch,
 )
-from bastion.transport.http.streams import ReplayLog, SseStream, sse_event, wait_disconnect
+from bastion.transport.http.streams import ReplayLog, SseStream, priming_event, sse_event, wait_disconnect
 
 log = logging.getLogger("bastion.http")
 
@@ -51,6 +52,12 @@ _ENVELOPE_KEYS = (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES)
 _REMOVED_IN_MODERN = frozenset({"initialize", "ping", "logging/setLevel", "resources/subscribe",
                                 "resources/unsubscribe"})
 _NO_STORE = (b"cache-control", b"private, no-store")
+# A 2025-11-25 session's streams are resumable (SEP-1699): each begins with a priming event, and a call not answered
+# within STREAM_AFTER_SECONDS is answered as such a stream, so that a client whose connection drops during a long
+# call can come back for its answer. Older clients cannot read a priming event's empty data.
+RESUMABLE_SINCE = "2025-11-25"
+STREAM_AFTER_SECONDS = 0.1
+RETRY_MS = 1000  # the priming event's retry: how long a client waits before it reconnects
 
 
 class HttpError(Exception):
@@ -76,8 +83,50 @@ class LegacySession:
         self.closing = False
         self._frontend = frontend
         self._feeding: Exchange | None = None
+        # The calls whose answer stream a GET with Last-Event-ID may resume, by the key their event ids begin with.
+        self.resumable: dict[str, Exchange] = {}
+        self._stream_numbers = itertools.count(1)
         self.connection = ClientConnection(frontend.gateway, self.route, identity=identity,
                                            close=self._close_soon)
+
+    @property
+    def streams_resumable(self) -> bool:
+        return (self._frontend.settings.resume_seconds > 0
+                and self.connection.session.protocol_version >= RESUMABLE_SINCE)
+
+    def resumable_exchange(self, request_id: Any, release: Callable[[], None]) -> Exchange:
+        """An exchange for a client that accepts SSE, whose answer stream it may resume."""
+        key = f"s{next(self._stream_numbers)}"
+        exchange = Exchange(request_id, accepts_sse=True, release=release, stream_key=key,
+                            replay=self._frontend.settings.replay_events)
+        self.resumable[key] = exchange
+        return exchange
+
+    def detach(self, exchange: Exchange) -> None:
+        """The client's stream of this call dropped: keep the call for ``resume_seconds``, for the client to come
+        back with ``Last-Event-ID``; past that, give it up (and cancel it if it still runs)."""
+        if exchange.expiry is not None:
+            exchange.expiry.cancel()
+        exchange.expiry = asyncio.get_running_loop().call_later(
+            self._frontend.settings.resume_seconds, self._expire, exchange)
+
+    def resuming(self, exchange: Exchange) -> None:
+        if exchange.expiry is not None:
+            exchange.expiry.cancel()
+            exchange.expiry = None
+
+    def forget(self, exchange: Exchange) -> None:
+        """Its answer has reached the client, or it was given up: nothing to resume any more."""
+        self.resuming(exchange)
+        if exchange.stream_key is not None and self.resumable.get(exchange.stream_key) is exchange:
+            del self.resumable[exchange.stream_key]
+
+    def _expire(self, exchange: Exchange) -> None:
+        exchange.expiry = None
+        if not exchange.answered:
+            log.info("session %s…: request %r was not resumed within %g s of its stream dropping (http.resume_seconds);"
+                     " it is cancelled", self.id[:8], exchange.request_id, self._frontend.settings.resume_seconds)
+        self.abandon(exchange)
 
     def feed(self, frame: bytes, exchange: Exchange | None = None) -> None:
         self.last_seen = time.monotonic()
@@ -119,6 +168,7 @@ class LegacySession:
 
     def abandon(self, exchange: Exchange) -> None:
         """The client went before its answer: cancel the request so that nothing runs on for nobody."""
+        self.forget(exchange)
         if exchange.answered:
             return
         exchange.answered = True
@@ -136,6 +186,9 @@ class LegacySession:
         if self.closing:
             return
         self.closing = True
+        for exchange in list(self.resumable.values()):
+            self.resuming(exchange)
+        self.resumable.clear()
         await self.connection.closed()
         ended = orjson.dumps
         for exchange in list(self.exchanges.values()):
@@ -408,14 +461,19 @@ class HttpFrontend:
             await _json(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
                         (*session_header, (b"retry-after", str(self.gate.retry_after).encode())))
             return
-        exchange = Exchange(top.id, accepts_sse=accepts(headers.get("accept"), "text/event-stream") and
-                            bool(headers.get("accept")), release=release)
+        accepts_sse = accepts(headers.get("accept"), "text/event-stream") and bool(headers.get("accept"))
+        if accepts_sse and session.streams_resumable:
+            exchange = session.resumable_exchange(top.id, release)
+            detach: Callable[[], None] | None = lambda: session.detach(exchange)
+        else:
+            exchange, detach = Exchange(top.id, accepts_sse=accepts_sse, release=release), None
         session.exchanges[top.id] = exchange
         meta = top.params.get("_meta") if isinstance(top.params, dict) else None
         if isinstance(meta, dict) and meta.get("progressToken") is not None:
             session.progress[meta["progressToken"]] = exchange
         session.feed(body, exchange)
-        await self._answer(exchange, receive, send, session_header, lambda: session.abandon(exchange))
+        await self._answer(exchange, receive, send, session_header, lambda: session.abandon(exchange),
+                           detach=detach, forget=lambda: session.forget(exchange))
 
     async def _modern_post(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
                            receive: Receive, send: Send) -> None:
@@ -458,25 +516,67 @@ class HttpFrontend:
             await connection.closed()  # a closed stream cancels what the request still runs
 
     async def _answer(self, exchange: Exchange, receive: Receive, send: Send, headers: tuple[tuple[bytes, bytes], ...],
-                      abandon: Callable[[], None], statuses: Mapping[int, int] = _STATUS_FOR_CODE) -> None:
+                      abandon: Callable[[], None], statuses: Mapping[int, int] = _STATUS_FOR_CODE, *,
+                      detach: Callable[[], None] | None = None, forget: Callable[[], None] = lambda: None) -> None:
         """Send the exchange's answer as JSON, or as an SSE stream when something comes first; call ``abandon``
-        when the client goes before the answer."""
-        if not exchange.first.done() and not await _first_before_disconnect(exchange.first, receive):
-            abandon()
-            return
-        frame, final = exchange.first.result()
-        if final:
-            status = statuses.get(peek(frame).error_code or 0, 200)
-            await _json(send, status, frame, headers)
-            return
+        when the client goes before the answer. A resumable exchange (``detach`` given) is streamed too when its
+        answer is slow, and a drop of its stream calls ``detach`` instead, leaving the call to be resumed."""
+        first: bytes | None = None
+        if not exchange.first.done():
+            came = await _first_before_disconnect(exchange.first, receive,
+                                                  STREAM_AFTER_SECONDS if detach is not None else None)
+            if came == _GONE:
+                abandon()
+                return
+        if exchange.first.done():
+            first, final = exchange.first.result()
+            if final:
+                forget()
+                status = statuses.get(peek(first).error_code or 0, 200)
+                await _json(send, status, first, headers)
+                return
         stream = SseStream(send, limit=self.settings.stream_buffer_messages,
-                           heartbeat=self.settings.heartbeat_seconds, headers=(_NO_STORE, *headers))
-        exchange.attach(stream, frame)
+                           heartbeat=self.settings.heartbeat_seconds, headers=(_NO_STORE, *headers),
+                           notice=self._overflow_answer(exchange.request_id))
+        exchange.attach(stream, first, RETRY_MS)
         try:
             await self._stream_until_gone(stream, receive)
         finally:
-            if not exchange.answered or stream.overflowed:
-                abandon()
+            _settle(exchange, stream, abandon, detach, forget)
+
+    async def _resume(self, session: LegacySession, event_id: str, receive: Receive, send: Send) -> None:
+        """A GET with the ``Last-Event-ID`` of a call's answer stream: that stream goes on here, from the event
+        after that one to the answer."""
+        key, _, number = event_id.partition(".")
+        exchange = session.resumable.get(key)
+        if exchange is None or not number.isdigit():
+            raise HttpError(400, -32600, f"no answer stream to resume at event {event_id!r}: its answer was sent, "
+                                         f"or it waited more than {self.settings.resume_seconds:g} s for the client "
+                                         "(http.resume_seconds)")
+        session.resuming(exchange)
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+                           headers=(_NO_STORE, (b"mcp-session-id", session.id.encode())),
+                           notice=self._overflow_answer(exchange.request_id))
+        exchange.resume(stream, int(number))
+        try:
+            await self._stream_until_gone(stream, receive)
+        finally:
+            _settle(exchange, stream, lambda: session.abandon(exchange), lambda: session.detach(exchange),
+                    lambda: session.forget(exchange))
+
+    def _overflow_answer(self, request_id: Any) -> bytes:
+        """What ends a request's stream whose client stopped reading: the request's answer, an error saying why."""
+        return sse_event(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
+            "code": -32000, "message": f"Bastion closed this stream: {self.settings.stream_buffer_messages} messages "
+                                       "waited unread for this client (http.stream_buffer_messages); the request is "
+                                       "cancelled"}}))
+
+    def _overflow_notice(self, consequence: str, event: str | None = None) -> bytes:
+        """What ends a stream of server messages whose client stopped reading: a log message saying why."""
+        return sse_event(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {
+            "level": "error", "logger": "bastion",
+            "data": f"Bastion closed this stream: {self.settings.stream_buffer_messages} messages waited unread "
+                    f"for this client (http.stream_buffer_messages); {consequence}"}}), event=event)
 
     async def _stream_until_gone(self, stream: SseStream, receive: Receive) -> None:
         """Run ``stream`` until it ends or its client goes, whichever comes first."""
@@ -501,12 +601,18 @@ class HttpFrontend:
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "the GET stream is text/event-stream; the Accept header refuses it")
         session = self._session(session_id, headers)
+        resume = headers.get("last-event-id", "")
+        if "." in resume:  # the id of a call's answer stream (the GET stream's ids are plain numbers)
+            await self._resume(session, resume, receive, send)
+            return
         if session.get_stream is not None:
             session.get_stream.finish()  # a client that reconnects may not have been seen to leave; the new one wins
-        resume = headers.get("last-event-id", "")
         start = int(resume) if resume.isdigit() else session.outbox.delivered
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
-                           headers=((b"mcp-session-id", session.id.encode()),), on_sent=session.outbox.sent)
+                           headers=((b"mcp-session-id", session.id.encode()),), on_sent=session.outbox.sent,
+                           notice=self._overflow_notice("messages after it were dropped; open the stream again"))
+        if session.streams_resumable:
+            stream.push(priming_event(str(start), RETRY_MS))
         for seq, frame in session.outbox.after(start):
             stream.push(sse_event(frame, str(seq)), seq)
         session.get_stream = stream
@@ -530,7 +636,8 @@ class HttpFrontend:
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "GET /sse is text/event-stream; the Accept header refuses it")
         identity = self._identity(headers)
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds)
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+                           notice=self._overflow_notice("this session ends; connect again", event="message"))
         session = SseSession(self, identity, stream)
         self.sse_sessions[session.id] = session
         stream.push(sse_event(f"/messages?session_id={session.id}".encode(), event="endpoint"))
@@ -573,32 +680,55 @@ def _nothing() -> None:
     return None
 
 
-async def _first_before_disconnect(first: asyncio.Future[Any], receive: Receive) -> bool:
-    """Wait for ``first`` while this task itself watches ``receive()``: True when it came, False when the client
-    went first. The future's arrival interrupts the wait on ``receive()`` by cancelling it; a Task per request to
-    watch for the disconnect, and ``asyncio.wait`` over both, cost about 8 µs of CPU on every POST."""
+def _settle(exchange: Exchange, stream: SseStream, abandon: Callable[[], None], detach: Callable[[], None] | None,
+            forget: Callable[[], None]) -> None:
+    """After a call's answer stream ended: done when the answer was written; else the call is abandoned, or, when
+    its stream is resumable, kept for the client's return. A stream another one has replaced decides nothing."""
+    if exchange.stream is not stream:
+        return
+    if stream.overflowed:
+        abandon()
+    elif exchange.answered and stream.completed:
+        forget()
+    elif detach is not None:
+        detach()
+    elif not exchange.answered:
+        abandon()
+
+
+_CAME, _GONE, _LATE = "came", "gone", "late"
+
+
+async def _first_before_disconnect(first: asyncio.Future[Any], receive: Receive, patience: float | None = None) -> str:
+    """Wait for ``first`` while this task itself watches ``receive()``: ``_CAME`` when it came, ``_GONE`` when the
+    client went first, ``_LATE`` when ``patience`` seconds passed first. The future's arrival (or the timer)
+    interrupts the wait on ``receive()`` by cancelling it; a Task per request to watch for the disconnect, and
+    ``asyncio.wait`` over both, cost about 8 µs of CPU on every POST."""
     task = asyncio.current_task()
     assert task is not None
-    watching, interrupted = True, False
+    watching, interrupted = True, ""
 
-    def interrupt(_: asyncio.Future[Any]) -> None:
+    def interrupt(_: asyncio.Future[Any] | None = None, why: str = _CAME) -> None:
         nonlocal interrupted
-        if watching:  # a callback already queued when the disconnect won must not cancel a later await
-            interrupted = True
+        if watching and not interrupted:  # a callback already queued when the disconnect won must not cancel later
+            interrupted = why
             task.cancel()
 
     first.add_done_callback(interrupt)
+    timer = asyncio.get_running_loop().call_later(patience, interrupt, None, _LATE) if patience is not None else None
     try:
         await wait_disconnect(receive)
     except asyncio.CancelledError:
         # Only this interruption is absorbed; a cancellation from elsewhere (the server stopping) goes on.
         if not interrupted or task.uncancel() > 0:
             raise
-        return True
+        return interrupted
     finally:
         watching = False
         first.remove_done_callback(interrupt)
-    return False
+        if timer is not None:
+            timer.cancel()
+    return _GONE
 
 
 def _headers(scope: Scope) -> dict[str, str]:

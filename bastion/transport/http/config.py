@@ -39,6 +39,10 @@ class HttpConfig(BaseModel):
         default=1024, ge=8, description="messages one SSE stream may hold for a client that is not reading; past "
                                         "it the stream is closed")
     replay_events: int = Field(default=256, ge=0, description="events of a GET stream kept for Last-Event-ID")
+    resume_seconds: float = Field(
+        default=10.0, ge=0, description="how long a 2025-11-25 call whose answer stream dropped waits for its client "
+                                        "to resume it with Last-Event-ID before it is cancelled; 0: answer streams "
+                                        "are not resumable and a dropped one cancels its call at once")
     identity_header: str | None = Field(
         default=None, description="a request header whose value is the caller's identity, e.g. X-Bastion-Identity; "
                                   "a stand-in until OAuth, off unless set")

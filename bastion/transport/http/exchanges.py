@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import msgspec
 import orjson
 
-from bastion.transport.http.streams import SseStream, sse_event
+from bastion.transport.http.streams import SseStream, priming_event, sse_event
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +25,30 @@ class Peeked:
     error_code: int | None = None
 
 
+class _Top(msgspec.Struct, gc=False):
+    """The members of a frame ``peek`` reads. Decoding into it checks the whole frame's JSON but builds no result:
+    a result (the bulk of nearly every frame) stays bytes, and other members are skipped."""
+
+    id: Any = msgspec.UNSET
+    method: Any = msgspec.UNSET
+    params: Any = None
+    result: msgspec.Raw = msgspec.Raw()
+    error: Any = msgspec.UNSET
+
+
+_decode_top = msgspec.json.Decoder(_Top).decode
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+
+
 def peek(frame: bytes | dict[str, Any]) -> Peeked:
     if isinstance(frame, (bytes, bytearray, memoryview)):
+        try:
+            top = _decode_top(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            top = None  # not an object, or not JSON: said below exactly as for any other value
+        # An integer id wider than 64 bits is read below as the rest of the HTTP frontend reads it (orjson's way).
+        if top is not None and not (type(top.id) is int and not _INT64_MIN <= top.id <= _UINT64_MAX):
+            return _peek_top(top)
         try:
             message = orjson.loads(frame)
         except orjson.JSONDecodeError:
@@ -47,18 +71,41 @@ def peek(frame: bytes | dict[str, Any]) -> Peeked:
     return Peeked("invalid")
 
 
+def _peek_top(top: _Top) -> Peeked:
+    """``peek`` of a decoded ``_Top``: the same answers as for the whole message decoded."""
+    has_id = top.id is not msgspec.UNSET
+    request_id = top.id if has_id else None
+    if isinstance(top.method, str):
+        return Peeked("request" if has_id else "notification", request_id, top.method, top.params)
+    error = top.error
+    if has_id and (len(top.result) or error is not msgspec.UNSET):
+        code = error.get("code") if isinstance(error, dict) else None
+        return Peeked("response", request_id, error_code=code if isinstance(code, int) else None)
+    return Peeked("invalid")
+
+
 class Exchange:
     """One POST that carries a request: its answer goes back as JSON when nothing comes before it, or as an SSE
-    stream when the server has something to say first (progress, logs, a question) and the client accepts one."""
+    stream when the server has something to say first (progress, logs, a question) and the client accepts one.
 
-    def __init__(self, request_id: Any, *, accepts_sse: bool, release: Callable[[], None] = lambda: None) -> None:
+    A resumable exchange (``stream_key`` set) numbers its stream's events ``<key>.<n>``, starting with a priming
+    event ``<key>.0``, and keeps the last ``replay`` of them, so that a client whose stream dropped can ask for
+    the rest with ``Last-Event-ID`` on a GET (``resume``) while the call goes on."""
+
+    def __init__(self, request_id: Any, *, accepts_sse: bool, release: Callable[[], None] = lambda: None,
+                 stream_key: str | None = None, replay: int = 0) -> None:
         self.request_id = request_id
         self.accepts_sse = accepts_sse
         self.first: asyncio.Future[tuple[bytes, bool]] = asyncio.get_running_loop().create_future()
         self.stream: SseStream | None = None
         self.answered = False
+        self.stream_key = stream_key
+        self.expiry: asyncio.TimerHandle | None = None  # while its stream is down: when its call is given up
         self._backlog: list[tuple[bytes, bool]] = []
         self._release: Callable[[], None] | None = release
+        self._replay = max(replay, 1)
+        self._sent: collections.deque[tuple[int, bytes]] | None = None  # made with the first event: most answer as JSON
+        self._next_event = 1
 
     def deliver(self, frame: bytes, final: bool) -> None:
         if self.answered:
@@ -67,7 +114,8 @@ class Exchange:
             self.answered = True
             self.release()
         if self.stream is not None:
-            self.stream.push(sse_event(frame))
+            # A stream that dropped takes nothing more; a resumable one's events wait in _sent for the client.
+            self.stream.push(self._event(frame))
             if final:
                 self.stream.finish()
             return
@@ -78,14 +126,42 @@ class Exchange:
         else:
             self._backlog.append((frame, final))
 
-    def attach(self, stream: SseStream, first: bytes) -> None:
+    def attach(self, stream: SseStream, first: bytes | None, retry_ms: int) -> None:
+        """Answer on ``stream`` from now on: its priming event when resumable, then ``first`` (None when the
+        answer is merely slow) and what came after it."""
         self.stream = stream
-        stream.push(sse_event(first))
+        if self.stream_key is not None:
+            stream.push(priming_event(f"{self.stream_key}.0", retry_ms))
+        if first is not None:
+            stream.push(self._event(first))
         for frame, final in self._backlog:
-            stream.push(sse_event(frame))
+            stream.push(self._event(frame))
         self._backlog.clear()
         if self.answered:
             stream.finish()
+
+    def resume(self, stream: SseStream, after: int) -> None:
+        """Go on answering on ``stream``, a client's GET with ``Last-Event-ID: <key>.<after>``: first the events
+        it missed, then what follows."""
+        previous, self.stream = self.stream, stream
+        if previous is not None:
+            previous.finish()  # a client that reconnects may not have been seen to leave; the new stream wins
+        for number, event in self._sent or ():
+            if number > after:
+                stream.push(event)
+        if self.answered:
+            stream.finish()
+
+    def _event(self, frame: bytes) -> bytes:
+        if self.stream_key is None:
+            return sse_event(frame)
+        number = self._next_event
+        self._next_event += 1
+        event = sse_event(frame, f"{self.stream_key}.{number}")
+        if self._sent is None:
+            self._sent = collections.deque(maxlen=self._replay)
+        self._sent.append((number, event))
+        return event
 
     def release(self) -> None:
         """Give back the server's in-flight slot this request held, once."""

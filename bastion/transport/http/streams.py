@@ -28,6 +28,12 @@ def sse_event(data: bytes, event_id: str | None = None, event: str | None = None
     return b"".join(parts)
 
 
+def priming_event(event_id: str, retry_ms: int) -> bytes:
+    """An event with an id and empty data, sent first on a resumable stream (SEP-1699): the client records the id
+    as where to resume with ``Last-Event-ID`` and dispatches nothing; ``retry`` is how long it waits to reconnect."""
+    return b"id: " + event_id.encode() + b"\nretry: " + str(retry_ms).encode() + b"\ndata: \n\n"
+
+
 class StreamOverflow(Exception):
     pass
 
@@ -35,10 +41,15 @@ class StreamOverflow(Exception):
 class SseStream:
     """One open SSE response. ``push`` never blocks (the gateway's send is synchronous); the writer task sends what
     was pushed, a heartbeat when there was nothing for a while, and ends the response when the client has let
-    ``limit`` events pile up unread, when ``finish`` is called, or when the client goes."""
+    ``limit`` events pile up unread, when ``finish`` is called, or when the client goes.
+
+    A client that let ``limit`` events pile up is told why its stream ends: what was queued is dropped and
+    ``notice`` (an encoded event) is written instead, then the response ends. A client that is merely slow reads
+    it once it catches up; one that never reads gets its connection closed after ``notice_grace`` seconds."""
 
     def __init__(self, send: AsgiSend, *, limit: int, heartbeat: float, headers: Iterable[tuple[bytes, bytes]] = (),
-                 on_sent: Callable[[int], None] | None = None) -> None:
+                 on_sent: Callable[[int], None] | None = None, notice: bytes | None = None,
+                 notice_grace: float = 5.0) -> None:
         self._send = send
         self._queue: collections.deque[tuple[bytes, int | None]] = collections.deque()
         self._ready = asyncio.Event()
@@ -46,23 +57,27 @@ class SseStream:
         self._heartbeat = heartbeat
         self._headers = [*SSE_HEADERS, *headers]
         self._on_sent = on_sent
+        self._notice = notice
+        self._notice_grace = notice_grace
+        self._sending = False  # the writer waits in a write of events, which an overflow interrupts
         self._finishing = False
         self.overflowed = False
+        self.completed = False  # every event pushed was written and the response ended
         self.ended = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
 
     def push(self, event: bytes, seq: int | None = None) -> bool:
         """Queue one encoded event; False (and the stream ends) when the client has stopped reading."""
-        if self.ended.is_set() or self._finishing:
+        if self.ended.is_set() or self._finishing or self.overflowed:
             return False
         if len(self._queue) >= self._limit:
-            if not self.overflowed:
-                self.overflowed = True
-                log.warning("an SSE client left %d events unread; its stream is closed", self._limit)
-                if self._writer is not None:
-                    self._writer.cancel()  # it may wait on a socket the client does not read, for ever
-            self.ended.set()
-            self._ready.set()
+            self.overflowed = True
+            self._queue.clear()
+            log.warning("an SSE client left %d events unread; its stream is closed, with a notice saying so",
+                        self._limit)
+            if self._writer is not None and self._sending:
+                self._writer.cancel()  # it waits on a socket the client does not read, maybe for ever
+            self._ready.set()  # a writer waiting for events sees the overflow itself
             return False
         self._queue.append((event, seq))
         self._ready.set()
@@ -74,37 +89,60 @@ class SseStream:
         self._ready.set()
 
     async def run(self, status: int = 200) -> None:
-        self._writer = asyncio.current_task()
+        writer = self._writer = asyncio.current_task()
+        assert writer is not None
         try:
-            await self._send({"type": "http.response.start", "status": status, "headers": self._headers})
-            await self._send({"type": "http.response.body", "body": b": stream open\n\n", "more_body": True})
-            while not self.ended.is_set():
-                if not self._queue:
-                    if self._finishing:
-                        break
-                    self._ready.clear()
-                    try:
-                        await asyncio.wait_for(self._ready.wait(), self._heartbeat)
-                    except TimeoutError:
-                        await self._send({"type": "http.response.body", "body": _HEARTBEAT, "more_body": True})
-                    continue
-                if self.overflowed:
-                    break
-                event, seq = self._queue.popleft()
-                await self._send({"type": "http.response.body", "body": event, "more_body": True})
-                if seq is not None and self._on_sent is not None:
-                    self._on_sent(seq)
-            if not self.overflowed:
-                await self._send({"type": "http.response.body", "body": b"", "more_body": False})
-            # An overflowed stream returns without ending its body: the server then drops the connection.
+            try:
+                await self._send({"type": "http.response.start", "status": status, "headers": self._headers})
+                await self._send({"type": "http.response.body", "body": b": stream open\n\n", "more_body": True})
+                await self._write_events()
+            except asyncio.CancelledError:
+                if not self.overflowed:
+                    raise
+                writer.uncancel()  # push's own interruption of a write the client was not reading
+            if self.overflowed:
+                await self._say_overflowed()
         except OSError:
             pass  # the client went while we wrote
-        except asyncio.CancelledError:
-            if not self.overflowed:
-                raise
         finally:
             self._writer = None
             self.ended.set()
+
+    async def _write_events(self) -> None:
+        """Write what is pushed until ``finish`` (then end the response) or an overflow (then return): an overflow
+        cancels a write in progress (only that: see ``_write``), and is seen here between writes."""
+        while not self.overflowed:
+            if not self._queue:
+                if self._finishing:
+                    await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+                    self.completed = True
+                    return
+                self._ready.clear()
+                try:
+                    await asyncio.wait_for(self._ready.wait(), self._heartbeat)
+                except TimeoutError:
+                    await self._write(_HEARTBEAT)
+                continue
+            event, seq = self._queue.popleft()
+            await self._write(event)
+            if seq is not None and self._on_sent is not None:
+                self._on_sent(seq)
+
+    async def _write(self, body: bytes) -> None:
+        self._sending = True
+        try:
+            await self._send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
+            self._sending = False
+
+    async def _say_overflowed(self) -> None:
+        """End the response with the notice once the client reads again; if it does not within the grace, return
+        without ending it, and the server drops the connection."""
+        try:
+            async with asyncio.timeout(self._notice_grace):
+                await self._send({"type": "http.response.body", "body": self._notice or b"", "more_body": False})
+        except TimeoutError:
+            pass
 
 
 class ReplayLog:
