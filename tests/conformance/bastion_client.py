@@ -35,12 +35,18 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 BASTION = str(Path(sys.executable).parent / "bastion")
 DEADLINE = 120.0  # seconds any one request may take; the suite's own timeout ends a run that hangs sooner
 ALLOW_ALL = "permit (principal, action, resource);\n"
+# Set (to anything) by the control run that shows a known gap is the input-schema check's alone: the policy then
+# lets arguments through that do not fit their tool's schema.
+SCHEMA_CHECK_OFF = "BASTION_CONFORMANCE_SCHEMA_CHECK_OFF"
 
 
 def bastion_config(folder: Path, url: str) -> Path:
     (folder / "allow-all.cedar").write_text(ALLOW_ALL)
+    policy: dict[str, Any] = {"policy_files": ["allow-all.cedar"]}
+    if os.environ.get(SCHEMA_CHECK_OFF):
+        policy["schema_validation"] = False
     config = {
-        "policy": {"policy_files": ["allow-all.cedar"]},
+        "policy": policy,
         "ready_timeout": 60,
         "servers": {"mock": {"url": url, "prefix": "", "trust": "trusted", "request_timeout": DEADLINE}},
     }

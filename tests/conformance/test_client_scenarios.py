@@ -10,18 +10,25 @@ removed as soon as its gap closes.
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.conformance.runs import Runs, client_scenarios
-from tests.conformance.suite import REQUIREMENT_SETS
+from tests.conformance.bastion_client import SCHEMA_CHECK_OFF
+from tests.conformance.runs import CLIENT_DRIVER, Runs, client_scenarios
+from tests.conformance.suite import REQUIREMENT_SETS, run_client_scenario
 
 pytestmark = pytest.mark.slow
 
 # (revision, scenario) -> why Bastion's HTTP upstream does not pass it yet
 KNOWN_CLIENT_GAPS: dict[tuple[str, str], str] = {
     ("2026-07-28", "http-custom-headers"): (
-        "the scenario's second call passes null for a boolean argument, which Bastion's input-schema check refuses "
-        "before it reaches the server, so the mock never sees how a null x-mcp-header parameter is sent"
+        "the scenario's second call passes null for an argument its tool's schema types boolean (not nullable): the "
+        "call does not fit the schema, so Bastion's input-schema check refuses it before it reaches the server, as "
+        "it refuses any such call, and the mock never sees how a null x-mcp-header parameter is sent; with the check "
+        "off every check passes, the null one omitted (test_the_custom_headers_gap_is_the_schema_checks_alone)"
     ),
 }
 
@@ -42,3 +49,13 @@ def test_known_client_gaps_are_still_gaps(runs: Runs, revision: str) -> None:
     assert set(gaps) <= set(client_scenarios(revision)), "a known gap names a scenario the set does not have"
     closed = [scenario for scenario in gaps if runs.client(revision).result(scenario).passed]
     assert not closed, f"now passing, remove from KNOWN_CLIENT_GAPS: {closed}"
+
+
+def test_the_custom_headers_gap_is_the_schema_checks_alone(tmp_path: Path) -> None:
+    """The control for the known gap: the same scenario with the policy's input-schema check off passes every
+    check, so Bastion's upstream omits a null x-mcp-header parameter as SEP-2243 says, and only the check (which
+    refuses arguments that do not fit their schema, as it should) stands between the scenario and a pass."""
+    command = f"{shutil.which('env')} {SCHEMA_CHECK_OFF}=1 {sys.executable} {CLIENT_DRIVER}"
+    run = run_client_scenario(command, "http-custom-headers", "2026-07-28", tmp_path / "results")
+    result = run.result("http-custom-headers")
+    assert result.passed, run.describe("http-custom-headers") + "\n\n" + run.output[-3000:]
