@@ -117,7 +117,7 @@ PII_DETECTORS = (
              r"\b([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D])\b", group=1, check=_nino),
     Detector("pii", "ca-sin", "bastion:ca-sin+stdnum", _D + r"(\d{3}[ -]\d{3}[ -]\d{3})" + _E, group=1,
              check=_validated_by(sin), context=_not_one_group_of_more),
-    Detector("pii", "es-dni", "bastion:es-dni+stdnum", r"\b(\d{8}-?[A-HJ-NP-TV-Z])\b", group=1,
+    Detector("pii", "es-dni", "bastion:es-dni+stdnum", _D + r"(\d{8}-?[A-HJ-NP-TV-Z])\b", group=1,
              check=_validated_by(dni)),
     Detector("pii", "es-nie", "bastion:es-nie+stdnum", r"\b([XYZ]-?\d{7}-?[A-HJ-NP-TV-Z])\b", group=1,
              check=_validated_by(nie)),

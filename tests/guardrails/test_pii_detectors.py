@@ -46,6 +46,7 @@ PASSES = [
     "phone 650-253-0000 without a country code",
     "sha1 9fceb02d0ae598e95dc970b74767f19372d61af8, uuid 7d0f3c2e-5b1a-4c8e-9f2d-6a4b8c0e1f3a",
     "ISBN 978-3-16-148410-0, port 8080, pid 4242, size 1048576 bytes",
+    "eps = [1.19209290E-07, 6.10351563E-05]",  # a float's digits are not a DNI
 ]
 
 

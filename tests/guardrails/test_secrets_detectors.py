@@ -76,6 +76,8 @@ def test_the_name_beside_a_value_stays_readable(scanner):
     "The secret to a good key lime pie is the crust.",
     "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     "uuid 7d0f3c2e-5b1a-4c8e-9f2d-6a4b8c0e1f3a",
+    "    key: ed25519.Ed25519PrivateKey\n    key_cls = ed25519.Ed25519PrivateKey",  # names, not keys
+    "from cryptography.hazmat.primitives.asymmetric.ed448 import (\n    Ed448PrivateKey,\n    Ed448PublicKey,\n)",
 ])
 def test_ordinary_text_and_placeholders_pass(scanner, text):
     assert _redacted(scanner, text) == (text, [])
