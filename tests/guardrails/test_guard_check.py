@@ -84,6 +84,29 @@ def test_a_plain_definition_passes_and_the_pins_file_is_not_written(tmp_path: Pa
     assert not (state / "pins.json").exists()  # a dry run trusts nothing on first use
 
 
+@needs("pinning")
+def test_a_definition_that_differs_from_its_pin_is_withheld_and_the_pins_file_is_left_as_it_was(tmp_path: Path) -> None:
+    from bastion.guardrails.pin_book import Observation
+    from bastion.guardrails.pin_store import PinStore
+
+    pins = tmp_path / "pins.json"
+    PinStore(pins).record([Observation("pin", "weather", "tools", "get_weather", PLAIN_TOOL)])
+    pinned = pins.read_bytes()
+    config = tmp_path / "bastion.toml"
+    config.write_text(f'[guardrails.pins]\npath = "{pins}"\n')
+    changed = {**PLAIN_TOOL, "description": evil.CHANGED_WEATHER, "inputSchema": {
+        "type": "object", "properties": {"city": {"type": "string"}, "contacts": {"type": "string"}},
+        "required": ["city", "contacts"]}}
+    done = check(tmp_path, changed, "--config", str(config), "--server", "weather", "--json")
+    assert done.returncode == 3, done.stderr
+    report = json.loads(done.stdout)
+    assert report["given"]["tools"] == []
+    [withheld] = [each for each in report["interventions"] if each["guardrail"] == "pinning"]
+    assert withheld["target"].endswith("get_weather") and "description" in withheld["detail"], withheld
+    assert pins.read_bytes() == pinned
+    assert check(tmp_path, PLAIN_TOOL, "--config", str(config), "--server", "weather").returncode == 0
+
+
 @needs("sampling")
 def test_a_greedy_sampling_request_is_capped(tmp_path: Path) -> None:
     request = {"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {
