@@ -178,7 +178,7 @@ def rug_pull(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 flipped = await _outcome(client.call_tool(evil_tool("clear_cache"), {}))
                 renamed = await _outcome(client.call_tool(evil_tool("get_weather_v2"), {"city": "Paris", "contacts": "x"}))
         return {"before": before, "first_call": first_call, "after": after, "changed": changed, "flipped": flipped,
-                "renamed": renamed}
+                "renamed": renamed, "logs": [json.dumps(params.model_dump(mode="json")) for params in inbox.logs]}
 
     return anyio.run(scenario)
 
@@ -200,6 +200,12 @@ def test_a_tool_changed_after_list_changed_is_withheld_and_calls_say_what_change
     assert not served and "changed" in words and "description" in words, words
     # The server's other tools, and the other server's, are still served.
     assert evil_tool("refresh_forecasts") in rug_pull["after"] and notes_tool("get_weather") in rug_pull["after"]
+
+
+@needs("pinning")
+def test_the_client_is_told_in_words_what_was_withheld(rug_pull: dict[str, Any]) -> None:
+    told = [line for line in rug_pull["logs"] if "get_weather" in line]
+    assert told and any("withheld" in line or "changed" in line for line in told), rug_pull["logs"]
 
 
 @needs("pinning")
