@@ -338,6 +338,15 @@ async def test_secrets_and_personal_data_are_redacted_everywhere_they_reach_the_
     assert [block.type for block in result.content] == ["text", "resource"]
     assert set(result.structured_content) == {"aws", "owner", "github"}
     assert "Sunny" not in config and "AWS_ACCESS_KEY_ID=" in config  # the names around the values are kept
+    # Each redaction is an audit record naming the server, the tool, the kind and the rule, never the value.
+    trail = "".join(path.read_text() for path in sorted((world.state / "bastion").glob("audit*.jsonl")))
+    records = [json.loads(line) for line in trail.splitlines()]
+    redactions = [r for r in records if r.get("guardrail") in ("secrets", "pii") and r.get("action") == "redacted"]
+    assert {"secrets", "pii"} <= {r["guardrail"] for r in redactions}, records
+    assert all(r["server"] == EVIL and r["rule"] and r["target"] for r in redactions)
+    assert {"github-pat", "email", "payment-card", "private-key"} <= {r["kind"] for r in redactions}
+    for value in (*evil.SECRETS, *evil.PERSONAL):
+        assert value not in trail, f"the audit trail carries {value[:12]}..."
 
 
 @pytest.mark.xfail(strict=True, reason="the secret scanner reads each string of structuredContent alone: a "
