@@ -7,6 +7,7 @@ Paths, driven by the data-plane benchmark's raw client (bench/dataplane_client.p
   direct         client -> sized server                                       (context: the server alone)
   guardrails-on  client -> `bastion run` (guardrails as they come, policy off) -> sized server
   guardrails-off client -> `bastion run` (guardrails = "off", policy off)    -> sized server
+  scanning-only  the same with every guardrail off but secrets and pii       (the scanner's share, end to end)
 
 The policy is off on both Bastion paths so the difference is the guardrails alone. The rounds alternate between the
 paths so machine noise lands on all of them alike; only differences taken within one run mean anything. Beside the
@@ -44,7 +45,9 @@ LARGE = 1_048_576  # 1 MB
 TARGET_SMALL_US = 50.0
 TARGET_LARGE_MS = 10.0
 HANDSHAKE_TIMEOUT_S = 60.0
-PATHS = ("direct", "guardrails-on", "guardrails-off")
+PATHS = ("direct", "guardrails-on", "guardrails-off", "scanning-only")
+ONLY_SCANNING = {"pinning": "off", "metadata_injection": "off", "output_injection": "off", "taint": "off",
+                 "sampling": "off", "deputy": "off"}
 
 
 def log(message: str) -> None:
@@ -65,6 +68,7 @@ def commands(python: str, bastion: str, workdir: Path) -> dict[str, list[str]]:
         "direct": [python, str(SIZED_SERVER)],
         "guardrails-on": [bastion, "run", str(config_file(workdir, "on.json", python, None))],
         "guardrails-off": [bastion, "run", str(config_file(workdir, "off.json", python, "off"))],
+        "scanning-only": [bastion, "run", str(config_file(workdir, "scanning.json", python, ONLY_SCANNING))],
     }
 
 
@@ -165,7 +169,10 @@ def summary(timings: dict[str, dict[str, list[int]]]) -> dict[str, Any]:
                          for size, values in sizes.items()}
     added_small_us = (figures["guardrails-on"]["small"]["p50_ms"] - figures["guardrails-off"]["small"]["p50_ms"]) * 1e3
     added_large_ms = figures["guardrails-on"]["large"]["p50_ms"] - figures["guardrails-off"]["large"]["p50_ms"]
+    scanning = {size: (figures["scanning-only"][size]["p50_ms"] - figures["guardrails-off"][size]["p50_ms"])
+                for size in ("small", "large")}
     return {"paths": figures, "added_small_us": added_small_us, "added_large_ms": added_large_ms,
+            "scanning_added_small_us": scanning["small"] * 1e3, "scanning_added_large_ms": scanning["large"],
             "targets": [
                 {"name": "added p50, small result", "value": f"{added_small_us:.1f} µs",
                  "target": f"<= {TARGET_SMALL_US:.0f} µs", "met": added_small_us <= TARGET_SMALL_US},
@@ -184,6 +191,8 @@ def render(report: dict[str, Any]) -> str:
     for row in report["targets"]:
         lines.append(f"| {row['name']} | {row['value']} | {row['target']} | {'yes' if row['met'] else 'no'} |")
     scanner = report["scanner"]
+    lines += ["", f"secrets and pii alone, end to end: {report['scanning_added_small_us']:.1f} µs small, "
+                  f"{report['scanning_added_large_ms']:.2f} ms for 1 MB"]
     lines += ["", f"secret and personal-data scanner alone, in process: {scanner['small_us']:.1f} µs small, "
                   f"{scanner['large_ms']:.2f} ms for 1 MB ({scanner['large_findings']} findings in it: its authors' "
                   f"e-mail addresses)",
