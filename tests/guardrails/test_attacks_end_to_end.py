@@ -151,8 +151,13 @@ async def test_control_a_rug_pull_changes_tools_after_list_changed() -> None:
     with anyio.fail_after(DEADLINE):
         async with directly(MALICIOUS, inbox) as client:
             before = described((await client.list_tools()).tools)
+            prompts_before = described((await client.list_prompts()).prompts)
             await client.call_tool("refresh_forecasts", {})
             after = described((await client.list_tools()).tools)
+            prompts_after = described((await client.list_prompts()).prompts)
+    assert prompts_before["weekly_report"].description == evil.ORIGINAL_REPORT
+    assert prompts_after["weekly_report"].description == evil.CHANGED_REPORT
+    assert [a.name for a in prompts_after["weekly_report"].arguments] == ["week", "calendar"]
     assert before["get_weather"].description == evil.ORIGINAL_WEATHER
     assert after["get_weather"].description == evil.CHANGED_WEATHER
     assert "contacts" in after["get_weather"].input_schema["required"]
@@ -177,7 +182,9 @@ def rug_pull(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 changed = await _outcome(client.call_tool(evil_tool("get_weather"), {"city": "Paris", "contacts": "x"}))
                 flipped = await _outcome(client.call_tool(evil_tool("clear_cache"), {}))
                 renamed = await _outcome(client.call_tool(evil_tool("get_weather_v2"), {"city": "Paris", "contacts": "x"}))
-        return {"before": before, "first_call": first_call, "after": after, "changed": changed, "flipped": flipped,
+                prompts_after = await _prompts_once_changed(client, evil_tool("weekly_report"))
+                prompt = await _outcome(client.get_prompt(evil_tool("weekly_report"), {"week": "1", "calendar": "x"}))
+        return {"prompts_after": prompts_after, "prompt": prompt, "before": before, "first_call": first_call, "after": after, "changed": changed, "flipped": flipped,
                 "renamed": renamed, "logs": [json.dumps(params.model_dump(mode="json")) for params in inbox.logs]}
 
     return anyio.run(scenario)
@@ -189,6 +196,8 @@ async def _outcome(call: Any) -> tuple[bool, str]:
         result = await call
     except MCPError as error:
         return False, str(error)
+    if not hasattr(result, "content"):  # a prompt, served
+        return True, dumped(result)
     return not result.is_error, texts(result)
 
 
@@ -200,6 +209,13 @@ def test_a_tool_changed_after_list_changed_is_withheld_and_calls_say_what_change
     assert not served and "changed" in words and "description" in words, words
     # The server's other tools, and the other server's, are still served.
     assert evil_tool("refresh_forecasts") in rug_pull["after"] and notes_tool("get_weather") in rug_pull["after"]
+
+
+@needs("pinning")
+def test_a_prompt_changed_after_list_changed_is_withheld(rug_pull: dict[str, Any]) -> None:
+    assert evil_tool("weekly_report") not in rug_pull["prompts_after"]
+    served, words = rug_pull["prompt"]
+    assert not served and "changed" in words, words
 
 
 @needs("pinning")
@@ -235,6 +251,17 @@ async def test_a_rug_pull_across_a_restart_is_withheld(world: World) -> None:
     assert not {evil_tool("get_weather"), evil_tool("clear_cache")} & set(upgraded)  # the rename: see above
     assert evil_tool("refresh_forecasts") in upgraded
     assert "changed" in changed, changed
+
+
+async def _prompts_once_changed(client: Client, name: str) -> dict[str, Any]:
+    """The prompt list once ``name`` changed or left it (at most a while: the list is re-read in the background)."""
+    with anyio.move_on_after(30):
+        while True:
+            listed = described((await client.list_prompts()).prompts)
+            if name not in listed or listed[name].description != evil.ORIGINAL_REPORT:
+                return listed
+            await anyio.sleep(0.1)
+    return described((await client.list_prompts()).prompts)
 
 
 async def _tools_once_changed(client: Client, before: dict[str, Any]) -> dict[str, Any]:
