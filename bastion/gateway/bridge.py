@@ -35,7 +35,8 @@ class BridgedCall:
     client_capabilities: Mapping[str, Any]
     handling: asyncio.Task[Any]
     origin: tuple[Hashable, Any]  # (connection id, the client's request id) the servers know the call by
-    token: str = field(default_factory=lambda: TOKEN_PREFIX + secrets.token_urlsafe(24))
+    # Drawn when the call is parked: most calls end without asking, and need no random draw.
+    token: str | None = None
     # Done when a question arrives while the client's request waits (or at once, if one is open already).
     attention: asyncio.Future[None] | None = None
     questions: dict[str, tuple[str, dict[str, Any], asyncio.Future[dict[str, Any]]]] = field(default_factory=dict)
@@ -73,7 +74,6 @@ class InputBridge:
               origin: tuple[Hashable, Any]) -> BridgedCall:
         call = BridgedCall(identity, client_capabilities, handling, origin)
         self._by_origin[origin] = call
-        self._by_token[call.token] = call
         handling.add_done_callback(lambda _: self._forget(call))
         return call
 
@@ -118,6 +118,9 @@ class InputBridge:
     def park(self, call: BridgedCall) -> None:
         """The call's ``input_required`` has gone out; it waits for the retry, at most ``PARKED_FOR``."""
         call.parked = True
+        if call.token is None:
+            call.token = TOKEN_PREFIX + secrets.token_urlsafe(24)
+            self._by_token[call.token] = call
         if call.expiry is None:
             call.expiry = asyncio.get_running_loop().call_later(PARKED_FOR, call.handling.cancel)
 
@@ -131,11 +134,12 @@ class InputBridge:
         self._unpark(call)
         if self._by_origin.get(call.origin) is call:
             del self._by_origin[call.origin]
-        self._by_token.pop(call.token, None)
+        if call.token is not None:
+            self._by_token.pop(call.token, None)
         for _, _, answer in call.questions.values():
             if not answer.done():
                 answer.cancel()
 
     def close(self) -> None:
-        for call in list(self._by_token.values()):
+        for call in {*self._by_origin.values(), *self._by_token.values()}:
             call.handling.cancel()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import uuid
 from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
@@ -107,6 +109,10 @@ class Gateway:
         # The same pipeline without the exposure mode, for a frontend that finds tools itself (the host API).
         self.handle_permitted = build_pipeline(permitted, self._route)
         self._connections: dict[str, ClientConnection] = {}
+        # Connections are told apart by a counter under a random prefix of this gateway's own: unique across runs
+        # (audit records name them), at no random draw per connection (a 2026-07-28 HTTP POST is one).
+        self._connection_prefix = uuid.uuid4().hex[:16]
+        self._connection_count = itertools.count(1)
         self._started = False
         # The name head each server's tools and prompts have, to say why a name of a server still down is unknown.
         self._name_heads = {
@@ -140,6 +146,12 @@ class Gateway:
         for name, upstream in self.upstreams.items():
             if not upstream.ready.is_set() and not upstream.stopped:  # a stopped server has said why, once
                 log.warning("server %s is not ready yet (%s); it joins when it is", name, upstream.failure or "starting")
+
+    def servers_settled(self) -> bool:
+        """Whether ``wait_ready`` has nothing left to wait for: every server is ready with its lists fetched, or has
+        failed to start."""
+        return all(u.settled.is_set() for u in self.upstreams.values()) and \
+            all(task.done() for task in self._refreshes.values())
 
     async def wait_started(self) -> None:
         """Wait until every server is ready with its lists fetched, or has failed to start within its own
@@ -195,6 +207,10 @@ class Gateway:
         configured = self.config.policy.identity
         return Identity(configured.name, tuple(configured.groups))
 
+    def connection_id(self) -> str:
+        """A new client connection's id, never given to another connection of this gateway or of another run."""
+        return f"{self._connection_prefix}-{next(self._connection_count)}"
+
     def attach(self, connection: ClientConnection) -> None:
         self._connections[connection.id] = connection
 
@@ -232,7 +248,9 @@ class Gateway:
             name = params.get("name")
             if type(name) is msgspec.Raw:  # params the frontend left as the client's bytes (takes_raw_params)
                 name = jsonrpc.raw_string(name)
-            entry = await self._find(self.catalog.tool, name, "tool")
+            entry = self.catalog.tool(name) if isinstance(name, str) else None
+            if entry is None:  # the slower way, which may wait for servers still starting, only for a name not found
+                entry = await self._find(self.catalog.tool, name, "tool")
             return await self._forward(request, entry.server, {**params, "name": entry.original_name}, raw_results)
         if method in _LISTS:
             kind, key, _ = _LISTS[method]
@@ -301,13 +319,14 @@ class Gateway:
             return instance
         return make
 
-    async def _forward(self, request: GatewayRequest, server: str, params: dict[str, Any],
-                       raw_results: bool = False) -> Any:
+    def _forward(self, request: GatewayRequest, server: str, params: dict[str, Any],
+                 raw_results: bool = False) -> Awaitable[Any]:
+        # A plain function handing back the coroutine that forwards: no coroutine layer of its own per request.
         pool = self.pools.get(server)
         if pool is not None:
-            return await pool.call(request.session, lambda instance: self._forward_to(request, instance, server, params,
-                                                                                      raw_results))
-        return await self._forward_to(request, self.upstreams[server], server, params, raw_results)
+            return pool.call(request.session, lambda instance: self._forward_to(request, instance, server, params,
+                                                                                raw_results))
+        return self._forward_to(request, self.upstreams[server], server, params, raw_results)
 
     async def _forward_to(self, request: GatewayRequest, upstream: Upstream, server: str,
                           params: dict[str, Any], raw_results: bool = False) -> Any:
@@ -643,8 +662,9 @@ def server_catalog(config: GatewayConfig) -> Catalog:
 def _encoder(params: Mapping[str, Any]) -> Callable[[Any, str, Any], bytes]:
     """How to frame a request with ``params``: as they are, when they still hold the client's raw JSON values
     (a call whose params nothing in the chain reads), else the ordinary way."""
-    if any(type(value) is msgspec.Raw for value in params.values()):
-        return jsonrpc.raw_request_frame
+    for value in params.values():
+        if type(value) is msgspec.Raw:
+            return jsonrpc.raw_request_frame
     return jsonrpc.request_frame
 
 

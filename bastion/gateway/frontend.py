@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from bastion.gateway.core import SERVER_INFO, Gateway
@@ -47,7 +46,7 @@ class ClientConnection:
         drain: Callable[[], Awaitable[None]] | None = None,
         era: str | None = None,
     ) -> None:
-        self.id = uuid.uuid4().hex
+        self.id = gateway.connection_id()
         self.gateway = gateway
         self.identity = identity
         self.protocol = ServerSession(server_info=SERVER_INFO, max_message_bytes=gateway.config.max_message_bytes,
@@ -175,34 +174,49 @@ class ClientConnection:
 
         await self._answer(event.request, answer())
 
-    async def _serve(self, event: Serve) -> jsonrpc.Message | RawResponse:
-        message = event.request
+    def _serve(self, event: Serve) -> Awaitable[jsonrpc.Message | RawResponse]:
+        """What answers a request (a plain function handing back the coroutine that does: no layer of its own
+        per request)."""
         if event.era == "modern":
-            await self._first_request_waited()
-            session = Session(self.identity, "modern", event.protocol_version, event.client_capabilities,
-                              event.client_info, self.id, client=self)
-            return await self._dispatch_modern(message, session, event.log_level)
-        else:
-            if not self._handshake.is_set() and message.method != "ping":
-                await self._handshake.wait()
-            session = self._session or self._anonymous_session()
-        return await self._dispatch(message, session, event.log_level)
+            return self._serve_modern(event)
+        if not self._handshake.is_set() and event.request.method != "ping":
+            return self._serve_after_handshake(event)
+        return self._dispatch(event.request, self._session or self._anonymous_session(), event.log_level)
+
+    async def _serve_after_handshake(self, event: Serve) -> jsonrpc.Message | RawResponse:
+        await self._handshake.wait()
+        return await self._dispatch(event.request, self._session or self._anonymous_session(), event.log_level)
+
+    async def _serve_modern(self, event: Serve) -> jsonrpc.Message:
+        waiting = self._servers_wait()
+        if waiting is not None:
+            await waiting
+        session = Session(self.identity, "modern", event.protocol_version, event.client_capabilities,
+                          event.client_info, self.id, client=self)
+        return await self._dispatch_modern(event.request, session, event.log_level)
 
     def _anonymous_session(self) -> Session:
         return Session(self.identity, self.era or "legacy", "", {}, None, self.id, client=self)
 
     async def _discover(self, event: Discover) -> jsonrpc.Message:
-        await self._first_request_waited()
+        waiting = self._servers_wait()
+        if waiting is not None:
+            await waiting
         return self.protocol.discover_result(event.request, self.gateway.server_capabilities(),
                                              self.gateway.instructions())
 
-    async def _first_request_waited(self) -> None:
-        """A modern client's first request waits, as a legacy client's initialize does, for servers still starting
-        (at most ``ready_timeout``); its later requests do not, and late servers join with list_changed."""
-        if self._servers_waited is None:
+    def _servers_wait(self) -> Awaitable[None] | None:
+        """What a modern client's request waits for first, None for nothing: its first request waits, as a legacy
+        client's initialize does, for servers still starting (at most ``ready_timeout``); its later requests do not,
+        and late servers join with list_changed. Once every server has settled nothing is waited for (a 2026-07-28
+        HTTP client's every POST is a first request, and a wait costs Tasks)."""
+        waited = self._servers_waited
+        if waited is None:
             self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
-            self._servers_waited = asyncio.ensure_future(self.gateway.wait_ready())
-        await asyncio.shield(self._servers_waited)
+            if self.gateway.servers_settled():
+                return None
+            waited = self._servers_waited = asyncio.ensure_future(self.gateway.wait_ready())
+        return None if waited.done() else asyncio.shield(waited)
 
     async def _dispatch(self, message: Request, session: Session,
                         log_level: str | None) -> jsonrpc.Message | RawResponse:
@@ -236,14 +250,20 @@ class ClientConnection:
         except GatewayError as exc:
             return ErrorResponse(message.id, exc.to_error())
         attention = call.wait_for_attention()
+        handling = call.handling
+        # The call's end, like a question of its server, draws attention: one future to wait on, no asyncio.wait.
+        draw_attention = attention.done() or handling.done() or _draw_attention_on_end(handling, attention)
         try:
-            await asyncio.wait((call.handling, attention), return_when=asyncio.FIRST_COMPLETED)
+            if not handling.done():
+                await attention
         except asyncio.CancelledError:
             if not call.parked:  # the client gave up on the call itself, not on a request that answered for it
-                call.handling.cancel()
+                handling.cancel()
             raise
         finally:
             attention.cancel()
+            if draw_attention is not True:
+                handling.remove_done_callback(draw_attention)
         if call.handling.done():
             if call.handling.cancelled():
                 return ErrorResponse(message.id, jsonrpc.error(
@@ -259,7 +279,9 @@ class ClientConnection:
             "resultType": "input_required", "inputRequests": questions, "requestState": call.token})
 
     async def _listen(self, event: Listen) -> None:
-        await self._first_request_waited()
+        waiting = self._servers_wait()
+        if waiting is not None:
+            await waiting
         agreed, acknowledged = self.protocol.listen_opened(event, self.gateway.server_capabilities())
         for uri in agreed.get("resourceSubscriptions", ()):
             try:
@@ -335,10 +357,21 @@ class ClientConnection:
         """The transport is gone: abort everything this client started and release what it held."""
         self.protocol.connection_lost()
         running = list(self._running.values())
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        if running:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
         for future in self._outgoing.values():
             future.cancel()
         self._outgoing.clear()
         self.gateway.detach(self)
+
+
+def _draw_attention_on_end(handling: asyncio.Future[Any], attention: asyncio.Future[None]) -> Callable[..., None]:
+    """Make ``handling``'s end complete ``attention``; returns the callback, for removing it."""
+    def on_end(_: asyncio.Future[Any]) -> None:
+        if not attention.done():
+            attention.set_result(None)
+
+    handling.add_done_callback(on_end)
+    return on_end

@@ -42,6 +42,8 @@ log = logging.getLogger("bastion.approval")
 POLICY_DENIED = -32001
 # The audit trail's rule for a call a user approves in their client's own configuration (autoApprove).
 CLIENT_CONFIG_RULE = "approval:client-config"
+_APPROVED_BY_CLIENT_CONFIG = Decision.allow(
+    CLIENT_CONFIG_RULE, "approved in advance by the client's configuration (autoApprove/alwaysAllow)")
 ARGUMENT_REFUSED = -32602
 _SESSION_FACTS = "bastion.policy.session"
 _REMEMBERED = "bastion.policy.approved_tools"
@@ -333,14 +335,14 @@ class ApprovalStage:
         server = entry.server if entry else ""
         label = entry.original_name if entry else name  # the server's own name for it, shown to the person
         arguments = request.params.get("arguments")
-        key = (session.identity.name, name, arguments_digest(arguments))
         if entry is not None and entry.original_name in self._pre_approved.get(entry.server, ()):
-            trail.add("approval", Decision.allow(
-                CLIENT_CONFIG_RULE, "approved in advance by the client's configuration (autoApprove/alwaysAllow)"))
+            trail.add("approval", _APPROVED_BY_CLIENT_CONFIG)
             return await call_next(request)
         if name in session.facts.get(_REMEMBERED, ()):
             trail.add("approval", Decision.allow("approval:remembered", "approved earlier in this session"))
             return await call_next(request)
+        # Hashed only past the checks above, which pass most calls (those the client's configuration approves).
+        key = (session.identity.name, name, arguments_digest(arguments))
         if session.era == "modern" and self._grants.get(key, 0.0) > time.monotonic():
             trail.add("approval", Decision.allow("approval:granted", "approved moments ago"))
             return await call_next(request)

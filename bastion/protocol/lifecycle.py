@@ -39,6 +39,7 @@ class Verdict:
 
 _ACCEPT = Verdict(Action.ACCEPT)
 _IGNORE = Verdict(Action.IGNORE)
+_ABORT = Verdict(Action.ABORT)
 
 # Allowed in either direction before the handshake completes, as the specification permits.
 _PRE_HANDSHAKE_METHODS = frozenset({"ping"})
@@ -96,7 +97,7 @@ class ServerLifecycle:
     def transport_dropped(self) -> Verdict:
         was_live = self.state is not State.SHUTDOWN
         self.state = State.SHUTDOWN
-        return Verdict(Action.ABORT) if was_live else _IGNORE
+        return _ABORT if was_live else _IGNORE
 
     def close(self) -> Verdict:
         return self.transport_dropped()
@@ -155,4 +156,4 @@ class ClientLifecycle:
     def transport_dropped(self) -> Verdict:
         was_live = self.state is not State.SHUTDOWN
         self.state = State.SHUTDOWN
-        return Verdict(Action.ABORT) if was_live else _IGNORE
+        return _ABORT if was_live else _IGNORE
