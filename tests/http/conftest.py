@@ -33,10 +33,12 @@ class Served:
         return self.events.read_text().splitlines() if self.events.exists() else []
 
 
-def start_bastion(tmp: Path, http: dict[str, Any] | None = None, *, extra_args: tuple[str, ...] = ()) -> Served:
+def start_bastion(tmp: Path, http: dict[str, Any] | None = None, *, extra_args: tuple[str, ...] = (),
+                  servers: dict[str, Any] | None = None) -> Served:
+    """``servers`` replaces the SDK fixture server, federated as ``fx``, with other entries."""
     events = tmp / "events.log"
     config = tmp / "bastion.json"
-    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, "http": http or {}, "servers": {
+    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, "http": http or {}, "servers": servers or {
         SERVER: {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")],
                  "env": {"FIXTURE_EVENTS": str(events)}, "request_timeout": 900,
                  "sandbox": {"writable": [str(tmp)]}}}}))
