@@ -20,11 +20,15 @@ def builders() -> list[Builder]:
 
     ordered: list[Builder] = []
     ordered.append(pinning_guardrail)  # slot 1: pinning
-    # slot 2: metadata injection
+    from bastion.guardrails.injection import build_metadata as metadata_injection_guardrail
+    from bastion.guardrails.injection import build_metadata_gate as withheld_tool_gate
+    ordered.append(metadata_injection_guardrail)  # slot 2: metadata injection
+    ordered.append(withheld_tool_gate)
     # slot 3: confused deputy
     # slot 4: taint
     # slot 5: sampling
-    # slot 6: output injection
+    from bastion.guardrails.injection import build_output as output_injection_guardrail
+    ordered.append(output_injection_guardrail)  # slot 6: output injection
     from bastion.guardrails.scanning import build as scanning_guardrail
     ordered.append(scanning_guardrail)
     return ordered

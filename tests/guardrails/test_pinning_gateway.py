@@ -38,9 +38,11 @@ def mcp_servers_file(tmp_path: Path, stage: int) -> Path:
 def reviewed_file(tmp_path: Path, stage: int) -> Path:
     """The default policy and guardrails, for a server whose annotations the policy believes (trust "reviewed"): a
     tool that claims to be read-only is called without a person's approval, so a claim changed later must not be
-    believed."""
+    believed. The changed add's description also carries instructions, which the prompt-injection guardrail withholds
+    on its own, accepted or not: it is off for this server, so what is seen here is pinning's doing alone."""
     path = tmp_path / "bastion.json"
     path.write_text(json.dumps({"servers": {"rug": {**rug(stage), "trust": "reviewed"}},
+                                "guardrails": {"servers": {"rug": {"metadata_injection": "off"}}},
                                 "ready_timeout": READY_TIMEOUT}))
     return path
 
@@ -190,7 +192,9 @@ def test_pinning_off_for_a_server_serves_its_changes(tmp_path: Path, state: Path
             ("enforce", {"rug__advance", "rug__multiply"}),
             ("off", {"rug__add", "rug__delete_file", "rug__advance", "rug__multiply"})]):
         config.write_text(json.dumps({"servers": {"rug": rug(0 if step == 0 else 1)},
-                                      "guardrails": {"servers": {"rug": {"pinning": pinning}}},
+                                      # The prompt-injection guardrail would withhold the changed add by itself.
+                                      "guardrails": {"servers": {"rug": {"pinning": pinning,
+                                                                         "metadata_injection": "off"}}},
                                       "policy": "off", "ready_timeout": READY_TIMEOUT}))
         client = RawClient(config)
         try:
