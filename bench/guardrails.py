@@ -93,11 +93,15 @@ def collector_paused():
         gc.enable()
 
 
-async def measure(options: argparse.Namespace, workdir: Path) -> dict[str, dict[str, list[int]]]:
+async def measure(options: argparse.Namespace,
+                  workdir: Path) -> tuple[dict[str, dict[str, list[int]]], dict[str, dict[str, float]]]:
     argv = commands(options.python, options.bastion, workdir)
     env = {**os.environ, "XDG_STATE_HOME": str(workdir / "state"), "XDG_CACHE_HOME": str(workdir / "cache")}
     clients: dict[str, tuple[McpPipeClient, str]] = {}
     timings: dict[str, dict[str, list[int]]] = {path: {"small": [], "large": []} for path in PATHS}
+    # CPU time of the process on each path (Bastion's, or the server's on the direct one), which a busy machine
+    # disturbs far less than the wall time of a call.
+    cpu: dict[str, dict[str, float]] = {path: {"small": 0.0, "large": 0.0} for path in PATHS}
     logs = contextlib.ExitStack()
     try:
         for path in PATHS:
@@ -118,15 +122,17 @@ async def measure(options: argparse.Namespace, workdir: Path) -> dict[str, dict[
             for path in PATHS:
                 client, tool = clients[path]
                 with collector_paused():
-                    for _ in range(options.small_calls):
-                        timings[path]["small"].append(await timed_read(client, tool, SMALL))
-                    for _ in range(options.large_calls):
-                        timings[path]["large"].append(await timed_read(client, tool, LARGE))
+                    for size, label, calls in ((SMALL, "small", options.small_calls),
+                                               (LARGE, "large", options.large_calls)):
+                        before = client.cpu_seconds() or 0.0
+                        for _ in range(calls):
+                            timings[path][label].append(await timed_read(client, tool, size))
+                        cpu[path][label] += (client.cpu_seconds() or 0.0) - before
     finally:
         for client, _ in clients.values():
             await client.close()
         logs.close()
-    return timings
+    return timings, cpu
 
 
 def scanner_in_process(repeat: int) -> dict[str, float]:
@@ -161,17 +167,21 @@ def guardrails_in_the_chain() -> list[str]:
     return [builder.__module__.rsplit(".", 1)[-1] for builder in builders()]
 
 
-def summary(timings: dict[str, dict[str, list[int]]]) -> dict[str, Any]:
+def summary(timings: dict[str, dict[str, list[int]]], cpu: dict[str, dict[str, float]]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for path, sizes in timings.items():
         figures[path] = {size: {"p50_ms": statistics.median(values) / 1e6,
-                                "p90_ms": sorted(values)[int(len(values) * 0.9)] / 1e6, "calls": len(values)}
+                                "p90_ms": sorted(values)[int(len(values) * 0.9)] / 1e6, "calls": len(values),
+                                "cpu_ms_per_call": cpu[path][size] * 1e3 / len(values) if values else None}
                          for size, values in sizes.items()}
     added_small_us = (figures["guardrails-on"]["small"]["p50_ms"] - figures["guardrails-off"]["small"]["p50_ms"]) * 1e3
     added_large_ms = figures["guardrails-on"]["large"]["p50_ms"] - figures["guardrails-off"]["large"]["p50_ms"]
     scanning = {size: (figures["scanning-only"][size]["p50_ms"] - figures["guardrails-off"][size]["p50_ms"])
                 for size in ("small", "large")}
+    cpu_added = {size: (figures["guardrails-on"][size]["cpu_ms_per_call"] - figures["guardrails-off"][size]["cpu_ms_per_call"])
+                 for size in ("small", "large")}
     return {"paths": figures, "added_small_us": added_small_us, "added_large_ms": added_large_ms,
+            "cpu_added_small_us": cpu_added["small"] * 1e3, "cpu_added_large_ms": cpu_added["large"],
             "scanning_added_small_us": scanning["small"] * 1e3, "scanning_added_large_ms": scanning["large"],
             "targets": [
                 {"name": "added p50, small result", "value": f"{added_small_us:.1f} µs",
@@ -183,14 +193,18 @@ def summary(timings: dict[str, dict[str, list[int]]]) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     lines = [f"guardrails in the chain: {', '.join(report['guardrails'])}", "",
-             "| path | small p50 | small p90 | 1 MB p50 | 1 MB p90 |", "|---|---|---|---|---|"]
+             "| path | small p50 | small p90 | small CPU/call | 1 MB p50 | 1 MB p90 | 1 MB CPU/call |",
+             "|---|---|---|---|---|---|---|"]
     for path, sizes in report["paths"].items():
-        lines.append(f"| {path} | {sizes['small']['p50_ms']:.3f} ms | {sizes['small']['p90_ms']:.3f} ms | "
-                     f"{sizes['large']['p50_ms']:.2f} ms | {sizes['large']['p90_ms']:.2f} ms |")
+        small, large = sizes["small"], sizes["large"]
+        lines.append(f"| {path} | {small['p50_ms']:.3f} ms | {small['p90_ms']:.3f} ms | {small['cpu_ms_per_call']:.3f} ms | "
+                     f"{large['p50_ms']:.2f} ms | {large['p90_ms']:.2f} ms | {large['cpu_ms_per_call']:.2f} ms |")
     lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
     for row in report["targets"]:
         lines.append(f"| {row['name']} | {row['value']} | {row['target']} | {'yes' if row['met'] else 'no'} |")
     scanner = report["scanner"]
+    lines += ["", f"added CPU per call, guardrails on against off: {report['cpu_added_small_us']:.1f} µs small, "
+                  f"{report['cpu_added_large_ms']:.2f} ms for 1 MB"]
     lines += ["", f"secrets and pii alone, end to end: {report['scanning_added_small_us']:.1f} µs small, "
                   f"{report['scanning_added_large_ms']:.2f} ms for 1 MB"]
     lines += ["", f"secret and personal-data scanner alone, in process: {scanner['small_us']:.1f} µs small, "
@@ -220,8 +234,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bastion-bench-guardrails-") as workdir:
-        timings = asyncio.run(measure(options, Path(workdir)))
-    report = summary(timings)
+        timings, cpu = asyncio.run(measure(options, Path(workdir)))
+    report = summary(timings, cpu)
     report.update(guardrails=guardrails_in_the_chain(), scanner=scanner_in_process(5 if options.quick else 50),
                   machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
                   small_calls=options.small_calls * options.rounds, large_calls=options.large_calls * options.rounds)

@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.content import TextSlot, error_slots, text_slots
-from bastion.guardrails.matching import Detector, Matcher
-from bastion.guardrails.pii import PII_DETECTORS
 from bastion.guardrails.report import Intervention, InterventionLog
-from bastion.guardrails.secrets import secret_detectors
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
 from bastion.paths import cache_dir
+
+if TYPE_CHECKING:  # the detectors and their libraries load in the background (see ScannerInBackground)
+    from bastion.guardrails.matching import Detector, Matcher
 
 SCANNED_RESULTS = frozenset({"tools/call", "resources/read", "prompts/get"})
 SAMPLING = "sampling/createMessage"
@@ -102,15 +103,61 @@ def _spliced(data: bytes, redactions: list[tuple[int, int, str]]) -> str:
     return b"".join(parts).decode("utf-8", "replace")
 
 
+def all_detectors() -> tuple[Detector, ...]:
+    from bastion.guardrails.pii import PII_DETECTORS
+    from bastion.guardrails.secrets import secret_detectors
+
+    return secret_detectors() + PII_DETECTORS
+
+
+_BUILDING = threading.Lock()
+
+
 @functools.cache
+def _built_scanner() -> ContentScanner:
+    from bastion.guardrails.matching import Matcher
+
+    return ContentScanner(Matcher(all_detectors(), cache=cache_dir() / "guardrails"))
+
+
 def default_scanner() -> ContentScanner:
-    """The scanner with every detector; compiled once per process (the compiled automaton is cached on disk too)."""
-    return ContentScanner(Matcher(secret_detectors() + PII_DETECTORS, cache=cache_dir() / "guardrails"))
+    """The scanner with every detector; built once per process (the compiled automaton is cached on disk too)."""
+    with _BUILDING:  # two threads asking at once build it once
+        return _built_scanner()
 
 
 def known_kinds() -> frozenset[str]:
     """Every kind a scanner can report, the names ``[guardrails.scanning]`` accepts."""
-    return frozenset(detector.kind for detector in secret_detectors() + PII_DETECTORS)
+    return frozenset(detector.kind for detector in all_detectors())
+
+
+class ScannerInBackground:
+    """The scanner, built in a thread from the gateway's start: reading the rules and loading the libraries takes
+    most of a second (several the first time, when the automaton is compiled), which must not delay serving lists
+    and calls. The first answer that needs scanning waits for it; if it cannot be built, every answer that needs it
+    is refused with the reason rather than passed unscanned."""
+
+    def __init__(self, make: Callable[[], ContentScanner] = default_scanner) -> None:
+        self._done = threading.Event()
+        self._scanner: ContentScanner | None = None
+        self._failure: BaseException | None = None
+        threading.Thread(target=self._build, args=(make,), name="bastion-scanner", daemon=True).start()
+
+    def _build(self, make: Callable[[], ContentScanner]) -> None:
+        try:
+            self._scanner = make()
+        except BaseException as exc:  # reported to every request that needs the scanner
+            self._failure = exc
+        finally:
+            self._done.set()
+
+    async def get(self) -> ContentScanner:
+        if not self._done.is_set():
+            await asyncio.to_thread(self._done.wait)
+        if self._scanner is None:
+            raise GatewayError(-32603, f"Bastion cannot scan this answer for secrets and personal data: the scanner "
+                               f"failed to start ({self._failure}); the answer is withheld")
+        return self._scanner
 
 
 class ScanningPolicy:
@@ -144,7 +191,7 @@ class ScanningInterceptor:
     reads_params = False
     reads_results = True
 
-    def __init__(self, scanner: ContentScanner, policy: ScanningPolicy, report: InterventionLog,
+    def __init__(self, scanner: ScannerInBackground, policy: ScanningPolicy, report: InterventionLog,
                  thread_above: int) -> None:
         self._scanner = scanner
         self._policy = policy
@@ -207,10 +254,11 @@ class ScanningInterceptor:
         if not slots:
             return []
         action = self._policy.action_for(server)
+        scanner = await self._scanner.get()
         size = sum(len(slot.text) for slot in slots)
         if size > self._thread_above:
-            return await asyncio.to_thread(self._scanner.scan, slots, action)
-        return self._scanner.scan(slots, action)
+            return await asyncio.to_thread(scanner.scan, slots, action)
+        return scanner.scan(slots, action)
 
     def _report_all(self, hits: list[Hit], request: GatewayRequest, server: str | None, target: str) -> None:
         for (guardrail, kind, rule, action), wheres in _grouped(hits):
@@ -273,4 +321,4 @@ def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogVie
     policy = ScanningPolicy(config)
     if not policy.on_anywhere():
         return None
-    return ScanningInterceptor(default_scanner(), policy, report, config.scanning.thread_above_bytes)
+    return ScanningInterceptor(ScannerInBackground(), policy, report, config.scanning.thread_above_bytes)

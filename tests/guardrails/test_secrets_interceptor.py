@@ -12,7 +12,7 @@ import pytest
 from bastion.gateway.pipeline import build_pipeline
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.report import InterventionLog
-from bastion.guardrails.scanning import BLOCKED, build
+from bastion.guardrails.scanning import BLOCKED, ScannerInBackground, ScanningInterceptor, ScanningPolicy, build
 from bastion.model import GatewayError, GatewayRequest, Identity, Session, ToolEntry
 
 KEY = "AKIAQ3EGRV7HZ2K4MPXN"
@@ -143,3 +143,18 @@ def test_off_everywhere_builds_nothing():
     assert build(config, InterventionLog(), _Catalog()) is None
     one_kind = GuardrailsConfig.model_validate({"secrets": "off", "pii": "off", "scanning": {"kinds": {"email": "redact"}}})
     assert build(one_kind, InterventionLog(), _Catalog()) is not None
+
+
+async def test_a_scanner_that_cannot_start_withholds_answers_with_the_reason_instead_of_passing_them():
+    def broken():
+        raise RuntimeError("no Hyperscan for this CPU")
+
+    config = GuardrailsConfig()
+    interceptor = ScanningInterceptor(ScannerInBackground(broken), ScanningPolicy(config), InterventionLog(), 65536)
+
+    async def terminal(request):
+        return _text(f"key {KEY}")
+
+    with pytest.raises(GatewayError) as refused:
+        await build_pipeline([interceptor], terminal)(_request("tools/call", {"name": "ops__env"}))
+    assert "no Hyperscan for this CPU" in refused.value.message and "withheld" in refused.value.message
