@@ -12,7 +12,7 @@ Kinds are ``tools`` and ``prompts`` (keyed by the server's own name) and ``resou
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from bastion.guardrails.pin_diff import Change, describe_changes, same
 
@@ -225,6 +225,34 @@ def apply(book: PinBook, observations: Iterable[Observation], now: str) -> PinBo
             if record is not None and record.pinned is not None and same(record.pinned, seen.definition):
                 records[address] = PinRecord(pinned=record.pinned, pinned_at=record.pinned_at)
     return PinBook(records)
+
+
+Offered = tuple[str, str, str, Mapping[str, Any]]  # (server, kind, key, definition)
+
+
+def reconcile(book: PinBook, offered: Sequence[Offered], now: str) -> tuple[PinBook, list[Observation], list[Verdict]]:
+    """Judge everything a catalog offers at once: the book with what it asks to record, those records, and each
+    item's verdict. A change and a new name that carries it can arrive in one list update, so the changes' offers
+    are recorded first and the new names judged against them."""
+    present: dict[tuple[str, str], set[str]] = {}
+    for server, kind, key, _ in offered:
+        present.setdefault((server, kind), set()).add(key)
+
+    def verdicts_of(current: PinBook) -> list[Verdict]:
+        return [judge(current, server, kind, key, definition, present[(server, kind)])
+                for server, kind, key, definition in offered]
+
+    recorded: list[Observation] = []
+    verdicts = verdicts_of(book)
+    for offers_only in (True, False):
+        seen = [o for (server, kind, key, definition), verdict in zip(offered, verdicts)
+                if (o := observation(book, server, kind, key, definition, verdict)) is not None
+                and (o.action == "offer" or not offers_only)]
+        if seen:
+            book = apply(book, seen, now)
+            recorded += seen
+            verdicts = verdicts_of(book)
+    return book, recorded, verdicts
 
 
 def accept(book: PinBook, server: str, key: str | None, now: str) -> tuple[PinBook, list[Address]]:

@@ -26,12 +26,12 @@ from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.pin_book import (
     RENAMED,
     SINGULAR,
+    Observation,
     PinBook,
     Verdict,
     apply,
     item_key,
-    judge,
-    observation,
+    reconcile,
 )
 from bastion.guardrails.pin_diff import summary
 from bastion.guardrails.pin_store import PinStore, PinStoreError, Signature, now
@@ -149,6 +149,8 @@ class PinningGuard:
         self._withheld_prompts: dict[str, Withheld] = {}  # by exposed name
         self._withheld_templates: dict[str, Withheld] = {}  # by uriTemplate
         self._reported: set[tuple[str, str, str, str]] = set()
+        self._unwritten: list[Observation] = []  # recorded in memory, on their way to the pins file
+        self._writer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------ the chain
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
@@ -161,17 +163,22 @@ class PinningGuard:
                 if withheld is not None:
                     self._refuse(request, withheld)
             return await call_next(request)
+        # A list waits until what it pinned is in the pins file (a one-shot `bastion tools` exits right after); a call
+        # never waits for the disk.
         if method == "tools/list":
             result = await call_next(request)
             withheld = await self._tool_withholdings(request.catalog, reread=True)
+            await self._flushed()
             return self._served(request, result, "tools", lambda item: withheld.get(item.get("name")))
         if method == "prompts/list":
             result = await call_next(request)
             prompts, _ = await self._other_withholdings(request.catalog, reread=True)
+            await self._flushed()
             return self._served(request, result, "prompts", lambda item: prompts.get(item.get("name")))
         if method == "resources/templates/list":
             result = await call_next(request)
             _, templates = await self._other_withholdings(request.catalog, reread=True)
+            await self._flushed()
             return self._served(request, result, "resourceTemplates",
                                 lambda item: templates.get(item.get("uriTemplate")))
         if method == "prompts/get":
@@ -268,7 +275,7 @@ class PinningGuard:
             offered = [_Offered(entry.exposed_name, entry.server, "tools", entry.original_name,
                                 {**entry.definition, "name": entry.original_name})
                        for entry in entries if self._enforced(entry.server)]
-            withheld = await self._reconcile(offered)
+            withheld = self._reconcile(offered)
             self._withheld_tools, self._tools_from, self._tools_book = withheld, entries, self._book
             return withheld
 
@@ -291,31 +298,27 @@ class PinningGuard:
             await self._ensure_loaded()
             offered = [item for kind in ("prompts", "resourceTemplates")
                        for item in _listed(view, kind, view.listing(kind)) if self._enforced(item.server)]
-            withheld = await self._reconcile(offered)
+            withheld = self._reconcile(offered)
             self._withheld_prompts = {name: w for name, w in withheld.items() if w.kind == "prompts"}
             self._withheld_templates = {name: w for name, w in withheld.items() if w.kind == "resourceTemplates"}
             self._others_from, self._others_book = version, self._book
             return self._withheld_prompts, self._withheld_templates
 
     # ------------------------------------------------------------------------------------------ judging
-    async def _reconcile(self, offered: list[_Offered]) -> dict[str, Withheld]:
-        """Judge ``offered`` against the book, record what is new or newly changed, and return what is withheld.
-        Called with the lock held."""
+    def _reconcile(self, offered: list[_Offered]) -> dict[str, Withheld]:
+        """Judge ``offered`` against the book, record what is new or newly changed (in memory at once, in the pins
+        file soon after), and return what is withheld."""
         if self._problem is not None:
             withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, None, self._problem)
                         for item in offered}
             self._report_new(withheld.values())
             return withheld
-        present: dict[tuple[str, str], set[str]] = {}
-        for item in offered:
-            present.setdefault((item.server, item.kind), set()).add(item.key)
-        verdicts = self._judge_all(offered, present)
-        seen = [o for item, verdict in zip(offered, verdicts)
-                if (o := observation(self._book, item.server, item.kind, item.key, item.definition, verdict))]
+        self._book, seen, verdicts = reconcile(
+            self._book, [(item.server, item.kind, item.key, item.definition) for item in offered], now())
         if seen:
-            await self._record(seen)
-            # Judged again: a first-seen one is trusted now, unless another process pinned another definition first.
-            verdicts = self._judge_all(offered, present)
+            # In the pins file soon after. Should another process have pinned another definition first, the file
+            # says so once written, and the next judgement follows it.
+            self._persist(seen)
             pinned = [o.server for o in seen if o.action == "pin"]
             for server in sorted(set(pinned)):
                 log.info("pinned %d definitions of server %s on first use", pinned.count(server), server)
@@ -324,19 +327,30 @@ class PinningGuard:
         self._report_new(withheld.values(), offered)
         return withheld
 
-    def _judge_all(self, offered: list[_Offered], present: dict[tuple[str, str], set[str]]) -> list[Verdict]:
-        return [judge(self._book, item.server, item.kind, item.key, item.definition,
-                      present[(item.server, item.kind)]) for item in offered]
+    def _persist(self, seen: list[Observation]) -> None:
+        self._unwritten.extend(seen)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_unwritten())
 
-    async def _record(self, seen: list[Any]) -> None:
-        try:
-            self._book, self._signature = await asyncio.to_thread(self._store.record, seen)
-        except PinStoreError as exc:
-            # Pinned in memory still: a change within this run is caught; a change across a restart is not.
-            self._book = apply(self._book, seen, now())
-            if self._unwritable != str(exc):
-                self._unwritable = str(exc)
-                log.error("%s; definitions are pinned for this run only", exc)
+    async def _flushed(self) -> None:
+        """Wait until what was recorded so far is in the pins file (or could not be written)."""
+        if self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)  # a cancelled list must not cancel the write of others' pins
+
+    async def _write_unwritten(self) -> None:
+        while self._unwritten:
+            batch, self._unwritten = self._unwritten, []
+            try:
+                book, signature = await asyncio.to_thread(self._store.record, batch)
+            except PinStoreError as exc:
+                # Pinned in memory still: a change within this run is caught; a change across a restart is not.
+                if self._unwritable != str(exc):
+                    self._unwritable = str(exc)
+                    log.error("%s; definitions are pinned for this run only", exc)
+                continue
+            # The file's book is every process's; what was recorded meanwhile is on its way.
+            self._book = apply(book, self._unwritten, now()) if self._unwritten else book
+            self._signature = signature
 
     def _report_new(self, withheld: Iterable[Withheld], offered: list[_Offered] = ()) -> None:
         definitions = {item.exposed: item.definition for item in offered}
@@ -365,12 +379,22 @@ class PinningGuard:
         await self._load()
         return True
 
+    def load_now(self) -> None:
+        """Read the pins file on the calling thread: at start, before any request."""
+        try:
+            self._take(*self._store.load())
+        except PinStoreError as exc:
+            self._fail(str(exc))
+
     async def _load(self) -> None:
         try:
             book, signature = await asyncio.to_thread(self._store.load)
         except PinStoreError as exc:
             self._fail(str(exc))
             return
+        self._take(book, signature)
+
+    def _take(self, book: PinBook, signature: Signature) -> None:
         if self._problem is not None:
             log.warning("the pins file %s can be read again; definitions are checked against it", self._store.path)
         self._book, self._signature, self._problem, self._loaded = book, signature, None, True
@@ -383,10 +407,13 @@ class PinningGuard:
 
 
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> PinningGuard | None:
-    """The pinning interceptor, or None when pinning is off for every server."""
+    """The pinning interceptor, or None when pinning is off for every server. The pins file is read now, at start,
+    so that a client's first call waits for no disk."""
     if not config.on_anywhere("pinning"):
         return None
-    return PinningGuard(config, report, PinStore(config.pins_path()), catalog)
+    guard = PinningGuard(config, report, PinStore(config.pins_path()), catalog)
+    guard.load_now()
+    return guard
 
 
 # ------------------------------------------------------------------------------------------ helpers

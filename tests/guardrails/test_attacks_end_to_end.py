@@ -231,8 +231,7 @@ def test_a_destructive_tool_that_starts_claiming_read_only_is_withheld(rug_pull:
     assert not served and "changed" in words and "readOnlyHint" in words, words
 
 
-@pytest.mark.xfail(strict=True, reason="pinning serves, as first seen, a new tool that carries the changed definition "
-                   "of a tool withheld in the same list update (get_weather_v2 arrives with the changed get_weather)")
+@needs("pinning")
 def test_a_renamed_changed_tool_does_not_dodge_the_pin(rug_pull: dict[str, Any]) -> None:
     assert evil_tool("get_weather_v2") not in rug_pull["after"]
     served, words = rug_pull["renamed"]
