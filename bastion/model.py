@@ -71,6 +71,23 @@ class CatalogView(Protocol):
         never one changed in place, so a caller can tell that nothing changed by identity."""
 
 
+# ``session.facts[TAINTED_BY]``: the servers whose content this session has received and that taints it (an untrusted
+# server's, or content the injection scan flagged), each with the first such content, in the order they came.
+TAINTED_BY = "guardrails.tainted_by"
+
+
+@dataclass(frozen=True, slots=True)
+class TaintSource:
+    """The first content of one server that tainted a session: which server, what it answered, and why it counts."""
+
+    server: str
+    target: str  # the request it answered, e.g. "tools/call web__fetch"
+    reason: str  # "untrusted server", or what the injection scan flagged
+
+    def describe(self) -> str:
+        return f"the answer to {self.target} from server '{self.server}' ({self.reason})"
+
+
 @dataclass(frozen=True, slots=True)
 class CallInFlight:
     """A client's call a server is working on when that server asks the client something (sampling, elicitation)."""

@@ -147,6 +147,11 @@ class Catalog:
     def prompt(self, exposed_name: str) -> Named | None:
         return self._prompts.get(exposed_name)
 
+    def server_trust(self, server: str) -> str | None:
+        """The configured trust level of ``server``; None for a name that is no server of this catalog."""
+        facts = self._servers.get(server)
+        return facts.trust if facts is not None else None
+
     def resource_owner(self, uri: str) -> str | None:
         owner = self._resource_owner.get(uri)
         if owner is not None:

@@ -24,9 +24,12 @@ def builders() -> list[Builder]:
     from bastion.guardrails.injection import build_metadata_gate as withheld_tool_gate
     ordered.append(metadata_injection_guardrail)  # slot 2: metadata injection
     ordered.append(withheld_tool_gate)
-    # slot 3: confused deputy
-    # slot 4: taint
-    # slot 5: sampling
+    from bastion.guardrails.deputy import build as deputy_guardrail
+    ordered.append(deputy_guardrail)
+    from bastion.guardrails.taint import build as taint_guardrail
+    ordered.append(taint_guardrail)
+    from bastion.guardrails.sampling import build as sampling_guardrail
+    ordered.append(sampling_guardrail)
     from bastion.guardrails.injection import build_output as output_injection_guardrail
     ordered.append(output_injection_guardrail)  # slot 6: output injection
     from bastion.guardrails.scanning import build as scanning_guardrail

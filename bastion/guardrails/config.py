@@ -92,9 +92,24 @@ class SamplingSettings(_Strict):
     tokens_per_minute: int = Field(default=32768, ge=1, description="maxTokens requested per server and session a minute")
 
 
+class CrossServerSettings(_Strict):
+    """What crosses from one server to another: taint approvals and the pairs the confused-deputy guard allows."""
+
+    allow: dict[str, list[str]] = Field(
+        default_factory=dict, description="server -> the servers whose resources it may point the client at (resource "
+        "links in its results) or put in its sampling requests; \"*\" for any")
+    approval_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="how long a tainted session's call waits for a person to answer")
+
+    def allows(self, server: str, owner: str) -> bool:
+        allowed = self.allow.get(server, ())
+        return owner in allowed or "*" in allowed
+
+
 class GuardrailsConfig(GuardrailSwitches):
     pins: PinningSettings = Field(default_factory=PinningSettings)
     sampling_budget: SamplingSettings = Field(default_factory=SamplingSettings)
+    cross_server: CrossServerSettings = Field(default_factory=CrossServerSettings)
     servers: dict[str, GuardrailSwitches] = Field(
         default_factory=dict, description="per server: the switches that differ from the gateway-wide ones")
     scanning: ScanningSettings = Field(default_factory=ScanningSettings)

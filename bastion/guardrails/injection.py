@@ -39,7 +39,7 @@ import orjson
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.content import TextSlot, error_slots, text_slots
 from bastion.guardrails.report import Intervention, InterventionLog
-from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor
+from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
 from bastion.paths import cache_dir
 
 FLAG_SCORE = 2
@@ -770,25 +770,40 @@ class WithheldToolGate:
         self._guard = guard
         self._config = config
         self._catalog = catalog
+        # The refusal of each tool entry, for the catalog it was decided in (a tool of another server named in a
+        # description counts): a call costs a lookup, not a hash of its definition.
+        self._decided: tuple[Any, dict[str, tuple[ToolEntry, str | None]]] = ((), {})
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
         if request.method != "tools/call":
             return await call_next(request)
         name = _call_name(request.params)
         entry = self._catalog.tool(name) if name is not None else None
-        if entry is not None:
-            mode = self._config.switch("metadata_injection", entry.server)
-            if mode != "off":
-                definition = entry.definition
-                verdict = self._guard.verdict(definition, entry.server)
-                if verdict.flagged and (mode == "withhold" or self._guard.verdict(
-                        sanitize_definition(definition), entry.server).flagged):
-                    raise GatewayError(-32602, f"Bastion withheld tool {name!r} of server {entry.server!r}: its "
-                                       f"definition carries {verdict.reason()}, which reads as instructions to the "
-                                       "model. A person can review the server and set metadata_injection = \"off\" "
-                                       f"under [guardrails.servers.{entry.server}].",
-                                       {"guardrail": "metadata_injection", "rules": verdict.rules})
+        if entry is not None and self._config.switch("metadata_injection", entry.server) != "off":
+            refusal = self._refusal(name, entry)
+            if refusal is not None:
+                raise GatewayError(-32602, refusal, {"guardrail": "metadata_injection"})
         return await call_next(request)
+
+    def _refusal(self, name: str, entry: ToolEntry) -> str | None:
+        tools = self._catalog.tools()
+        seen, decided = self._decided
+        if seen is not tools:  # the catalog gives a new sequence whenever it changes
+            decided = {}
+            self._decided = (tools, decided)
+        known = decided.get(name)
+        if known is not None and known[0] is entry:
+            return known[1]
+        mode = self._config.switch("metadata_injection", entry.server)
+        verdict = self._guard.verdict(entry.definition, entry.server)
+        refusal = None
+        if verdict.flagged and (mode == "withhold" or self._guard.verdict(
+                sanitize_definition(entry.definition), entry.server).flagged):
+            refusal = (f"Bastion withheld tool {name!r} of server {entry.server!r}: its definition carries "
+                       f"{verdict.reason()}, which reads as instructions to the model. A person can review the "
+                       f"server and set metadata_injection = \"off\" under [guardrails.servers.{entry.server}].")
+        decided[name] = (entry, refusal)
+        return refusal
 
 
 OUTPUT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})

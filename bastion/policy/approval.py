@@ -96,12 +96,14 @@ class ApprovalSigner:
 
 
 def approval_elicitation(
-    server: str, tool: str, arguments: Mapping[str, Any] | None, show_values: bool, with_mode: bool
+    server: str, tool: str, arguments: Mapping[str, Any] | None, show_values: bool, with_mode: bool, note: str = ""
 ) -> dict[str, Any]:
-    """``elicitation/create`` params asking the person to approve one call."""
+    """``elicitation/create`` params asking the person to approve one call; ``note`` (what the session read that
+    could steer the model, say) comes first."""
     shown = orjson.dumps(arguments or {}, option=orjson.OPT_INDENT_2).decode() if show_values else "(hidden)"
     params: dict[str, Any] = {
-        "message": f"Allow the tool '{tool}' on server '{server}' to run with these arguments?\n{shown}",
+        "message": f"{note + chr(10) if note else ''}Allow the tool '{tool}' on server '{server}' to run with these "
+                   f"arguments?\n{shown}",
         "requestedSchema": {
             "type": "object",
             "properties": {"approve": {"type": "boolean", "title": "Approve this call", "default": False}},

@@ -282,23 +282,25 @@ class SessionFacts:
     protocol_version: str = ""
     session_id: str = ""
     client_name: str = ""
+    tainted_by: tuple[str, ...] = ()  # servers whose content tainted the session, sorted
     # Session facts key the decision cache on every call: hash them once.
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
-            self, "_hash", hash((self.era, self.protocol_version, self.session_id, self.client_name))
+            self, "_hash", hash((self.era, self.protocol_version, self.session_id, self.client_name, self.tainted_by))
         )
 
     def __hash__(self) -> int:
         return self._hash
 
-    def record(self) -> dict[str, str]:
+    def record(self) -> dict[str, Any]:
         return {
             "era": self.era,
             "protocol_version": self.protocol_version,
             "session_id": self.session_id,
             "client_name": self.client_name,
+            "tainted_by": list(self.tainted_by),
         }
 
 

@@ -31,6 +31,8 @@ namespace Bastion {
     protocol_version: String,
     session_id: String,
     client_name: String,
+    // The servers whose content this session read and that may steer the model (docs/guardrails.md).
+    tainted_by: Set<String>,
   };
   type CallContext = { arguments: Arguments, session: Session };
 
@@ -80,9 +82,8 @@ permit (
   resource
 );
 
-// Sampling spends the user's model budget and feeds server text to the model: trusted servers only (a
-// reviewed server is believed about its tools, not given the model).
-@id("default-sampling-trusted-servers")
-permit (principal, action == Bastion::Action::"answer_sampling", resource)
-when { resource.trust == "trusted" };
+// Sampling spends the user's model budget and feeds server text to the model: any server may ask while one of
+// its calls is in flight, and the sampling guardrail holds every request to its budgets (docs/guardrails.md).
+@id("default-sampling")
+permit (principal, action == Bastion::Action::"answer_sampling", resource);
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from bastion.model import GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
+from bastion.model import TAINTED_BY, GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
 from bastion.policy.approval import (
     APPROVAL_KEY,
     STATE_PREFIX,
@@ -48,6 +48,7 @@ ARGUMENT_REFUSED = -32602
 _SESSION_FACTS = "bastion.policy.session"
 _REMEMBERED = "bastion.policy.approved_tools"
 _WHO = "bastion.policy.audit_who"
+_SESSION_TAINT = "bastion.policy.session_taint"  # the taint record session facts were built from
 
 
 @dataclass(slots=True)
@@ -64,11 +65,25 @@ class Trail:
 
 def session_facts(session: Session) -> SessionFacts:
     facts = session.facts.get(_SESSION_FACTS)
-    if facts is None:
+    tainted = session.facts.get(TAINTED_BY)
+    # The taint guardrail replaces its record when it grows, so an unchanged one is the same object.
+    if facts is None or session.facts.get(_SESSION_TAINT) is not tainted:
         client = (session.client_info or {}).get("name", "") if session.client_info else ""
-        facts = SessionFacts(session.era, session.protocol_version, session.session_id, str(client))
+        facts = SessionFacts(session.era, session.protocol_version, session.session_id, str(client),
+                             tuple(sorted(tainted or ())))
         session.facts[_SESSION_FACTS] = facts
+        session.facts[_SESSION_TAINT] = tainted
     return facts
+
+
+def taint_note(session: Session, server: str) -> str:
+    """What an approval prompt for a call on ``server`` says first: the content of other servers this session read
+    that could steer the model (empty when none)."""
+    sources = [source for name, source in (session.facts.get(TAINTED_BY) or {}).items() if name != server]
+    if not sources:
+        return ""
+    return ("This session has read content that could steer the model: "
+            + "; ".join(source.describe() for source in sources) + ".")
 
 
 def _refusal(code: int, message: str, decision: Decision) -> GatewayError:
@@ -356,7 +371,8 @@ class ApprovalStage:
             return await self._settle(request, call_next, trail, key, name, problem, strip=True)
         if session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
             trail.add("approval", Decision(Effect.APPROVAL, trail.approval.rule, "asked the person (input_required)"))
-            params = approval_elicitation(server, label, arguments, self.settings.show_argument_values, True)
+            params = approval_elicitation(server, label, arguments, self.settings.show_argument_values, True,
+                                          taint_note(session, server))
             return {
                 "resultType": "input_required",
                 "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": params}},
@@ -400,7 +416,7 @@ class ApprovalStage:
         if strip:
             params = {k: v for k, v in request.params.items() if k not in ("requestState", "inputResponses")}
             request = dataclasses.replace(request, params=params)
-        return await call_next(request)
+        return await call_next(dataclasses.replace(request, person_approved=True))
 
     async def _wait_for_person(
         self, request: GatewayRequest, trail: Trail, server: str, label: str, arguments: Any, ask_client: bool
@@ -419,6 +435,9 @@ class ApprovalStage:
                 "tool": label,
                 "arguments": arguments if self.settings.show_argument_values else shape_of(arguments),
             }
+            note = taint_note(session, server)
+            if note:
+                record["note"] = note
             approval_id = await self._submit(record, timeout)
         wait = ApprovalWait(server, label, approval_id, self._command(approval_id), ask_client, timeout)
         log.warning("%s", wait.sentence())
@@ -488,7 +507,8 @@ class ApprovalStage:
 
     async def _ask_legacy(self, session: Session, server: str, name: str, arguments: Any) -> str | None:
         with_mode = session.protocol_version >= "2025-11-25"
-        params = approval_elicitation(server, name, arguments, self.settings.show_argument_values, with_mode)
+        params = approval_elicitation(server, name, arguments, self.settings.show_argument_values, with_mode,
+                                      taint_note(session, server))
         try:
             answer = await asyncio.wait_for(
                 session.client.request("elicitation/create", params), self.settings.timeout_seconds  # type: ignore[union-attr]

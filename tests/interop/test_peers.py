@@ -27,8 +27,9 @@ def scratch(tmp_path_factory):
     files.mkdir()
     (files / "hello.txt").write_text("hello from the filesystem server\n")
     config = base / "claude_desktop_config.json"
-    # Policy off: this is about the peers working through Bastion at all; the default policy has its own tests.
-    config.write_text(json.dumps({"ready_timeout": 120, "policy": "off", "mcpServers": {
+    # Policy off: this is about the peers working through Bastion at all; the default policy has its own tests. So is
+    # cross-server taint, which would hold these calls from one untrusted server to the next with nobody to ask.
+    config.write_text(json.dumps({"ready_timeout": 120, "policy": "off", "guardrails": {"taint": "off"}, "mcpServers": {
         "time": {"command": str(VENV_BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
         "git": {"command": str(VENV_BIN / "mcp-server-git"), "args": ["--repository", str(repo)]},
         "everything": {"command": str(NODE_BIN / "mcp-server-everything"), "args": ["stdio"]},

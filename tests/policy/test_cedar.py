@@ -175,10 +175,9 @@ def test_tool_facts_trust_annotations_only_from_trusted_servers() -> None:
 def test_default_server_requests() -> None:
     assert authorize_server_request(DEFAULT, ALICE, "fs", "elicitation/create").allowed
     assert authorize_server_request(DEFAULT, ALICE, "fs", "roots/list").allowed
-    assert not authorize_server_request(DEFAULT, ALICE, "fs", "sampling/createMessage").allowed
-    assert authorize_server_request(DEFAULT, ALICE, "fs", "sampling/createMessage", trust="trusted").allowed
-    # Reviewing a server's tools does not hand it the user's model.
-    assert not authorize_server_request(DEFAULT, ALICE, "fs", "sampling/createMessage", trust="reviewed").allowed
+    # Any server may ask for sampling; the sampling guardrail holds each request to its origin and budgets.
+    for trust in ("untrusted", "reviewed", "trusted"):
+        assert authorize_server_request(DEFAULT, ALICE, "fs", "sampling/createMessage", trust=trust).allowed
     assert not authorize_server_request(DEFAULT, ALICE, "fs", "tools/call").allowed
 
 

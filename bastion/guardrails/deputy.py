@@ -1,0 +1,165 @@
+"""Confused-deputy protection: a server reads through Bastion only what it owns.
+
+Bastion federates servers, so the client can read any server's resources; a server must not use that to reach
+another's. A resource link in a server's result (tools/call, prompts/get) that points at a resource another server
+owns is replaced by a note saying so, and a server's ``sampling/createMessage`` that carries another server's
+resource (a link or an embedded resource) or asks for every server's context (``includeContext: "allServers"``)
+is refused; unless ``[guardrails.cross_server] allow`` lets that server reference that owner. Ownership is the
+catalog's: the server that lists the resource, or a template that matches its URI.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping
+
+from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.report import Intervention, InterventionLog
+from bastion.guardrails.taint import named
+from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
+
+SAMPLING = "sampling/createMessage"
+DEPUTY_REFUSED = -32600
+_RESULTS = frozenset({"tools/call", "prompts/get"})
+
+Owner = Callable[[str], "str | None"]
+
+
+# ------------------------------------------------------------------------------------------ pure decisions
+def result_links(method: str, result: Mapping[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """Each resource link of a result, as (what holds it, its key or index there), so it can be replaced in place."""
+    if method == "tools/call":
+        content = result.get("content")
+        if isinstance(content, list):
+            yield from ((content, i) for i, item in enumerate(content) if _is_link(item))
+    elif method == "prompts/get":
+        messages = result.get("messages")
+        for message in messages if isinstance(messages, list) else ():
+            if isinstance(message, dict) and _is_link(message.get("content")):
+                yield message, "content"
+
+
+def _is_link(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("type") == "resource_link" and isinstance(item.get("uri"), str)
+
+
+def foreign_owner(uri: str, server: str, owner_of: Owner, allows: Callable[[str, str], bool]) -> str | None:
+    """The other server that owns ``uri`` when ``server`` may not reference it; None when it may."""
+    owner = owner_of(uri)
+    if owner is None or owner == server or allows(server, owner):
+        return None
+    return owner
+
+
+def sampling_references(params: Mapping[str, Any]) -> Iterator[str]:
+    """The resource URIs a sampling request carries: resource links and embedded resources in its messages,
+    within the tool results a message may hold too."""
+    messages = params.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        yield from _references(content if isinstance(content, list) else [content])
+
+
+def _references(items: list[Any]) -> Iterator[str]:
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "resource_link" and isinstance(item.get("uri"), str):
+            yield item["uri"]
+        elif kind == "resource" and isinstance(item.get("resource"), dict):
+            uri = item["resource"].get("uri")
+            if isinstance(uri, str):
+                yield uri
+        elif kind == "tool_result" and isinstance(item.get("content"), list):
+            yield from _references(item["content"])
+
+
+def withheld_link(owner: str, server: str) -> dict[str, Any]:
+    return {"type": "text", "text": f"[Bastion withheld a link to a resource of server '{owner}': server '{server}' "
+                                    "may point only at its own resources]"}
+
+
+# ------------------------------------------------------------------------------------------ the interceptor
+class DeputyGuard:
+    """Withholds resource links to other servers' resources from results, and refuses sampling requests that
+    reach for another server's resources or context."""
+
+    methods = frozenset({*_RESULTS, SAMPLING})
+    # Of a tools/call only the tool's name, which ``named`` reads from the client's JSON too; a server's sampling
+    # request is always decoded.
+    reads_params = False
+
+    def __init__(self, config: GuardrailsConfig, report: InterventionLog) -> None:
+        self._config = config
+        self._report = report
+
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        if request.method == SAMPLING:
+            if request.server is not None and self._config.switch("deputy", request.server) != "off":
+                self._check_sampling(request, request.server)
+            return await call_next(request)
+        result = await call_next(request)
+        if request.method in _RESULTS and isinstance(result, dict):
+            server = _answering_server(request)
+            if server is not None and self._config.switch("deputy", server) != "off":
+                self._withhold_foreign_links(request, server, result)
+        return result
+
+    def _owner_of(self, catalog: CatalogView) -> Owner:
+        owner = getattr(catalog, "resource_owner", None)
+        return owner if callable(owner) else (lambda uri: None)
+
+    def _withhold_foreign_links(self, request: GatewayRequest, server: str, result: dict[str, Any]) -> None:
+        owner_of = self._owner_of(request.catalog)
+        allows = self._config.cross_server.allows
+        for holder, index in list(result_links(request.method, result)):
+            owner = foreign_owner(holder[index]["uri"], server, owner_of, allows)
+            if owner is None:
+                continue
+            holder[index] = withheld_link(owner, server)
+            self._tell(request, "withheld", server, "foreign-resource-link",
+                       f"a resource link to a resource of server '{owner}' in the answer to {request.method}")
+
+    def _check_sampling(self, request: GatewayRequest, server: str) -> None:
+        params = request.params if isinstance(request.params, dict) else {}
+        allows = self._config.cross_server.allows
+        if params.get("includeContext") == "allServers" and not allows(server, "*"):
+            self._refuse(request, server, "all-servers-context",
+                         "includeContext \"allServers\" would give it the context of every other server; ask for "
+                         "\"thisServer\" or \"none\"")
+        owner_of = self._owner_of(request.catalog)
+        for uri in sampling_references(params):
+            owner = foreign_owner(uri, server, owner_of, allows)
+            if owner is not None:
+                self._refuse(request, server, "foreign-resource",
+                             f"it carries a resource of server '{owner}'; a server may put only its own resources "
+                             "in a sampling request")
+
+    def _refuse(self, request: GatewayRequest, server: str, kind: str, reason: str) -> None:
+        self._tell(request, "refused", server, kind, reason)
+        raise GatewayError(DEPUTY_REFUSED, f"sampling/createMessage from server {server!r} refused by Bastion: {reason} "
+                           "(or allow the pair in [guardrails.cross_server] allow)",
+                           {"guardrail": "deputy", "rule": kind})
+
+    def _tell(self, request: GatewayRequest, action: str, server: str, kind: str, detail: str) -> None:
+        target = request.method if request.method == SAMPLING else named(request.params, "name")
+        self._report.report(Intervention("deputy", action, server, target, kind, kind, detail,
+                                         request.session.session_id))
+
+
+def _answering_server(request: GatewayRequest) -> str | None:
+    name = named(request.params, "name")
+    if name is None:
+        return None
+    if request.method == "tools/call":
+        entry = request.catalog.tool(name)
+        return entry.server if entry is not None else None
+    finder = getattr(request.catalog, "prompt", None)
+    found = finder(name) if callable(finder) else None
+    return getattr(found, "server", None)
+
+
+def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> DeputyGuard | None:
+    if not config.on_anywhere("deputy"):
+        return None
+    return DeputyGuard(config, report)

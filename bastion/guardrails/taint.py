@@ -1,0 +1,228 @@
+"""Cross-server taint: once a session has read content that may steer the model, a call that changes something on
+*another* server waits for a person (or is refused).
+
+Content taints a session when it comes from an untrusted server (``trust = "untrusted"``, the default for a
+plain ``mcpServers`` file) or when the injection scan flagged it (``guardrails.injection_flags``). The session
+keeps the first such content of each server (``session.facts[TAINTED_BY]``), which Cedar sees as
+``context.session.tainted_by`` and every approval prompt names. A later ``tools/call`` of a tool that is not
+read-only (annotations count only from trusted and reviewed servers, as in the policy) on a server other than
+those sources needs a person's approval: the policy's, when it just asked one with the taint named, else this
+guardrail's own question in the client; a client that cannot be asked gets a refusal saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Mapping
+
+import msgspec
+
+from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.report import Intervention, InterventionLog
+from bastion.guardrails.sampling import server_trust
+from bastion.model import TAINTED_BY, CatalogView, GatewayError, GatewayRequest, Handler, Session, TaintSource, ToolEntry
+
+log = logging.getLogger("bastion.guardrails")
+
+INJECTION_FLAGS = "guardrails.injection_flags"
+TAINT_REFUSED = -32001  # the policy's refusal code: a tainted session's call is refused the way a policy refuses
+_ANNOTATIONS_TRUSTED_AT = frozenset({"trusted", "reviewed"})
+_ANSWERING = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+
+
+def named(params: Mapping[str, Any], key: str) -> str | None:
+    """``params[key]`` as a string, also when the params are still the client's JSON values (``msgspec.Raw``: a
+    chain that reads no call's arguments leaves them so)."""
+    value = params.get(key)
+    if type(value) is msgspec.Raw:
+        try:
+            value = msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+# ------------------------------------------------------------------------------------------ pure decisions
+def tainting(server: str, trust: str, flags: Mapping[str, str], target: str) -> TaintSource | None:
+    """Whether an answer of ``server`` taints the session: the injection scan flagged it, or the server is untrusted."""
+    flagged = flags.get(server)
+    if flagged:
+        return TaintSource(server, target, f"flagged by the injection scan: {flagged}")
+    if trust == "untrusted":
+        return TaintSource(server, target, "untrusted server")
+    return None
+
+
+def read_only(entry: ToolEntry) -> bool:
+    """A tool that changes nothing: it says ``readOnlyHint: true`` and its server's annotations are believed."""
+    annotations = entry.definition.get("annotations")
+    return (entry.server_trust in _ANNOTATIONS_TRUSTED_AT and isinstance(annotations, Mapping)
+            and annotations.get("readOnlyHint") is True)
+
+
+def held_by(entry: ToolEntry, tainted: Mapping[str, TaintSource]) -> list[TaintSource]:
+    """The sources that make a call of ``entry`` need approval: content of other servers, when the tool is not
+    read-only; empty when the call may run."""
+    if read_only(entry):
+        return []
+    return [source for server, source in tainted.items() if server != entry.server]
+
+
+def taint_sources(session: Session) -> dict[str, TaintSource]:
+    return session.facts.get(TAINTED_BY) or {}
+
+
+def record(session: Session, source: TaintSource) -> bool:
+    """Keep ``source`` unless its server tainted the session already (the first content is what prompts name);
+    returns whether it is new. A new dict each time, so a reader holding the old one sees it unchanged."""
+    known = taint_sources(session)
+    if source.server in known:
+        return False
+    session.facts[TAINTED_BY] = {**known, source.server: source}
+    return True
+
+
+def explain(sources: list[TaintSource]) -> str:
+    return "; ".join(source.describe() for source in sources)
+
+
+def question(entry: ToolEntry, sources: list[TaintSource]) -> str:
+    return (f"This session has read content that could steer the model: {explain(sources)}. Allow the tool "
+            f"'{entry.original_name}' on server '{entry.server}', which is not read-only, to run now?")
+
+
+def elicitation(message: str, with_mode: bool) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "message": message,
+        "requestedSchema": {
+            "type": "object",
+            "properties": {"approve": {"type": "boolean", "title": "Approve this call", "default": False}},
+            "required": ["approve"],
+        },
+    }
+    if with_mode:
+        params["mode"] = "form"
+    return params
+
+
+def approves(answer: Any) -> bool:
+    content = answer.get("content") if isinstance(answer, Mapping) and answer.get("action") == "accept" else None
+    return isinstance(content, Mapping) and content.get("approve") is True
+
+
+# ------------------------------------------------------------------------------------------ the interceptor
+class TaintGuard:
+    """Records which content tainted a session, and holds a tainted session's calls that change another server."""
+
+    methods = frozenset(_ANSWERING)
+    reads_params = False  # only the name or URI, which ``named`` reads from the client's JSON too
+    reads_results = False  # an answer taints by who sent it, not by what it says
+
+    def __init__(self, config: GuardrailsConfig, report: InterventionLog) -> None:
+        self._config = config
+        self._report = report
+
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        method = request.method
+        if method not in _ANSWERING:
+            return await call_next(request)
+        server = self._answering_server(request)
+        if method == "tools/call" and server is not None:
+            await self._hold_if_tainted(request)
+        try:
+            result = await call_next(request)
+        except GatewayError:
+            # A server's error message reaches the model as well as its result does.
+            self._note_answer(request, server)
+            raise
+        if not (isinstance(result, dict) and result.get("resultType") == "input_required"):
+            self._note_answer(request, server)
+        return result
+
+    def _answering_server(self, request: GatewayRequest) -> str | None:
+        catalog = request.catalog
+        name = named(request.params, _ANSWERING[request.method])
+        if name is None:
+            return None
+        if request.method == "tools/call":
+            entry = catalog.tool(name)
+            return entry.server if entry is not None else None
+        if request.method == "prompts/get":
+            finder = getattr(catalog, "prompt", None)
+            found = finder(name) if callable(finder) else None
+            return getattr(found, "server", None)
+        owner = getattr(catalog, "resource_owner", None)
+        return owner(name) if callable(owner) else None
+
+    def _note_answer(self, request: GatewayRequest, server: str | None) -> None:
+        if server is None or self._config.switch("taint", server) == "off":
+            return
+        flags = request.session.facts.get(INJECTION_FLAGS) or {}
+        target = f"{request.method} {named(request.params, _ANSWERING[request.method])}"
+        source = tainting(server, server_trust(request.catalog, server), flags, target)
+        # Not an intervention yet (nothing was held): what the session read is named when a call is held.
+        if source is not None and record(request.session, source):
+            log.debug("session %s is tainted by %s", request.session.session_id or "-", source.describe())
+
+    async def _hold_if_tainted(self, request: GatewayRequest) -> None:
+        entry = request.catalog.tool(named(request.params, "name") or "")
+        if entry is None:
+            return
+        mode = self._config.switch("taint", entry.server)
+        tainted = {server: source for server, source in taint_sources(request.session).items()
+                   if self._config.switch("taint", server) != "off"}
+        sources = held_by(entry, tainted) if mode != "off" else []
+        if not sources:
+            return
+        target = entry.exposed_name
+        if mode == "refuse":
+            self._tell(request, "refused", entry.server, target, "tainted-session", "taint-refuse", explain(sources))
+            raise self._refusal(entry, sources, "guardrails.taint is \"refuse\" for this server")
+        if request.person_approved:
+            self._tell(request, "approved", entry.server, target, "tainted-session", "taint-approve",
+                       f"a person approved the call, told of {explain(sources)}")
+            return
+        problem = await self._ask(request.session, question(entry, sources))
+        if problem is not None:
+            self._tell(request, "refused", entry.server, target, "tainted-session", "taint-approve",
+                       f"{problem}; after {explain(sources)}")
+            raise self._refusal(entry, sources, problem)
+        self._tell(request, "approved", entry.server, target, "tainted-session", "taint-approve",
+                   f"a person approved the call, told of {explain(sources)}")
+
+    async def _ask(self, session: Session, message: str) -> str | None:
+        """Ask the person in the client; None when they approved, else why not."""
+        client = session.client
+        if session.era == "modern" or client is None or not client.supports("elicitation"):
+            return "no person could be asked (the client does not take elicitation requests in this session)"
+        timeout = self._config.cross_server.approval_timeout_seconds
+        params = elicitation(message, session.protocol_version >= "2025-11-25")
+        try:
+            answer = await asyncio.wait_for(client.request("elicitation/create", params), timeout)
+        except asyncio.TimeoutError:
+            return f"nobody answered within {timeout:g} s"
+        except GatewayError as error:
+            return f"the client could not ask ({error.message})"
+        return None if approves(answer) else "the person declined"
+
+    @staticmethod
+    def _refusal(entry: ToolEntry, sources: list[TaintSource], why: str) -> GatewayError:
+        return GatewayError(
+            TAINT_REFUSED,
+            f"Call to '{entry.exposed_name}' refused: this session read content that could steer the model "
+            f"({explain(sources)}), and '{entry.original_name}' on server '{entry.server}' is not read-only: {why}",
+            {"guardrail": "taint", "rule": "tainted-session",
+             "taintedBy": [{"server": s.server, "target": s.target, "reason": s.reason} for s in sources]},
+        )
+
+    def _tell(self, request: GatewayRequest, action: str, server: str, target: str, kind: str, rule: str,
+              detail: str) -> None:
+        self._report.report(Intervention("taint", action, server, target, kind, rule, detail,
+                                         request.session.session_id))
+
+
+def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> TaintGuard | None:
+    if not config.on_anywhere("taint"):
+        return None
+    return TaintGuard(config, report)

@@ -1,0 +1,146 @@
+"""The sampling guardrail: its pure checks, then a real ``bastion run`` federating two SDK servers, in front of
+an SDK client (handshake era) with a sampling callback. Ordinary sampling passes, from untrusted servers too;
+unsolicited and over-budget requests are refused with a JSON-RPC error the server reads; maxTokens is capped,
+model preferences limited, context refused to servers not trusted."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from bastion.guardrails.config import GuardrailsConfig, SamplingSettings
+from bastion.guardrails.sampling import (
+    SamplingLedger,
+    cap_max_tokens,
+    check_include_context,
+    check_origin,
+    limit_model_preferences,
+)
+from bastion.model import CallInFlight
+from tests.guardrails.cross_server_support import DEADLINE, LLM_ANSWER, Person, client, cross_server_setup, text_of
+
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
+
+CALL = CallInFlight("tools/call", 7)
+
+
+# ------------------------------------------------------------------------------------------ pure checks
+def test_origin_needs_a_call_of_the_client_to_that_server() -> None:
+    assert check_origin("web", (CALL,)) is None
+    refusal = check_origin("web", ())
+    assert refusal is not None and refusal.rule == "origin" and "no call of this client to 'web'" in refusal.reason
+
+
+@pytest.mark.parametrize(("asked", "trust", "refused"), [
+    (None, "untrusted", False), ("none", "untrusted", False), ("thisServer", "untrusted", True),
+    ("allServers", "reviewed", True), ("thisServer", "trusted", False),
+])
+def test_include_context_only_from_trusted_servers(asked, trust, refused) -> None:
+    params = {} if asked is None else {"includeContext": asked}
+    assert (check_include_context(params, trust) is not None) is refused
+
+
+def test_max_tokens_capped_and_filled_in() -> None:
+    assert cap_max_tokens({"maxTokens": 100}, 4096) == ({"maxTokens": 100}, None)
+    assert cap_max_tokens({"maxTokens": 1_000_000}, 4096) == ({"maxTokens": 4096}, 1_000_000)
+    assert cap_max_tokens({"maxTokens": "many"}, 4096) == ({"maxTokens": 4096}, -1)
+
+
+def test_model_preferences_limited() -> None:
+    asked = {"hints": [{"name": "most-expensive-model"}], "costPriority": 3.0, "speedPriority": 0.5, "x": 1}
+    assert limit_model_preferences(asked, trusted=False) == ({"costPriority": 1.0, "speedPriority": 0.5}, True)
+    kept, changed = limit_model_preferences({"hints": [{"name": "claude"}], "intelligencePriority": 0.9}, trusted=True)
+    assert (kept, changed) == ({"hints": [{"name": "claude"}], "intelligencePriority": 0.9}, False)
+    assert limit_model_preferences(None, trusted=False) == (None, False)
+
+
+def test_ledger_budgets_per_call_minute_and_tokens() -> None:
+    now = [1000.0]
+    ledger = SamplingLedger(SamplingSettings(requests_per_call=2, requests_per_minute=3, tokens_per_minute=500),
+                            clock=lambda: now[0])
+    assert ledger.admit("s1", "web", (CALL,), 100) is None
+    assert ledger.admit("s1", "web", (CALL,), 100) is None
+    third = ledger.admit("s1", "web", (CALL,), 100)
+    assert third is not None and third.rule == "requests-per-call"
+    other_call = (CallInFlight("tools/call", 8),)
+    assert ledger.admit("s1", "web", other_call, 100) is None
+    minute = ledger.admit("s1", "web", (CallInFlight("tools/call", 9),), 100)
+    assert minute is not None and minute.rule == "requests-per-minute" and minute.retry_after_seconds == 60.0
+    # Another client, and the same client toward another server, have budgets of their own.
+    assert ledger.admit("s2", "web", (CALL,), 100) is None
+    assert ledger.admit("s1", "notes", (CALL,), 450) is None
+    tokens = ledger.admit("s1", "notes", (CallInFlight("tools/call", 10),), 100)
+    assert tokens is not None and tokens.rule == "tokens-per-minute"
+    now[0] += 61  # a minute later the window is empty again
+    assert ledger.admit("s1", "web", (CallInFlight("tools/call", 11),), 100) is None
+
+
+def test_the_switch_is_per_server() -> None:
+    config = GuardrailsConfig.model_validate({"servers": {"web": {"sampling": "off"}}})
+    assert config.switch("sampling", "web") == "off" and config.switch("sampling", "notes") == "enforce"
+
+
+# ------------------------------------------------------------------------------------------ through bastion run
+async def test_ordinary_sampling_from_an_untrusted_server_passes_and_greed_is_held(tmp_path) -> None:
+    setup = cross_server_setup(tmp_path)
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            ordinary = await session.call_tool("web__ask_model", {"prompt": "Summarize the page."})
+            greedy = await session.call_tool("web__ask_model", {
+                "times": 5, "max_tokens": 1_000_000, "model_hint": "most-expensive-model"})
+    assert text_of(ordinary) == f"answered: {LLM_ANSWER}"
+    lines = text_of(greedy).splitlines()
+    # The default budget is three requests a call: the fourth and fifth are refused, and the server is told why.
+    assert lines[:3] == [f"answered: {LLM_ANSWER}"] * 3
+    assert len(lines) == 5 and all("refused by Bastion" in line and "requests_per_call" in line for line in lines[3:])
+    assert len(person.sampling_requests) == 4  # 1 ordinary + 3 greedy: the refused ones never reached the client
+    first, *greedy_seen = person.sampling_requests
+    assert first.max_tokens == 100 and first.messages[0].content.text == "Summarize the page."
+    for request in greedy_seen:
+        assert request.max_tokens == 4096  # capped
+        # An untrusted server does not choose the model; its priorities are kept within 0..1.
+        assert request.model_preferences is not None and not request.model_preferences.hints
+        assert request.model_preferences.cost_priority == 1.0
+
+
+async def test_unsolicited_sampling_is_refused_with_an_error_to_the_server(tmp_path) -> None:
+    setup = cross_server_setup(tmp_path)
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            assert text_of(await session.call_tool("web__sample_later", {"delay": 0.3})) == "scheduled"
+            line = await setup.wait_for_event("web later ")
+            status = text_of(await session.call_tool("web__later_status", {}))
+    assert line.startswith("web later refused:") and "no call of this client to 'web' was in flight" in line
+    assert status.startswith("refused:")
+    assert person.sampling_requests == []
+
+
+async def test_context_only_for_trusted_servers_and_never_every_servers(tmp_path) -> None:
+    setup = cross_server_setup(tmp_path, {"web": {}, "notes": {"trust": "trusted"}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            untrusted = await session.call_tool("web__ask_model", {"include_context": "thisServer"})
+            trusted = await session.call_tool("notes__ask_model", {"include_context": "thisServer"})
+            every = await session.call_tool("notes__ask_model", {"include_context": "allServers"})
+    assert "refused by Bastion" in text_of(untrusted) and "only trusted servers may ask for context" in text_of(untrusted)
+    assert text_of(trusted) == f"answered: {LLM_ANSWER}"
+    assert "refused by Bastion" in text_of(every) and "allServers" in text_of(every)
+    [seen] = person.sampling_requests
+    assert seen.include_context == "thisServer"
+
+
+async def test_per_minute_budget_and_the_switch_off_for_one_server(tmp_path) -> None:
+    setup = cross_server_setup(tmp_path, guardrails={"sampling_budget": {"requests_per_minute": 2},
+                                                     "servers": {"notes": {"sampling": "off"}}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            answers = [text_of(await session.call_tool("web__ask_model", {})) for _ in range(3)]
+            free = await session.call_tool("notes__ask_model", {"times": 5, "max_tokens": 1_000_000})
+    assert answers[:2] == [f"answered: {LLM_ANSWER}"] * 2
+    assert "refused by Bastion" in answers[2] and "requests_per_minute" in answers[2]
+    assert text_of(free).splitlines() == [f"answered: {LLM_ANSWER}"] * 5
+    assert [r.max_tokens for r in person.sampling_requests[2:]] == [1_000_000] * 5

@@ -1,0 +1,146 @@
+"""Cross-server taint: its pure decisions, then a real ``bastion run`` with two SDK servers in front of an SDK
+client that answers approval prompts. After content from an untrusted server, a call that is not read-only on the
+other server waits for a person, and the prompt names the content that came first; the approval a person gave
+before the taint does not carry over; "refuse" refuses; trusted content and read-only calls pass; Cedar sees
+``context.session.tainted_by``."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from mcp import MCPError
+
+from bastion.guardrails.taint import held_by, read_only, record, tainting
+from bastion.model import TAINTED_BY, Identity, Session, TaintSource, ToolEntry
+from tests.guardrails.cross_server_support import DEADLINE, Person, client, cross_server_setup, text_of
+
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
+
+WEB_PAGE = TaintSource("web", "tools/call web__fetch_page", "untrusted server")
+TAINT_NOTE = ("This session has read content that could steer the model: the answer to tools/call web__fetch_page "
+              "from server 'web' (untrusted server)")
+
+
+def tool(server: str, trust: str, **annotations: bool) -> ToolEntry:
+    return ToolEntry(f"{server}__t", server, "t", {"name": f"{server}__t", "annotations": annotations}, trust)
+
+
+def test_what_taints() -> None:
+    assert tainting("web", "untrusted", {}, "x") == TaintSource("web", "x", "untrusted server")
+    assert tainting("web", "trusted", {}, "x") is None
+    assert tainting("web", "reviewed", {}, "x") is None
+    flagged = tainting("docs", "trusted", {"docs": "instructions to the model"}, "x")
+    assert flagged is not None and flagged.reason == "flagged by the injection scan: instructions to the model"
+
+
+def test_what_is_held() -> None:
+    tainted = {"web": WEB_PAGE}
+    assert held_by(tool("notes", "trusted", readOnlyHint=False), tainted) == [WEB_PAGE]
+    assert held_by(tool("notes", "trusted", readOnlyHint=True), tainted) == []
+    # An untrusted server's annotations do not count: its "read-only" tool is held like any other.
+    assert not read_only(tool("notes", "untrusted", readOnlyHint=True))
+    assert held_by(tool("notes", "untrusted", readOnlyHint=True), tainted) == [WEB_PAGE]
+    assert held_by(tool("web", "untrusted"), tainted) == []  # a server's own content does not hold its own calls
+
+
+def test_the_first_content_of_each_server_is_kept() -> None:
+    session = Session(Identity("alice"), "legacy", "2025-11-25", {})
+    assert record(session, WEB_PAGE)
+    before = session.facts[TAINTED_BY]
+    assert not record(session, TaintSource("web", "tools/call web__other", "untrusted server"))
+    assert record(session, TaintSource("docs", "resources/read docs://a", "untrusted server"))
+    assert list(session.facts[TAINTED_BY]) == ["web", "docs"] and session.facts[TAINTED_BY]["web"] is WEB_PAGE
+    assert before == {"web": WEB_PAGE}  # replaced, not changed in place: the policy tells a new record by identity
+
+
+def approvals_for(person: Person, tool_name: str) -> list[str]:
+    return [request.message for request in person.elicitation_requests if f"'{tool_name}'" in request.message]
+
+
+async def test_the_approval_prompt_names_the_content_that_came_first(tmp_path) -> None:
+    setup = cross_server_setup(tmp_path)
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            before = await session.call_tool("notes__write_note", {"text": "before"})
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            after = await session.call_tool("notes__write_note", {"text": "after"})
+    assert text_of(before) == "wrote before" and text_of(after) == "wrote after"
+    first, second = approvals_for(person, "write_note")
+    assert "could steer the model" not in first
+    assert second.startswith(TAINT_NOTE)
+    # One question for the tainted call: the policy asked, told of the taint, so the guardrail did not ask again.
+    assert len(person.elicitation_requests) == 3
+    assert await setup.wait_for_event("notes write_note after")
+
+
+async def test_an_approval_remembered_before_the_taint_is_asked_again(tmp_path) -> None:
+    setup = cross_server_setup(tmp_path, policy={"approval": {"remember": "session", "fallback": "refuse"},
+                                                 "audit": {"enabled": False}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            await session.call_tool("notes__write_note", {"text": "one"})
+            await session.call_tool("notes__write_note", {"text": "two"})  # remembered: not asked
+            asked_before_taint = len(approvals_for(person, "write_note"))
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            person.approve = False
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("notes__write_note", {"text": "three"})
+    assert asked_before_taint == 1
+    last = person.elicitation_requests[-1].message
+    assert TAINT_NOTE in last and "'write_note' on server 'notes'" in last
+    assert "the person declined" in refused.value.error.message
+    assert "web__fetch_page" in refused.value.error.message
+    assert not any("write_note three" in line for line in setup.event_lines())
+
+
+async def test_refuse_mode_and_what_passes(tmp_path) -> None:
+    setup = cross_server_setup(tmp_path, {"web": {}, "notes": {"trust": "trusted"}, "docs": {"trust": "trusted"}},
+                               policy="off", guardrails={"servers": {"notes": {"taint": "refuse"}}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            # Trusted content taints nothing: docs' answer does not hold a call on notes.
+            await session.call_tool("docs__fetch_page", {"url": "https://example.com/"})
+            clean = await session.call_tool("notes__write_note", {"text": "clean"})
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            # A read-only tool of a trusted server still runs.
+            looked_up = await session.call_tool("notes__lookup", {"word": "tide"})
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("notes__write_note", {"text": "tainted"})
+            # Without a policy the guardrail asks the person itself (docs is "approve", the default).
+            asked = await session.call_tool("docs__write_note", {"text": "asked"})
+    assert text_of(clean) == "wrote clean" and text_of(looked_up) == "tide: a word"
+    error = refused.value.error
+    assert "'write_note' on server 'notes' is not read-only" in error.message and "refuse" in error.message
+    assert error.data["taintedBy"] == [{"server": "web", "target": "tools/call web__fetch_page",
+                                        "reason": "untrusted server"}]
+    assert text_of(asked) == "wrote asked"
+    [question] = person.elicitation_requests
+    assert question.message.startswith(TAINT_NOTE) and "'write_note' on server 'docs'" in question.message
+    lines = setup.event_lines()
+    assert "notes write_note clean" in lines and not any("tainted" in line for line in lines)
+
+
+async def test_cedar_sees_the_sessions_taint(tmp_path) -> None:
+    rules = tmp_path / "taint.cedar"
+    rules.write_text('''
+@id("all")
+permit (principal, action, resource);
+
+@id("no-calls-after-web")
+forbid (principal, action == Bastion::Action::"call_tool", resource)
+when { context.session.tainted_by.contains("web") && resource.server != "web" };
+''')
+    setup = cross_server_setup(tmp_path, policy={"policy_files": [str(rules)], "audit": {"enabled": False}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            before = await session.call_tool("notes__lookup", {"word": "tide"})
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("notes__lookup", {"word": "tide"})
+    assert text_of(before) == "tide: a word"
+    assert "refused by policy" in refused.value.error.message
+    assert refused.value.error.data["rule"] == "no-calls-after-web"
