@@ -153,3 +153,22 @@ def test_bad_input_names_the_file_and_the_fix(tmp_path: Path, document: object, 
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and "thing.json" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@needs("scanning")
+def test_a_servers_error_message_is_scanned_too(tmp_path: Path) -> None:
+    error = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": f"401 for token {evil.GITHUB_TOKEN}"}}
+    done = check(tmp_path, error, "--server", "evil", "--json")
+    assert done.returncode == 3, done.stderr
+    report = json.loads(done.stdout)
+    assert report["refused"]["message"] == "401 for token [redacted: github-pat]"
+    assert evil.GITHUB_TOKEN not in done.stdout + done.stderr
+
+
+@needs("injection")
+def test_instructions_in_a_resource_are_marked(tmp_path: Path) -> None:
+    contents = {"contents": [{"uri": "evil://page", "mimeType": "text/plain", "text": evil.INJECTION}]}
+    done = check(tmp_path, contents, "--server", "evil", "--json")
+    assert done.returncode == 3, done.stderr
+    [marked] = json.loads(done.stdout)["given"]["contents"]
+    assert marked["uri"] == "evil://page" and "untrusted data from" in marked["text"]
