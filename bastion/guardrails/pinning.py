@@ -157,9 +157,12 @@ class PinningGuard:
         method = request.method
         if method == "tools/call":
             name = _call_name(request.params)
-            entry = request.catalog.tool(name) if name is not None else None
+            catalog = request.catalog
+            if self._judged(catalog) and name not in self._withheld_tools:  # nearly every call: one lookup
+                return await call_next(request)
+            entry = catalog.tool(name) if name is not None else None
             if entry is not None and self._enforced(entry.server):
-                withheld = await self._withheld_tool(request.catalog, name)
+                withheld = await self._withheld_tool(catalog, name)
                 if withheld is not None:
                     self._refuse(request, withheld)
             return await call_next(request)
@@ -169,18 +172,17 @@ class PinningGuard:
             result = await call_next(request)
             withheld = await self._tool_withholdings(request.catalog, reread=True)
             await self._flushed()
-            return self._served(request, result, "tools", lambda item: withheld.get(item.get("name")))
+            return self._served(request, result, "tools", withheld, "name")
         if method == "prompts/list":
             result = await call_next(request)
             prompts, _ = await self._other_withholdings(request.catalog, reread=True)
             await self._flushed()
-            return self._served(request, result, "prompts", lambda item: prompts.get(item.get("name")))
+            return self._served(request, result, "prompts", prompts, "name")
         if method == "resources/templates/list":
             result = await call_next(request)
             _, templates = await self._other_withholdings(request.catalog, reread=True)
             await self._flushed()
-            return self._served(request, result, "resourceTemplates",
-                                lambda item: templates.get(item.get("uriTemplate")))
+            return self._served(request, result, "resourceTemplates", templates, "uriTemplate")
         if method == "prompts/get":
             name = request.params.get("name")
             withheld = (await self._other_withholdings(request.catalog))[0].get(name)
@@ -189,6 +191,12 @@ class PinningGuard:
             if withheld is not None:
                 self._refuse(request, withheld)
         return await call_next(request)
+
+    def _judged(self, catalog: CatalogView) -> bool:
+        """Whether every verdict on ``catalog`` is at hand: nothing of it or of the book changed since."""
+        return (catalog.tools() is self._tools_from and self._tools_book is self._book
+                and self._others_book is self._book and getattr(catalog, "version", None) == self._others_from
+                and self._others_from is not None)
 
     def _enforced(self, server: str) -> bool:
         return self._config.switch("pinning", server) == "enforce"
@@ -199,16 +207,17 @@ class PinningGuard:
             withheld.intervention_kind, "trust-on-first-use", _detail(withheld), request.session.session_id))
         raise GatewayError(INVALID_PARAMS, withheld.sentence(), withheld.data())
 
-    def _served(self, request: GatewayRequest, result: dict[str, Any], key: str,
-                withheld_of: Any) -> dict[str, Any]:
-        """``result`` without the withheld items (a new list: the catalog's items are shared, never changed)."""
+    def _served(self, request: GatewayRequest, result: dict[str, Any], key: str, withholdings: dict[str, Withheld],
+                field: str) -> dict[str, Any]:
+        """``result`` without the withheld items, which ``withholdings`` has by their ``field`` (a new list: the
+        catalog's items are shared, never changed)."""
         page = result.get(key) if isinstance(result, dict) else None
-        if not isinstance(page, list):
+        if not withholdings or not isinstance(page, list):
             return result
         kept: list[Any] = []
         left_out: list[Withheld] = []
         for item in page:
-            withheld = withheld_of(item) if isinstance(item, dict) else None
+            withheld = withholdings.get(item.get(field)) if isinstance(item, dict) else None
             if withheld is None:
                 kept.append(item)
             else:
