@@ -470,11 +470,38 @@ def scan_text(text: str, *, strict: bool = False) -> Verdict:
         findings = matcher.findings(text, hits, data)
         return Verdict(tuple(findings)) if findings else CLEAN
     findings = hidden_characters(text, strict=strict)
-    findings.extend(instruction_findings(strip_hidden(text)))
+    findings.extend(_findings_without_hidden(text, hits, data))
     if any(f.rule == "unicode-tag-characters" for f in findings):
         hidden = smuggled_text(text)
         findings.extend(Finding("hidden-text", f"hidden-{f.rule}", f.weight, 0, 0) for f in instruction_findings(hidden))
     return Verdict(tuple(findings)) if findings else CLEAN
+
+
+# Past this many invisible characters a text is read again whole without them, rather than around each one.
+_HIDDEN_WINDOWS = 64
+
+
+def _findings_without_hidden(text: str, hits: dict[int, list[int]], data: bytes) -> list[Finding]:
+    """The instruction rules on ``text`` read without its invisible characters (which may split a word to hide it
+    from a rule). A match that an invisible character split lies within a rule's length of it, so only the text
+    around each one is read again; the rest is as the first pass found it."""
+    reach = _RuleMatcher.LOOKBACK
+    spans: list[list[int]] = []
+    for match in _HIDDEN.finditer(text):
+        if len(spans) > _HIDDEN_WINDOWS:
+            return instruction_findings(strip_hidden(text))
+        start, end = max(0, match.start() - reach), match.end() + reach
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = end
+        else:
+            spans.append([start, end])
+    if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] >= len(text):
+        return instruction_findings(strip_hidden(text))
+    found = _matcher().findings(text, hits, data)
+    for start, end in spans:
+        found.extend(Finding(f.kind, f.rule, f.weight, f.start + start, f.end + start)
+                     for f in instruction_findings(strip_hidden(text[start:end])))
+    return found
 
 
 def sanitize_text(text: str) -> str:

@@ -65,6 +65,13 @@ def test_a_plain_mcp_servers_file_withholds_poisoned_tools_and_marks_an_injected
 def test_calls_to_a_withheld_tool_are_refused_with_the_reason(client):
     raw = client()
     assert "inj__add" not in _tools(raw)
+    told = [m["params"]["data"]["message"] for m in raw.skipped if m.get("method") == "notifications/message"
+            and m["params"].get("logger") == "bastion.injection"]
+    assert any(t.startswith("tool 'inj__add' of server 'inj' is withheld: its definition carries") for t in told)
+    assert len(told) == 2  # add and weather, each once
+    _tools(raw)
+    assert len([m for m in raw.skipped if m.get("method") == "notifications/message"
+                and m["params"].get("logger") == "bastion.injection"]) == 2  # not again at the next listing
     refused = raw.request(2, "tools/call", {"name": "inj__add", "arguments": {"a": 1, "b": 2}}, timeout=120)
     message = refused["error"]["message"]
     assert "withheld tool 'inj__add'" in message and "fake-markup" in message
