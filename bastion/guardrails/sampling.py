@@ -3,8 +3,9 @@
 A request passes when a call of the same client to the same server is in flight (never unsolicited, never
 inside another server's call: the gateway lists only the asking server's own calls), when it is within the
 budgets (requests per call, requests and tokens per minute for each server and client), and when an untrusted
-server does not ask for context (``includeContext`` other than ``"none"``). On the way, ``maxTokens`` is capped
-and the model preferences are limited. Each check is a pure function; ``SamplingGuard`` applies them and answers
+server does not ask for context (``includeContext`` other than ``"none"``). On the way, ``maxTokens`` is capped,
+the model preferences are limited, and the system prompt and messages are scanned for instructions to the model
+as results are (marked as untrusted data, or refused, by the server's ``output_injection`` switch). Each check is a pure function; ``SamplingGuard`` applies them and answers
 a refused request with a JSON-RPC error the server can read.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from bastion.guardrails.config import GuardrailsConfig, SamplingSettings
+from bastion.guardrails.content import text_slots
+from bastion.guardrails.injection import INJECTION_FLAGS, Verdict, mark_untrusted, scan_slots
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CallInFlight, CatalogView, GatewayError, GatewayRequest, Handler
 
@@ -230,7 +233,38 @@ class SamplingGuard:
                                          request.session.session_id))
 
 
+def injection_scan(config: GuardrailsConfig, report: InterventionLog) -> Scanner:
+    """The system prompt and messages of a sampling request scanned for instructions to the model as results are,
+    with the server's ``output_injection`` switch: marked as untrusted data, or the request refused; either way the
+    session is flagged, so the server's content taints it."""
+
+    def scan(request: GatewayRequest) -> None:
+        server = request.server
+        mode = config.switch("output_injection", server)
+        if mode == "off" or not isinstance(request.params, dict):
+            return
+        flagged = scan_slots(list(text_slots(SAMPLING, request.params)))
+        if not flagged:
+            return
+        verdict = Verdict(tuple(finding for each in flagged for finding in each.verdict.findings))
+        request.session.facts.setdefault(INJECTION_FLAGS, {})[server or "?"] = verdict.reason()
+        where = ", ".join(each.slot.where for each in flagged)
+        rules = ",".join(verdict.rules)
+        if mode == "block":
+            report.report(Intervention("output_injection", "refused", server, SAMPLING, verdict.kind, rules,
+                                       f"{where} read as instructions to the model", request.session.session_id))
+            raise Refusal("injection", verdict.kind, f"{where} reads as instructions to the model ({verdict.reason()})"
+                          ).error(server or "?")
+        for each in flagged:
+            each.slot.replace(mark_untrusted(each.slot.text, f"server {server!r} (a sampling request)", each.verdict))
+        report.report(Intervention("output_injection", "marked", server, SAMPLING, verdict.kind, rules,
+                                   f"marked as untrusted data: {where}", request.session.session_id))
+
+    return scan
+
+
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> SamplingGuard | None:
     if not config.on_anywhere("sampling"):
         return None
-    return SamplingGuard(config, report)
+    scanners = [injection_scan(config, report)] if config.on_anywhere("output_injection") else []
+    return SamplingGuard(config, report, scanners=scanners)

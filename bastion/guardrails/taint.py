@@ -19,13 +19,13 @@ from typing import Any, Mapping
 import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.injection import INJECTION_FLAGS
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.sampling import server_trust
 from bastion.model import TAINTED_BY, CatalogView, GatewayError, GatewayRequest, Handler, Session, TaintSource, ToolEntry
 
 log = logging.getLogger("bastion.guardrails")
 
-INJECTION_FLAGS = "guardrails.injection_flags"
 TAINT_REFUSED = -32001  # the policy's refusal code: a tainted session's call is refused the way a policy refuses
 _ANNOTATIONS_TRUSTED_AT = frozenset({"trusted", "reviewed"})
 _ANSWERING = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
