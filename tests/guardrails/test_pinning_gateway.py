@@ -137,6 +137,12 @@ def test_a_rug_pull_across_restarts_is_withheld_until_a_person_accepts_it(tmp_pa
         _, stderr = second.close()
     assert "guardrail pinning withheld changed-definition on server rug, tool delete_file" in stderr
     assert "guardrail pinning refused changed-definition on server rug, tool add" in stderr
+    # Each intervention is an audit record too (the default policy keeps the trail in the state directory).
+    records = [json.loads(line) for line in (state / "audit.jsonl").read_text().splitlines()]
+    pinning = [(r["action"], r["target"], r["kind"]) for r in records if r.get("guardrail") == "pinning"]
+    assert ("withheld", "tool delete_file", "changed-definition") in pinning
+    assert ("refused", "tool add", "changed-definition") in pinning
+    assert ("withheld", "prompt greet", "changed-definition") in pinning
 
     # Renamed: add is gone and sum carries its definition; the template's description changed.
     third = RawClient(reviewed_file(tmp_path, 2))
