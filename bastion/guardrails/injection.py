@@ -317,6 +317,12 @@ RULES: tuple[Rule, ...] = (
     _rule("no-confirmation", WEAK,
           r"\bwithout[ \t]+(?:asking|consulting|checking with|confirming with|waiting for)[ \t]+(?:me|the user|them|anyone"
           r"|for (?:confirmation|permission|approval))\b|\bdo(?: not|n't)[ \t]+ask[ \t]+(?:me|the user)[ \t]+(?:for|to)[ \t]+confirm"),
+    # A to-do item that orders an account action, planted in data ("TODO: Send a transaction to ...", often glued to
+    # the word before it): weak, since code is full of to-do notes; with an address, a URL or "without asking" near
+    # it, it is an order.
+    _rule("todo-order", WEAK,
+          r"TODO[ \t]*:[ \t]*(?:please[ \t]+)?(?:send|e-?mail|forward|transfer|wire|pay|delete|remove|post|share|invite"
+          r"|change|update|modify|create|make|visit|say|tell|concatenate|get|give|book|reserve|add)\b"),
 )
 
 _QUOTES = {'"': '"', "“": "”", "'": "'", "‘": "’", "`": "`", "«": "»"}

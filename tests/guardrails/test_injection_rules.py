@@ -57,6 +57,7 @@ BENIGN = [
     "Forward the invoice to accounting when it arrives. Keep receipts for seven years.",
     "System: Linux 6.1 x86_64\nAssistant: not configured",
     "If the user asks for a refund, check the order date first.",
+    "# TODO: remove this once the API settles.\n# Maintainer: Dev Team <dev@example.com>, https://example.com/docs",
     # Scripts that need joiners, and emoji sequences.
     "می‌خواهم 👩\u200d💻 works at a desk",
     "\ufeffA file that starts with a byte-order mark.",
@@ -181,7 +182,7 @@ def test_measured_rates_on_the_public_corpora_hold():
     rows, _, _ = evaluate(iter([*committed_corpora(), *catalog_samples()]), misses=0)
     rate = {(row.corpus, row.label): row.flagged / row.total for row in rows}
     assert rate[("invariant-demos", 1)] == 1.0
-    assert rate[("agentdojo-injections", 1)] >= 0.80
+    assert rate[("agentdojo-injections", 1)] >= 0.85
     for benign in ("agentdojo-environment", "bipia-contexts", "invariant-demos", "mcpsecbench", "injection-research-docs"):
         assert rate[(benign, 0)] == 0.0, benign
     if ("bfcl-catalog", 0) in rate:  # ../shared/data/routing/ is there
