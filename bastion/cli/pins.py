@@ -1,4 +1,4 @@
-"""``bastion pins list``, ``bastion pins diff [SERVER[/NAME]]``, ``bastion pins accept SERVER[/NAME]``.
+"""``bastion pins list``, ``diff [SERVER[/NAME]]``, ``accept SERVER[/NAME]``, ``forget SERVER[/NAME]``.
 
 The pins of trust on first use (docs/guardrails.md, "Tool pinning"): what each server offered first, and what it
 offers instead and is withheld until a person accepts it. What a command is asked for (the list, the diff, what
@@ -29,7 +29,10 @@ def register(subparsers: Any) -> None:
     diff.add_argument("--json", action="store_true", help="the withheld changes as a JSON array on stdout")
     accept = commands.add_parser("accept", help="trust what a server offers now instead of what was pinned")
     accept.add_argument("target", metavar="SERVER[/NAME]", help="a server (all its withheld changes) or one definition")
-    for command, handler in ((listing, _list), (diff, _diff), (accept, _accept)):
+    forget = commands.add_parser(
+        "forget", help="drop what is pinned of a server or of one definition: what it offers next is trusted afresh")
+    forget.add_argument("target", metavar="SERVER[/NAME]", help="a server (everything of it) or one definition")
+    for command, handler in ((listing, _list), (diff, _diff), (accept, _accept), (forget, _forget)):
         command.add_argument("--config", "-c", metavar="FILE",
                              help="the configuration whose guardrails.pins.path to use (default: the state directory's "
                                   "pins.json)")
@@ -195,6 +198,24 @@ def _accept(args: argparse.Namespace) -> int:
         for s, kind, key in accepted:
             print(f"accepted {s}/{key} ({SINGULAR[kind]})")
         _say("running gateways serve the accepted definitions at the next list or call")
+        return EXIT_OK
+
+    return _run(args, command)
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from bastion.guardrails.pin_book import SINGULAR
+
+    server, name = _target(args.target)
+
+    def command(store: Any) -> int:
+        book, _ = store.load()
+        if (why := _unknown(book, server, name)) is not None:
+            _say(why)
+            return EXIT_USAGE
+        for s, kind, key in store.forget(server, name):
+            print(f"forgot {s}/{key} ({SINGULAR[kind]})")
+        _say("what the server offers is trusted on first use again: the next gateway to judge it pins it afresh")
         return EXIT_OK
 
     return _run(args, command)

@@ -265,3 +265,11 @@ def accept(book: PinBook, server: str, key: str | None, now: str) -> tuple[PinBo
         records[address] = PinRecord(pinned=record.offered, pinned_at=now)
         accepted.append(address)
     return PinBook(records), accepted
+
+
+def forget(book: PinBook, server: str, key: str | None) -> tuple[PinBook, list[Address]]:
+    """``book`` without what it records of ``server`` (only ``key``, in every kind, when given): what the server
+    offers next is trusted on first use again."""
+    gone = [address for address in sorted(book.records)
+            if address[0] == server and (key is None or address[2] == key)]
+    return PinBook({a: r for a, r in book.records.items() if a not in set(gone)}), gone

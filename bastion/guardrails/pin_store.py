@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply
+from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply, forget
 
 Signature = tuple[int, int, int] | None  # (inode, size, mtime in ns) of the file; None when there is none
 
@@ -82,6 +82,18 @@ class PinStore:
 
         book, _ = self._update(change)
         return accepted, book
+
+    def forget(self, server: str, key: str | None) -> list[Address]:
+        """Drop what is pinned of ``server`` (``key`` only, when given) and return what was dropped."""
+        dropped: list[Address] = []
+
+        def change(book: PinBook) -> PinBook:
+            changed, gone = forget(book, server, key)
+            dropped.extend(gone)
+            return changed
+
+        self._update(change)
+        return dropped
 
     def _update(self, change: Callable[[PinBook], PinBook]) -> tuple[PinBook, Signature]:
         with self._locked():

@@ -109,3 +109,14 @@ def test_the_configured_pins_path_is_used(tmp_path: Path, state: Path) -> None:
         ("notes", "prompt", "summary")]
     missing = bastion("list", "--config", str(tmp_path / "missing.toml"), state=state)
     assert missing.returncode == 2 and "missing.toml" in missing.stderr
+
+
+def test_forget_drops_a_definition_or_a_whole_server(state: Path) -> None:
+    one = bastion("forget", "fs/echo2", state=state)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == "forgot fs/echo2 (tool)\n" and "trusted on first use again" in one.stderr
+    whole = bastion("forget", "fs", state=state)
+    assert whole.returncode == 0 and whole.stdout == "forgot fs/echo (tool)\n"
+    assert list(json.loads((state / "bastion" / "pins.json").read_text())["servers"]) == ["git"]
+    gone = bastion("forget", "fs", state=state)
+    assert gone.returncode == 2 and "no pins of a server 'fs'" in gone.stderr

@@ -16,6 +16,7 @@ from bastion.guardrails.pin_book import (
     PinRecord,
     accept,
     apply,
+    forget,
     item_key,
     judge,
     observation,
@@ -323,3 +324,14 @@ def test_a_first_list_update_pins_everything() -> None:
     offered = [("fs", "tools", "delete_file", DELETE), ("fs", "prompts", "p", {"name": "p"})]
     after, seen, verdicts = reconcile(PinBook(), offered, "now")
     assert [v.status for v in verdicts] == [TRUSTED, TRUSTED] and [o.action for o in seen] == ["pin", "pin"]
+
+
+def test_forgetting_drops_one_key_in_every_kind_or_a_whole_server() -> None:
+    book = book_of(("fs", "tools", "t", pinned({"name": "t"})), ("fs", "prompts", "t", pinned({"name": "t"})),
+                   ("fs", "tools", "u", pinned({"name": "u"})), ("git", "tools", "t", pinned({"name": "t"})))
+    after, gone = forget(book, "fs", "t")
+    assert gone == [("fs", "prompts", "t"), ("fs", "tools", "t")] and set(after.records) == {
+        ("fs", "tools", "u"), ("git", "tools", "t")}
+    after, gone = forget(book, "fs", None)
+    assert len(gone) == 3 and set(after.records) == {("git", "tools", "t")}
+    assert not after.knows("fs", "tools")  # what fs offers next is its first
