@@ -190,6 +190,9 @@ def _approvals(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    for item in pending:  # what the session read before the call (guardrails.md, Cross-server taint)
+        if item.record.get("note"):
+            _say(f"{item.id}: {item.record['note']}")
     _say("approve one with `bastion approve ID`, refuse it with `bastion deny ID`")
     return 0
 
@@ -205,6 +208,7 @@ def _listing(item: Any) -> dict[str, Any]:
         "tool": record.get("tool"),
         "method": record.get("method"),
         "arguments": record.get("arguments"),
+        "note": record.get("note"),
         "created": record.get("created"),
         "expires": record.get("expires"),
         "seconds_left": round(item.seconds_left, 1),

@@ -6,13 +6,17 @@ before the taint does not carry over; "refuse" refuses; trusted content and read
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import anyio
 import pytest
-from mcp import MCPError
+from mcp import Client, MCPError, StdioServerParameters
 
 from bastion.guardrails.taint import held_by, read_only, record, tainting
 from bastion.model import TAINTED_BY, Identity, Session, TaintSource, ToolEntry
 from tests.guardrails.cross_server_support import DEADLINE, Person, client, cross_server_setup, text_of
+from tests.support import BASTION
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
@@ -144,3 +148,47 @@ when { context.session.tainted_by.contains("web") && resource.server != "web" };
     assert text_of(before) == "tide: a word"
     assert "refused by policy" in refused.value.error.message
     assert refused.value.error.data["rule"] == "no-calls-after-web"
+
+
+async def test_a_client_that_cannot_be_asked_gets_the_queue_and_the_queue_names_the_content(tmp_path) -> None:
+    # No elicitation in this client: the default policy queues the call, and `bastion approvals` shows what came
+    # first; the person's `bastion approve` is the approval the guardrail takes.
+    queue = tmp_path / "queue"
+    setup = cross_server_setup(tmp_path, policy={"approval": {"fallback": "queue", "queue_dir": str(queue)},
+                                                 "audit": {"enabled": False}})
+    plain = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode="legacy",
+                   read_timeout_seconds=DEADLINE)
+
+    def pending() -> list[dict]:
+        listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)], capture_output=True,
+                                text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        return json.loads(listed.stdout)
+
+    async def approve_each(count: int) -> list[dict]:
+        seen: list[dict] = []
+        while len(seen) < count:
+            for waiting in await anyio.to_thread.run_sync(pending):
+                seen.append(waiting)
+                approved = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [BASTION, "approve", waiting["id"], "--queue-dir", str(queue)], capture_output=True, text=True,
+                    timeout=60))
+                assert approved.returncode == 0, approved.stderr
+            await anyio.sleep(0.2)
+        return seen
+
+    with anyio.fail_after(DEADLINE):
+        async with plain as session, anyio.create_task_group() as person:
+            approvals: list[dict] = []
+
+            async def approving() -> None:
+                approvals.extend(await approve_each(2))
+
+            person.start_soon(approving)
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            written = await session.call_tool("notes__write_note", {"text": "queued"})
+    assert text_of(written) == "wrote queued"
+    first, second = approvals
+    assert first["note"] is None and second["tool"] == "write_note"
+    assert second["note"].startswith(TAINT_NOTE)
+    assert await setup.wait_for_event("notes write_note queued")
