@@ -24,7 +24,6 @@ import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import CreateMessageResult, ElicitResult, TextContent
 
-from bastion.guardrails.chain import builders
 from tests.fixtures import malicious_server as evil
 from tests.support import BASTION, FIXTURES, READY_TIMEOUT
 
@@ -34,16 +33,6 @@ EVIL = "evil"  # the malicious server's name in the mcpServers file, hence the p
 NOTES = "notes"  # the benign look-alike server's name
 MALICIOUS = str(FIXTURES / "malicious_server.py")
 BENIGN = str(FIXTURES / "benign_lookalike_server.py")
-
-
-# The guardrail modules the chain builds (bastion/guardrails/chain.py). A case whose guardrail is not in the
-# chain yet is an expected failure, strictly: once it is, the case must pass.
-IN_THE_CHAIN = {builder.__module__.rsplit(".", 1)[-1] for builder in builders()}
-
-
-def needs(*guardrails: str) -> pytest.MarkDecorator:
-    missing = [name for name in guardrails if name not in IN_THE_CHAIN]
-    return pytest.mark.xfail(bool(missing), strict=True, reason=f"not in the chain yet: {', '.join(missing)}")
 
 
 @dataclass
@@ -201,7 +190,6 @@ async def _outcome(call: Any) -> tuple[bool, str]:
     return not result.is_error, texts(result)
 
 
-@needs("pinning")
 def test_a_tool_changed_after_list_changed_is_withheld_and_calls_say_what_changed(rug_pull: dict[str, Any]) -> None:
     assert evil_tool("get_weather") in rug_pull["before"] and rug_pull["first_call"] == "Sunny in Paris"
     assert evil_tool("get_weather") not in rug_pull["after"]
@@ -211,34 +199,29 @@ def test_a_tool_changed_after_list_changed_is_withheld_and_calls_say_what_change
     assert evil_tool("refresh_forecasts") in rug_pull["after"] and notes_tool("get_weather") in rug_pull["after"]
 
 
-@needs("pinning")
 def test_a_prompt_changed_after_list_changed_is_withheld(rug_pull: dict[str, Any]) -> None:
     assert evil_tool("weekly_report") not in rug_pull["prompts_after"]
     served, words = rug_pull["prompt"]
     assert not served and "changed" in words, words
 
 
-@needs("pinning")
 def test_the_client_is_told_in_words_what_was_withheld(rug_pull: dict[str, Any]) -> None:
     told = [line for line in rug_pull["logs"] if "get_weather" in line]
     assert told and any("withheld" in line or "changed" in line for line in told), rug_pull["logs"]
 
 
-@needs("pinning")
 def test_a_destructive_tool_that_starts_claiming_read_only_is_withheld(rug_pull: dict[str, Any]) -> None:
     assert evil_tool("clear_cache") not in rug_pull["after"]
     served, words = rug_pull["flipped"]
     assert not served and "changed" in words and "readOnlyHint" in words, words
 
 
-@needs("pinning")
 def test_a_renamed_changed_tool_does_not_dodge_the_pin(rug_pull: dict[str, Any]) -> None:
     assert evil_tool("get_weather_v2") not in rug_pull["after"]
     served, words = rug_pull["renamed"]
     assert not served, words
 
 
-@needs("pinning")
 async def test_a_rug_pull_across_a_restart_is_withheld(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
@@ -287,7 +270,6 @@ async def test_control_poisoned_descriptions_reach_the_client() -> None:
     assert "<IMPORTANT>" in resources["evil://manual"].description
 
 
-@needs("injection")
 async def test_poisoned_descriptions_are_withheld_or_sanitised(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
@@ -316,7 +298,6 @@ async def test_control_an_injection_in_a_result_reaches_the_client() -> None:
     assert evil.INJECTION in texts(page)
 
 
-@needs("injection")
 async def test_an_injection_in_a_result_is_marked_as_untrusted_data(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
@@ -343,7 +324,6 @@ async def test_control_secrets_and_personal_data_reach_the_client() -> None:
     assert evil.AWS_SECRET_KEY in resource and evil.AWS_SECRET_KEY in prompt
 
 
-@needs("scanning")
 async def test_secrets_and_personal_data_are_redacted_everywhere_they_reach_the_model(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
@@ -399,7 +379,6 @@ async def test_control_a_server_samples_unsolicited_greedily_and_over_and_over()
     assert status == f"answered: {ANSWER}"  # the unsolicited request reached the client's model
 
 
-@needs("sampling")
 async def test_ordinary_sampling_passes_from_an_untrusted_server(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
@@ -410,7 +389,6 @@ async def test_ordinary_sampling_passes_from_an_untrusted_server(world: World) -
     assert len(inbox.sampling) == 2 and inbox.sampling[0].max_tokens == 200
 
 
-@needs("sampling")
 async def test_greedy_and_unsolicited_sampling_is_held_to_its_budgets(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
@@ -450,7 +428,6 @@ async def test_control_a_server_points_the_client_at_another_servers_resource() 
     assert evil.OTHER_SERVERS_RESOURCE in json.dumps(inbox.sampling[0].model_dump(mode="json"))
 
 
-@needs("deputy")
 async def test_a_server_cannot_reach_another_servers_resource_through_bastion(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
@@ -465,7 +442,6 @@ async def test_a_server_cannot_reach_another_servers_resource_through_bastion(wo
 
 
 # ================================================================================== cross-server taint
-@needs("taint")
 async def test_after_untrusted_content_a_destructive_call_elsewhere_says_what_came_first(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
@@ -486,7 +462,6 @@ BENIGN_CALLS = [
 ]
 
 
-@needs("sampling")  # the default policy let only trusted servers sample before
 async def test_benign_look_alikes_pass_through_unchanged(world: World) -> None:
     direct_inbox, inbox = Inbox(), Inbox()
     with anyio.fail_after(DEADLINE):

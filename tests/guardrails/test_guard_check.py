@@ -9,17 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bastion.guardrails.chain import builders
 from tests.fixtures import malicious_server as evil
 from tests.support import BASTION
-
-IN_THE_CHAIN = {builder.__module__.rsplit(".", 1)[-1] for builder in builders()}
-
-
-def needs(*guardrails: str) -> pytest.MarkDecorator:
-    missing = [name for name in guardrails if name not in IN_THE_CHAIN]
-    return pytest.mark.xfail(bool(missing), strict=True, reason=f"not in the chain yet: {', '.join(missing)}")
-
 
 def check(tmp_path: Path, document: object, *args: str, name: str = "input.json") -> subprocess.CompletedProcess:
     path = tmp_path / name
@@ -37,7 +28,6 @@ PLAIN_TOOL = {"name": "get_weather", "description": evil.ORIGINAL_WEATHER,
               "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
 
-@needs("scanning")
 def test_a_result_with_secrets_is_reported_and_redacted_without_echoing_them(tmp_path: Path) -> None:
     done = check(tmp_path, LEAKY_RESULT, "--server", "evil", "--json")
     assert done.returncode == 3, done.stderr
@@ -64,7 +54,6 @@ def test_a_json_rpc_response_is_unwrapped(tmp_path: Path) -> None:
     assert json.loads(done.stdout)["method"] == "tools/call"
 
 
-@needs("injection")
 def test_a_poisoned_definition_is_withheld_with_the_reason(tmp_path: Path) -> None:
     done = check(tmp_path, {"tools": [POISONED_TOOL, PLAIN_TOOL]}, "--server", "evil", "--json")
     assert done.returncode == 3, done.stderr
@@ -84,7 +73,6 @@ def test_a_plain_definition_passes_and_the_pins_file_is_not_written(tmp_path: Pa
     assert not (state / "pins.json").exists()  # a dry run trusts nothing on first use
 
 
-@needs("pinning")
 def test_a_definition_that_differs_from_its_pin_is_withheld_and_the_pins_file_is_left_as_it_was(tmp_path: Path) -> None:
     from bastion.guardrails.pin_book import Observation
     from bastion.guardrails.pin_store import PinStore
@@ -107,7 +95,6 @@ def test_a_definition_that_differs_from_its_pin_is_withheld_and_the_pins_file_is
     assert check(tmp_path, PLAIN_TOOL, "--config", str(config), "--server", "weather").returncode == 0
 
 
-@needs("sampling")
 def test_a_greedy_sampling_request_is_capped(tmp_path: Path) -> None:
     request = {"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {
         "messages": [{"role": "user", "content": {"type": "text", "text": "Summarize the weather."}}],
@@ -118,7 +105,6 @@ def test_a_greedy_sampling_request_is_capped(tmp_path: Path) -> None:
     assert report["refused"] is None and report["given"]["maxTokens"] <= 4096
 
 
-@needs("deputy")
 def test_sampling_with_every_servers_context_is_refused(tmp_path: Path) -> None:
     params = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 100,
               "includeContext": "allServers"}
@@ -127,7 +113,6 @@ def test_sampling_with_every_servers_context_is_refused(tmp_path: Path) -> None:
     assert "refused:" in done.stderr and "allServers" in done.stderr
 
 
-@needs("scanning")
 def test_a_server_whose_switch_is_off_passes(tmp_path: Path) -> None:
     config = tmp_path / "bastion.toml"
     config.write_text('[servers.vault]\ncommand = "vault-mcp"\n\n[guardrails.servers.vault]\nsecrets = "off"\npii = "off"\n')
@@ -155,7 +140,6 @@ def test_bad_input_names_the_file_and_the_fix(tmp_path: Path, document: object, 
     assert "Traceback" not in done.stderr
 
 
-@needs("scanning")
 def test_a_servers_error_message_is_scanned_too(tmp_path: Path) -> None:
     error = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": f"401 for token {evil.GITHUB_TOKEN}"}}
     done = check(tmp_path, error, "--server", "evil", "--json")
@@ -165,7 +149,6 @@ def test_a_servers_error_message_is_scanned_too(tmp_path: Path) -> None:
     assert evil.GITHUB_TOKEN not in done.stdout + done.stderr
 
 
-@needs("injection")
 def test_instructions_in_a_resource_are_marked(tmp_path: Path) -> None:
     contents = {"contents": [{"uri": "evil://page", "mimeType": "text/plain", "text": evil.INJECTION}]}
     done = check(tmp_path, contents, "--server", "evil", "--json")
