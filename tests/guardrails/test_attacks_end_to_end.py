@@ -85,11 +85,11 @@ def _callbacks(inbox: Inbox) -> dict[str, Any]:
             "logging_callback": inbox.on_log, "read_timeout_seconds": DEADLINE}
 
 
-def through_bastion(world: World, inbox: Inbox, **config: Any) -> Client:
+def through_bastion(world: World, inbox: Inbox, mode: str = "legacy", **config: Any) -> Client:
     """The SDK client on ``bastion run`` with the plain mcpServers file: every default on."""
     parameters = StdioServerParameters(command=BASTION, args=["run", str(world.config(**config)), "-q"],
                                        env=world.environment())
-    return Client(parameters, mode="legacy", **_callbacks(inbox))
+    return Client(parameters, mode=mode, **_callbacks(inbox))
 
 
 def directly(script: str, inbox: Inbox, env: dict[str, str] | None = None) -> Client:
@@ -452,6 +452,24 @@ async def test_after_untrusted_content_a_destructive_call_elsewhere_says_what_ca
     assert deleted == "deleted 1"  # approved by the person (this client approves everything)
     [approval] = inbox.elicitations[before:]
     assert f"'{EVIL}'" in approval.message or f"{EVIL}__fetch_page" in approval.message, approval.message
+
+
+# ====================================================================== a 2026-07-28 client, the same
+async def test_a_2026_client_is_guarded_the_same(world: World) -> None:
+    """The modern era's frontend (per-request envelopes, input_required for approvals) on the same request path."""
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox, mode="2026-07-28") as client:
+            tools = described((await client.list_tools()).tools)
+            config = dumped(await client.call_tool(evil_tool("read_config"), {}))
+            page = texts(await client.call_tool(evil_tool("fetch_page"), {"url": "https://example.test"}))
+            summary = texts(await client.call_tool(evil_tool("summarize"), {"text": "the weather"}))
+    assert evil_tool("add") not in tools and evil_tool("get_weather") in tools
+    for value in (evil.GITHUB_TOKEN, evil.EMAIL, evil.CARD, evil.JWT):
+        assert value not in config
+    assert "[redacted: " in config
+    assert "untrusted data from" in page
+    assert summary == f"summary: {ANSWER}"
 
 
 # ============================================================================ benign look-alikes pass
