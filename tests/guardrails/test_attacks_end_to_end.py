@@ -2,7 +2,8 @@
 through ``bastion run`` with a plain ``mcpServers`` file and nothing else: the defaults must stop it. Each one has a
 control run first, the official SDK client talking to the server directly, proving the attack works without
 Bastion. A benign server whose tools and results look alike (tests/fixtures/benign_lookalike_server.py) must
-pass through unchanged.
+pass through unchanged. Two cases run the same file for a 2026-07-28 client and over HTTP (``bastion serve``), to
+show the defaults hold on every frontend of the one request path.
 
 The client is the official SDK's, in the handshake era, with a sampling callback (it answers every request and
 records it) and an elicitation callback that approves every call Bastion asks about (the default policy asks a
@@ -14,14 +15,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CreateMessageResult, ElicitResult, TextContent
 
 from tests.fixtures import malicious_server as evil
@@ -470,6 +476,44 @@ async def test_a_2026_client_is_guarded_the_same(world: World) -> None:
     assert "[redacted: " in config
     assert "untrusted data from" in page
     assert summary == f"summary: {ANSWER}"
+
+
+async def test_a_client_over_http_is_guarded_the_same(world: World) -> None:
+    """``bastion serve`` with the same plain file, an SDK client over Streamable HTTP: the same request path."""
+    log = world.tmp / "serve.stderr"
+    serve = subprocess.Popen([BASTION, "serve", str(world.config()), "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+                             env={**world.environment(), "PYTHONUNBUFFERED": "1"})
+    try:
+        url = await _served_url(serve, log)
+        inbox = Inbox()
+        http = httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE))
+        with anyio.fail_after(DEADLINE):
+            async with Client(streamable_http_client(url, http_client=http), mode="legacy", **_callbacks(inbox)) as client:
+                tools = described((await client.list_tools()).tools)
+                config = dumped(await client.call_tool(evil_tool("read_config"), {}))
+                page = texts(await client.call_tool(evil_tool("fetch_page"), {"url": "https://example.test"}))
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.wait()
+    assert evil_tool("add") not in tools and evil_tool("get_weather") in tools
+    for value in (evil.GITHUB_TOKEN, evil.EMAIL, evil.CARD, evil.JWT):
+        assert value not in config
+    assert "[redacted: " in config and "untrusted data from" in page
+
+
+async def _served_url(serve: subprocess.Popen, log: Path) -> str:
+    with anyio.fail_after(DEADLINE):
+        while True:
+            found = re.search(r"serving MCP on (http://[^ ]+/mcp)", log.read_text())
+            if found:
+                return found.group(1)
+            assert serve.poll() is None, log.read_text()
+            await anyio.sleep(0.1)
 
 
 # ============================================================================ benign look-alikes pass
