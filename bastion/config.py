@@ -242,6 +242,11 @@ class GatewayConfig(BaseModel):
         if unknown:
             raise ValueError(f"guardrails.servers names {', '.join(map(repr, unknown))}, which is not a configured "
                              "server: use a name from the servers table, or remove the entry")
+        budgets = sorted(set(self.guardrails.sampling_budget.servers) - set(self.servers)) \
+            if self.guardrails is not None else []
+        if budgets:
+            raise ValueError(f"guardrails.sampling_budget.servers names {', '.join(map(repr, budgets))}, which is not "
+                             "a configured server: use a name from the servers table, or remove the entry")
         return self
 
 

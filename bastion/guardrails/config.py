@@ -85,11 +85,29 @@ class PinningSettings(_Strict):
                       description="where first-seen definitions are recorded")
 
 
+class SamplingLimits(_Strict):
+    """One server's sampling budget where it differs from the gateway-wide one; an absent field keeps that one."""
+
+    requests_per_call: int | None = Field(default=None, ge=0)
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+
+
 class SamplingSettings(_Strict):
     requests_per_call: int = Field(default=3, ge=0, description="sampling requests a server may make in one call")
     requests_per_minute: int = Field(default=20, ge=0, description="sampling requests per server and session a minute")
     max_tokens: int = Field(default=4096, ge=1, description="maxTokens above this is capped to it")
     tokens_per_minute: int = Field(default=32768, ge=1, description="maxTokens requested per server and session a minute")
+    servers: dict[str, SamplingLimits] = Field(
+        default_factory=dict, description="per server: the limits that differ from the ones above")
+
+    def for_server(self, server: str) -> "SamplingSettings":
+        """The budget of ``server``: its own limits where it has them, the gateway-wide ones otherwise."""
+        own = self.servers.get(server)
+        if own is None:
+            return self
+        return self.model_copy(update={**own.model_dump(exclude_none=True), "servers": {}})
 
 
 class CrossServerSettings(_Strict):

@@ -130,7 +130,7 @@ class SamplingLedger:
         spending.last_used = now
         while spending.recent and spending.recent[0][0] <= now - _WINDOW_SECONDS:
             spending.recent.popleft()
-        settings = self._settings
+        settings = self._settings.for_server(server)
         call = calls[-1].request_id if calls else None
         live = {c.request_id for c in calls}
         spending.per_call = {key: n for key, n in spending.per_call.items() if key in live}
@@ -200,7 +200,7 @@ class SamplingGuard:
             return await call_next(request)
         trust = server_trust(request.catalog, server)
         params = request.params if isinstance(request.params, dict) else {}
-        limit = self._config.sampling_budget.max_tokens
+        limit = self._config.sampling_budget.for_server(server).max_tokens
         refusal = check_origin(server, request.calls_in_flight) or check_include_context(params, trust)
         if refusal is None:
             tokens = min(requested_tokens(params) or limit, limit)
