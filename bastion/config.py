@@ -247,6 +247,12 @@ class GatewayConfig(BaseModel):
         if budgets:
             raise ValueError(f"guardrails.sampling_budget.servers names {', '.join(map(repr, budgets))}, which is not "
                              "a configured server: use a name from the servers table, or remove the entry")
+        allow = self.guardrails.cross_server.allow if self.guardrails is not None else {}
+        paired = sorted({name for reader, owners in allow.items() for name in (reader, *owners)} - {"*"}
+                        - set(self.servers))
+        if paired:
+            raise ValueError(f"guardrails.cross_server.allow names {', '.join(map(repr, paired))}, which is not a "
+                             "configured server: use names from the servers table (\"*\" for every server)")
         return self
 
 

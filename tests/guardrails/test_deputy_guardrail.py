@@ -9,6 +9,7 @@ import anyio
 import pytest
 from mcp.types import ResourceLink, TextContent
 
+from bastion.config import GatewayConfig
 from bastion.guardrails.config import CrossServerSettings
 from bastion.guardrails.deputy import foreign_owner, result_links, sampling_references
 from tests.guardrails.cross_server_support import DEADLINE, LLM_ANSWER, Person, client, cross_server_setup, text_of
@@ -27,6 +28,14 @@ def test_foreign_owner_and_allowed_pairs() -> None:
     assert foreign_owner("notes://private/notes", "web", OWNERS.get, settings.allows) is None
     assert foreign_owner("notes://private/notes", "any", OWNERS.get, settings.allows) is None
     assert foreign_owner("web://private/notes", "notes", OWNERS.get, settings.allows) == "web"  # not the other way
+
+
+def test_a_pair_naming_a_server_that_is_not_configured_is_an_error() -> None:
+    servers = {"web": {"command": "x"}, "notes": {"command": "x"}}
+    GatewayConfig.model_validate({"servers": servers, "guardrails": {"cross_server": {"allow": {"web": ["notes", "*"]}}}})
+    with pytest.raises(ValueError) as refused:
+        GatewayConfig.model_validate({"servers": servers, "guardrails": {"cross_server": {"allow": {"web": ["ntoes"]}}}})
+    assert "guardrails.cross_server.allow names 'ntoes'" in str(refused.value)
 
 
 def test_links_found_in_tool_results_and_prompt_messages() -> None:
