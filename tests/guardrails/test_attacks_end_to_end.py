@@ -414,6 +414,19 @@ async def test_greedy_and_unsolicited_sampling_is_held_to_its_budgets(world: Wor
     assert len(inbox.sampling) == len(asked_in_the_call)
 
 
+async def test_sampling_inside_another_servers_call_is_refused(world: World) -> None:
+    inbox = Inbox()
+    with anyio.fail_after(DEADLINE):
+        async with through_bastion(world, inbox) as client:
+            await client.call_tool(evil_tool("start_background_job"), {"delay": 1.0})
+            # The malicious server asks while only the other server is working on a call of this client.
+            waited = texts(await client.call_tool(notes_tool("wait"), {"seconds": 4}))
+            status = await _background_status(client, evil_tool("background_job_status"))
+    assert waited == "waited 4.0s"
+    assert status.startswith("refused:"), status
+    assert inbox.sampling == []
+
+
 async def _background_status(client: Client, tool: str) -> str:
     while True:
         status = texts(await client.call_tool(tool, {}))
