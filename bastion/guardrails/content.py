@@ -26,16 +26,24 @@ _EMBEDDED_FIELDS = ("uri", "text")
 class TextSlot:
     """One string in a message, with where it is and the way to write a replacement back."""
 
-    __slots__ = ("_container", "_key", "where")
+    __slots__ = ("_container", "_key", "_named", "where")
 
-    def __init__(self, container: MutableMapping[str, Any] | MutableSequence[Any], key: Any, where: str) -> None:
+    def __init__(self, container: MutableMapping[str, Any] | MutableSequence[Any], key: Any, where: str,
+                 named: bool = False) -> None:
         self._container = container
         self._key = key
+        self._named = named
         self.where = where
 
     @property
     def text(self) -> str:
         return self._container[self._key]
+
+    @property
+    def name(self) -> str | None:
+        """The key the string is filed under in structured data (``{"secret": "..."}`` gives "secret"), which says
+        what the value is as a name beside it in text would; None for the fields of content blocks."""
+        return self._key if self._named else None
 
     def replace(self, new: str) -> None:
         """Write ``new`` where this string was; the message's structure stays as it was."""
@@ -150,7 +158,7 @@ def _anything_in(value: dict[str, Any] | list[Any], where: str) -> Iterator[Text
         for key, item in pairs:
             path = f"{prefix}[{key}]" if isinstance(key, int) else _join(prefix, str(key))
             if isinstance(item, str):
-                yield TextSlot(container, key, path)
+                yield TextSlot(container, key, path, named=isinstance(key, str))
             elif isinstance(item, (dict, list)):
                 stack.append((item, _pairs(item), path))
                 break

@@ -27,7 +27,7 @@ from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
 from bastion.paths import cache_dir
 
 if TYPE_CHECKING:  # the detectors and their libraries load in the background (see ScannerInBackground)
-    from bastion.guardrails.matching import Detector, Matcher
+    from bastion.guardrails.matching import Detector, Finding, Matcher  # noqa: F401
 
 SCANNED_RESULTS = frozenset({"tools/call", "resources/read", "prompts/get"})
 SAMPLING = "sampling/createMessage"
@@ -74,7 +74,7 @@ class ContentScanner:
                 continue
             data = text.encode("utf-8", "surrogatepass")
             redactions: list[tuple[int, int, str]] = []
-            for found in self._matcher.find(data):
+            for found in self._findings(data, slot.name):
                 action = action_of(found.detector)
                 if action == "off":
                     continue
@@ -84,6 +84,20 @@ class ContentScanner:
             if redactions:
                 slot.replace(_spliced(data, redactions))
         return hits
+
+    def _findings(self, data: bytes, name: str | None) -> list[Finding]:
+        """What is found in ``data``; a string filed under a name in structured data is read as it would be written
+        in a configuration file, ``name: "value"``, so the rules that look for a key-like name beside a value (the
+        generic one) see it; only what is found inside the value counts."""
+        if not name:
+            return self._matcher.find(data)
+        from bastion.guardrails.matching import Finding
+
+        prefix = f'{name}: "'.encode("utf-8", "surrogatepass")
+        shift = len(prefix)
+        return [Finding(found.detector, found.start - shift, found.end - shift)
+                for found in self._matcher.find(prefix + data + b'"')
+                if found.start >= shift and found.end <= shift + len(data)]
 
     def find_in(self, text: str) -> list[tuple[Detector, str]]:
         """What the detectors find in ``text``, each with the value (for dry runs and tests, never for reports)."""

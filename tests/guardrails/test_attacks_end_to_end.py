@@ -361,8 +361,6 @@ async def test_secrets_and_personal_data_are_redacted_everywhere_they_reach_the_
         assert value not in trail, f"the audit trail carries {value[:12]}..."
 
 
-@pytest.mark.xfail(strict=True, reason="the secret scanner reads each string of structuredContent alone: a "
-                   "high-entropy value is not judged by the key-like name of the key it sits under")
 async def test_a_secret_under_a_key_like_name_in_structured_content_is_redacted(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):

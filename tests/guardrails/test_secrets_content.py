@@ -81,3 +81,9 @@ def test_deep_nesting_does_not_exhaust_the_stack():
         nested = {"n": nested}
     slots = list(text_slots("tools/call", {"content": [], "structuredContent": nested}))
     assert [slot.text for slot in slots] == ["deep"]
+
+
+def test_a_string_of_structured_content_knows_the_name_it_is_filed_under():
+    result = {"content": [{"type": "text", "text": "t"}], "structuredContent": {"db": {"password": "p"}, "l": ["x"]}}
+    assert [(slot.where, slot.name) for slot in text_slots("tools/call", result)] == [
+        ("content[0].text", None), ("structuredContent.db.password", "password"), ("structuredContent.l[0]", None)]

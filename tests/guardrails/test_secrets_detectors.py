@@ -111,3 +111,15 @@ def test_hits_name_the_kind_rule_and_place_never_the_value(scanner):
     assert [(hit.where, hit.rule) for hit in hits] == [
         ("content[1].text", "aws-access-token"), ("structuredContent.deep[0].key", "aws-access-token")]
     assert all(AWS not in repr(hit) for hit in hits)
+
+
+def test_a_value_filed_under_a_key_like_name_in_structured_content_is_judged_by_that_name(scanner):
+    secret = _pick(ALNUM, 40)
+    result = {"content": [], "structuredContent": {"aws": {"secret": secret, "region": "eu-west-1"},
+                                                   "commit": "9fceb02d0ae598e95dc970b74767f19372d61af8",
+                                                   "notes": [secret]}}
+    hits = scanner.scan(text_slots("tools/call", result), ScanningPolicy(GuardrailsConfig()).action_for(None))
+    assert [(hit.where, hit.kind) for hit in hits] == [("structuredContent.aws.secret", "generic-api-key")]
+    assert result["structuredContent"]["aws"] == {"secret": "[redacted: generic-api-key]", "region": "eu-west-1"}
+    # Under no name (an item of a list) the same value is only a string: nothing says it is a key.
+    assert result["structuredContent"]["notes"] == [secret]
