@@ -5,9 +5,11 @@ server (bench/fixtures/echo_server.py):
 
   direct    client -> echo server
   relay     client -> minimal parse-and-forward relay -> echo server       (the floor for a Python hop)
-  bastion   client -> `bastion run CONFIG` -> echo server   (a plain mcpServers file: the default policy and
-            audit on, as users run it; the client file's autoApprove lets echo run without asking)
-  bastion-off  the same with policy = "off": no policy, no audit (the fast path, for comparison)
+  bastion   client -> `bastion run CONFIG` -> echo server   (a plain mcpServers file: the default policy, its
+            audit and the default guardrails on, as users run it; the client file's autoApprove lets echo run
+            without asking)
+  bastion-off  the same with policy = "off" and guardrails = "off": no policy, no audit, no guardrails (the
+            shortest path through Bastion, for comparison)
   fastmcp   client -> FastMCP's stdio proxy -> echo server                  (the peer)
 
 Each path gets a legacy handshake, a warm-up, N sequential tools/call and N calls with 32 in flight.
@@ -70,11 +72,12 @@ class PathSpec:
 
 def mcp_servers_config(python: str, names: list[str], *, policy_off: bool = False) -> bytes:
     """A plain ``mcpServers`` config federating one echo server per name, echo approved in advance as a client
-    file says it (``autoApprove``); with ``policy_off`` it turns the policy off."""
+    file says it (``autoApprove``); with ``policy_off`` it turns the policy and the guardrails off."""
     servers = {name: {"command": python, "args": [str(ECHO_SERVER)], "autoApprove": ["echo"]} for name in names}
     config: dict[str, Any] = {"mcpServers": servers}
     if policy_off:
         config["policy"] = "off"
+        config["guardrails"] = "off"
     return orjson.dumps(config, option=orjson.OPT_INDENT_2)
 
 
