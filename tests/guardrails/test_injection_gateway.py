@@ -139,3 +139,16 @@ def test_block_mode_per_server_and_off_for_one_server(tmp_path, client):
     assert "inj__add" in _tools(off)
     passed = off.request(2, "tools/call", {"name": "inj__hotel_reviews", "arguments": {"hotel": "x"}}, timeout=120)
     assert _text(passed["result"]).startswith("Great hotel, clean rooms.")
+
+
+def test_withheld_tools_are_never_found_or_called_in_search_mode(tmp_path, client):
+    raw = client(path=_config(tmp_path, tools={"exposure": "search"}))
+    found = raw.request(2, "tools/call", {"name": "search_tools", "arguments": {
+        "query": "add two numbers", "k": 10}}, timeout=180)["result"]
+    names = [tool["name"] for tool in json.loads(found["content"][0]["text"])["tools"]]
+    assert "inj__add_plain" in names and "inj__add" not in names and "inj__weather" not in names
+    via_meta = raw.request(3, "tools/call", {"name": "call_tool", "arguments": {
+        "name": "inj__add", "arguments": {"a": 1, "b": 2}}}, timeout=180)
+    answer = json.dumps(via_meta)
+    assert "withheld tool 'inj__add'" in answer or "unknown tool" in answer
+    assert '"3"' not in answer
