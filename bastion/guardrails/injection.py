@@ -240,16 +240,20 @@ RULES: tuple[Rule, ...] = (
     # The model addressed as such: "If you are an AI", "Note to the assistant", "AI agents reading this".
     _rule("addresses-the-model", STRONG,
           rf"\b(?:if|when)[ \t]+you[ \t]+are[ \t]+an?[ \t]+(?:\w+[ \t]+)?{_AI}\b"
-          rf"|\b(?:note|message|attention|instructions?|notice|reminder|memo)[ \t]+(?:to|for)[ \t]+(?:the[ \t]+|any[ \t]+|all[ \t]+)?"
+          rf"|\b(?:note|message|attention|instructions?|notice|reminder|memo)[ \t]+(?:to|for)[ \t]+(?:the[ \t]+"
+          rf"|any[ \t]+|all[ \t]+)?"
           rf"(?:\w+[ \t]+)?{_AI}[ \t]*[:!-]|\b(?:dear|hey|hello|hi|attention)[ \t,]+{_AI}\b"
-          rf"|\b(?:to[ \t]+)?(?:any|all|the)[ \t]+{_AI}[ \t]+(?:reading|processing|parsing|summari[sz]ing|seeing|viewing)"
+          rf"|\b(?:to[ \t]+)?(?:any|all|the)[ \t]+{_AI}[ \t]+(?:reading|processing|parsing|summari[sz]ing|seeing"
+          rf"|viewing)"
           r"[ \t]+this"),
     # AgentDojo's "important instructions" and its kind: a message from "the user" planted in data.
     _rule("planted-message", STRONG,
-          r"\bthis is an?[ \t]+(?:\w+[ \t]+)?(?:important|urgent|critical|priority)[ \t]+(?:\w+[ \t]+)?(?:message|note|instruction)s?"
+          r"\bthis is an?[ \t]+(?:\w+[ \t]+)?(?:important|urgent|critical|priority)[ \t]+(?:\w+[ \t]+)?(?:message"
+          r"|note|instruction)s?"
           r"[ \t]+from\b"),
     _rule("planted-message", STRONG,
-          r"\bbefore[ \t]+(?:you[ \t]+)?(?:can[ \t]+)?(?:solve|do|complete|answer|finish|continue(?: with)?|proceed(?: with)?"
+          r"\bbefore[ \t]+(?:you[ \t]+)?(?:can[ \t]+)?(?:solve|do|complete|answer|finish|continue(?: with)?"
+          r"|proceed(?: with)?"
           r"|start|respond to|work on)[ \t]+(?:the|your|my|this|any)[ \t]+(?:\w+[ \t]+)?(?:task|request|question|job)"
           r"[ \t]+(?:that[ \t]+)?(?:i|we|the user)\b"),
     _rule("planted-message", STRONG,
@@ -257,28 +261,36 @@ RULES: tuple[Rule, ...] = (
           r"[ \t]+(?:solve|do|complete|continue|go back)"),
     # A new role or task for the model: "your new instructions are", "from now on you", "you are now DAN".
     _rule("new-task", STRONG,
-          r"\b(?:your|the)[ \t]+(?:new|real|actual|true|next|updated|only|primary|secret)[ \t]+(?:task|instructions?|goal"
+          r"\b(?:your|the)[ \t]+(?:new|real|actual|true|next|updated|only|primary|secret)[ \t]+(?:task|instructions?"
+          r"|goal"
           r"|objective|mission|orders|directive|purpose|role|job)[ \t]+(?:is|are|will be|now)\b"
           r"|\bnew[ \t]+(?:instructions?|orders|directives?|system prompt)[ \t]*:"
           r"|\bfrom[ \t]+now[ \t]+on[ \t,]+(?:you|the assistant|the ai)\b"
-          r"|\byou[ \t]+are[ \t]+(?:now[ \t]+)?(?:no[ \t]+longer|not[ \t]+)[ \t]*(?:an?[ \t]+)?(?:\w+[ \t]+)?(?:assistant|ai|bound|restricted)"
-          r"|\byou[ \t]+are[ \t]+now[ \t]+(?:an?[ \t]+)?(?:dan|jailbroken|unrestricted|unfiltered|in[ \t]+(?:developer|god|admin) mode)\b"),
+          r"|\byou[ \t]+are[ \t]+(?:now[ \t]+)?(?:no[ \t]+longer"
+          r"|not[ \t]+)[ \t]*(?:an?[ \t]+)?(?:\w+[ \t]+)?(?:assistant|ai|bound|restricted)"
+          r"|\byou[ \t]+are[ \t]+now[ \t]+(?:an?[ \t]+)?(?:dan|jailbroken|unrestricted|unfiltered"
+          r"|in[ \t]+(?:developer|god|admin) mode)\b"),
     # Tool shadowing: one tool's text changing how another is used.
     _rule("shadowing", STRONG,
           r"\b(?:side[ -]effects?|effect|impact|influence)[ \t]+on[ \t]+(?:the[ \t]+)?(?:\w+[ \t]+){0,3}?"
           r"(?:tools?|functions?|servers?)\b", kind="shadowing"),
     _rule("shadowing", STRONG,
-          r"\b(?:all|any|every)[ \t]+(?:\w+[ \t]+)?(?:e-?mails?|messages?|payments?|transfers?|transactions?|money|funds)"
-          r"[ \t]+(?:must|should|shall|have to|need to|are to)[ \t]+(?:always[ \t]+)?(?:be[ \t]+)?(?:sent|forwarded|redirected"
+          r"\b(?:all|any|every)[ \t]+(?:\w+[ \t]+)?(?:e-?mails?|messages?|payments?|transfers?|transactions?|money"
+          r"|funds)"
+          r"[ \t]+(?:must|should|shall|have to|need to|are to)[ \t]+(?:always[ \t]+)?(?:be[ \t]+)?(?:sent|forwarded"
+          r"|redirected"
           r"|copied|bcc'?e?d|cc'?e?d|routed|transferred|wired)[ \t]+(?:\w+[ \t]+){0,2}?to\b", kind="shadowing"),
     _rule("shadowing", STRONG,
-          r"\b(?:do not|don't|never|must not)[ \t]+(?:use|call|invoke|trust)[ \t]+(?:the[ \t]+|any[ \t]+)?(?:other|another)"
+          r"\b(?:do not|don't|never|must not)[ \t]+(?:use|call|invoke|trust)[ \t]+(?:the[ \t]+|any[ \t]+)?(?:other"
+          r"|another)"
           r"[ \t]+(?:\w+[ \t]+)?(?:tools?|functions?|servers?)\b"
-          r"|\b(?:other|all other)[ \t]+(?:\w+[ \t]+)?(?:tools?|functions?)[ \t]+(?:are|is)[ \t]+(?:buggy|broken|deprecated"
+          r"|\b(?:other|all other)[ \t]+(?:\w+[ \t]+)?(?:tools?|functions?)[ \t]+(?:are|is)[ \t]+(?:buggy|broken"
+          r"|deprecated"
           r"|outdated|malicious|unsafe|not to be trusted)", kind="shadowing"),
     _rule("shadowing-trigger", WEAK,
           r"\b(?:when|whenever|if|each time|every time)[ \t]+(?:the[ \t]+)?(?:user|you|anyone|someone)[ \t]+"
-          r"(?:asks?|requests?|wants?|tries|calls?|uses?|invokes?)\b.{0,120}?\b(?:also|always|first|instead|additionally"
+          r"(?:asks?|requests?|wants?|tries|calls?|uses?|invokes?)\b.{0,120}?\b(?:also|always|first|instead"
+          r"|additionally"
           r"|secretly|silently|make sure to)\b", kind="shadowing",
           probe=r"\b(?:when|whenever|if|each time|every time)\s+(?:the\s+)?(?:user|you|anyone|someone)\s+"
                 r"(?:asks?|requests?|wants?|tries|calls?|uses?|invokes?)\b[^\n]*\b(?:also|always|first|instead"
@@ -290,21 +302,27 @@ RULES: tuple[Rule, ...] = (
           r"|/etc/(?:passwd|shadow)\b|\bcredentials\.json\b|\bprivate[ _]key\b"),
     # Data smuggled out through an argument: "pass its content as 'sidenote'".
     _rule("smuggle-into-argument", WEAK,
-          r"\b(?:pass|put|include|insert|add|append|embed|send|provide|place|copy)[ \t]+(?:its|the|their|this|that|all|any|"
-          r"the[ \t]+(?:full|entire|whole))[ \t]+(?:\w+[ \t]+)?(?:content|contents|text|value|data|file|key|output|result)s?"
-          r"[ \t]+(?:as|in|into|inside|within)[ \t]+(?:the[ \t]+)?['\"`]?\w+['\"`]?(?:[ \t]+(?:parameter|argument|field|param))?"),
+          r"\b(?:pass|put|include|insert|add|append|embed|send|provide|place|copy)[ \t]+(?:its|the|their|this|that"
+          r"|all|any|"
+          r"the[ \t]+(?:full|entire|whole))[ \t]+(?:\w+[ \t]+)?(?:content|contents|text|value|data|file|key|output"
+          r"|result)s?"
+          r"[ \t]+(?:as|in|into|inside|within)[ \t]+(?:the[ \t]+)?['\"`]?\w+['\"`]?(?:[ \t]+(?:parameter|argument"
+          r"|field|param))?"),
     # Orders given to the model: weak alone (usage notes say "you must pass an id"), strong in company.
     _rule("obligation", WEAK,
-          r"\b(?:you|the (?:assistant|ai|model|agent))[ \t]+(?:must|should|need to|have to|are required to|shall|are to)"
+          r"\b(?:you|the (?:assistant|ai|model|agent))[ \t]+(?:must|should|need to|have to|are required to|shall"
+          r"|are to)"
           r"[ \t]+(?:always[ \t]+|first[ \t]+|also[ \t]+|now[ \t]+|immediately[ \t]+|secretly[ \t]+|silently[ \t]+)+"
-          r"|\b(?:you|the (?:assistant|ai|model|agent))[ \t]+(?:must|have to|are required to)[ \t]+(?:call|invoke|use|run|execute"
+          r"|\b(?:you|the (?:assistant|ai|model|agent))[ \t]+(?:must|have to|are required to)[ \t]+(?:call|invoke|use"
+          r"|run|execute"
           r"|read|send|forward|email|transfer|delete|include)\b"),
     _rule("pressure", WEAK,
           r"\b(?:very[ \t]+)?(?:important|critical|crucial|mandatory|urgent|imperative)[ \t]*(?:!|:)"
           r"|\botherwise[ \t]+(?:the[ \t]+)?(?:\w+[ \t]+)?(?:tool|application|system|server|app|it)[ \t]+will[ \t]+"
           r"(?:not work|crash|fail|break|stop working)|\bthis is (?:very )?(?:important|critical|crucial)\b"),
     _rule("secrecy-adverb", WEAK,
-          r"\b(?:secretly|silently|covertly|quietly|discreetly)[ \t]+(?:\w+[ \t]+)?(?:send|forward|call|invoke|read|include"
+          r"\b(?:secretly|silently|covertly|quietly|discreetly)[ \t]+(?:\w+[ \t]+)?(?:send|forward|call|invoke|read"
+          r"|include"
           r"|transfer|copy|upload|post|email|add|append|change|replace|use)"),
     _rule("exfiltrate", WEAK,
           r"(?:\b(?:send|forward|email|e-mail|post|upload|transfer|leak|exfiltrate|share|wire)\b[^.\n]{0,100}?\bto"
@@ -315,8 +333,10 @@ RULES: tuple[Rule, ...] = (
                 r"(?:[\w.+-]+@|https?://|www\.|\+?\d\d\d|[A-Z]{2}\d\d[A-Z0-9]{4})"),
     # Plans made to run without the person who asked: "fill them in without asking me".
     _rule("no-confirmation", WEAK,
-          r"\bwithout[ \t]+(?:asking|consulting|checking with|confirming with|waiting for)[ \t]+(?:me|the user|them|anyone"
-          r"|for (?:confirmation|permission|approval))\b|\bdo(?: not|n't)[ \t]+ask[ \t]+(?:me|the user)[ \t]+(?:for|to)[ \t]+confirm"),
+          r"\bwithout[ \t]+(?:asking|consulting|checking with|confirming with|waiting for)[ \t]+(?:me|the user|them"
+          r"|anyone"
+          r"|for (?:confirmation|permission|approval))\b|\bdo(?: not|n't)[ \t]+ask[ \t]+(?:me|the user)[ \t]+(?:for"
+          r"|to)[ \t]+confirm"),
     # A to-do item that orders an account action, planted in data ("TODO: Send a transaction to ...", often glued to
     # the word before it): weak, since code is full of to-do notes; with an address, a URL or "without asking" near
     # it, it is an order.
