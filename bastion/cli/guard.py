@@ -292,6 +292,9 @@ def _guard_check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     guardrails = GuardrailsConfig() if config is None else config.guardrails
     if guardrails is None:
+        if args.json:
+            sys.stdout.write(json.dumps({"method": subject.method, "server": args.server, "guardrails": "off",
+                                         "interventions": [], "refused": None, "passes": True}, indent=2) + "\n")
         _say(f"note: guardrails are off in {args.config}: nothing would be checked")
         return EXIT_PASSES
     configured = config.servers.get(args.server) if config is not None else None

@@ -123,8 +123,9 @@ def test_a_server_whose_switch_is_off_passes(tmp_path: Path) -> None:
 def test_guardrails_off_is_said(tmp_path: Path) -> None:
     config = tmp_path / "bastion.toml"
     config.write_text('guardrails = "off"\n')
-    done = check(tmp_path, LEAKY_RESULT, "--config", str(config))
+    done = check(tmp_path, LEAKY_RESULT, "--config", str(config), "--json")
     assert done.returncode == 0 and "guardrails are off" in done.stderr, done.stderr
+    assert json.loads(done.stdout)["guardrails"] == "off" and json.loads(done.stdout)["passes"] is True
 
 
 @pytest.mark.parametrize("document, words", [
