@@ -136,7 +136,8 @@ async def start(tmp_path: Path):
     async def started(*interceptors: Any) -> tuple[Gateway, Client]:
         server = raw_server(marks, sandbox="none")
         server["env"] = {**server["env"], "RAW_SERVER_ECHO_VERBATIM": "1", "RAW_SERVER_MARK_CALLS": "1"}
-        config = GatewayConfig.model_validate({"servers": {"raw": server}, "policy": "off"})
+        # Neither the policy nor the guardrails: the chain is the interceptors each test gives, and what they read.
+        config = GatewayConfig.model_validate({"servers": {"raw": server}, "policy": "off", "guardrails": "off"})
         gateway = build_gateway(config, interceptors=interceptors)
         gateways.append(gateway)
         gateway.start({})
