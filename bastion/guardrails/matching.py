@@ -78,6 +78,9 @@ class Matcher:
         self._needs = tuple(frozenset(keyword_ids[word.lower()] for word in detector.keywords)
                             for detector in self.detectors)
         self._databases = _databases(self.detectors, self._keywords, cache)
+        # A shard whose every detector needs a keyword is not scanned when none of them is in the text: most short
+        # answers hold no key-like word, no "@" and no digit, and are then read by the keyword pass alone.
+        self._shard_needs = [_shard_needs([self._needs[index] for index in indexes]) for indexes, _ in self._databases]
         # Hyperscan's scratch space may serve one scan at a time: one per thread that scans.
         self._scratch = threading.local()
 
@@ -90,7 +93,9 @@ class Matcher:
         def on_match(index: int, _start: int, end: int, _flags: int, _context: object) -> None:
             hits.setdefault(index, _Hits()).ends.append(end)
 
-        for database, scratch in zip(self._databases, self._scratches_for_thread()):
+        for (_, database), needs, scratch in zip(self._databases, self._shard_needs, self._scratches_for_thread()):
+            if needs is not None and needs.isdisjoint(hits):
+                continue
             database.scan(data, match_event_handler=on_match, scratch=scratch)
         candidates: list[Finding] = []
         for index, found in hits.items():
@@ -105,7 +110,7 @@ class Matcher:
     def _scratches_for_thread(self) -> list[hyperscan.Scratch]:
         scratches = getattr(self._scratch, "spaces", None)
         if scratches is None:
-            scratches = self._scratch.spaces = [hyperscan.Scratch(database) for database in self._databases]
+            scratches = self._scratch.spaces = [hyperscan.Scratch(database) for _, database in self._databases]
         return scratches
 
     def _confirmed(self, index: int, ends: list[int], data: bytes) -> Iterable[Finding]:
@@ -133,16 +138,26 @@ class Matcher:
                 yield Finding(detector, start, end)
 
 
-def _databases(detectors: tuple[Detector, ...], keywords: tuple[str, ...], cache: Path | None) -> list[hyperscan.Database]:
-    """The detectors' expressions, one Hyperscan database per shard, and one more for the keywords. Each expression's
-    id is its detector's index (a keyword's: after the last detector)."""
+def _databases(detectors: tuple[Detector, ...], keywords: tuple[str, ...],
+               cache: Path | None) -> list[tuple[list[int], hyperscan.Database]]:
+    """The keywords as one Hyperscan database, scanned first, then the detectors' expressions, one database per
+    shard, each with the indexes of its detectors. Each expression's id is its detector's index (a keyword's: after
+    the last detector)."""
     shards: dict[str, list[tuple[int, bytes, int]]] = {}
-    for index, detector in enumerate(detectors):
-        shards.setdefault(detector.shard or detector.guardrail, []).append((index, detector.pattern.encode(), 0))
     literal = hyperscan.HS_FLAG_CASELESS | hyperscan.HS_FLAG_SINGLEMATCH
     if keywords:
         shards["\0keywords"] = [(len(detectors) + index, _literal(word), literal) for index, word in enumerate(keywords)]
-    return [_database(entries, cache) for entries in shards.values()]
+    for index, detector in enumerate(detectors):
+        shards.setdefault(detector.shard or detector.guardrail, []).append((index, detector.pattern.encode(), 0))
+    return [([index for index, _, _ in entries if index < len(detectors)], _database(entries, cache))
+            for entries in shards.values()]
+
+
+def _shard_needs(needs: list[frozenset[int]]) -> frozenset[int] | None:
+    """The keywords one of which must be in a text for a shard to be worth scanning; None when it always is."""
+    if not needs or not all(needs):
+        return None
+    return frozenset().union(*needs)
 
 
 def _database(entries: list[tuple[int, bytes, int]], cache: Path | None) -> hyperscan.Database:

@@ -100,45 +100,48 @@ def _not_one_group_of_more(data: bytes, start: int, end: int) -> bool:
         len(after) == 2 and after[:1] in (b" ", b"-") and after[1:].isdigit())
 
 
+# Every identifier, card and number below has digits: a text without any is not scanned for them (see Matcher).
+_DIGITS = tuple("0123456789")
+
 PII_DETECTORS = (
     Detector("pii", "email", "bastion:email",
              r"([A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?"
              r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*\.[A-Za-z]{2,24})\b",
-             group=1, check=_email, shard="pii-email"),
+             group=1, check=_email, shard="pii-email", keywords=("@",)),
     Detector("pii", "payment-card", "bastion:payment-card+luhn",
              _D + r"((?:\d{4}[ -]?){2}\d{4}[ -]?\d{1,7}|\d{4}[ -]?\d{6}[ -]?\d{4,5}|\d{13,19})" + _E,
-             group=1, check=_card, context=_not_one_group_of_more),
+             group=1, check=_card, context=_not_one_group_of_more, keywords=_DIGITS),
     Detector("pii", "iban", "bastion:iban+stdnum",
              r"\b([A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?)\b", group=1,
-             check=_validated_by(stdnum_iban)),
+             check=_validated_by(stdnum_iban), keywords=_DIGITS),
     Detector("pii", "us-ssn", "bastion:us-ssn+stdnum", _D + r"(\d{3}-\d{2}-\d{4})" + _E, group=1,
-             check=_validated_by(ssn), context=_not_one_group_of_more),
+             check=_validated_by(ssn), context=_not_one_group_of_more, keywords=_DIGITS),
     Detector("pii", "uk-nino", "bastion:uk-nino",
-             r"\b([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D])\b", group=1, check=_nino),
+             r"\b([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D])\b", group=1, check=_nino, keywords=_DIGITS),
     Detector("pii", "ca-sin", "bastion:ca-sin+stdnum", _D + r"(\d{3}[ -]\d{3}[ -]\d{3})" + _E, group=1,
-             check=_validated_by(sin), context=_not_one_group_of_more),
+             check=_validated_by(sin), context=_not_one_group_of_more, keywords=_DIGITS),
     Detector("pii", "es-dni", "bastion:es-dni+stdnum", _D + r"(\d{8}-?[A-HJ-NP-TV-Z])\b", group=1,
-             check=_validated_by(dni)),
+             check=_validated_by(dni), keywords=_DIGITS),
     Detector("pii", "es-nie", "bastion:es-nie+stdnum", r"\b([XYZ]-?\d{7}-?[A-HJ-NP-TV-Z])\b", group=1,
-             check=_validated_by(nie)),
+             check=_validated_by(nie), keywords=_DIGITS),
     Detector("pii", "it-codice-fiscale", "bastion:it-codice-fiscale+stdnum",
-             r"\b([A-Z]{6}\d{2}[A-EHLMPR-T]\d{2}[A-Z]\d{3}[A-Z])\b", group=1, check=_validated_by(codicefiscale)),
+             r"\b([A-Z]{6}\d{2}[A-EHLMPR-T]\d{2}[A-Z]\d{3}[A-Z])\b", group=1, check=_validated_by(codicefiscale), keywords=_DIGITS),
     Detector("pii", "fr-nir", "bastion:fr-nir+stdnum",
              _D + r"([12] ?\d{2} ?(?:0[1-9]|1[0-2]) ?(?:\d{2}|2[AB]) ?\d{3} ?\d{3} ?\d{2})" + _E, group=1,
-             check=_validated_by(nir), context=_not_one_group_of_more),
+             check=_validated_by(nir), context=_not_one_group_of_more, keywords=_DIGITS),
     Detector("pii", "br-cpf", "bastion:br-cpf+stdnum", _D + r"(\d{3}\.\d{3}\.\d{3}-\d{2})" + _E, group=1,
-             check=_validated_by(cpf)),
+             check=_validated_by(cpf), keywords=_DIGITS),
     Detector("pii", "in-aadhaar", "bastion:in-aadhaar+stdnum", _D + r"([2-9]\d{3} \d{4} \d{4})" + _E, group=1,
-             check=_validated_by(aadhaar), context=_not_one_group_of_more),
+             check=_validated_by(aadhaar), context=_not_one_group_of_more, keywords=_DIGITS),
     Detector("pii", "se-personnummer", "bastion:se-personnummer+stdnum",
              _D + r"((?:19|20)?\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])[-+]\d{4})" + _E, group=1,
-             check=_validated_by(personnummer)),
+             check=_validated_by(personnummer), keywords=_DIGITS),
     Detector("pii", "fi-hetu", "bastion:fi-hetu+stdnum",
              r"\b((?:0[1-9]|[12]\d|3[01])(?:0[1-9]|1[0-2])\d{2}[-+A-FU-Y]\d{3}[0-9A-FHJ-NPR-Y])\b", group=1,
-             check=_validated_by(hetu)),
+             check=_validated_by(hetu), keywords=_DIGITS),
     Detector("pii", "phone", "bastion:phone+libphonenumber",
              r"((?:tel:)?\+[1-9]\d{0,2}(?:[ .-]?\(?\d{1,4}\)?){1,2}(?:[ .-]?\d{2,4}){1,4})" + _E, group=1,
-             check=_phone),
+             check=_phone, keywords=_DIGITS),
 )
 
 

@@ -44,7 +44,7 @@ def _connection_password(value: bytes, _match: bytes, _line: bytes) -> bool:
 
 HAND_WRITTEN = (
     Detector("secrets", "connection-string-password", "bastion:connection-string-password", _CONNECTION_STRING,
-             group=1, check=_connection_password),
+             group=1, check=_connection_password, keywords=("://",)),
 )
 
 
