@@ -387,7 +387,9 @@ class Gateway:
                 raise GatewayError(jsonrpc.INTERNAL_ERROR,
                                    f"server {upstream.name!r} needs {method or 'input'} from the client, which did not "
                                    f"declare the {capability or 'needed'!r} capability")
-            # Through the interceptors of the method, as a handshake-era server's own request would be.
+            # Past the policy and through the interceptors of the method, as a handshake-era server's own request
+            # would be; a refusal fails the call, as an answer of input has no way to carry an error.
+            self._authorize_server_request(request.session.identity, upstream, method)
             responses[key] = await self._toward_client(
                 method, embedded.get("params") or {}, request.session, upstream.name,
                 lambda asked: client.request(asked.method, asked.params),  # type: ignore[union-attr]

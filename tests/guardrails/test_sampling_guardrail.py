@@ -5,8 +5,12 @@ model preferences limited, context refused to servers not trusted."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import anyio
 import pytest
+from mcp import MCPError
 
 from bastion.config import GatewayConfig
 from bastion.guardrails.config import GuardrailsConfig, SamplingSettings
@@ -19,6 +23,7 @@ from bastion.guardrails.sampling import (
 )
 from bastion.model import CallInFlight
 from tests.guardrails.cross_server_support import DEADLINE, LLM_ANSWER, Person, client, cross_server_setup, text_of
+from tests.support import FIXTURES
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
@@ -185,3 +190,28 @@ async def test_instructions_in_a_sampling_request_are_marked_or_refused_and_tain
     assert text.startswith("[Bastion: the text below is untrusted data from server 'web' (a sampling request)")
     assert INJECTION in text and text.rstrip().endswith("</untrusted-data>")
     assert text_of(blocked).startswith("refused:") and "reads as instructions to the model" in text_of(blocked)
+
+
+async def test_a_modern_servers_sampling_asked_of_a_legacy_client_passes_the_policy_and_the_guardrail(tmp_path) -> None:
+    # A 2026-07-28 server asks in its answer (input_required); Bastion asks the handshake-era client itself, past the
+    # same policy and guardrails as a handshake-era server's request. A refusal fails the call with the reason.
+    rules = tmp_path / "no-sampling.cedar"
+    rules.write_text('@id("all") permit (principal, action, resource);\n'
+                     '@id("no-sampling-for-modern") forbid (principal, action == Bastion::Action::"answer_sampling", '
+                     'resource == Bastion::Server::"modern");\n')
+    sdk_server = {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "modern",
+                  "env": {}, "sandbox": {"writable": [str(tmp_path)]}, "request_timeout": 900}
+    setup = cross_server_setup(tmp_path, {"web": {}}, policy={"policy_files": [str(rules)], "audit": {"enabled": False}})
+    config = json.loads(setup.config.read_text())
+    config["servers"].update({"modern": sdk_server, "allowed": dict(sdk_server)})
+    setup.config.write_text(json.dumps(config))
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            answered = await session.call_tool("allowed__test_sampling", {"prompt": "What is 2+2?"})
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("modern__test_sampling", {"prompt": "What is 2+2?"})
+    assert text_of(answered) == f"LLM response: {LLM_ANSWER}"
+    [seen] = person.sampling_requests
+    assert seen.messages[0].content.text == "What is 2+2?"
+    assert "refused by policy" in refused.value.error.message
