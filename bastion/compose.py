@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 from bastion.config import GatewayConfig, ToolsConfig
 from bastion.gateway.core import Gateway, server_catalog
 from bastion.gateway.upstream import Launcher, launch_server
-from bastion.guardrails.chain import build_guardrails
+from bastion.guardrails.chain import GuardrailChain, build_guardrails
 from bastion.guardrails.report import InterventionLog
 from bastion.model import CatalogView, Interceptor
 from bastion.policy.interceptors import PolicyRuntime, build_policy_runtime
@@ -31,9 +31,9 @@ def build_gateway(
     interceptors: Sequence[Interceptor] = (),
     launcher: Launcher = launch_server,
 ) -> Gateway:
-    """The gateway ``config`` describes: its servers, the policy (unless it is off), search exposure in search
-    mode, the guardrails (unless they are off), then ``interceptors`` (inside the policy and the guardrails: they
-    see only what those let through). Raises ``PolicyStartError`` when the policy cannot start (a key that cannot
+    """The gateway ``config`` describes: its servers, search exposure in search mode, the guardrails that screen
+    definitions, the policy (unless it is off), the other guardrails (unless they are off), then ``interceptors``
+    (innermost: they see only what all of those let through). Raises ``PolicyStartError`` when the policy cannot start (a key that cannot
     be read, an audit trail that cannot be written)."""
     catalog = server_catalog(config)
     policy = build_policy(config)
@@ -48,8 +48,8 @@ def build_gateway(
         exposure.append(SearchExposure(tool_index, config.tools.always_list))
     else:
         tool_index = LazyCatalogIndex(catalog, config.tools)
-    return Gateway(config, catalog=catalog, policy=policy, exposure=exposure, interceptors=[*guardrails, *interceptors],
-                   tool_index=tool_index, launcher=launcher)
+    return Gateway(config, catalog=catalog, policy=policy, exposure=exposure, screens=guardrails.screens,
+                   interceptors=[*guardrails.inner, *interceptors], tool_index=tool_index, launcher=launcher)
 
 
 def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
@@ -61,12 +61,12 @@ def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
     return build_policy_runtime(config.policy, pre_approved=pre_approved)
 
 
-def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, catalog: CatalogView) -> list[Interceptor]:
+def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, catalog: CatalogView) -> GuardrailChain:
     """The guardrail interceptors of ``config`` (none when they are off, said once, as a warning); their
     interventions go to the policy's audit trail when there is one."""
     if config.guardrails is None:
         log.warning("guardrails are off: tool definitions are not pinned and results are not scanned")
-        return []
+        return GuardrailChain([], [])
     writer = policy.audit.writer if policy is not None else None
     report = InterventionLog(writer.write if writer is not None else None)
     return build_guardrails(config.guardrails, report, catalog)

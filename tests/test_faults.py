@@ -125,7 +125,8 @@ def verbatim_client(request, tmp_path, marks):
     """A client whose server's echo writes its text as the result's JSON, byte for byte."""
     server = raw_server(marks)
     server["env"]["RAW_SERVER_ECHO_VERBATIM"] = "1"
-    settings: dict = {"servers": {"raw": server}, "policy": "off", "ready_timeout": READY_TIMEOUT}
+    # Nothing in the chain may read the result for its bytes to pass straight through: the guardrails scan it.
+    settings: dict = {"servers": {"raw": server}, "policy": "off", "guardrails": "off", "ready_timeout": READY_TIMEOUT}
     if getattr(request, "param", "direct") == "pipeline":
         (tmp_path / "allow.cedar").write_text(ALLOW_ALL)
         settings["policy"] = {"policy_files": ["allow.cedar"], "audit": {"enabled": False}}

@@ -170,7 +170,7 @@ class Report:
         for each in self.interventions:
             target = f" {each['target']}" if each.get("target") else ""
             detail = f": {each['detail']}" if each.get("detail") else ""
-            out.append(f"  {each['guardrail']}: {each['action']}{target} — {each['kind']} (rule {each['rule']}){detail}")
+            out.append(f"  {each['guardrail']}: {each['action']}{target} — {each['found']} (rule {each['rule']}){detail}")
         if self.refused is not None:
             out.append(f"refused: {self.refused.get('message', '')}")
         elif self.subject.method in _LISTS:
@@ -207,7 +207,7 @@ def dry_run(subject: Subject, guardrails: Any, server: str, prefix: str, trust: 
         exposed = _exposed(catalog, subject.method, server, name)
         params["name"] = exposed if exposed is not None else name
     interventions: list[dict[str, Any]] = []
-    chain = build_guardrails(guardrails, InterventionLog(interventions.append), catalog)
+    chain = build_guardrails(guardrails, InterventionLog(interventions.append), catalog).all()
     toward_client = subject.method in _SERVER_TO_CLIENT
     if toward_client:  # the gateway passes a server's request only through the interceptors that name its method
         chain = [each for each in chain if subject.method in (getattr(each, "methods", None) or ())]

@@ -63,12 +63,14 @@ class Gateway:
         catalog: Catalog | None = None,
         policy: PolicyRuntime | None = None,
         exposure: Sequence[Interceptor] = (),
+        screens: Sequence[Interceptor] = (),
         interceptors: Sequence[Interceptor] = (),
         tool_index: Any = None,
         launcher: Launcher = launch_server,
     ) -> None:
         """Built by ``bastion.compose.build_gateway``, which builds the policy, the exposure and the tool index
-        from ``config``; the chain is ``exposure``, then the policy's interceptors, then ``interceptors``."""
+        from ``config``; the chain is ``exposure``, ``screens`` (what decides whether a definition is served at all),
+        the policy's interceptors, then ``interceptors``."""
         if config.policy is not None and policy is None:
             raise ValueError("the configuration has a policy and none was given: build the gateway with "
                              "bastion.compose.build_gateway, which builds it")
@@ -94,7 +96,7 @@ class Gateway:
         }
         self._tool_index = tool_index
         self.policy = policy
-        permitted = [*(self.policy.interceptors if self.policy else ()), *interceptors]
+        permitted = [*screens, *(self.policy.interceptors if self.policy else ()), *interceptors]
         chain = [*exposure, *permitted]
         # The one path of every client request. Where nothing in the chain reads a tools/call's result, the
         # result is passed on as the bytes its server sent; where nothing reads its params, its arguments reach the

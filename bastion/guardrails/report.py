@@ -38,4 +38,7 @@ class InterventionLog:
                     intervention.kind, intervention.server or "-", intervention.target or "-", intervention.rule,
                     f": {intervention.detail}" if intervention.detail else "")
         if self._audit is not None:
-            self._audit({"kind": "guardrail", **asdict(intervention)})
+            # "kind" names an audit record's type, so what was found is recorded as "found".
+            record = asdict(intervention)
+            record["found"] = record.pop("kind")
+            self._audit({"kind": "guardrail", **record})

@@ -356,7 +356,7 @@ async def test_secrets_and_personal_data_are_redacted_everywhere_they_reach_the_
     redactions = [r for r in records if r.get("guardrail") in ("secrets", "pii") and r.get("action") == "redacted"]
     assert {"secrets", "pii"} <= {r["guardrail"] for r in redactions}, records
     assert all(r["server"] == EVIL and r["rule"] and r["target"] for r in redactions)
-    assert {"github-pat", "email", "payment-card", "private-key"} <= {r["kind"] for r in redactions}
+    assert {"github-pat", "email", "payment-card", "private-key"} <= {r["found"] for r in redactions}
     for value in (*evil.SECRETS, *evil.PERSONAL):
         assert value not in trail, f"the audit trail carries {value[:12]}..."
 

@@ -139,7 +139,7 @@ def test_a_rug_pull_across_restarts_is_withheld_until_a_person_accepts_it(tmp_pa
     assert "guardrail pinning refused changed-definition on server rug, tool add" in stderr
     # Each intervention is an audit record too (the default policy keeps the trail in the state directory).
     records = [json.loads(line) for line in (state / "audit.jsonl").read_text().splitlines()]
-    pinning = [(r["action"], r["target"], r["kind"]) for r in records if r.get("guardrail") == "pinning"]
+    pinning = [(r["action"], r["target"], r["found"]) for r in records if r.get("guardrail") == "pinning"]
     assert ("withheld", "tool delete_file", "changed-definition") in pinning
     assert ("refused", "tool add", "changed-definition") in pinning
     assert ("withheld", "prompt greet", "changed-definition") in pinning

@@ -60,7 +60,7 @@ async def test_a_call_result_is_redacted_and_reported_without_the_value():
     handle, records, _ = _chain(_text(f"key {KEY}, owner {EMAIL}"))
     result = await handle(_request("tools/call", {"name": "ops__env", "arguments": {}}))
     assert result == _text("key [redacted: aws-access-key], owner [redacted: email]")
-    assert [(r["guardrail"], r["action"], r["kind"], r["server"], r["target"]) for r in records] == [
+    assert [(r["guardrail"], r["action"], r["found"], r["server"], r["target"]) for r in records] == [
         ("secrets", "redacted", "aws-access-key", "ops", "tools/call ops__env"),
         ("pii", "redacted", "email", "ops", "tools/call ops__env")]
     assert all(KEY not in str(r) and EMAIL not in str(r) for r in records)
@@ -102,7 +102,7 @@ async def test_a_servers_error_message_and_data_are_redacted():
     assert raised.value.code == -32000
     assert raised.value.to_error() == {"code": -32000, "message": "bad key [redacted: aws-access-key]",
                                        "data": {"hint": "ask [redacted: email]"}}
-    assert {r["kind"] for r in records} == {"aws-access-key", "email"}
+    assert {r["found"] for r in records} == {"aws-access-key", "email"}
 
 
 async def test_a_sampling_request_is_redacted_before_the_client_sees_it_or_refused():
