@@ -360,9 +360,38 @@ class Gateway:
             if type(decoded) is ErrorResponse:
                 raise GatewayError.from_error(decoded.error)
             result = decoded.result
-        if session.era != "modern" and result.get("resultType") == "input_required":
-            result = await self.drive_input_required(request, server, params, result)
+        if result.get("resultType") == "input_required":
+            if session.era != "modern":
+                return await self.drive_input_required(request, server, params, result)
+            if self._toward_clients:
+                return await self._screen_input_requests(request, server, result)
         return result
+
+    async def _screen_input_requests(self, request: GatewayRequest, server: str,
+                                     result: dict[str, Any]) -> dict[str, Any]:
+        """A modern server's questions to a modern client (sampling, elicitation, roots) pass the interceptors of
+        their method on their way out, as every other server's request to a client does; one an interceptor
+        refuses fails the call with that refusal, as the server cannot be answered but through the client."""
+        embedded = result.get("inputRequests")
+        if not isinstance(embedded, dict):
+            return result
+        calls = (CallInFlight(request.method, request.request_id),)
+        screened: dict[str, Any] = {}
+        for key, asked in embedded.items():
+            method = asked.get("method") if isinstance(asked, dict) else None
+            params = asked.get("params") if isinstance(asked, dict) else None
+            if not isinstance(method, str) or not isinstance(params, dict):
+                screened[key] = asked
+                continue
+            if method in _INPUT_CAPABILITY:
+                self._authorize_server_request(request.session.identity, self.upstreams[server], method)
+
+            async def passed_on(outgoing: GatewayRequest) -> dict[str, Any]:
+                return outgoing.params
+
+            params = await self._toward_client(method, params, request.session, server, passed_on, calls)
+            screened[key] = {**asked, "params": params}
+        return {**result, "inputRequests": screened}
 
     async def drive_input_required(self, request: GatewayRequest, server: str, params: dict[str, Any],
                                    result: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import sys
 
 import anyio
 import pytest
-from mcp import MCPError
+from mcp import Client, MCPError, StdioServerParameters
 
 from bastion.config import GatewayConfig
 from bastion.guardrails.config import GuardrailsConfig, SamplingSettings
@@ -23,7 +23,7 @@ from bastion.guardrails.sampling import (
 )
 from bastion.model import CallInFlight
 from tests.guardrails.cross_server_support import DEADLINE, LLM_ANSWER, Person, client, cross_server_setup, text_of
-from tests.support import FIXTURES
+from tests.support import BASTION, FIXTURES
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
@@ -214,4 +214,35 @@ async def test_a_modern_servers_sampling_asked_of_a_legacy_client_passes_the_pol
     assert text_of(answered) == f"LLM response: {LLM_ANSWER}"
     [seen] = person.sampling_requests
     assert seen.messages[0].content.text == "What is 2+2?"
+    assert "refused by policy" in refused.value.error.message
+
+
+async def test_a_modern_servers_sampling_asked_of_a_modern_client_passes_the_policy_and_the_guardrail(tmp_path) -> None:
+    # Both 2026-07-28: the server's question travels in its answer (input_required) to the client, which answers on
+    # its retry. The question passes the same policy check and guardrails on its way out: a forbidden one fails the
+    # call, an allowed one reaches the client with its maxTokens capped.
+    rules = tmp_path / "no-sampling.cedar"
+    rules.write_text('@id("all") permit (principal, action, resource);\n'
+                     '@id("no-sampling-for-modern") forbid (principal, action == Bastion::Action::"answer_sampling", '
+                     'resource == Bastion::Server::"modern");\n')
+    sdk_server = {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "modern",
+                  "env": {}, "sandbox": {"writable": [str(tmp_path)]}, "request_timeout": 900}
+    setup = cross_server_setup(tmp_path, {"web": {}}, policy={"policy_files": [str(rules)], "audit": {"enabled": False}})
+    config = json.loads(setup.config.read_text())
+    config["servers"].update({"modern": sdk_server, "allowed": dict(sdk_server)})
+    config["guardrails"] = {"sampling_budget": {"max_tokens": 7}}
+    setup.config.write_text(json.dumps(config))
+    person = Person()
+    modern = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode="2026-07-28",
+                    read_timeout_seconds=DEADLINE, sampling_callback=person.on_sampling,
+                    elicitation_callback=person.on_elicitation)
+    with anyio.fail_after(DEADLINE):
+        async with modern as session:
+            answered = await session.call_tool("allowed__test_sampling", {"prompt": "What is 2+2?"})
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("modern__test_sampling", {"prompt": "What is 2+2?"})
+    assert text_of(answered) == f"LLM response: {LLM_ANSWER}"
+    [seen] = person.sampling_requests
+    assert seen.messages[0].content.text == "What is 2+2?"
+    assert seen.max_tokens <= 7
     assert "refused by policy" in refused.value.error.message
