@@ -162,9 +162,9 @@ def scanner_in_process(repeat: int) -> dict[str, float]:
 
 def guardrails_in_the_chain() -> list[str]:
     """The guardrails a default configuration builds, by module, in chain order."""
-    from bastion.guardrails.chain import builders
+    from bastion.guardrails.chain import inner_builders, screen_builders
 
-    return [builder.__module__.rsplit(".", 1)[-1] for builder in builders()]
+    return [builder.__module__.rsplit(".", 1)[-1] for builder in [*screen_builders(), *inner_builders()]]
 
 
 def summary(timings: dict[str, dict[str, list[int]]], cpu: dict[str, dict[str, float]]) -> dict[str, Any]:
