@@ -22,9 +22,13 @@ NODE_BIN = ROOT / "node_modules" / ".bin"
 READY_TIMEOUT = 120
 
 
-def write_config(path: Path, servers: dict, *, policy: object = "off") -> Path:
-    """A Bastion configuration of ``servers``; policy off unless given, for tests of the data plane itself."""
-    path.write_text(json.dumps({"servers": servers, "policy": policy, "ready_timeout": READY_TIMEOUT}))
+def write_config(path: Path, servers: dict, *, policy: object = "off", guardrails: object = None) -> Path:
+    """A Bastion configuration of ``servers``; policy off unless given, for tests of the data plane itself; the
+    guardrails as they come unless given."""
+    settings = {"servers": servers, "policy": policy, "ready_timeout": READY_TIMEOUT}
+    if guardrails is not None:
+        settings["guardrails"] = guardrails
+    path.write_text(json.dumps(settings))
     return path
 
 

@@ -95,7 +95,7 @@ def test_a_stock_claude_desktop_file_of_npx_and_uvx_servers_works_sandboxed_offl
         "memory": npx(MEMORY),
         "everything": npx("@modelcontextprotocol/server-everything"),
         "time": {"command": "uvx", "args": ["mcp-server-time", "--local-timezone", "UTC"]},
-    }, policy="off")
+    }, policy="off", guardrails={"taint": "off"})  # four untrusted servers and a client nobody answers for
     seen: dict[str, str] = {}
 
     def work(client: RawClient) -> None:

@@ -86,7 +86,9 @@ def test_pin_then_catch_a_changed_definition_end_to_end(tmp_path: Path) -> None:
 
     def configure(**server_options) -> Path:
         path = tmp_path / "bastion.json"
-        path.write_text(json.dumps({"servers": {"fs": raw_server(**server_options)}, "policy": policy}))
+        # The explicit pins are the reviewed mode, tested alone: trust-on-first-use pinning would withhold the change.
+        path.write_text(json.dumps({"servers": {"fs": raw_server(**server_options)}, "policy": policy,
+                                    "guardrails": {"pinning": "off"}}))
         return path
 
     config = configure()
@@ -140,7 +142,8 @@ def test_a_tool_rewritten_mid_session_is_unpinned_as_soon_as_the_server_says_so(
     )
     policy = {"policy_files": ["pinned.cedar"], "pins": "pins.json", "audit": {"enabled": False}}
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({"servers": {"fs": raw_server()}, "policy": policy}))
+    # The explicit pins are the reviewed mode, tested alone: trust-on-first-use pinning would withhold the change.
+    config.write_text(json.dumps({"servers": {"fs": raw_server()}, "policy": policy, "guardrails": {"pinning": "off"}}))
     assert bastion("tools", "pin", str(config), cwd=tmp_path).returncode == 0
     client = RawClient(config)
     try:
