@@ -209,24 +209,14 @@ class GatewayConfig(BaseModel):
     @classmethod
     def _policy_switch(cls, value: Any) -> Any:
         # Security is on unless turned off in so many words: `policy = "off"` (or false) means no policy, no audit.
-        if value is False or value == "off":
-            return None
-        if value is True:
-            return default_policy()
-        if isinstance(value, str):
-            raise ValueError('policy must be a table of policy settings, or "off" for no policy and no audit')
-        return value
+        return _on_unless_off(value, default_policy, 'policy must be a table of policy settings, or "off" for no '
+                              'policy and no audit')
 
     @field_validator("guardrails", mode="before")
     @classmethod
     def _guardrails_switch(cls, value: Any) -> Any:
-        if value is False or value == "off":
-            return None
-        if value is True:
-            return GuardrailsConfig()
-        if isinstance(value, str):
-            raise ValueError('guardrails must be a table of guardrail settings, or "off" for none')
-        return value
+        return _on_unless_off(value, GuardrailsConfig, 'guardrails must be a table of guardrail settings, or "off" '
+                              'for none')
 
     @field_validator("servers")
     @classmethod
@@ -254,6 +244,18 @@ class GatewayConfig(BaseModel):
             raise ValueError(f"guardrails.cross_server.allow names {', '.join(map(repr, paired))}, which is not a "
                              "configured server: use names from the servers table (\"*\" for every server)")
         return self
+
+
+def _on_unless_off(value: Any, default: Any, wrong_text: str) -> Any:
+    """A section that is on unless turned off in so many words: "off" or false is None, true is its defaults
+    (``default()``), other text is an error (``wrong_text``), and a table is read as the section."""
+    if value is False or value == "off":
+        return None
+    if value is True:
+        return default()
+    if isinstance(value, str):
+        raise ValueError(wrong_text)
+    return value
 
 
 class ConfigError(Exception):

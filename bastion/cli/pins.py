@@ -144,15 +144,23 @@ def _list(args: argparse.Namespace) -> int:
     return _run(args, command)
 
 
+def _known_book(store: Any, server: str | None, name: str | None) -> Any:
+    """The pins, when they know ``server`` (and ``name``); None, having said why, when they do not."""
+    book, _ = store.load()
+    if (why := _unknown(book, server, name)) is not None:
+        _say(why)
+        return None
+    return book
+
+
 def _diff(args: argparse.Namespace) -> int:
     from bastion.guardrails.pin_diff import unified
 
     server, name = _target(args.target)
 
     def command(store: Any) -> int:
-        book, _ = store.load()
-        if (why := _unknown(book, server, name)) is not None:
-            _say(why)
+        book = _known_book(store, server, name)
+        if book is None:
             return EXIT_USAGE
         rows = _rows(book, server, name, withheld_only=True)
         if args.json:
@@ -187,9 +195,8 @@ def _accept(args: argparse.Namespace) -> int:
     server, name = _target(args.target)
 
     def command(store: Any) -> int:
-        book, _ = store.load()
-        if (why := _unknown(book, server, name)) is not None:
-            _say(why)
+        book = _known_book(store, server, name)
+        if book is None:
             return EXIT_USAGE
         accepted, _ = store.accept(server, name)
         if not accepted:
@@ -209,9 +216,8 @@ def _forget(args: argparse.Namespace) -> int:
     server, name = _target(args.target)
 
     def command(store: Any) -> int:
-        book, _ = store.load()
-        if (why := _unknown(book, server, name)) is not None:
-            _say(why)
+        book = _known_book(store, server, name)
+        if book is None:
             return EXIT_USAGE
         for s, kind, key in store.forget(server, name):
             print(f"forgot {s}/{key} ({SINGULAR[kind]})")
