@@ -19,7 +19,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from bastion import paths
+from bastion.auth.config import AuthConfig
 from bastion.clients.grants import with_inferred_grants
+from bastion.credentials.config import UpstreamAuth
 from bastion.diagnostics import Finding
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
@@ -52,6 +54,9 @@ class ServerConfig(BaseModel):
                                     "stay silent before it is taken for dropped (reopened, or reconnected)")
     ca_file: str | None = Field(default=None, description="a remote server's certificate authorities (PEM), for a "
                                 "private CA; default: the system's trust store")
+    auth: UpstreamAuth | None = Field(default=None, description="how Bastion authenticates to a remote server "
+                                      "(OAuth client credentials, token exchange, per-user authorization); never "
+                                      "the caller's own token")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="variables set for this server only")
     cwd: str | None = None
@@ -170,6 +175,9 @@ class GatewayConfig(BaseModel):
     )
     ready_timeout: float = Field(default=5.0, gt=0, description="how long a client's first request waits for servers")
     http: HttpConfig = Field(default_factory=HttpConfig, description="how `bastion serve --http` listens and its bounds")
+    auth: AuthConfig | None = Field(
+        default=None, description="how `bastion serve --http` authenticates callers (OAuth 2.1 bearer tokens, API "
+                                  "keys, client certificates); absent: every request is policy.identity")
     guardrails: GuardrailsConfig | None = Field(
         default_factory=GuardrailsConfig,
         description='content guardrails (pinning, secrets, PII, injection, taint, sampling); "off": none',

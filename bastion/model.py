@@ -13,10 +13,23 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who is on the other side of a frontend connection."""
+    """Who is on the other side of a frontend connection: the configured identity of a stdio client, or the
+    principal an HTTP request authenticated as (see ``bastion/auth``).
+
+    Two identities are the same caller when name, groups, issuer and method agree; the scopes and claims of one
+    token may differ from the next token's of the same caller, so they take no part in equality."""
 
     name: str
     groups: tuple[str, ...] = ()
+    # how it was established: "configured" (stdio, or HTTP without authentication), "oauth", "api_key", "mtls"
+    authenticated_by: str = "configured"
+    issuer: str | None = None  # the token's issuer (oauth), None otherwise
+    scopes: frozenset[str] = field(default=frozenset(), compare=False)
+    # the attributes auth.claims names (tenant, custom claims), as the policy's principal attributes
+    claims: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # the bearer token this request presented, kept only as the subject of an RFC 8693 token exchange upstream;
+    # never forwarded, never logged, never written
+    subject_token: str | None = field(default=None, compare=False, hash=False, repr=False)
 
 
 class ClientChannel(Protocol):
