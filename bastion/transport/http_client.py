@@ -22,21 +22,29 @@ a local server and gets the server's frames back, whatever carried them. What HT
 A dropped connection (refused, reset, a stream silent past its idle timeout) ends the whole transport at once with
 the reason, so the calls waiting on it fail at once rather than each at its timeout, and the upstream reconnects
 with backoff. The headers sent are the configuration's and the protocol's, never anything a client sent Bastion.
+
+Credentials (``UpstreamCredentials``, bastion/credentials) are asked for their headers before every request, so a
+token refreshed or revoked meanwhile is what goes out next; a 401 or 403 is shown to them (``refused``), and when
+they say new credentials were obtained (a refresh, a step-up of scopes) the request is sent once more, never more.
+When none can be had the request is answered with an error saying what the user must do; with a link to follow it
+is the URL-elicitation-required error (-32042) whose data names the link, so a client that can open it does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections import deque
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 from urllib.parse import urljoin, urlsplit
 
 import httpx2
 import orjson
 
 from bastion import __version__
+from bastion.credentials.base import CredentialsError, UpstreamCredentials
 from bastion.protocol import jsonrpc
 from bastion.protocol.versions import META_PROTOCOL_VERSION
 from bastion.transport.upstream import DIAGNOSTICS_KEPT, StartRefused, TransportClosed, UpstreamReceiver
@@ -55,12 +63,14 @@ METHOD_HEADER = "mcp-method"
 NAME_HEADER = "mcp-name"
 _NAME_PARAMS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 _CONNECT_TIMEOUT = 10.0
+URL_ELICITATION_REQUIRED = -32042  # the specification's error for "open this link first" (2025-11-25)
 _CLOSE_TIMEOUT = 2.0  # the DELETE that ends a session: a courtesy, never a reason to hold Bastion's exit
 _REOPEN_DELAY = 0.5  # before a server-message stream that ended is opened again
 _STABLE_STREAM = 5.0  # a listen stream that lived this long is reopened after the shortest delay
 _LONGEST_RETRY = 60.0  # a stream's ``retry:`` is obeyed up to this, so a server cannot park a request for hours
 _RESUMPTIONS = 5  # a request's stream resumed this many times in a row without a new event id has failed
 _LISTEN = "subscriptions/listen"
+_REFUSED = (401, 403)  # the statuses credentials are shown, to refresh or step up before the one retry
 
 
 def _has_http2() -> bool:
@@ -122,6 +132,7 @@ class HttpTransport:
         sse_idle_timeout: float = 60.0,
         ca_file: str | None = None,
         client: httpx2.AsyncClient | None = None,
+        credentials: UpstreamCredentials | None = None,
     ) -> None:
         if kind not in ("auto", "streamable-http", "sse"):
             raise ValueError(f"unknown HTTP transport {kind!r}")
@@ -129,6 +140,7 @@ class HttpTransport:
         self.url = url
         self.kind = kind  # "auto" until the server's first answer settles it
         self._static_headers = {"user-agent": f"bastion/{__version__}", **dict(headers)}
+        self._credentials = credentials
         self._receiver: UpstreamReceiver | None = None
         self._notes: deque[str] = deque(maxlen=DIAGNOSTICS_KEPT)
         self._max_bytes = max_message_bytes
@@ -162,10 +174,11 @@ class HttpTransport:
         self._listen_delay = _REOPEN_DELAY
 
     @classmethod
-    def for_server(cls, name: str, config: "ServerConfig", *, max_message_bytes: int) -> "HttpTransport":
+    def for_server(cls, name: str, config: "ServerConfig", *, max_message_bytes: int,
+                   credentials: UpstreamCredentials | None = None) -> "HttpTransport":
         assert config.url is not None
         return cls(name, config.url, config.headers, kind=config.transport, max_message_bytes=max_message_bytes,
-                   sse_idle_timeout=config.sse_idle_timeout, ca_file=config.ca_file)
+                   sse_idle_timeout=config.sse_idle_timeout, ca_file=config.ca_file, credentials=credentials)
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def ended(self) -> str:
@@ -201,8 +214,8 @@ class HttpTransport:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.session_id is not None and self.kind == "streamable-http":
             try:
-                await self._client.delete(self.url, headers=self._headers(), timeout=_CLOSE_TIMEOUT)
-            except httpx2.HTTPError:
+                await self._client.delete(self.url, headers=await self._sent_headers(), timeout=_CLOSE_TIMEOUT)
+            except (httpx2.HTTPError, CredentialsError):
                 pass
         if self._own_client:
             await self._client.aclose()
@@ -289,6 +302,56 @@ class HttpTransport:
                                                  arguments if isinstance(arguments, dict) else {}))
         return headers
 
+    async def _sent_headers(self, message: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The protocol's headers and the credentials' current ones (asked anew for every request, so a refreshed
+        token goes out at once). Raises ``CredentialsError`` when the credentials have none to give."""
+        headers = self._headers(message)
+        if self._credentials is not None:
+            headers.update(await self._credentials.headers())
+        return headers
+
+    async def _send_authorized(self, method: str, url: str, message: Mapping[str, Any] | None = None, *,
+                               stream: bool = False, **kwargs: Any) -> httpx2.Response:
+        """One request with the credentials' headers; on 401 or 403 the credentials see the challenge, and when
+        they obtained new ones the request goes once more with them (a second refusal is the answer)."""
+        extra = kwargs.pop("headers", {})
+        response = await self._client.send(
+            self._client.build_request(method, url, headers={**await self._sent_headers(message), **extra}, **kwargs),
+            stream=stream)
+        if self._credentials is None or response.status_code not in _REFUSED:
+            return response
+        challenge = response.headers.get("www-authenticate")
+        if not await self._credentials.refused(response.status_code, challenge):
+            return response
+        await response.aclose()
+        return await self._client.send(
+            self._client.build_request(method, url, headers={**await self._sent_headers(message), **extra}, **kwargs),
+            stream=stream)
+
+    @contextlib.asynccontextmanager
+    async def _stream_authorized(self, method: str, url: str, **kwargs: Any) -> AsyncIterator[httpx2.Response]:
+        """``_send_authorized`` for a streamed answer, closed when the block ends."""
+        response = await self._send_authorized(method, url, stream=True, **kwargs)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    def _answer_unauthorized(self, request_id: Any, exc: CredentialsError) -> None:
+        """No credentials for a request: the user is told what to do; a link to follow goes as the URL elicitation
+        the specification defines for it (-32042), so a client that can open it does."""
+        if request_id is None:
+            return
+        message = f"server {self.name!r}: {exc}"
+        if exc.link is None:
+            error: dict[str, Any] = {"code": jsonrpc.INTERNAL_ERROR, "message": message}
+        else:
+            log.warning("server %s needs an authorization: %s", self.name, exc.link)
+            error = {"code": URL_ELICITATION_REQUIRED, "message": f"{message}: {exc.link}",
+                     "data": {"elicitations": [{"mode": "url", "url": exc.link, "message": str(exc),
+                                                "elicitationId": _elicitation_id(exc.link)}]}}
+        self._on_frame(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}))
+
     async def _post(self, frame: bytes, message: dict[str, Any], method: str | None, is_request: bool) -> None:
         try:
             if self.kind == "sse":
@@ -297,6 +360,8 @@ class HttpTransport:
                 await self._post_streamable(frame, message, method, is_request)
         except asyncio.CancelledError:
             raise
+        except CredentialsError as exc:
+            self._answer_unauthorized(message.get("id") if is_request else None, exc)
         except httpx2.TransportError as exc:
             self._drop(_describe(exc, self.url))
         except ConnectionDropped as exc:
@@ -304,14 +369,11 @@ class HttpTransport:
 
     async def _post_streamable(self, frame: bytes, message: dict[str, Any], method: str | None,
                                is_request: bool) -> None:
-        headers = self._headers(message)
-        headers["accept"] = "application/json, text/event-stream"
-        headers["content-type"] = "application/json"
+        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
         listen = method == _LISTEN
         timeout = httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle) if listen else None
-        request = self._client.build_request("POST", self.url, content=frame, headers=headers,
-                                             **({"timeout": timeout} if timeout is not None else {}))
-        response = await self._client.send(request, stream=True)
+        response = await self._send_authorized("POST", self.url, message, stream=True, content=frame, headers=headers,
+                                               **({"timeout": timeout} if timeout is not None else {}))
         try:
             if self.kind == "auto" and response.status_code in (404, 405) and not _is_json(response):
                 # An HTTP+SSE server (2024-11-05) takes no POST here: the specification's fallback is its stream.
@@ -481,9 +543,9 @@ class HttpTransport:
                 return
             resumed_from = position.last_event_id
             assert resumed_from is not None
-            headers = {**self._headers(), "accept": "text/event-stream", "last-event-id": resumed_from}
-            async with self._client.stream("GET", self.url, headers=headers,
-                                           timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
+            headers = {"accept": "text/event-stream", "last-event-id": resumed_from}
+            async with self._stream_authorized("GET", self.url, headers=headers,
+                                               timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
                 if response.status_code == 404 and self.session_id is not None:
                     raise ConnectionDropped("the server ended the session (404 for its Mcp-Session-Id)")
                 content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
@@ -506,12 +568,12 @@ class HttpTransport:
         await asyncio.sleep(0)  # after the notification's POST has gone out
         position = StreamPosition()
         while self.is_open:
-            headers = {**self._headers(), "accept": "text/event-stream"}
+            headers = {"accept": "text/event-stream"}
             if position.last_event_id is not None:
                 headers["last-event-id"] = position.last_event_id
             try:
-                async with self._client.stream("GET", self.url, headers=headers,
-                                               timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
+                async with self._stream_authorized("GET", self.url, headers=headers,
+                                                   timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
                     if response.status_code == 404 and self.session_id is not None:
                         self._drop("the server ended the session (404 for its Mcp-Session-Id)")
                         return
@@ -523,6 +585,8 @@ class HttpTransport:
             except httpx2.TransportError as exc:
                 self._drop(_describe(exc, self.url))
                 return
+            except CredentialsError:
+                return  # no credentials now: the requests that need them say so; this stream is a convenience
             await asyncio.sleep(position.delay())
 
     # ------------------------------------------------------------------------------------------ HTTP+SSE
@@ -545,10 +609,9 @@ class HttpTransport:
             raise ConnectionDropped(reason)
 
     async def _sse_stream(self) -> None:
-        headers = {**self._headers(), "accept": "text/event-stream"}
         try:
-            async with self._client.stream("GET", self.url, headers=headers,
-                                           timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
+            async with self._stream_authorized("GET", self.url, headers={"accept": "text/event-stream"},
+                                               timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
                 if response.status_code >= 400:
                     self._drop(f"{self.url} answered the event stream's GET with HTTP {response.status_code}")
                     return
@@ -575,18 +638,27 @@ class HttpTransport:
             self._drop(f"its event stream broke: {exc}")
         except httpx2.TransportError as exc:
             self._drop(_describe(exc, self.url))
+        except CredentialsError as exc:
+            self._drop(f"no credentials for its event stream: {exc}")
 
     async def _post_to_endpoint(self, frame: bytes, message: dict[str, Any], is_request: bool) -> None:
         await self._open_sse()
         assert self._endpoint is not None
-        headers = {**self._headers(), "content-type": "application/json"}
-        response = await self._client.post(self._endpoint, content=frame, headers=headers)
+        response = await self._send_authorized("POST", self._endpoint, content=frame,
+                                               headers={"content-type": "application/json"})
         if response.status_code == 404:
             raise ConnectionDropped("the server no longer knows this connection's session (404)")
         if response.status_code >= 400 and is_request:
             if not (_is_json(response) and self._deliver_error_body(response.content, message.get("id"))):
                 self._answer_error(message.get("id"), jsonrpc.INTERNAL_ERROR,
                                    f"the server refused the message with HTTP {response.status_code}")
+
+
+def _elicitation_id(link: str) -> str:
+    """The same link is the same elicitation: a client asked twice for one authorization opens it once."""
+    import hashlib
+
+    return hashlib.sha256(link.encode("utf-8")).hexdigest()[:32]
 
 
 def x_mcp_headers(schema: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:

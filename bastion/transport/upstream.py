@@ -20,13 +20,16 @@ import asyncio
 import logging
 import re
 from collections import deque
-from typing import Awaitable, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol
 
 from bastion.config import ServerConfig
 from bastion.launchers.prepare import prepare
 from bastion.protocol.framing import LineFramer, Oversize
 from bastion.sandbox import spawn
 from bastion.transport.stdio import CoalescingWriter, WriteBatch
+
+if TYPE_CHECKING:
+    from bastion.credentials.base import UpstreamCredentials
 
 DIAGNOSTICS_KEPT = 20  # a server's last stderr lines, kept to say why it failed
 _STDERR_GRACE = 2.0  # after a stop, how long the last stderr lines may take to arrive
@@ -104,12 +107,13 @@ async def launch_server(name: str, config: ServerConfig) -> ServerProcess:
 
 
 def open_transport(name: str, config: ServerConfig, *, launch: Launcher, max_message_bytes: int,
-                   writes: WriteBatch) -> UpstreamTransport:
-    """A new transport to the server ``config`` describes (one attempt)."""
+                   writes: WriteBatch, credentials: "UpstreamCredentials | None" = None) -> UpstreamTransport:
+    """A new transport to the server ``config`` describes (one attempt); a remote server's requests carry
+    ``credentials`` (bastion/credentials), asked anew for each request."""
     if config.url is not None:
         from bastion.transport.http_client import HttpTransport  # only a remote server loads the HTTP client
 
-        return HttpTransport.for_server(name, config, max_message_bytes=max_message_bytes)
+        return HttpTransport.for_server(name, config, max_message_bytes=max_message_bytes, credentials=credentials)
     return StdioTransport(name, config, launch=launch, max_message_bytes=max_message_bytes, writes=writes)
 
 
