@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -26,6 +27,14 @@ class HttpConfig(BaseModel):
                     "empty: none are")
     tls_cert: Path | None = Field(default=None, description="PEM certificate chain; with tls_key, serve HTTPS")
     tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
+    client_ca_file: Path | None = Field(
+        default=None, description="PEM certificates of the authorities that sign client certificates: with TLS, "
+                                  "clients present a certificate the handshake verifies (mutual TLS), mapped to an "
+                                  "identity by auth.client_certificates")
+    client_cert_mode: Literal["required", "optional"] = Field(
+        default="required", description="with client_ca_file: 'required' ends a handshake without a valid client "
+                                        "certificate; 'optional' also lets in clients without one (a bearer token or "
+                                        "API key then decides); an invalid certificate is refused either way")
     max_body_bytes: int = Field(default=4 * MIB, ge=1024, description="larger request bodies are answered with 413")
     body_timeout: float = Field(default=30.0, gt=0, description="seconds a client may take to send one request body")
     max_in_flight_per_server: int = Field(
