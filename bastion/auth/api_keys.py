@@ -42,6 +42,7 @@ FORMAT = "bastion-api-keys"
 DEFAULT_FILE_NAME = "api_keys.json"
 # How stale a running gateway's view of the file may be; a stat a second costs nothing measurable.
 RECHECK_SECONDS = 1.0
+MAX_KEY_CHARS = 256  # a key is 47; anything much longer is refused unhashed
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}")
 _DURATION = re.compile(r"(\d+)\s*([mhdwy])")
 _UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
@@ -302,7 +303,7 @@ class ApiKeyMethod:
                               "temporarily_unavailable", "api_key_file_unreadable")
         # The lookup is by the key's SHA-256: what an attacker varies is the key, and no timing of a dict lookup
         # tells them anything about a hash they cannot invert; compare_digest keeps the final check constant-time.
-        hashed = digest(key)
+        hashed = digest(key) if len(key) <= MAX_KEY_CHARS else ""
         record = known.by_digest.get(hashed)
         if record is None or not hmac.compare_digest(record.digest, hashed):
             raise AuthFailure(401, "the API key is not valid (unknown or revoked)", None, "invalid_token",
