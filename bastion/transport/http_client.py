@@ -321,7 +321,12 @@ class HttpTransport:
         if self._credentials is None or response.status_code not in _REFUSED:
             return response
         challenge = response.headers.get("www-authenticate")
-        if not await self._credentials.refused(response.status_code, challenge):
+        try:
+            retry = await self._credentials.refused(response.status_code, challenge)
+        except BaseException:
+            await response.aclose()
+            raise
+        if not retry:
             return response
         await response.aclose()
         return await self._client.send(
@@ -346,7 +351,6 @@ class HttpTransport:
         if exc.link is None:
             error: dict[str, Any] = {"code": jsonrpc.INTERNAL_ERROR, "message": message}
         else:
-            log.warning("server %s needs an authorization: %s", self.name, exc.link)
             error = {"code": URL_ELICITATION_REQUIRED, "message": f"{message}: {exc.link}",
                      "data": {"elicitations": [{"mode": "url", "url": exc.link, "message": str(exc),
                                                 "elicitationId": _elicitation_id(exc.link)}]}}

@@ -139,17 +139,20 @@ def read_results(output_dir: Path, *, warnings_fail: bool = False) -> dict[str, 
     """The scenarios' results; ``warnings_fail`` as the suite judges a client, for which a SHOULD missed fails."""
     failing = {"FAILURE", "WARNING"} if warnings_fail else {"FAILURE"}
     results: dict[str, ScenarioResult] = {}
-    for checks_file in sorted(output_dir.glob("*/checks.json")):
+    for checks_file in sorted(output_dir.glob("**/checks.json")):
         named = _RESULT_DIR.match(checks_file.parent.name)
         if not named:
             continue
+        # a scenario named with a slash (auth/...) gets a folder per part
+        folder = checks_file.parent.parent.relative_to(output_dir).as_posix()
+        scenario = named["scenario"] if folder == "." else f"{folder}/{named['scenario']}"
         checks = json.loads(checks_file.read_text())
         succeeded = sum(1 for check in checks if check.get("status") == "SUCCESS")
         failures = tuple(
             f"{check.get('id')}: {check.get('errorMessage') or check.get('description', '')}"[:300]
             for check in checks if check.get("status") in failing
         )
-        results[named["scenario"]] = ScenarioResult(named["scenario"], succeeded, failures)
+        results[scenario] = ScenarioResult(scenario, succeeded, failures)
     return results
 
 
