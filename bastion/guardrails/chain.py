@@ -11,9 +11,10 @@ from bastion.model import CatalogView, Interceptor
 
 # The first guardrail sees a client's request first and the result last. Pinning and metadata scanning decide what
 # is served at all, so they screen requests before the policy does: a person is never asked to approve a call to a
-# tool that would be refused as changed or poisoned. The others sit inside the policy and see only what it permits;
-# the scanners of results sit innermost, so a result is redacted before it is marked and before taint is recorded
-# from it.
+# tool that would be refused as changed or poisoned. The taint a 2026-07-28 caller's earlier requests left is recalled
+# there too, so that the policy sees it as a session's own. The others sit inside the policy and see only what it
+# permits; the scanners of results sit innermost, so a result is redacted before it is marked and before taint is
+# recorded from it.
 Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Interceptor | None"]
 
 
@@ -22,8 +23,9 @@ def screen_builders() -> list[Builder]:
     guardrail is off everywhere."""
     from bastion.guardrails.injection import build_metadata, build_metadata_gate
     from bastion.guardrails.pinning import build as build_pinning
+    from bastion.guardrails.taint import build_recall as build_taint_recall
 
-    return [build_pinning, build_metadata, build_metadata_gate]
+    return [build_pinning, build_metadata, build_metadata_gate, build_taint_recall]
 
 
 def inner_builders() -> list[Builder]:

@@ -118,6 +118,14 @@ class CrossServerSettings(_Strict):
         "links in its results) or put in its sampling requests; \"*\" for any")
     approval_timeout_seconds: float = Field(
         default=120.0, gt=0, description="how long a tainted session's call waits for a person to answer")
+    # A 2026-07-28 client has no session: each request is one of its own, so what tainted one request is kept per
+    # caller (identity) and holds the calls of the next ones.
+    taint_memory_seconds: float = Field(
+        default=3600.0, gt=0, description="how long a 2026-07-28 caller stays tainted after the last answer that "
+        "tainted it (each request of such a client is a session of its own)")
+    taint_memory_callers: int = Field(
+        default=10000, ge=1, description="how many 2026-07-28 callers' taint is kept at once; past it, the caller "
+        "least recently seen is forgotten")
 
     def allows(self, server: str, owner: str) -> bool:
         allowed = self.allow.get(server, ())

@@ -8,13 +8,20 @@ keeps the first such content of each server (``session.facts[TAINTED_BY]``), whi
 read-only (annotations count only from trusted and reviewed servers, as in the policy) on a server other than
 those sources needs a person's approval: the policy's, when it just asked one with the taint named, else this
 guardrail's own question in the client; a client that cannot be asked gets a refusal saying why.
+
+A 2026-07-28 client has no session: each of its requests is a session of its own. So that what one request read
+still holds the next request's calls, its taint is kept per caller (``TaintMemory``: bounded, each source expiring
+``cross_server.taint_memory_seconds`` after the last answer of its server that tainted the caller), and
+``TaintRecall``, before the policy, gives each of the caller's requests what its earlier ones left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Mapping
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Mapping
 
 import msgspec
 
@@ -22,7 +29,8 @@ from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.injection import INJECTION_FLAGS
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.sampling import server_trust
-from bastion.model import TAINTED_BY, CatalogView, GatewayError, GatewayRequest, Handler, Session, TaintSource, ToolEntry
+from bastion.model import (TAINTED_BY, CatalogView, GatewayError, GatewayRequest, Handler, Identity, Session,
+                           TaintSource, ToolEntry)
 
 log = logging.getLogger("bastion.guardrails")
 
@@ -111,7 +119,98 @@ def approves(answer: Any) -> bool:
     return isinstance(content, Mapping) and content.get("approve") is True
 
 
-# ------------------------------------------------------------------------------------------ the interceptor
+def answering_server(request: GatewayRequest) -> str | None:
+    """The server whose answer a ``tools/call``, ``resources/read`` or ``prompts/get`` brings (None: unknown)."""
+    catalog = request.catalog
+    name = named(request.params, _ANSWERING[request.method])
+    if name is None:
+        return None
+    if request.method == "tools/call":
+        entry = catalog.tool(name)
+        return entry.server if entry is not None else None
+    if request.method == "prompts/get":
+        finder = getattr(catalog, "prompt", None)
+        found = finder(name) if callable(finder) else None
+        return getattr(found, "server", None)
+    owner = getattr(catalog, "resource_owner", None)
+    return owner(name) if callable(owner) else None
+
+
+class TaintMemory:
+    """What tainted each caller's 2026-07-28 requests, kept between them: per identity, the first source of each
+    server, which expires ``seconds`` after the last answer of that server that tainted the caller. At most
+    ``callers`` identities are kept; past that the one least recently seen is forgotten (its next call is then
+    judged as a first request's), so the memory stays bounded however many callers come."""
+
+    def __init__(self, seconds: float, callers: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._seconds = seconds
+        self._callers = callers
+        self._clock = clock
+        self._kept: OrderedDict[Identity, dict[str, tuple[TaintSource, float]]] = OrderedDict()
+
+    def recall(self, identity: Identity) -> dict[str, TaintSource]:
+        """The sources still tainting ``identity``, in the order they came (empty when none)."""
+        kept = self._kept.get(identity)
+        if kept is None:
+            return {}
+        now = self._clock()
+        live = {server: entry for server, entry in kept.items() if entry[1] > now}
+        if not live:
+            del self._kept[identity]
+            return {}
+        if len(live) != len(kept):
+            self._kept[identity] = live
+        self._kept.move_to_end(identity)
+        return {server: source for server, (source, _) in live.items()}
+
+    def keep(self, identity: Identity, sources: Mapping[str, TaintSource], renewed: str | None) -> None:
+        """Remember ``sources`` for ``identity``: each new one from now, and ``renewed`` (the server that answered
+        the request just done, when it taints) from now again; the others keep their time."""
+        if not sources:
+            return
+        now = self._clock()
+        expires = now + self._seconds
+        kept = {server: entry for server, entry in self._kept.get(identity, {}).items() if entry[1] > now}
+        for server, source in sources.items():
+            if server not in kept or server == renewed:
+                kept[server] = (kept[server][0] if server in kept else source, expires)
+        self._kept[identity] = kept
+        self._kept.move_to_end(identity)
+        while len(self._kept) > self._callers:
+            self._kept.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+# ------------------------------------------------------------------------------------------ the interceptors
+class TaintRecall:
+    """Before the policy: a 2026-07-28 request starts with the taint its caller's earlier requests left (the policy,
+    Cedar's ``context.session.tainted_by`` and ``TaintGuard`` read it from the session as for any session), and what
+    it leaves is kept for the caller's next requests. A handshake-era session keeps its own taint and passes."""
+
+    reads_params = False  # only the name or URI of what answers, which ``named`` reads from the client's JSON too
+    reads_results = False
+
+    def __init__(self, memory: TaintMemory) -> None:
+        self._memory = memory
+
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
+        session = request.session
+        if session.era != "modern":
+            return await call_next(request)
+        recalled = self._memory.recall(session.identity)
+        if recalled:
+            session.facts[TAINTED_BY] = {**recalled, **taint_sources(session)}
+        try:
+            return await call_next(request)
+        finally:
+            after = taint_sources(session)
+            if after:
+                renewed = answering_server(request) if request.method in _ANSWERING else None
+                self._memory.keep(session.identity, after, renewed)
+
+
 class TaintGuard:
     """Records which content tainted a session, and holds a tainted session's calls that change another server."""
 
@@ -127,7 +226,7 @@ class TaintGuard:
         method = request.method
         if method not in _ANSWERING:
             return await call_next(request)
-        server = self._answering_server(request)
+        server = answering_server(request)
         if method == "tools/call" and server is not None:
             await self._hold_if_tainted(request)
         try:
@@ -139,21 +238,6 @@ class TaintGuard:
         if not (isinstance(result, dict) and result.get("resultType") == "input_required"):
             self._note_answer(request, server)
         return result
-
-    def _answering_server(self, request: GatewayRequest) -> str | None:
-        catalog = request.catalog
-        name = named(request.params, _ANSWERING[request.method])
-        if name is None:
-            return None
-        if request.method == "tools/call":
-            entry = catalog.tool(name)
-            return entry.server if entry is not None else None
-        if request.method == "prompts/get":
-            finder = getattr(catalog, "prompt", None)
-            found = finder(name) if callable(finder) else None
-            return getattr(found, "server", None)
-        owner = getattr(catalog, "resource_owner", None)
-        return owner(name) if callable(owner) else None
 
     def _note_answer(self, request: GatewayRequest, server: str | None) -> None:
         if server is None or self._config.switch("taint", server) == "off":
@@ -226,3 +310,11 @@ def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogVie
     if not config.on_anywhere("taint"):
         return None
     return TaintGuard(config, report)
+
+
+def build_recall(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> TaintRecall | None:
+    """The per-caller memory of 2026-07-28 requests' taint (one per chain: its requests share it)."""
+    if not config.on_anywhere("taint"):
+        return None
+    settings = config.cross_server
+    return TaintRecall(TaintMemory(settings.taint_memory_seconds, settings.taint_memory_callers))

@@ -1,0 +1,127 @@
+"""Taint for 2026-07-28 clients, whose every request is a session of its own: what one request read is kept per
+caller (bounded, expiring) and holds the calls of the next ones. The memory's decisions with a clock the test
+turns, then a real ``bastion run`` driven by the official SDK client in 2026-07-28 mode."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from mcp import Client, MCPError, StdioServerParameters
+
+from bastion.guardrails.taint import TaintMemory
+from bastion.model import Identity, TaintSource
+from tests.guardrails.cross_server_support import DEADLINE, cross_server_setup, text_of
+from tests.support import BASTION
+
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
+
+ALICE, BOB = Identity("alice"), Identity("bob")
+WEB = TaintSource("web", "tools/call web__fetch_page", "untrusted server")
+DOCS = TaintSource("docs", "resources/read docs://a", "untrusted server")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_callers_taint_is_kept_for_its_next_requests_and_no_one_elses() -> None:
+    memory = TaintMemory(seconds=60, callers=10, clock=Clock())
+    assert memory.recall(ALICE) == {}
+    memory.keep(ALICE, {"web": WEB}, renewed="web")
+    assert memory.recall(ALICE) == {"web": WEB}
+    assert memory.recall(BOB) == {}
+    # The same caller by name, method and issuer is the same caller; another issuer's "alice" is not.
+    assert memory.recall(Identity("alice")) == {"web": WEB}
+    assert memory.recall(Identity("alice", authenticated_by="oauth", issuer="https://id.example")) == {}
+
+
+def test_the_first_content_of_each_server_is_what_is_kept() -> None:
+    memory = TaintMemory(seconds=60, callers=10, clock=Clock())
+    memory.keep(ALICE, {"web": WEB}, renewed="web")
+    later = TaintSource("web", "tools/call web__other", "untrusted server")
+    memory.keep(ALICE, {"web": later, "docs": DOCS}, renewed="docs")
+    assert memory.recall(ALICE) == {"web": WEB, "docs": DOCS}
+
+
+def test_taint_expires_after_the_last_answer_that_tainted() -> None:
+    clock = Clock()
+    memory = TaintMemory(seconds=60, callers=10, clock=clock)
+    memory.keep(ALICE, {"web": WEB}, renewed="web")
+    clock.now += 50
+    memory.keep(ALICE, {"web": WEB}, renewed="web")  # web answered again: its 60 s start again
+    clock.now += 50
+    assert memory.recall(ALICE) == {"web": WEB}
+    memory.keep(ALICE, {"web": WEB, "docs": DOCS}, renewed="docs")  # an answer of docs does not renew web
+    clock.now += 11
+    assert memory.recall(ALICE) == {"docs": DOCS}
+    clock.now += 60
+    assert memory.recall(ALICE) == {}
+    assert len(memory) == 0  # an expired caller is dropped, not kept empty
+
+
+def test_the_memory_is_bounded_and_forgets_the_caller_least_recently_seen() -> None:
+    memory = TaintMemory(seconds=60, callers=2, clock=Clock())
+    carol = Identity("carol")
+    memory.keep(ALICE, {"web": WEB}, renewed="web")
+    memory.keep(BOB, {"web": WEB}, renewed="web")
+    assert memory.recall(ALICE) == {"web": WEB}  # alice is now the most recently seen
+    memory.keep(carol, {"docs": DOCS}, renewed="docs")
+    assert len(memory) == 2
+    assert memory.recall(BOB) == {}
+    assert memory.recall(ALICE) == {"web": WEB} and memory.recall(carol) == {"docs": DOCS}
+
+
+def modern_client(config) -> Client:
+    return Client(StdioServerParameters(command=BASTION, args=["run", str(config), "-q"]), mode="2026-07-28",
+                  read_timeout_seconds=DEADLINE)
+
+
+async def test_what_one_request_read_holds_a_destructive_call_in_the_next(tmp_path) -> None:
+    # No policy, so only the guardrail holds the call; a 2026-07-28 client cannot be asked in the middle of a call,
+    # so a held call is refused with the reason. Then, once the taint has expired, the same call runs: it was the
+    # memory of the earlier request that held it.
+    setup = cross_server_setup(tmp_path, policy="off", guardrails={"cross_server": {"taint_memory_seconds": 2}})
+    with anyio.fail_after(DEADLINE):
+        async with modern_client(setup.config) as session:
+            before = await session.call_tool("notes__write_note", {"text": "before"})
+            page = await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("notes__write_note", {"text": "tainted"})
+            await anyio.sleep(2.5)
+            after = await session.call_tool("notes__write_note", {"text": "after expiry"})
+    assert text_of(before) == "wrote before" and text_of(after) == "wrote after expiry"
+    assert text_of(page)
+    message = refused.value.error.message
+    assert "web__fetch_page" in message and "'write_note' on server 'notes' is not read-only" in message
+    assert refused.value.error.data["taintedBy"] == [{"server": "web", "target": "tools/call web__fetch_page",
+                                                      "reason": "untrusted server"}]
+    lines = setup.event_lines()
+    assert "notes write_note before" in lines and "notes write_note after expiry" in lines
+    assert not any("tainted" in line for line in lines)
+
+
+async def test_cedar_sees_what_an_earlier_request_of_the_caller_read(tmp_path) -> None:
+    rules = tmp_path / "taint.cedar"
+    rules.write_text('''
+@id("all")
+permit (principal, action, resource);
+
+@id("no-calls-after-web")
+forbid (principal, action == Bastion::Action::"call_tool", resource)
+when { context.session.tainted_by.contains("web") && resource.server != "web" };
+''')
+    setup = cross_server_setup(tmp_path, {"web": {}, "notes": {"trust": "trusted"}},
+                               policy={"policy_files": [str(rules)], "audit": {"enabled": False}})
+    with anyio.fail_after(DEADLINE):
+        async with modern_client(setup.config) as session:
+            before = await session.call_tool("notes__lookup", {"word": "tide"})
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("notes__lookup", {"word": "tide"})
+    assert text_of(before) == "tide: a word"
+    assert "refused by policy" in refused.value.error.message
+    assert refused.value.error.data["rule"] == "no-calls-after-web"
