@@ -285,6 +285,9 @@ class ApiKeyMethod:
     def load(self) -> None:
         """Read the file now (blocking): at start-up, so a broken file is said before the gateway serves."""
         keys, signature = self.file.load()
+        if signature is None:
+            log.warning("%s does not exist yet, so no API key is accepted until bastion keys create writes it "
+                        "(a running gateway sees it appear)", self.file.path)
         self._known = _Known.of(keys, signature)
         self._checked_at = time.monotonic()
 
