@@ -57,8 +57,14 @@ class ServerConfig(BaseModel):
     auth: UpstreamAuth | None = Field(default=None, description="how Bastion authenticates to a remote server "
                                       "(OAuth client credentials, token exchange, per-user authorization); never "
                                       "the caller's own token")
+    client_cert: str | None = Field(default=None, description="a client certificate (PEM) Bastion presents to a "
+                                    "remote server that asks for mutual TLS")
+    client_key: str | None = Field(default=None, description="its private key (PEM); absent: in client_cert's file")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="variables set for this server only")
+    identity_env: dict[str, str] = Field(
+        default_factory=dict, description="per_identity: variable -> secret name, set in each identity's process "
+        "from the secret `bastion credentials set USER SERVER NAME` stored for that user")
     cwd: str | None = None
     prefix: str | None = Field(
         default=None, description='prefix for tool and prompt names; default: the server name; "" for none'
@@ -137,14 +143,29 @@ class ServerConfig(BaseModel):
             raise ValidationError.from_exception_data(cls.__name__, [*details, missing])
         if server.command is not None and server.url is not None:
             raise ValueError("give either command (a local server) or url (a remote one), not both")
-        remote_only = {"headers", "transport", "sse_idle_timeout", "ca_file"} & server.model_fields_set
+        remote_only = {"headers", "transport", "sse_idle_timeout", "ca_file", "auth", "client_cert",
+                       "client_key"} & server.model_fields_set
         if server.url is None and remote_only:
             raise ValueError(f"{', '.join(sorted(remote_only))}: for remote (url) servers only")
-        local_only = {"args", "env", "cwd", "sandbox"} & server.model_fields_set
+        local_only = {"args", "env", "cwd", "sandbox", "identity_env"} & server.model_fields_set
         if server.url is not None and local_only:
             raise ValueError(f"{', '.join(sorted(local_only))}: for local (command) servers only; a remote server is "
                              "not started by Bastion")
+        _check_credentials(server)
         return server
+
+
+def _check_credentials(server: ServerConfig) -> None:
+    """Per-user credentials need an instance per user: a shared one would carry one user's token for everyone."""
+    per_user = server.auth is not None and server.auth.type in ("token_exchange", "authorization_code")
+    if per_user and server.scope != "per_identity":
+        raise ValueError(f'auth type "{server.auth.type}" gives each caller a token of their own: set scope = '  # type: ignore[union-attr]
+                         '"per_identity" on this server, so that each identity has a connection of its own')
+    if server.identity_env and server.scope != "per_identity":
+        raise ValueError('identity_env sets a secret of each caller in that caller\'s process: set scope = '
+                         '"per_identity" on this server')
+    if server.client_key is not None and server.client_cert is None:
+        raise ValueError("client_key needs client_cert, the certificate it is the key of")
 
 
 class ToolsConfig(BaseModel):
@@ -489,8 +510,26 @@ def _expand_headers(file: Path, data: dict[str, Any]) -> dict[str, Any]:
                     raise ConfigError(f"{file}: servers.{name}.headers.{header}: {exc} — fix: {exc.fix}",
                                       [Finding("error", f"servers.{name}.headers.{header}", str(exc), exc.fix)]) from None
             entry = {**entry, "headers": values}
+        auth = entry.get("auth") if isinstance(entry, dict) else None
+        if isinstance(auth, dict):
+            entry = {**entry, "auth": _expand_auth(file, f"servers.{name}.auth", auth, variables)}
         expanded_servers[name] = entry
     return {**data, "servers": expanded_servers}
+
+
+def _expand_auth(file: Path, where: str, auth: dict[str, Any], variables: Variables) -> dict[str, Any]:
+    """A server's client id and secret with their ``${file:PATH}`` or ``${env:NAME}`` expanded; the error names the
+    key and the variable, never a value."""
+    expanded = dict(auth)
+    for key in ("client_id", "client_secret"):
+        value = auth.get(key)
+        if isinstance(value, str):
+            try:
+                expanded[key] = variables.expand(value)
+            except VariableError as exc:
+                raise ConfigError(f"{file}: {where}.{key}: {exc} — fix: {exc.fix}",
+                                  [Finding("error", f"{where}.{key}", str(exc), exc.fix)]) from None
+    return expanded
 
 
 def _read_env_file(where: str, name: Any, folder: Path, variables: Variables) -> dict[str, str] | Finding:
@@ -514,12 +553,13 @@ def _read_env_file(where: str, name: Any, folder: Path, variables: Variables) ->
 
 
 def _resolve_paths(entry: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """A command with a slash in it, a working directory and a CA file, read from the configuration file's folder."""
+    """A command with a slash in it, a working directory, a CA file and a client certificate and key, read from the
+    configuration file's folder."""
     resolved = dict(entry)
     command = entry.get("command")
     if isinstance(command, str) and "/" in command and not os.path.isabs(command):
         resolved["command"] = str(folder / command)
-    for key in ("cwd", "ca_file"):
+    for key in ("cwd", "ca_file", "client_cert", "client_key"):
         value = entry.get(key)
         if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
             resolved[key] = str(folder / value)

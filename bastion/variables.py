@@ -3,7 +3,9 @@
 VS Code and Cursor write ``${workspaceFolder}``, ``${userHome}``, ``${env:NAME}`` and ``${input:ID}``;
 Claude Code writes ``${NAME}`` and ``${NAME:-default}``. Bastion expands all of them the way those clients
 do, except ``${input:ID}``: a client asks the person for it, Bastion cannot, so it is read from the
-environment variable ``BASTION_INPUT_<ID>`` or refused. Pure: nothing here reads files but ``read_dotenv``.
+environment variable ``BASTION_INPUT_<ID>`` or refused. Bastion adds ``${file:PATH}``, a secrets file's
+contents (a mounted Kubernetes or Docker secret), so a credential need be in neither the configuration nor the
+environment. Nothing here reads files but ``read_dotenv`` and ``${file:PATH}``.
 """
 
 from __future__ import annotations
@@ -54,11 +56,14 @@ class Variables:
             return self._environment(name[4:], None)
         if name.startswith("input:"):
             return self._input(name[6:])
+        if name.startswith("file:"):
+            return self._file(name[5:])
         variable, has_default, default = name.partition(":-")
         if _PLAIN_NAME.fullmatch(variable):
             return self._environment(variable, default if has_default else None)
         raise VariableError(f"${{{name}}} is not a variable Bastion knows",
-                            "use ${workspaceFolder}, ${userHome}, ${env:NAME} or ${NAME}, or write the value itself")
+                            "use ${workspaceFolder}, ${userHome}, ${env:NAME}, ${file:PATH} or ${NAME}, or write the "
+                            "value itself")
 
     def _environment(self, name: str, default: str | None) -> str:
         value = self.environ.get(name)
@@ -68,6 +73,23 @@ class Variables:
             return default
         raise VariableError(f"the environment variable {name} is not set",
                             f"set {name} in the environment Bastion starts in, or write the value itself")
+
+    def _file(self, name: str) -> str:
+        """A secrets file's contents without its final line break; a relative path is the configuration's
+        folder's. The error names the path, never any of the contents."""
+        if not name.strip():
+            raise VariableError("${file:} names no file", "write ${file:/run/secrets/NAME}, the secret file's path")
+        path = Path(os.path.expanduser(name))
+        if not path.is_absolute():
+            path = self.workspace_folder / path
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+            raise VariableError(f"the secrets file {path} cannot be read ({reason})",
+                                f"create {path} with the secret in it, readable by the user Bastion runs as, or "
+                                "correct the path") from None
+        return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
 
     def _input(self, input_id: str) -> str:
         variable = input_variable(input_id)

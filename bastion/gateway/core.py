@@ -13,6 +13,7 @@ import msgspec
 
 from bastion import __version__
 from bastion.config import GatewayConfig
+from bastion.credentials.build import CredentialSource
 from bastion.gateway.bridge import InputBridge
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.naming import SEPARATOR, sanitize
@@ -67,6 +68,7 @@ class Gateway:
         interceptors: Sequence[Interceptor] = (),
         tool_index: Any = None,
         launcher: Launcher = launch_server,
+        credentials: CredentialSource | None = None,
     ) -> None:
         """Built by ``bastion.compose.build_gateway``, which builds the policy, the exposure and the tool index
         from ``config``; the chain is ``exposure``, ``screens`` (what decides whether a definition is served at all),
@@ -83,8 +85,11 @@ class Gateway:
         # Shared by every pipe Bastion reads and writes, clients' and servers' alike: a frame is written while the
         # chunk that caused it is handled, and the frame may go to any of them.
         self.writes = WriteBatch()
+        # What each upstream connection authenticates with (never a caller's own token): Bastion's own here.
+        self.credentials = credentials if credentials is not None else CredentialSource()
         self.upstreams = {
-            name: Upstream(name, cfg, self, launcher, config.max_message_bytes, self.writes)
+            name: Upstream(name, cfg, self, launcher, config.max_message_bytes, self.writes,
+                           credentials=self.credentials.for_server(name, cfg, None))
             for name, cfg in enabled.items()
         }
         # Servers whose scope is per_identity or per_session: each caller's calls go to an instance of its own;
@@ -314,9 +319,11 @@ class Gateway:
         return owner
 
     def _instance_maker(self, name: str, config: Any, listener: InstanceListener,
-                        launcher: Launcher) -> Callable[[], Upstream]:
-        def make() -> Upstream:
-            instance = Upstream(name, config, listener, launcher, self.config.max_message_bytes, self.writes)
+                        launcher: Launcher) -> Callable[[Identity], Upstream]:
+        def make(identity: Identity) -> Upstream:
+            instance = Upstream(name, config, listener, launcher, self.config.max_message_bytes, self.writes,
+                                credentials=self.credentials.for_server(name, config, identity),
+                                secrets=self.credentials.identity_secrets(name, config, identity))
             instance.client_capabilities = dict(self.upstreams[name].client_capabilities)
             return instance
         return make

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from bastion.config import ServerConfig
-from bastion.model import GatewayError, Session
+from bastion.model import GatewayError, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending
 
@@ -70,11 +70,11 @@ class InstanceListener:
 class UpstreamPool:
     """One server's instances, keyed by identity or session (see ``pool_key``)."""
 
-    def __init__(self, name: str, config: ServerConfig, make: Callable[[], Any],
+    def __init__(self, name: str, config: ServerConfig, make: Callable[[Identity], Any],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.config = config
-        self._make = make  # a new, unstarted Upstream for this server
+        self._make = make  # a new, unstarted Upstream for this server and caller (its credentials, its secrets)
         self._clock = clock
         self._instances: dict[str, _Instance] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -99,8 +99,13 @@ class UpstreamPool:
         instance counts as busy meanwhile, so it is never stopped under a call."""
         key = pool_key(self.config.scope, session)
         instance = self._instances.get(key)
+        if instance is not None and not await self._still_current(key, instance):
+            instance = None
         if instance is None:
-            instance = self._open(key)
+            instance = self._open(key, session.identity)
+        present = getattr(instance.upstream.credentials, "present", None)
+        if present is not None:
+            present(session.identity)  # the caller's latest token, for a credential exchanged for it
         instance.in_flight += 1
         instance.last_used = self._clock()
         try:
@@ -110,13 +115,34 @@ class UpstreamPool:
             instance.in_flight -= 1
             instance.last_used = self._clock()
 
-    def _open(self, key: str) -> _Instance:
+    async def _still_current(self, key: str, instance: _Instance) -> bool:
+        """False, and the instance retired, when the per-identity secrets it was started with were revoked or
+        changed since: its process must not keep using them."""
+        secrets = getattr(instance.upstream, "secrets", None)
+        if secrets is None or await secrets.unchanged():
+            return True
+        if self._instances.get(key) is instance:
+            del self._instances[key]
+            log.info("server %s: the secrets of %s changed or were revoked; its instance stops", self.name, key)
+            self._stop_soon(instance)
+        return False
+
+    def _stop_soon(self, instance: _Instance) -> None:
+        async def stop() -> None:
+            while instance.in_flight:  # the calls under way finish first (each is bounded by request_timeout)
+                await asyncio.sleep(0.05)
+            await instance.upstream.close()
+        stopping = asyncio.create_task(stop())
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
+
+    def _open(self, key: str, identity: Identity) -> _Instance:
         if len(self._instances) >= self.config.max_instances:
             raise GatewayError(jsonrpc.SERVER_BUSY, (
                 f"server {self.name!r} runs its most instances ({self.config.max_instances}, max_instances); "
                 f"an unused one stops after idle_timeout ({self.config.idle_timeout:g}s)"),
                 {"retryAfterSeconds": self._retry_after()})
-        upstream = self._make()
+        upstream = self._make(identity)
         instance = _Instance(upstream, self._clock())
         self._instances[key] = instance
         upstream.start()

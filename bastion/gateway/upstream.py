@@ -1,4 +1,5 @@
-"""One upstream MCP server over stdio: its process, its era, its outstanding requests, its restarts."""
+"""One upstream MCP server: its process or connection, its credentials, its era, its outstanding requests, its
+restarts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from bastion import __version__
 from bastion.config import ServerConfig
+from bastion.credentials.base import CredentialsError, UpstreamCredentials
+from bastion.credentials.secrets import IdentitySecrets
 from bastion.gateway.eager import Answer, RawAnswer
 from bastion.model import GatewayError
 from bastion.protocol import jsonrpc
@@ -67,12 +70,18 @@ class Upstream:
         launch: Launcher,
         max_message_bytes: int,
         writes: WriteBatch,
+        credentials: UpstreamCredentials | None = None,
+        secrets: IdentitySecrets | None = None,
     ) -> None:
+        """``credentials``: what a remote server's requests carry (asked anew for each); ``secrets``: a local
+        server's per-identity variables, read when its process starts."""
         self.name = name
         self.config = config
         self.log = logging.getLogger(f"bastion.server.{name}")
         self._listener = listener
-        self._launch = launch
+        self.credentials = credentials
+        self.secrets = secrets
+        self._launch = launch if secrets is None else _with_secrets(launch, secrets)
         self._max_bytes = max_message_bytes
         self._writes = writes
         self.session = ClientSession(name, era=config.era, client_info=CLIENT_INFO,
@@ -216,7 +225,8 @@ class Upstream:
     async def _run_once(self) -> str:
         self._spawned = False
         transport = self._attempt = open_transport(self.name, self.config, launch=self._launch,
-                                                   max_message_bytes=self._max_bytes, writes=self._writes)
+                                                   max_message_bytes=self._max_bytes, writes=self._writes,
+                                                   credentials=self.credentials)
         try:
             await transport.start(self)
         except StartRefused:
@@ -486,6 +496,18 @@ class Upstream:
             self._relays.pop(message.id, None)
         if self._transport is not None:
             self._send(reply)
+
+
+def _with_secrets(launch: Launcher, secrets: IdentitySecrets) -> Launcher:
+    """``launch`` with the identity's own variables added to the server's env; a secret not set refuses the start
+    (no retry would find it) with the command that sets it."""
+    async def launch_with_secrets(name: str, config: ServerConfig) -> ServerProcess:
+        try:
+            own = await secrets.environment()
+        except CredentialsError as exc:
+            raise StartRefused(str(exc)) from None
+        return await launch(name, config.model_copy(update={"env": {**config.env, **own}}))
+    return launch_with_secrets
 
 
 def _settle(pending: Pending, answer: Response | ErrorResponse) -> None:

@@ -1,0 +1,93 @@
+"""Which credentials each upstream connection carries, built from the configuration: the one place that reads a
+server's ``auth`` table and ``identity_env``.
+
+Bastion's own token (client credentials) is one per server, shared by the server's connections; a per-user token
+(token exchange, authorization code) is one per server and identity; the encrypted store is opened only when a
+server needs it. Static headers and a client certificate are the HTTP transport's own (``headers``,
+``client_cert``), with nothing to renew.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Mapping
+
+from bastion.credentials.base import CredentialsError, UpstreamCredentials
+from bastion.credentials.client_credentials import ClientCredentials, TokenEndpoint
+from bastion.credentials.config import UpstreamAuth
+from bastion.credentials.secrets import IdentitySecrets
+from bastion.credentials.store import TokenStore
+from bastion.credentials.token_exchange import TokenExchange
+from bastion.model import Identity
+
+log = logging.getLogger("bastion.credentials")
+
+# (server name, its configuration, the caller (None: Bastion's own connection), the store) -> credentials
+PerUserBuilder = Callable[[str, object, "Identity | None", TokenStore], UpstreamCredentials]
+
+
+class CredentialSource:
+    """Credentials for every upstream connection of one gateway."""
+
+    def __init__(self, store: Callable[[], TokenStore] = TokenStore.default,
+                 authorization_code: PerUserBuilder | None = None) -> None:
+        self._open_store = store
+        self._store: TokenStore | None = None
+        self._authorization_code = authorization_code
+        self._own: dict[str, ClientCredentials] = {}  # per server: Bastion's own token, shared by its connections
+        self._endpoints: dict[str, TokenEndpoint] = {}
+
+    def store(self) -> TokenStore:
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
+
+    def for_server(self, name: str, server: object, identity: Identity | None) -> UpstreamCredentials | None:
+        """The credentials of ``name``'s connection for ``identity`` (None: Bastion's own connection, the one that
+        lists the server's tools); None when the server has no ``auth`` table."""
+        auth: UpstreamAuth | None = getattr(server, "auth", None)
+        if auth is None:
+            return None
+        if auth.type == "authorization_code":
+            if self._authorization_code is None:
+                return _Unavailable(f"server {name!r}: auth type authorization_code is not available in this gateway")
+            return self._authorization_code(name, server, identity, self.store())
+        resource = auth.resource or getattr(server, "url", None) or name
+        if auth.type == "client_credentials" or identity is None:
+            # A token-exchange server's own connection has no caller whose token could be exchanged: it lists the
+            # server's tools with Bastion's own token, by client credentials of the same client.
+            return self._client_credentials(name, auth, resource)
+        return TokenExchange(name, identity.name, auth, resource, self._endpoint(name, auth), self.store(),
+                             identity.subject_token)
+
+    def identity_secrets(self, name: str, server: object, identity: Identity | None) -> IdentitySecrets | None:
+        """What ``identity``'s process of the local server ``name`` is started with, None when nothing."""
+        wanted: Mapping[str, str] = getattr(server, "identity_env", None) or {}
+        if not wanted or identity is None:
+            return None
+        return IdentitySecrets(self.store(), name, dict(wanted), identity.name)
+
+    def _client_credentials(self, name: str, auth: UpstreamAuth, resource: str) -> ClientCredentials:
+        found = self._own.get(name)
+        if found is None:
+            found = self._own[name] = ClientCredentials(name, auth, resource, self._endpoint(name, auth))
+        return found
+
+    def _endpoint(self, name: str, auth: UpstreamAuth) -> TokenEndpoint:
+        found = self._endpoints.get(name)
+        if found is None:
+            found = self._endpoints[name] = TokenEndpoint(auth, f"servers.{name}.auth")
+        return found
+
+
+class _Unavailable:
+    """Credentials that can never be had: every request is answered with why."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    async def headers(self) -> Mapping[str, str]:
+        raise CredentialsError(self._message)
+
+    async def refused(self, status: int, www_authenticate: str | None) -> bool:
+        return False

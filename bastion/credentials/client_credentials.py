@@ -1,0 +1,205 @@
+"""Bastion's own token for a remote server (OAuth 2.1 client credentials), and the token endpoint it shares with the
+token exchange: where it is (RFC 8414 metadata, else OpenID Connect discovery), how Bastion authenticates there,
+and what its answers and refusals mean.
+
+A token is asked for on the first request and again ``refresh_before`` seconds before it expires, once however
+many requests wait for it at that moment; a 401 from the upstream drops it and asks once for another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx2
+
+from bastion.credentials.base import CredentialsError
+from bastion.credentials.config import UpstreamAuth
+from bastion.credentials.store import TokenSet
+
+log = logging.getLogger("bastion.credentials")
+
+_TIMEOUT = httpx2.Timeout(10.0)
+_MAX_ANSWER = 64 * 1024  # a token endpoint's or metadata document's answer larger than this is not one
+
+
+def metadata_urls(issuer: str) -> list[str]:
+    """Where an issuer's metadata may be: RFC 8414's well-known path inserted before the issuer's path, then
+    OpenID Connect's inserted the same way, then appended to it (the form most OIDC providers serve)."""
+    parts = urlsplit(issuer)
+    path = parts.path.rstrip("/")
+    inserted = [urlunsplit((parts.scheme, parts.netloc, f"/.well-known/{name}{path}", "", ""))
+                for name in ("oauth-authorization-server", "openid-configuration")]
+    appended = urlunsplit((parts.scheme, parts.netloc, f"{path}/.well-known/openid-configuration", "", ""))
+    return list(dict.fromkeys([*inserted, appended]))
+
+
+class TokenEndpoint:
+    """One authorization server's token endpoint, as Bastion's client ``client_id`` uses it."""
+
+    def __init__(self, auth: UpstreamAuth, where: str, client: Callable[[], httpx2.AsyncClient] | None = None) -> None:
+        self._auth = auth
+        self._where = where  # "servers.NAME.auth", for messages that name the key to fix
+        self._client = client or (lambda: httpx2.AsyncClient(timeout=_TIMEOUT, follow_redirects=False))
+        self._url: str | None = auth.token_endpoint
+        self._discovery = asyncio.Lock()
+
+    async def url(self) -> str:
+        if self._url is not None:
+            return self._url
+        async with self._discovery:
+            if self._url is None:
+                self._url = await self._discover()
+        return self._url
+
+    async def _discover(self) -> str:
+        issuer = self._auth.issuer
+        assert issuer is not None  # the configuration requires issuer or token_endpoint
+        tried = []
+        async with self._client() as client:
+            for url in metadata_urls(issuer):
+                try:
+                    response = await client.get(url, headers={"accept": "application/json"})
+                except httpx2.HTTPError as exc:
+                    tried.append(f"{url}: {type(exc).__name__}")
+                    continue
+                metadata = _json_object(response) if response.status_code == 200 else None
+                if metadata is None:
+                    tried.append(f"{url}: HTTP {response.status_code}")
+                    continue
+                # RFC 8414 section 3.3: metadata of another issuer is not this issuer's (a mix-up)
+                if metadata.get("issuer") not in (issuer, issuer.rstrip("/")):
+                    tried.append(f"{url}: names another issuer")
+                    continue
+                endpoint = metadata.get("token_endpoint")
+                if isinstance(endpoint, str) and endpoint.lower().startswith(("https://", "http://")):
+                    return endpoint
+                tried.append(f"{url}: no token_endpoint")
+        raise CredentialsError(f"{self._where}.issuer {issuer}: no token endpoint found ({'; '.join(tried)}); "
+                               f"check the issuer, or set {self._where}.token_endpoint")
+
+    async def grant(self, form: Mapping[str, str], purpose: str) -> TokenSet:
+        """POST a grant (``form``) with Bastion's client authentication and return the tokens it gave. A refusal
+        is a CredentialsError naming the OAuth error and what to check, never a token or the secret."""
+        url = await self.url()
+        auth = self._auth
+        data = dict(form)
+        basic: tuple[str, str] | None = None
+        assert auth.client_id is not None
+        if auth.token_endpoint_auth_method == "none" or auth.client_secret is None:
+            data["client_id"] = auth.client_id  # a public client: it says who it is and proves nothing
+        elif auth.token_endpoint_auth_method == "client_secret_post":
+            data.update(client_id=auth.client_id, client_secret=auth.client_secret)
+        else:
+            basic = (auth.client_id, auth.client_secret)
+        now = time.time()
+        try:
+            async with self._client() as client:
+                response = await client.post(url, data=data, headers={"accept": "application/json"},
+                                             auth=httpx2.BasicAuth(*basic) if basic else None)
+        except httpx2.HTTPError as exc:
+            raise CredentialsError(f"{purpose}: the token endpoint {url} cannot be reached ({type(exc).__name__})")
+        answer = _json_object(response)
+        if response.status_code != 200 or answer is None:
+            raise CredentialsError(f"{purpose}: the token endpoint refused ({_oauth_error(response, answer)}); "
+                                   f"{_fix_for(answer, self._where)}")
+        try:
+            return TokenSet.from_response(answer, now=now, refresh_token=form.get("refresh_token"))
+        except CredentialsError as exc:
+            raise CredentialsError(f"{purpose}: {exc}") from None
+
+
+def _json_object(response: httpx2.Response) -> dict[str, Any] | None:
+    if len(response.content) > _MAX_ANSWER:
+        return None
+    try:
+        value = response.json()
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _oauth_error(response: httpx2.Response, answer: Mapping[str, Any] | None) -> str:
+    """The OAuth error code (RFC 6749 5.2) and the status; the description is the server's and may be long, so
+    only its first 200 characters."""
+    if answer is None or not isinstance(answer.get("error"), str):
+        return f"HTTP {response.status_code}"
+    said = answer["error"]
+    description = answer.get("error_description")
+    if isinstance(description, str) and description:
+        said += f": {description[:200]}"
+    return f"{said}, HTTP {response.status_code}"
+
+
+def _fix_for(answer: Mapping[str, Any] | None, where: str) -> str:
+    error = answer.get("error") if answer else None
+    if error in ("invalid_client", "unauthorized_client"):
+        return f"check {where}.client_id and client_secret, and that the client may use this grant"
+    if error == "invalid_scope":
+        return f"check {where}.scopes against what the authorization server grants this client"
+    if error in ("invalid_target", "invalid_request"):
+        return f"check {where}.resource and audience"
+    if error == "invalid_grant":
+        return "the caller's token is not one the authorization server exchanges (expired, revoked or another's)"
+    return "see the authorization server's log"
+
+
+class ClientCredentials:
+    """``UpstreamCredentials`` with Bastion's own token (``type = "client_credentials"``), one for every caller."""
+
+    def __init__(self, server: str, auth: UpstreamAuth, resource: str, endpoint: TokenEndpoint,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.server = server
+        self._auth = auth
+        self._resource = resource
+        self._endpoint = endpoint
+        self._clock = clock
+        self._tokens: TokenSet | None = None
+        self._margin = auth.refresh_before
+        self._renewing = asyncio.Lock()
+
+    async def headers(self) -> Mapping[str, str]:
+        tokens = self._tokens
+        if tokens is None or tokens.expires_within(self._margin, self._clock()):
+            tokens = await self._renew(tokens)
+        return {"Authorization": tokens.authorization()}
+
+    async def refused(self, status: int, www_authenticate: str | None) -> bool:
+        # A 401 says the token is no longer good (revoked, the server's keys rotated): one new one is worth a try.
+        # A 403 asks for more than Bastion's client is configured to ask for; a new token would be the same.
+        if status != 401 or self._tokens is None:
+            return False
+        stale = self._tokens
+        fresh = await self._renew(stale, force=True)
+        return fresh.access_token != stale.access_token
+
+    async def _renew(self, seen: TokenSet | None, force: bool = False) -> TokenSet:
+        async with self._renewing:
+            current = self._tokens
+            fresh = current is not None and not current.expires_within(self._margin, self._clock())
+            # another request renewed it while this one waited (or nothing asks for a new one): keep it
+            if fresh and (current is not seen or not force):
+                return current  # type: ignore[return-value]
+            form = {"grant_type": "client_credentials", "resource": self._resource}
+            if self._auth.scopes:
+                form["scope"] = " ".join(self._auth.scopes)
+            self._tokens = await self._endpoint.grant(form, f"server {self.server!r}: Bastion's client credentials")
+            self._margin = renewal_margin(self._tokens, self._auth.refresh_before, self._clock())
+            log.info("server %s: obtained a client-credentials token (expires in %s)", self.server,
+                     _lifetime(self._tokens, self._clock()))
+            return self._tokens
+
+
+def renewal_margin(tokens: TokenSet, refresh_before: float, now: float) -> float:
+    """How long before expiry a token is renewed: ``refresh_before``, but at most half its lifetime, so a token
+    that lives shorter than the margin is still used for a while rather than renewed on every request."""
+    if tokens.expires_at is None:
+        return refresh_before
+    return max(0.0, min(refresh_before, (tokens.expires_at - now) / 2))
+
+
+def _lifetime(tokens: TokenSet, now: float) -> str:
+    return "an unknown time" if tokens.expires_at is None else f"{tokens.expires_at - now:.0f}s"
