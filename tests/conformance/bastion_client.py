@@ -7,6 +7,12 @@ hands over in ``MCP_CONFORMANCE_CONTEXT``. This command writes a Bastion configu
 stdio, and drives the scenario's requests through it with the official SDK's client, in the revision's era. What
 reaches the mock is what Bastion's upstream sends.
 
+For the authorization scenarios (``auth/*``) the mock server asks for OAuth and the federated server is
+``type = "authorization_code"``: Bastion runs the flow and logs the link a person would follow; this driver plays
+that person, following every link Bastion gives (the mock authorization server approves at once and redirects to
+Bastion's loopback callback), then lists the tools once the server is up and calls one, following any further link
+(a step-up) and trying again, a few times at most.
+
 Exit status 0 when every request the scenario makes was answered; what the mock saw is the suite's to judge.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -22,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.types import (
     CreateMessageResult,
@@ -38,21 +46,43 @@ ALLOW_ALL = "permit (principal, action, resource);\n"
 # Set (to anything) by the control run that shows a known gap is the input-schema check's alone: the policy then
 # lets arguments through that do not fit their tool's schema.
 SCHEMA_CHECK_OFF = "BASTION_CONFORMANCE_SCHEMA_CHECK_OFF"
+AUTH_PREFIX = "auth/"
+# The Client ID Metadata Document URL Bastion is configured with: the one the suite's CIMD scenario expects.
+CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
+# Bastion's log line that gives a person the link to authorize it (bastion/credentials/oauth_client.py).
+LINK_LINE = re.compile(r"must authorize Bastion; the link is given to their client and is: (\S+)")
+CALL_ATTEMPTS = 4  # a tool call refused for want of an authorization is tried again after its link is followed
 
 
-def bastion_config(folder: Path, url: str) -> Path:
+def bastion_config(folder: Path, url: str, scenario: str = "") -> Path:
     (folder / "allow-all.cedar").write_text(ALLOW_ALL)
     policy: dict[str, Any] = {"policy_files": ["allow-all.cedar"]}
     if os.environ.get(SCHEMA_CHECK_OFF):
         policy["schema_validation"] = False
+    server: dict[str, Any] = {"url": url, "prefix": "", "trust": "trusted", "request_timeout": DEADLINE}
+    if scenario.startswith(AUTH_PREFIX):
+        server["scope"] = "per_identity"
+        server["auth"] = authorization(context())
     config = {
         "policy": policy,
+        "tools": {"exposure": "all"},  # the scenarios' servers' own tool lists, as they are
         "ready_timeout": 60,
-        "servers": {"mock": {"url": url, "prefix": "", "trust": "trusted", "request_timeout": DEADLINE}},
+        "servers": {"mock": server},
     }
     path = folder / "bastion.json"
     path.write_text(json.dumps(config))
     return path
+
+
+def authorization(given: dict[str, Any]) -> dict[str, Any]:
+    """The server's auth table: a pre-registered client when the scenario hands one over, else the CIMD URL (used
+    only where the authorization server accepts such documents; dynamic registration otherwise)."""
+    auth: dict[str, Any] = {"type": "authorization_code", "client_metadata_url": CLIENT_METADATA_URL}
+    if given.get("client_id"):
+        auth["client_id"] = given["client_id"]
+        if given.get("client_secret"):
+            auth["client_secret"] = given["client_secret"]
+    return auth
 
 
 def client_mode(revision: str | None) -> str:
@@ -142,6 +172,46 @@ async def echo_the_schema(client: Client) -> None:
     await client.call_tool("json_schema_echo", {"schema": focal.input_schema})
 
 
+class Person:
+    """The user at the browser: follows each authorization link Bastion logs, once."""
+
+    def __init__(self, log: Path) -> None:
+        self._log = log
+        self._followed: set[str] = set()
+
+    async def follow_links(self) -> None:
+        async with httpx2.AsyncClient(follow_redirects=True, timeout=30) as browser:
+            while True:
+                text = self._log.read_text(errors="replace") if self._log.exists() else ""
+                for link in LINK_LINE.findall(text):
+                    if link not in self._followed:
+                        self._followed.add(link)
+                        try:
+                            page = await browser.get(link)
+                            print(f"bastion-client: followed an authorization link: HTTP {page.status_code}",
+                                  file=sys.stderr)
+                        except httpx2.HTTPError as exc:
+                            print(f"bastion-client: an authorization link failed: {exc!r}", file=sys.stderr)
+                await anyio.sleep(0.2)
+
+
+async def authorized_calls(client: Client) -> None:
+    """List the tools once the server is up (after its authorization), then call the first one, trying again after
+    a refusal (the link of a step-up is followed meanwhile)."""
+    tools: list[Any] = []
+    while not tools:
+        tools = (await client.list_tools()).tools
+        if not tools:
+            await anyio.sleep(0.5)
+    for attempt in range(CALL_ATTEMPTS):
+        try:
+            await client.call_tool(tools[0].name, stub_arguments(tools[0].input_schema))
+            return
+        except Exception as exc:  # noqa: BLE001 - refused for want of an authorization: follow, then try again
+            print(f"bastion-client: call {attempt + 1} refused: {exc}", file=sys.stderr)
+            await anyio.sleep(2)
+
+
 async def call_and_report(client: Client, name: str, arguments: dict[str, Any]) -> None:
     """A call the scenario expects may be refused: it is reported, and the run goes on."""
     try:
@@ -169,15 +239,35 @@ SCENARIOS: dict[str, Callable[[Client], Awaitable[None]]] = {
 
 async def run(url: str, scenario: str, revision: str | None) -> None:
     with tempfile.TemporaryDirectory(prefix="bastion-conformance-client-") as folder:
-        config = bastion_config(Path(folder), url)
-        server = StdioServerParameters(command=BASTION, args=["run", str(config), "-q"])
-        async with Client(
-            server, mode=client_mode(revision), read_timeout_seconds=DEADLINE,
-            sampling_callback=answer_sampling, list_roots_callback=answer_roots,
-            elicitation_callback=accept_with_defaults,
-        ) as client:
-            with anyio.fail_after(DEADLINE):
-                await SCENARIOS[scenario](client)
+        config = bastion_config(Path(folder), url, scenario)
+        if not scenario.startswith(AUTH_PREFIX):
+            server = StdioServerParameters(command=BASTION, args=["run", str(config), "-q"])
+            await drive(server, SCENARIOS[scenario], revision)
+            return
+        # Bastion's stderr goes to a file the person reads links from; its tokens to a state directory of this run.
+        log = Path(folder) / "bastion.log"
+        server = StdioServerParameters(command="/bin/sh", args=["-c", 'exec "$0" run "$1" -q 2>>"$2"', BASTION,
+                                                                str(config), str(log)],
+                                       env={**os.environ, "XDG_STATE_HOME": str(Path(folder) / "state")})
+        try:
+            async with anyio.create_task_group() as running:
+                running.start_soon(Person(log).follow_links)
+                await drive(server, authorized_calls, revision)
+                running.cancel_scope.cancel()
+        finally:
+            if log.exists():
+                sys.stderr.write(log.read_text(errors="replace"))
+
+
+async def drive(server: StdioServerParameters, scenario: Callable[[Client], Awaitable[None]],
+                revision: str | None) -> None:
+    async with Client(
+        server, mode=client_mode(revision), read_timeout_seconds=DEADLINE,
+        sampling_callback=answer_sampling, list_roots_callback=answer_roots,
+        elicitation_callback=accept_with_defaults,
+    ) as client:
+        with anyio.fail_after(DEADLINE):
+            await scenario(client)
 
 
 def main() -> int:
@@ -185,7 +275,7 @@ def main() -> int:
         print("usage: bastion_client.py URL (the conformance suite appends the URL)", file=sys.stderr)
         return 2
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
-    if scenario not in SCENARIOS:
+    if scenario not in SCENARIOS and not scenario.startswith(AUTH_PREFIX):
         print(f"bastion-client: no driver for scenario {scenario!r}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return 2
     try:
