@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 MODULES: tuple[str, ...] = ("bastion.cli.gateway", "bastion.cli.policy", "bastion.cli.sandbox",
                            "bastion.cli.clients", "bastion.cli.servers", "bastion.cli.serve",
-                           "bastion.cli.pins", "bastion.cli.guard", "bastion.cli.keys")
+                           "bastion.cli.pins", "bastion.cli.guard", "bastion.cli.keys",
+                           "bastion.cli.credentials")
 
 
 def registrars() -> list[Callable[[Any], None]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
@@ -23,6 +24,7 @@ from bastion.credentials.store import TokenSet
 log = logging.getLogger("bastion.credentials")
 
 _TIMEOUT = httpx2.Timeout(10.0)
+_SCOPE_IN_CHALLENGE = re.compile(r'\bscope="([^"]*)"')
 _MAX_ANSWER = 64 * 1024  # a token endpoint's or metadata document's answer larger than this is not one
 
 
@@ -159,6 +161,7 @@ class ClientCredentials:
         self._clock = clock
         self._tokens: TokenSet | None = None
         self._margin = auth.refresh_before
+        self._scopes = list(auth.scopes)
         self._renewing = asyncio.Lock()
 
     async def headers(self) -> Mapping[str, str]:
@@ -169,12 +172,22 @@ class ClientCredentials:
 
     async def refused(self, status: int, www_authenticate: str | None) -> bool:
         # A 401 says the token is no longer good (revoked, the server's keys rotated): one new one is worth a try.
-        # A 403 asks for more than Bastion's client is configured to ask for; a new token would be the same.
-        if status != 401 or self._tokens is None:
+        # A 403 insufficient_scope names the scopes wanted: asked for once each, the authorization server decides.
+        if status == 403:
+            missing = [scope for scope in challenge_scopes(www_authenticate) if scope not in self._scopes]
+            if not missing:
+                return False
+            self._scopes += missing
+            log.info("server %s: asks for scope %s; asking for a token with it", self.server, " ".join(missing))
+        elif status != 401:
             return False
         stale = self._tokens
-        fresh = await self._renew(stale, force=True)
-        return fresh.access_token != stale.access_token
+        try:
+            fresh = await self._renew(stale, force=True)
+        except CredentialsError as exc:
+            log.warning("server %s: no new token: %s", self.server, exc)
+            return False
+        return stale is None or fresh.access_token != stale.access_token
 
     async def _renew(self, seen: TokenSet | None, force: bool = False) -> TokenSet:
         async with self._renewing:
@@ -184,13 +197,21 @@ class ClientCredentials:
             if fresh and (current is not seen or not force):
                 return current  # type: ignore[return-value]
             form = {"grant_type": "client_credentials", "resource": self._resource}
-            if self._auth.scopes:
-                form["scope"] = " ".join(self._auth.scopes)
+            if self._scopes:
+                form["scope"] = " ".join(self._scopes)
             self._tokens = await self._endpoint.grant(form, f"server {self.server!r}: Bastion's client credentials")
             self._margin = renewal_margin(self._tokens, self._auth.refresh_before, self._clock())
             log.info("server %s: obtained a client-credentials token (expires in %s)", self.server,
                      _lifetime(self._tokens, self._clock()))
             return self._tokens
+
+
+def challenge_scopes(www_authenticate: str | None) -> list[str]:
+    """The scopes a ``Bearer error="insufficient_scope", scope="..."`` challenge asks for (RFC 6750 3.1)."""
+    if not www_authenticate or "insufficient_scope" not in www_authenticate:
+        return []
+    found = _SCOPE_IN_CHALLENGE.search(www_authenticate)
+    return found.group(1).split() if found else []
 
 
 def renewal_margin(tokens: TokenSet, refresh_before: float, now: float) -> float:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from typing import Callable, Mapping
 
 from bastion.credentials.base import CredentialsError
-from bastion.credentials.client_credentials import TokenEndpoint, renewal_margin
+from bastion.credentials.client_credentials import TokenEndpoint, challenge_scopes, renewal_margin
 from bastion.credentials.config import UpstreamAuth
 from bastion.credentials.store import TokenSet, TokenStore
 from bastion.model import Identity
@@ -26,7 +25,6 @@ log = logging.getLogger("bastion.credentials")
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:token-exchange"
 ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
-_SCOPE_IN_CHALLENGE = re.compile(r'\bscope="([^"]*)"')
 
 
 class TokenExchange:
@@ -60,7 +58,7 @@ class TokenExchange:
 
     async def refused(self, status: int, www_authenticate: str | None) -> bool:
         if status == 403:
-            wanted = _challenge_scopes(www_authenticate)
+            wanted = challenge_scopes(www_authenticate)
             missing = [scope for scope in wanted if scope not in self._scopes]
             if not missing:
                 return False  # more of the same would be refused the same
@@ -116,11 +114,3 @@ class TokenExchange:
         tokens = await self._endpoint.grant(form, f"server {self.server!r}: exchanging {self.user}'s token")
         log.info("server %s: exchanged %s's token for one of its own", self.server, self.user)
         return tokens
-
-
-def _challenge_scopes(www_authenticate: str | None) -> list[str]:
-    """The scopes a ``Bearer error="insufficient_scope", scope="..."`` challenge asks for."""
-    if not www_authenticate or "insufficient_scope" not in www_authenticate:
-        return []
-    found = _SCOPE_IN_CHALLENGE.search(www_authenticate)
-    return found.group(1).split() if found else []
