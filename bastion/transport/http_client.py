@@ -133,6 +133,7 @@ class HttpTransport:
         ca_file: str | None = None,
         client: httpx2.AsyncClient | None = None,
         credentials: UpstreamCredentials | None = None,
+        client_cert: tuple[str, str | None] | None = None,
     ) -> None:
         if kind not in ("auto", "streamable-http", "sse"):
             raise ValueError(f"unknown HTTP transport {kind!r}")
@@ -154,6 +155,14 @@ class HttpTransport:
                 verify = ssl.create_default_context(cafile=ca_file)
             except (OSError, ssl.SSLError) as exc:
                 self._refused = f"its ca_file {ca_file} cannot be used: {exc}"
+        if client_cert is not None and self._refused is None:
+            # mutual TLS: Bastion's own certificate, for a server that asks for one
+            context = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
+            try:
+                context.load_cert_chain(*client_cert)
+                verify = context
+            except (OSError, ssl.SSLError) as exc:
+                self._refused = f"its client_cert {client_cert[0]} cannot be used: {exc}"
         self._client = client or httpx2.AsyncClient(
             http2=_has_http2(), follow_redirects=False, verify=verify,
             timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=None),
@@ -178,7 +187,8 @@ class HttpTransport:
                    credentials: UpstreamCredentials | None = None) -> "HttpTransport":
         assert config.url is not None
         return cls(name, config.url, config.headers, kind=config.transport, max_message_bytes=max_message_bytes,
-                   sse_idle_timeout=config.sse_idle_timeout, ca_file=config.ca_file, credentials=credentials)
+                   sse_idle_timeout=config.sse_idle_timeout, ca_file=config.ca_file, credentials=credentials,
+                   client_cert=(config.client_cert, config.client_key) if config.client_cert else None)
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def ended(self) -> str:

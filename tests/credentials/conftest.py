@@ -46,16 +46,19 @@ class BearerServer:
 def bearer_server(tmp_path: Path) -> Iterator[Callable[..., BearerServer]]:
     started: list[BearerServer] = []
 
-    def start(issuer: str, audience: str = UPSTREAM_RESOURCE, scopes: tuple[str, ...] = ()) -> BearerServer:
+    def start(issuer: str | None, audience: str = UPSTREAM_RESOURCE, scopes: tuple[str, ...] = (),
+              extra: tuple[str, ...] = ()) -> BearerServer:
         events = tmp_path / f"upstream-{len(started)}.jsonl"
-        args = [sys.executable, str(FIXTURES / "bearer_server.py"), "--issuer", issuer, "--audience", audience]
+        args = [sys.executable, str(FIXTURES / "bearer_server.py"), "--audience", audience, *extra]
+        if issuer is not None:
+            args += ["--issuer", issuer]
         for scope in scopes:
             args += ["--scope", scope]
         process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                    env={**os.environ, "FIXTURE_EVENTS": str(events)})
         assert process.stdout is not None
         url = process.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), f"the bearer server did not start: {url!r}"
+        assert url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")), f"the bearer server did not start: {url!r}"
         server = BearerServer(url, events, process)
         started.append(server)
         return server
