@@ -31,6 +31,19 @@ class Identity:
     # never forwarded, never logged, never written
     subject_token: str | None = field(default=None, compare=False, hash=False, repr=False)
 
+    def record(self) -> dict[str, Any]:
+        """Who, as audit and approval records name the caller: name, groups, method and issuer (when there is
+        one); never the token, and not the claims (they may be personal data the policy alone needs)."""
+        who: dict[str, Any] = {"name": self.name, "groups": list(self.groups), "authenticated_by": self.authenticated_by}
+        if self.issuer is not None:
+            who["issuer"] = self.issuer
+        return who
+
+    def describe(self) -> str:
+        """Who, in words for a log line or an approval prompt: ``alice (oauth, https://id.example.com)``."""
+        how = self.authenticated_by if self.issuer is None else f"{self.authenticated_by}, {self.issuer}"
+        return f"{self.name} ({how})"
+
 
 class ClientChannel(Protocol):
     """What an interceptor may ask of the connected client (for example, human approval)."""

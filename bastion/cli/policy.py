@@ -35,6 +35,12 @@ def register(subparsers: Any) -> None:
     check.add_argument("config", nargs="?", help="config file (TOML or JSON) with a [policy] table and optional tools")
     check.add_argument("--identity", required=True, help="principal name")
     check.add_argument("--group", action="append", default=None, help="principal group (repeatable)")
+    check.add_argument("--scope", action="append", default=[], help="a scope of the caller's token (repeatable)")
+    check.add_argument("--claim", action="append", default=[], metavar="ATTRIBUTE=VALUE",
+                       help="a principal attribute auth.claims.attributes names, e.g. tenant=acme (repeatable)")
+    check.add_argument("--authenticated-by", default="configured", choices=["configured", "oauth", "api_key", "mtls"],
+                       help="how the caller authenticated (principal.authenticated_by)")
+    check.add_argument("--issuer", default=None, help="the caller's token issuer (principal.issuer)")
     check.add_argument("--tool", required=True, help="tool: exposed name, server/name, or name")
     check.add_argument("--args", default="{}", help="the call's arguments as a JSON object")
     check.add_argument("--tool-def", help="the Tool definition as JSON (else the config's tools list)")
@@ -85,6 +91,19 @@ def _find_tool(entries: list[ToolEntry], name: str) -> ToolEntry | None:
     return matches[0] if len(matches) == 1 else None
 
 
+def _claim(item: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--claim {item!r}: write ATTRIBUTE=VALUE, e.g. --claim tenant=acme")
+    return name, value
+
+
+def _claim_attributes(config_path: str | None) -> tuple[str, ...]:
+    from bastion.policy.engine import load_claim_attributes
+
+    return load_claim_attributes(Path(config_path)) if config_path else ()
+
+
 def _policy_check(args: argparse.Namespace) -> int:
     from bastion.policy.cedar_engine import PolicyLoadError
     from bastion.policy.dryrun import dry_run
@@ -108,7 +127,9 @@ def _policy_check(args: argparse.Namespace) -> int:
         groups = tuple(args.group) if args.group is not None else (
             tuple(config.identity.groups) if config.identity.name == args.identity else ()
         )
-        report = dry_run(config, entry, Identity(args.identity, groups), arguments)
+        claims = dict(_claim(item) for item in args.claim)
+        identity = Identity(args.identity, groups, args.authenticated_by, args.issuer, frozenset(args.scope), claims)
+        report = dry_run(config, entry, identity, arguments, claim_attributes=_claim_attributes(args.config))
     except (OSError, ValueError, ValidationError, PolicyLoadError) as error:
         _say(f"error: {error}")
         return EXIT_USAGE

@@ -96,14 +96,16 @@ class ApprovalSigner:
 
 
 def approval_elicitation(
-    server: str, tool: str, arguments: Mapping[str, Any] | None, show_values: bool, with_mode: bool, note: str = ""
+    server: str, tool: str, arguments: Mapping[str, Any] | None, show_values: bool, with_mode: bool, note: str = "",
+    who: str = "",
 ) -> dict[str, Any]:
     """``elicitation/create`` params asking the person to approve one call; ``note`` (what the session read that
-    could steer the model, say) comes first."""
+    could steer the model, say) comes first; ``who`` names the caller asking (``Identity.describe()``)."""
     shown = orjson.dumps(arguments or {}, option=orjson.OPT_INDENT_2).decode() if show_values else "(hidden)"
+    asking = f"{who} asks: " if who else ""
     params: dict[str, Any] = {
-        "message": f"{note + chr(10) if note else ''}Allow the tool '{tool}' on server '{server}' to run with these "
-                   f"arguments?\n{shown}",
+        "message": f"{note + chr(10) if note else ''}{asking}Allow the tool '{tool}' on server '{server}' to run with "
+                   f"these arguments?\n{shown}",
         "requestedSchema": {
             "type": "object",
             "properties": {"approve": {"type": "boolean", "title": "Approve this call", "default": False}},

@@ -5,15 +5,20 @@ the policy at fault. Each policy is known by its ``@id`` annotation, or ``file:l
 name is the rule the audit trail records. A permit carrying ``@approval("required")`` makes the call wait for
 a person whenever it is one of the policies that allowed it.
 
+The principal is the caller's Identity: a ``User`` in its groups, with its scopes, how it authenticated, its
+issuer and the attributes ``auth.claims.attributes`` names (``principal.tenant``) as attributes.
+
 Cedar evaluation costs ~100 µs, more than the whole per-call budget, so decisions are cached. The cache key
-holds only what the policies can see: the principal and groups, the action, the resource and its
-attributes, and the parts of the context that some policy actually reads (found by walking the parsed
-policies). Policies that never read ``context.arguments`` are therefore decided once per tool and principal.
+holds only what the policies can see: the principal and groups, the principal attributes some policy reads,
+the action, the resource and its attributes, and the parts of the context that some policy actually reads
+(found by walking the parsed policies). Policies that never read ``context.arguments`` are therefore decided
+once per tool and principal.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +28,7 @@ import cedarpy
 import orjson
 
 from bastion.model import Identity, ToolEntry
-from bastion.policy.cedar_text import DEFAULT_POLICY, NAMESPACE, SCHEMA
+from bastion.policy.cedar_text import DEFAULT_POLICY, NAMESPACE, PRINCIPAL_ATTRIBUTES, SCHEMA, schema
 from bastion.policy.config import PolicyStartError
 from bastion.policy.decision import Decision, Effect
 
@@ -112,19 +117,24 @@ def _first_parse_error(source: PolicySource) -> str:
     return f"{source.name}:{tail}: {message}"
 
 
-def _validate(source: PolicySource) -> dict[str, Any]:
+_USER_ATTRIBUTE_HINT = ("; the principal's attributes are scopes, authenticated_by, issuer and those "
+                        "auth.claims.attributes names (add the claim there)")
+
+
+def _validate(source: PolicySource, schema_text: str = SCHEMA) -> dict[str, Any]:
     """Parse and validate one file; returns its policies (Cedar JSON) keyed by Bastion rule name."""
     problem = _first_parse_error(source)
     if problem:
         raise PolicyLoadError(problem)
     starts = statement_lines(source.text)
-    result = cedarpy.validate_policies(source.text, SCHEMA)
+    result = cedarpy.validate_policies(source.text, schema_text)
     if not result.validation_passed:
         messages = []
         for error in result.errors:
             index = int(error.policy_id[len("policy") :]) if error.policy_id.startswith("policy") else -1
             line = starts[index] if 0 <= index < len(starts) else 1
-            messages.append(f"{source.name}:{line}: {error.error}")
+            hint = _USER_ATTRIBUTE_HINT if "on entity type `Bastion::User` not found" in str(error.error) else ""
+            messages.append(f"{source.name}:{line}: {error.error}{hint}")
         raise PolicyLoadError("; ".join(messages) or f"{source.name}: policies do not match the schema")
     parsed = json.loads(cedarpy.policies_to_json_str(source.text))
     if parsed.get("templates"):
@@ -140,8 +150,8 @@ def _validate(source: PolicySource) -> dict[str, Any]:
     return named
 
 
-def _context_attributes(policies: Mapping[str, Any]) -> frozenset[str] | None:
-    """Which ``context.X`` the policies read; None when some policy uses ``context`` as a whole."""
+def _attributes_read(policies: Mapping[str, Any], variable: str) -> frozenset[str] | None:
+    """Which ``<variable>.X`` the policies read; None when some policy uses ``variable`` as a whole."""
     used: set[str] = set()
     whole = False
 
@@ -150,10 +160,10 @@ def _context_attributes(policies: Mapping[str, Any]) -> frozenset[str] | None:
         if isinstance(node, dict):
             for op in (".", "has"):
                 inner = node.get(op)
-                if isinstance(inner, dict) and inner.get("left") == {"Var": "context"}:
+                if isinstance(inner, dict) and inner.get("left") == {"Var": variable}:
                     used.add(inner["attr"])
                     return
-            if node.get("Var") == "context":
+            if node.get("Var") == variable:
                 whole = True
                 return
             for value in node.values():
@@ -164,6 +174,67 @@ def _context_attributes(policies: Mapping[str, Any]) -> frozenset[str] | None:
 
     walk(list(policies.values()))
     return None if whole else frozenset(used)
+
+
+def _context_attributes(policies: Mapping[str, Any]) -> frozenset[str] | None:
+    return _attributes_read(policies, "context")
+
+
+def _principal_attributes(policies: Mapping[str, Any], declared: tuple[str, ...]) -> tuple[str, ...]:
+    """The principal attributes some policy reads, in schema order. A policy can name the principal as a whole
+    only to compare it or test its groups, which the cache key holds anyway, so only attribute reads count."""
+    read = _attributes_read(policies, "principal") or frozenset()
+    return tuple(name for name in declared if name in read)
+
+
+_CEDAR_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CEDAR_RESERVED = frozenset({"true", "false", "if", "then", "else", "in", "is", "like", "has", "principal",
+                             "action", "resource", "context"})
+
+
+def check_claim_attributes(names: Iterable[str]) -> tuple[str, ...]:
+    """The attribute names ``auth.claims.attributes`` gives, checked as Cedar principal attributes."""
+    checked = tuple(names)
+    for name in checked:
+        if not _CEDAR_IDENTIFIER.fullmatch(name) or name in _CEDAR_RESERVED or name.startswith("__cedar"):
+            raise PolicyLoadError(f"auth.claims.attributes: {name!r} cannot be a Cedar attribute name; use letters, "
+                                  "digits and _ (not starting with a digit, not a Cedar keyword)")
+        if name in PRINCIPAL_ATTRIBUTES:
+            raise PolicyLoadError(f"auth.claims.attributes: {name!r} is already a principal attribute Bastion sets "
+                                  f"({', '.join(PRINCIPAL_ATTRIBUTES)}); name the claim's attribute otherwise")
+    return checked
+
+
+def claim_text(value: Any) -> str:
+    """A claim as the String attribute policies see: a string as it is, "" when absent, other JSON as its text."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def principal_attributes(identity: Identity, claim_attributes: tuple[str, ...]) -> dict[str, Any]:
+    """The principal entity's attributes (Cedar JSON) for ``identity``: every declared one, so that no policy's
+    condition fails to evaluate (a forbid that errors does not apply)."""
+    attrs: dict[str, Any] = {
+        "scopes": sorted(identity.scopes),
+        "authenticated_by": identity.authenticated_by,
+        "issuer": identity.issuer or "",
+    }
+    claims = identity.claims
+    for name in claim_attributes:
+        attrs[name] = claim_text(claims.get(name))
+    return attrs
+
+
+def _principal_value(identity: Identity, name: str) -> Any:
+    """One principal attribute as part of a decision cache key (hashable)."""
+    if name == "scopes":
+        return identity.scopes
+    if name == "authenticated_by":
+        return identity.authenticated_by
+    if name == "issuer":
+        return identity.issuer or ""
+    return claim_text(identity.claims.get(name))
 
 
 def load_policy_sources(paths: Iterable[Path], include_default: bool) -> list[PolicySource]:
@@ -320,12 +391,15 @@ def argument_tags(arguments: Mapping[str, Any] | None) -> dict[str, str]:
 class CedarAuthorizer:
     """Decides requests against a validated policy set, caching decisions by what policies can see."""
 
-    def __init__(self, sources: list[PolicySource], cache_size: int = 8192) -> None:
+    def __init__(self, sources: list[PolicySource], cache_size: int = 8192,
+                 claim_attributes: Iterable[str] = ()) -> None:
         if not sources:
             raise PolicyLoadError("no policies: give policy_files or use the default policy")
+        self.claim_attributes = check_claim_attributes(claim_attributes)
+        schema_text = schema(self.claim_attributes)
         merged: dict[str, Any] = {}
         for source in sources:
-            for rule, policy in _validate(source).items():
+            for rule, policy in _validate(source, schema_text).items():
                 if rule in merged:
                     raise PolicyLoadError(f"{source.name}: policy id {rule!r} is already used in another file")
                 merged[rule] = policy
@@ -339,13 +413,16 @@ class CedarAuthorizer:
         self._context_used = _context_attributes(merged)
         self._reads_arguments = self._reads("arguments")
         self._reads_session = self._reads("session")
+        self._principal_read = _principal_attributes(merged, PRINCIPAL_ATTRIBUTES + self.claim_attributes)
         self._cache: OrderedDict[tuple[Any, ...], Decision] = OrderedDict()
         self._cache_size = cache_size
 
     @staticmethod
-    def from_files(paths: Iterable[Path], include_default: bool = False) -> "CedarAuthorizer":
+    def from_files(paths: Iterable[Path], include_default: bool = False,
+                   claim_attributes: Iterable[str] = ()) -> "CedarAuthorizer":
         paths = list(paths)
-        return CedarAuthorizer(load_policy_sources(paths, include_default or not paths))
+        return CedarAuthorizer(load_policy_sources(paths, include_default or not paths),
+                               claim_attributes=claim_attributes)
 
     @property
     def reads_arguments(self) -> bool:
@@ -365,9 +442,11 @@ class CedarAuthorizer:
     ) -> Decision:
         session = session or _NO_SESSION
         tags = argument_tags(arguments) if self._reads_arguments else None
+        read = self._principal_read
         key = (
             identity.name,
             identity.groups,
+            tuple(_principal_value(identity, name) for name in read) if read else None,
             action,
             target,
             tuple(sorted(tags.items())) if tags is not None else None,
@@ -388,7 +467,7 @@ class CedarAuthorizer:
     ) -> Decision:
         user = {
             "uid": _uid("User", identity.name),
-            "attrs": {},
+            "attrs": principal_attributes(identity, self.claim_attributes),
             "parents": [_uid("Group", g) for g in identity.groups],
         }
         groups = [{"uid": _uid("Group", g), "attrs": {}, "parents": []} for g in identity.groups]

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 NAMESPACE = "Bastion"
 
-SCHEMA = """
+# The principal's own attributes, always present; the names auth.claims.attributes adds must differ from them.
+PRINCIPAL_ATTRIBUTES = ("scopes", "authenticated_by", "issuer")
+
+SCHEMA_TEMPLATE = """
 namespace Bastion {
   entity Group;
-  entity User in [Group];
+  // The caller: its groups are its parents; scopes are its token's (empty without one), authenticated_by is
+  // "configured", "oauth", "api_key" or "mtls", issuer the token's issuer ("" without one); every attribute
+  // auth.claims.attributes names is a String ("" when the token lacks the claim).
+  entity User in [Group] = {
+    scopes: Set<String>,
+    authenticated_by: String,
+    issuer: String,@CLAIMS@
+  };
   entity Server = { trust: String };
   // Effective annotations: hints from servers neither trusted nor reviewed are ignored (see docs/policy.md).
   entity Tool in [Server] = {
@@ -46,6 +56,14 @@ namespace Bastion {
     appliesTo { principal: User, resource: Server, context: CallContext };
 }
 """
+
+
+def schema(claim_attributes: tuple[str, ...] = ()) -> str:
+    """The schema with the principal attributes ``auth.claims.attributes`` names, each a String."""
+    return SCHEMA_TEMPLATE.replace("@CLAIMS@", "".join(f"\n    {name}: String," for name in claim_attributes))
+
+
+SCHEMA = schema()
 
 DEFAULT_POLICY = """
 // Bastion's default policy. Tool annotations count only when the server is configured trust = "trusted" or

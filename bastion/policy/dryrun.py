@@ -36,8 +36,9 @@ def dry_run(
     identity: Identity,
     arguments: Mapping[str, Any] | None,
     engine: PolicyEngine | None = None,
+    claim_attributes: tuple[str, ...] = (),
 ) -> DecisionReport:
     """Authorization and guards for one call, as the running gateway would decide it (before approval)."""
-    engine = engine or PolicyEngine(policy_config)
+    engine = engine or PolicyEngine(policy_config, claim_attributes=claim_attributes)
     report = engine.decide_call(identity, tool_entry, arguments)
     return DecisionReport(report.decision, tuple(report.stages))

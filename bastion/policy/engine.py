@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from bastion.model import Identity, ToolEntry
 from bastion.policy.cedar_engine import CedarAuthorizer, SessionFacts, Target, ToolFacts
@@ -162,10 +162,12 @@ class PolicyEngine:
         config: PolicyConfig,
         authorizer: CedarAuthorizer | None = None,
         pinned: Callable[[ToolEntry], bool] | None = None,
+        claim_attributes: Iterable[str] = (),
     ) -> None:
+        """``claim_attributes``: the principal attributes ``auth.claims.attributes`` names, which policies may read."""
         self.config = config
         self.authorizer = authorizer or CedarAuthorizer.from_files(
-            config.policy_paths(), include_default=config.include_default_policy
+            config.policy_paths(), include_default=config.include_default_policy, claim_attributes=claim_attributes
         )
         self.schemas = SchemaCache()
         self.guards: tuple[CompiledGuard, ...] = tuple(compile_guard(g, self.schemas) for g in config.guards)
@@ -274,6 +276,19 @@ def load_policy_config(path: Path) -> tuple[PolicyConfig, list[dict[str, Any]]]:
     policy = dict(data.get("policy", {}))
     policy.setdefault("base_dir", str(path.parent.resolve()))
     return PolicyConfig.model_validate(policy), list(data.get("tools", []))
+
+
+def load_claim_attributes(path: Path) -> tuple[str, ...]:
+    """The principal attributes the file's ``auth.claims.attributes`` names (policies may read them), in order."""
+    import json
+    import tomllib
+
+    raw = path.read_bytes()
+    data = tomllib.loads(raw.decode("utf-8")) if path.suffix.lower() == ".toml" else json.loads(raw)
+    auth = data.get("auth")
+    claims = auth.get("claims") if isinstance(auth, dict) else None
+    attributes = claims.get("attributes") if isinstance(claims, dict) else None
+    return tuple(attributes) if isinstance(attributes, dict) else ()
 
 
 def tool_entries(tools: Sequence[Mapping[str, Any]], default_server: str = "server") -> list[ToolEntry]:

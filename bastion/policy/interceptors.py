@@ -38,6 +38,7 @@ from bastion.policy.engine import PolicyEngine
 from bastion.policy.ratelimit import RATE_LIMITED, RateLimiter
 
 log = logging.getLogger("bastion.approval")
+refusals = logging.getLogger("bastion.policy")
 
 POLICY_DENIED = -32001
 # The audit trail's rule for a call a user approves in their client's own configuration (autoApprove).
@@ -61,6 +62,15 @@ class Trail:
 
     def add(self, stage: str, decision: Decision) -> None:
         self.stages.append((stage, decision.effect, decision.rule, decision.reason, decision.detail or None))
+
+
+def principal_key(identity: Identity) -> str:
+    """What tells callers apart where Bastion keeps something per caller (rate-limit buckets, approvals granted):
+    the name alone for the configured identity, else name, method and issuer, so that two issuers' "alice" (or an
+    API key named like a token's subject) never share one."""
+    if identity.authenticated_by == "configured" and identity.issuer is None:
+        return identity.name
+    return f"{identity.name}\x1f{identity.authenticated_by}\x1f{identity.issuer or ''}"
 
 
 def session_facts(session: Session) -> SessionFacts:
@@ -111,8 +121,7 @@ class AuditTrail:
         session = request.session
         who = session.facts.get(_WHO)
         if who is None:
-            identity = session.identity
-            who = {"name": identity.name, "groups": list(identity.groups), "session": session.session_id}
+            who = {**session.identity.record(), "session": session.session_id}
             session.facts[_WHO] = who
         params = request.params
         method = request.method
@@ -251,7 +260,8 @@ class RateLimits:
         self.limiter = limiter
 
     def check(self, request: GatewayRequest, entry: ToolEntry, trail: Trail) -> None:
-        verdict = self.limiter.check(request.session.identity.name, entry.server, entry.original_name)
+        identity = request.session.identity
+        verdict = self.limiter.check(identity.name, entry.server, entry.original_name, principal_key(identity))
         if verdict.allowed:
             return
         decision = Decision.deny(verdict.rule, "rate limit exceeded", retryAfterSeconds=verdict.retry_after_seconds)
@@ -261,6 +271,14 @@ class RateLimits:
             "Rate limit exceeded; retry later",
             {"retryAfterSeconds": verdict.retry_after_seconds, "rule": verdict.rule},
         )
+
+
+def log_refusal(request: GatewayRequest, trail: Trail) -> None:
+    """One line per request the policy refused, naming the caller, what it asked and the rule; never arguments."""
+    stage, _, rule, reason, _ = trail.stages[-1]
+    target = request.params.get("name") or request.params.get("uri") or ""
+    refusals.info("refused %s %s for %s: %s rule %s (%s)", request.method, target,
+                  request.session.identity.describe(), stage, rule or "-", reason)
 
 
 class PolicyInterceptor:
@@ -294,6 +312,8 @@ class PolicyInterceptor:
             return result
         except GatewayError as error:
             outcome = error.code
+            if trail.stages and trail.stages[-1][1] is Effect.DENY:
+                log_refusal(request, trail)
             raise
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -357,7 +377,7 @@ class ApprovalStage:
             trail.add("approval", Decision.allow("approval:remembered", "approved earlier in this session"))
             return await call_next(request)
         # Hashed only past the checks above, which pass most calls (those the client's configuration approves).
-        key = (session.identity.name, name, arguments_digest(arguments))
+        key = (principal_key(session.identity), name, arguments_digest(arguments))
         if session.era == "modern" and self._grants.get(key, 0.0) > time.monotonic():
             trail.add("approval", Decision.allow("approval:granted", "approved moments ago"))
             return await call_next(request)
@@ -372,7 +392,7 @@ class ApprovalStage:
         if session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
             trail.add("approval", Decision(Effect.APPROVAL, trail.approval.rule, "asked the person (input_required)"))
             params = approval_elicitation(server, label, arguments, self.settings.show_argument_values, True,
-                                          taint_note(session, server))
+                                          taint_note(session, server), session.identity.describe())
             return {
                 "resultType": "input_required",
                 "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": params}},
@@ -429,6 +449,7 @@ class ApprovalStage:
             record = {
                 "identity": session.identity.name,
                 "groups": list(session.identity.groups),
+                "who": session.identity.record(),
                 "session": session.session_id,
                 "method": request.method,
                 "server": server,
@@ -439,7 +460,8 @@ class ApprovalStage:
             if note:
                 record["note"] = note
             approval_id = await self._submit(record, timeout)
-        wait = ApprovalWait(server, label, approval_id, self._command(approval_id), ask_client, timeout)
+        wait = ApprovalWait(server, label, approval_id, self._command(approval_id), ask_client, timeout,
+                            session.identity.describe())
         log.warning("%s", wait.sentence())
         announce_wait(request, wait)
         asks: dict[str, asyncio.Future[Any]] = {}
@@ -452,17 +474,17 @@ class ApprovalStage:
         except asyncio.CancelledError:
             trail.add("approval", Decision.deny(trail.approval.rule if trail.approval else "approval",
                                                 f"withdrawn: the client cancelled the call{wait.reference()}"))
-            log.info("%s/%s: the client withdrew the call%s", server, label, wait.reference())
+            log.info("%s/%s: %s's client withdrew the call%s", server, label, wait.who, wait.reference())
             raise
         finally:
             await self._stop_asking(asks, approval_id)
         problem = self._outcome(asks, wait)
         if problem is None:
-            log.info("%s/%s approved%s", server, label, wait.reference())
+            log.info("%s/%s approved for %s%s", server, label, wait.who, wait.reference())
         else:
             # Nobody answering is what a person may not have noticed; a refusal was their own doing.
             level = logging.WARNING if problem.startswith("timed out") else logging.INFO
-            log.log(level, "%s/%s not approved%s: %s", server, label, wait.reference(), problem)
+            log.log(level, "%s/%s not approved for %s%s: %s", server, label, wait.who, wait.reference(), problem)
         return problem
 
     async def _submit(self, record: Mapping[str, Any], timeout: float) -> str:
@@ -508,7 +530,7 @@ class ApprovalStage:
     async def _ask_legacy(self, session: Session, server: str, name: str, arguments: Any) -> str | None:
         with_mode = session.protocol_version >= "2025-11-25"
         params = approval_elicitation(server, name, arguments, self.settings.show_argument_values, with_mode,
-                                      taint_note(session, server))
+                                      taint_note(session, server), session.identity.describe())
         try:
             answer = await asyncio.wait_for(
                 session.client.request("elicitation/create", params), self.settings.timeout_seconds  # type: ignore[union-attr]
@@ -530,12 +552,16 @@ class ApprovalWait:
     command: str | None  # what approves it from a shell
     in_client: bool  # the client was asked too
     timeout_seconds: float
+    who: str = ""  # the caller asking, as Identity.describe() says it
+
 
     def reference(self) -> str:
         return f" (approval {self.approval_id})" if self.approval_id else ""
 
     def sentence(self) -> str:
         call = f"'{self.tool}' on server '{self.server}'" if self.server else f"'{self.tool}'"
+        if self.who:
+            call += f", called by {self.who},"
         if self.command and self.in_client:
             how = f"answer the prompt in the client, or run `{self.command}`"
         elif self.command:
@@ -548,6 +574,8 @@ class ApprovalWait:
     def log_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"message": self.sentence(), "server": self.server, "tool": self.tool,
                                 "timeoutSeconds": self.timeout_seconds}
+        if self.who:
+            data["caller"] = self.who
         if self.approval_id is not None:
             data["approvalId"] = self.approval_id
             data["command"] = self.command
@@ -588,7 +616,7 @@ class PolicyRuntime:
             self.audit.writer.write(
                 {
                     "kind": "decision",
-                    "who": {"name": identity.name, "groups": list(identity.groups)},
+                    "who": identity.record(),
                     "what": {"method": method, "server": server},
                     "decision": decision.effect.value,
                     "rule": decision.rule,
@@ -618,10 +646,12 @@ def build_policy_runtime(
     clock: Callable[[], float] = time.monotonic,
     pinned: Callable[[ToolEntry], bool] | None = None,
     pre_approved: Mapping[str, Iterable[str]] | None = None,
+    claim_attributes: Iterable[str] = (),
 ) -> PolicyRuntime:
     """The policy interceptor and its parts; ``pre_approved`` maps a server to the tools (its own names) a user
-    already approves in their client, which the approval stage lets through without asking."""
-    engine = engine or PolicyEngine(config, pinned=pinned)
+    already approves in their client, which the approval stage lets through without asking; ``claim_attributes``
+    are the principal attributes ``auth.claims.attributes`` names."""
+    engine = engine or PolicyEngine(config, pinned=pinned, claim_attributes=claim_attributes)
     writer = audit_writer
     if writer is None and config.audit.enabled:
         key = _secret(config.audit.key_file, "audit.key_file") if config.audit.key_file else None

@@ -1,4 +1,7 @@
-"""Token buckets per principal, per tool and per server, with an injected clock for tests."""
+"""Token buckets per principal, per tool and per server, with an injected clock for tests.
+
+Limits name principals by name (``match``); buckets are kept per caller key, which also tells apart callers of one
+name from different issuers or methods (see ``interceptors.principal_key``)."""
 
 from __future__ import annotations
 
@@ -72,13 +75,14 @@ class RateLimiter:
         # keys on every call would cost more than taking the tokens.
         self._routes: dict[tuple[str, str, str], tuple[tuple[int, TokenBucket], ...]] = {}
 
-    def _route(self, principal: str, server: str, tool: str, now: float) -> tuple[tuple[int, TokenBucket], ...]:
+    def _route(self, principal: str, server: str, tool: str, now: float,
+               who: str) -> tuple[tuple[int, TokenBucket], ...]:
         route = []
         for index, scope, matcher, own_bucket in self._plans:
             subject = principal if scope == "principal" else server if scope == "server" else f"{server}/{tool}"
             if matcher is not None and not matcher.match(subject):
                 continue
-            key = (index, subject, principal if own_bucket else "")
+            key = (index, who if scope == "principal" else subject, who if own_bucket else "")
             bucket = self._buckets.get(key)
             if bucket is None:
                 limit = self._limits[index]
@@ -86,16 +90,18 @@ class RateLimiter:
             route.append((index, bucket))
         if len(self._routes) > 4096:
             self._routes.clear()  # the buckets themselves stay in ``_buckets``
-        found = self._routes[(principal, server, tool)] = tuple(route)
+        found = self._routes[(who, server, tool)] = tuple(route)
         return found
 
-    def check(self, principal: str, server: str, tool: str) -> RateVerdict:
+    def check(self, principal: str, server: str, tool: str, who: str | None = None) -> RateVerdict:
+        """``principal`` is what limits match; ``who`` (default: the name) keys the caller's own buckets."""
         if not self._plans:
             return _ADMITTED
         now = self._clock()
-        route = self._routes.get((principal, server, tool))
+        who = principal if who is None else who
+        route = self._routes.get((who, server, tool))
         if route is None:
-            route = self._route(principal, server, tool, now)
+            route = self._route(principal, server, tool, now, who)
         wait, refused = 0.0, -1
         taken: list[TokenBucket] = []
         for index, bucket in route:
