@@ -21,6 +21,9 @@ FORBIDDEN = {
                    "bastion.host", "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
     "protocol": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
                  "bastion.host", "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
+    # Who is calling, decided from what a request presents: the HTTP frontend asks it, it asks nothing of Bastion's.
+    "auth": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
+             "bastion.host", "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
     # Routing only: the policy runtime, the search exposure and the tool index come from the composition root.
     "gateway": ("bastion.policy", "bastion.search", "bastion.compose", "bastion.cli", "bastion.host"),
 }

@@ -15,6 +15,8 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from bastion.auth.base import AuthFailure, Credentials
+from bastion.auth.build import HttpAuth, build_http_auth
 from bastion.gateway.core import Gateway
 from bastion.gateway.frontend import ClientConnection
 from bastion.gateway.naming import SEPARATOR
@@ -45,6 +47,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 MCP_PATHS = ("/mcp", "/mcp/")
+# Where an upstream authorization server sends a person back after they authorized Bastion (task F's flow): it
+# carries a one-time state instead of credentials, so it is not authenticated here.
+OAUTH_CALLBACK_PATH = "/oauth/callback"
 _STATUS_FOR_CODE = {-32020: 400, -32021: 400, -32022: 400}
 # A 2026-07-28 answer's HTTP status follows its error code (a JSON answer; a stream has begun with 200 already).
 _MODERN_STATUS_FOR_CODE = {-32700: 400, -32600: 400, -32602: 400, **_STATUS_FOR_CODE, -32601: 404}
@@ -220,9 +225,16 @@ class SseSession:
 
 
 class HttpFrontend:
-    def __init__(self, gateway: Gateway, settings: HttpConfig, *, bound_to_loopback: bool) -> None:
+    def __init__(self, gateway: Gateway, settings: HttpConfig, *, bound_to_loopback: bool,
+                 auth: HttpAuth | None = None, callback: Callable[[Scope, Receive, Send], Awaitable[None]] | None
+                 = None) -> None:
         self.gateway = gateway
         self.settings = settings
+        # Who is calling: the auth table's methods, or http.identity_header, or everyone the configured identity.
+        self.auth = auth if auth is not None else build_http_auth(
+            None, identity_header=settings.identity_header, identity=gateway.identity)
+        self._callback = callback
+        self._metadata = orjson.dumps(self.auth.metadata) if self.auth.metadata is not None else None
         self.sessions: dict[str, LegacySession] = {}
         self.sse_sessions: dict[str, SseSession] = {}
         self.gate = ServerGate(settings.max_in_flight_per_server, settings.retry_after_seconds)
@@ -246,6 +258,7 @@ class HttpFrontend:
         await asyncio.gather(*(self.end_session(s) for s in list(self.sessions.values())),
                              *(s.connection.closed() for s in list(self.sse_sessions.values())),
                              return_exceptions=True)
+        await self.auth.close()
 
     async def end_session(self, session: LegacySession) -> None:
         if self.sessions.get(session.id) is session:
@@ -271,22 +284,28 @@ class HttpFrontend:
             return
         headers = _headers(scope)
         try:
-            self._admit(scope, headers)
+            peer = self._admit(scope, headers)
             path, method = scope["path"], scope["method"]
             if path in MCP_PATHS:
+                identity = await self._authenticate(scope, headers, "mcp", peer)
                 if method == "POST":
-                    await self._post(scope, headers, receive, send)
+                    await self._post(scope, headers, identity, receive, send)
                 elif method == "GET":
-                    await self._get(headers, receive, send)
+                    await self._get(headers, identity, receive, send)
                 elif method == "DELETE":
-                    await self._delete(headers, send)
+                    await self._delete(headers, identity, send)
                 else:
                     raise HttpError(405, -32600, f"{method} is not used on /mcp (POST, GET or DELETE)",
                                     headers=((b"allow", b"GET, POST, DELETE"),))
             elif path == "/sse" and method == "GET":
-                await self._sse_open(headers, receive, send)
+                await self._sse_open(headers, await self._authenticate(scope, headers, "sse", peer), receive, send)
             elif path == "/messages" and method == "POST":
-                await self._sse_post(scope, headers, receive, send)
+                await self._sse_post(scope, headers, await self._authenticate(scope, headers, "messages", peer),
+                                     receive, send)
+            elif path in self.auth.metadata_paths and self._metadata is not None:
+                await self._resource_metadata(method, send)
+            elif path == OAUTH_CALLBACK_PATH and self._callback is not None:
+                await self._callback(scope, receive, send)
             else:
                 raise HttpError(404, -32600, f"nothing at {path}; the MCP endpoint is /mcp (or /sse for HTTP+SSE)")
         except HttpError as exc:
@@ -294,22 +313,55 @@ class HttpFrontend:
         except _Gone:
             pass  # the client left while sending its request: nobody to answer
 
-    def _admit(self, scope: Scope, headers: dict[str, str]) -> None:
+    def _admit(self, scope: Scope, headers: dict[str, str]) -> str:
+        """The client's address, once its Host and Origin are admitted."""
         client = scope.get("client") or ("", 0)
         peer = self._proxies.resolve(client[0], scope.get("scheme", "http"), headers)
         refusal = self._origins.refusal(peer, headers.get("origin"))
         if refusal is not None:
             log.warning("refused a request from %s: %s", peer.address, refusal)
             raise HttpError(403, -32600, refusal)
+        return peer.address
 
-    def _identity(self, headers: dict[str, str]) -> Identity:
-        name = self.settings.identity_header
-        if name is None:
+    async def _authenticate(self, scope: Scope, headers: dict[str, str], route: str, peer: str) -> Identity:
+        """Who sends this request, before its body is read or any session is looked at; the scopes every request
+        needs are checked here, a method's own once the body names it."""
+        if not self.auth.required:
             return self.gateway.identity
-        value = headers.get(name.lower(), "").strip()
-        if not value:
-            raise HttpError(401, -32600, f"the {name} header is missing; it names the caller (http.identity_header)")
-        return Identity(value)
+        try:
+            identity = await self.auth.authenticator.authenticate(
+                Credentials(headers, route, peer, scope.get("bastion.peer_certificate")))
+            self.auth.check_scopes(identity, None)
+        except AuthFailure as failure:
+            raise self._refused(failure, peer, route) from None
+        return identity
+
+    def _check_method_scopes(self, identity: Identity, top: Peeked) -> None:
+        if top.kind == "request" and self.auth.scopes is not None:
+            try:
+                self.auth.check_scopes(identity, top.method)
+            except AuthFailure as failure:
+                raise self._refused(failure, "", top.method or "", top.id) from None
+
+    @staticmethod
+    def _refused(failure: AuthFailure, peer: str, route: str, request_id: Any = None) -> HttpError:
+        # The kind of refusal only: never the credential, nor the claims of a token that did not hold.
+        log.info("refused a request%s on %s: %s (HTTP %d)", f" from {peer}" if peer else "", route,
+                 failure.reason or failure.error, failure.status)
+        headers: tuple[tuple[bytes, bytes], ...] = ()
+        if failure.www_authenticate:
+            headers = ((b"www-authenticate", failure.www_authenticate.encode("latin-1")),)
+        if failure.status == 503:
+            headers = (*headers, (b"retry-after", b"5"))
+        return HttpError(failure.status, -32600, failure.message, request_id, headers)
+
+    async def _resource_metadata(self, method: str, send: Send) -> None:
+        """The Protected Resource Metadata (RFC 9728): public, and readable from a browser-based client."""
+        if method not in ("GET", "HEAD"):
+            raise HttpError(405, -32600, f"{method} is not used on the resource metadata (GET)",
+                            headers=((b"allow", b"GET"),))
+        assert self._metadata is not None
+        await _json(send, 200, self._metadata, ((b"access-control-allow-origin", b"*"),), cache="public, max-age=300")
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
@@ -359,19 +411,22 @@ class HttpFrontend:
         return body, top, message
 
     # ------------------------------------------------------------------------------ Streamable HTTP
-    async def _post(self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send) -> None:
+    async def _post(self, scope: Scope, headers: dict[str, str], identity: Identity, receive: Receive,
+                    send: Send) -> None:
         accept = headers.get("accept")
         if not (accepts(accept, "application/json") or accepts(accept, "text/event-stream")):
             raise HttpError(406, -32600, "the Accept header must admit application/json or text/event-stream")
         body, top, message = await self._message(scope, headers, receive)
         session_id = headers.get("mcp-session-id")
         if session_id is not None:
-            await self._legacy_post(self._session(session_id, headers), body, top, headers, receive, send)
+            session = self._session(session_id, identity, headers)
+            self._check_method_scopes(identity, top)
+            await self._legacy_post(session, body, top, headers, receive, send)
         elif is_modern(headers.get("mcp-protocol-version")) and top.kind in ("request", "notification"):
             # The header decides first, as on a server of both eras: a 2026-07-28 initialize is a removed method.
-            await self._modern_post(body, top, message, headers, receive, send)
+            await self._modern_post(body, top, message, headers, identity, receive, send)
         elif top.method == "initialize":
-            identity = self._identity(headers)
+            self._check_method_scopes(identity, top)
             if len(self.sessions) >= self.settings.max_sessions:
                 raise HttpError(503, -32000, f"{self.settings.max_sessions} sessions are open, the most this gateway "
                                              "keeps (http.max_sessions); retry later", top.id)
@@ -380,17 +435,18 @@ class HttpFrontend:
             await self._legacy_post(session, body, top, headers, receive, send)
         elif top.kind in ("request", "notification") and is_modern_first_message(
                 top.method or "", top.params if isinstance(top.params, dict) else None):
-            await self._modern_post(body, top, message, headers, receive, send)
+            await self._modern_post(body, top, message, headers, identity, receive, send)
         else:
             raise HttpError(400, -32600, "no Mcp-Session-Id header: start a session with initialize, or send a "
                                          "2026-07-28 request (params._meta names its protocol version)", top.id)
 
-    def _session(self, session_id: str, headers: dict[str, str]) -> LegacySession:
+    def _session(self, session_id: str, identity: Identity, headers: dict[str, str]) -> LegacySession:
         session = self.sessions.get(session_id)
         if session is None:
             raise HttpError(404, -32600, "unknown or ended session (Mcp-Session-Id); start a new one with initialize")
-        if self.settings.identity_header is not None and self._identity(headers) != session.identity:
-            raise HttpError(403, -32600, f"this session belongs to another caller ({self.settings.identity_header})")
+        if identity != session.identity:
+            log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
+            raise HttpError(403, -32600, "this session belongs to another caller")
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in LEGACY_VERSIONS:
             raise HttpError(400, -32600, f"MCP-Protocol-Version {version!r} is not a version of a session "
@@ -476,7 +532,7 @@ class HttpFrontend:
                            detach=detach, forget=lambda: session.forget(exchange))
 
     async def _modern_post(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
-                           receive: Receive, send: Send) -> None:
+                           identity: Identity, receive: Receive, send: Send) -> None:
         if top.kind == "notification":
             await _empty(send, 202)  # cancellation travels as a closed stream on HTTP; nothing else needs a reply
             return
@@ -494,7 +550,7 @@ class HttpFrontend:
         if top.method in _REMOVED_IN_MODERN:
             raise HttpError(404, -32601, f"{top.method} does not exist in 2026-07-28 (it has no handshake, sessions or "
                                          "session-wide log level)", top.id)
-        identity = self._identity(headers)
+        self._check_method_scopes(identity, top)
         release, busy = self._gate_request(top)
         if busy is not None:
             await _json(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
@@ -591,7 +647,7 @@ class HttpFrontend:
                 writer.cancel()
             self._streams.discard(stream)
 
-    async def _get(self, headers: dict[str, str], receive: Receive, send: Send) -> None:
+    async def _get(self, headers: dict[str, str], identity: Identity, receive: Receive, send: Send) -> None:
         session_id = headers.get("mcp-session-id")
         if session_id is None:
             if is_modern(headers.get("mcp-protocol-version")):
@@ -600,7 +656,7 @@ class HttpFrontend:
             raise HttpError(400, -32600, "GET /mcp opens a session's stream: it needs the Mcp-Session-Id header")
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "the GET stream is text/event-stream; the Accept header refuses it")
-        session = self._session(session_id, headers)
+        session = self._session(session_id, identity, headers)
         resume = headers.get("last-event-id", "")
         if "." in resume:  # the id of a call's answer stream (the GET stream's ids are plain numbers)
             await self._resume(session, resume, receive, send)
@@ -623,19 +679,18 @@ class HttpFrontend:
                 session.get_stream = None
             session.last_seen = time.monotonic()
 
-    async def _delete(self, headers: dict[str, str], send: Send) -> None:
+    async def _delete(self, headers: dict[str, str], identity: Identity, send: Send) -> None:
         session_id = headers.get("mcp-session-id")
         if session_id is None:
             raise HttpError(400, -32600, "DELETE /mcp ends a session: it needs the Mcp-Session-Id header")
-        session = self._session(session_id, headers)
+        session = self._session(session_id, identity, headers)
         await self.end_session(session)
         await _empty(send, 200)
 
     # ------------------------------------------------------------------------------ HTTP+SSE (2024-11-05)
-    async def _sse_open(self, headers: dict[str, str], receive: Receive, send: Send) -> None:
+    async def _sse_open(self, headers: dict[str, str], identity: Identity, receive: Receive, send: Send) -> None:
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "GET /sse is text/event-stream; the Accept header refuses it")
-        identity = self._identity(headers)
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
                            notice=self._overflow_notice("this session ends; connect again", event="message"))
         session = SseSession(self, identity, stream)
@@ -649,16 +704,19 @@ class HttpFrontend:
                 release()
             await session.connection.closed()
 
-    async def _sse_post(self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send) -> None:
+    async def _sse_post(self, scope: Scope, headers: dict[str, str], identity: Identity, receive: Receive,
+                        send: Send) -> None:
         session_id = (parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id") or [None])[0]
         if session_id is None:
             raise HttpError(400, -32600, "POST /messages needs the session_id the endpoint event named")
         session = self.sse_sessions.get(session_id)
         if session is None:
             raise HttpError(404, -32600, "unknown or ended session_id; open a new stream with GET /sse")
-        if self.settings.identity_header is not None and self._identity(headers) != session.identity:
-            raise HttpError(403, -32600, f"this session belongs to another caller ({self.settings.identity_header})")
+        if identity != session.identity:
+            log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
+            raise HttpError(403, -32600, "this session belongs to another caller")
         body, top, _ = await self._message(scope, headers, receive)
+        self._check_method_scopes(identity, top)
         if top.kind == "request":
             release, busy = self._gate_request(top)
             if busy is not None:
@@ -744,11 +802,12 @@ def _error_body(request_id: Any, code: int, message: str) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
 
 
-async def _json(send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+async def _json(send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = (),
+                cache: str | None = None) -> None:
     try:
         await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), _NO_STORE,
-            *headers]})
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"cache-control", cache.encode()) if cache is not None else _NO_STORE, *headers]})
         await send({"type": "http.response.body", "body": body})
     except OSError:
         pass
