@@ -17,6 +17,18 @@ class UpstreamCredentials(Protocol):
         a step-up of scopes) and the request is worth sending once more, False when not."""
 
 
+URL_ELICITATION_REQUIRED = -32042  # the specification's error for "open this link first" (2025-11-25)
+
+
+def url_elicitation(link: str, message: str) -> dict:
+    """The data of a URL-elicitation-required error naming ``link``; the same link is the same elicitation, so a
+    client asked twice for one authorization opens it once."""
+    import hashlib
+
+    return {"elicitations": [{"mode": "url", "url": link, "message": message,
+                              "elicitationId": hashlib.sha256(link.encode("utf-8")).hexdigest()[:32]}]}
+
+
 class CredentialsError(Exception):
     """No credentials for an upstream request; ``link`` is where the user completes an authorization, if any."""
 

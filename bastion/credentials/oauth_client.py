@@ -219,6 +219,11 @@ class AuthorizationCodeCredentials:
                 return await self._step_up(tokens, challenge)
         return False
 
+    def pending_link(self) -> str | None:
+        """The link of the authorization waiting for this user, if any (for an instance that could not start)."""
+        flow = self._live_flow()
+        return flow.link if flow is not None else None
+
     # ------------------------------------------------------------------------------------------ refusals
     async def _unauthorized(self, tokens: TokenSet | None, challenge: Challenge) -> bool:
         if tokens is not None:

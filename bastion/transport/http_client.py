@@ -44,7 +44,7 @@ import httpx2
 import orjson
 
 from bastion import __version__
-from bastion.credentials.base import CredentialsError, UpstreamCredentials
+from bastion.credentials.base import URL_ELICITATION_REQUIRED, CredentialsError, UpstreamCredentials, url_elicitation
 from bastion.protocol import jsonrpc
 from bastion.protocol.versions import META_PROTOCOL_VERSION
 from bastion.transport.upstream import DIAGNOSTICS_KEPT, StartRefused, TransportClosed, UpstreamReceiver
@@ -63,7 +63,6 @@ METHOD_HEADER = "mcp-method"
 NAME_HEADER = "mcp-name"
 _NAME_PARAMS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 _CONNECT_TIMEOUT = 10.0
-URL_ELICITATION_REQUIRED = -32042  # the specification's error for "open this link first" (2025-11-25)
 _CLOSE_TIMEOUT = 2.0  # the DELETE that ends a session: a courtesy, never a reason to hold Bastion's exit
 _REOPEN_DELAY = 0.5  # before a server-message stream that ended is opened again
 _STABLE_STREAM = 5.0  # a listen stream that lived this long is reopened after the shortest delay
@@ -362,8 +361,7 @@ class HttpTransport:
             error: dict[str, Any] = {"code": jsonrpc.INTERNAL_ERROR, "message": message}
         else:
             error = {"code": URL_ELICITATION_REQUIRED, "message": f"{message}: {exc.link}",
-                     "data": {"elicitations": [{"mode": "url", "url": exc.link, "message": str(exc),
-                                                "elicitationId": _elicitation_id(exc.link)}]}}
+                     "data": url_elicitation(exc.link, str(exc))}
         self._on_frame(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}))
 
     async def _post(self, frame: bytes, message: dict[str, Any], method: str | None, is_request: bool) -> None:
@@ -666,13 +664,6 @@ class HttpTransport:
             if not (_is_json(response) and self._deliver_error_body(response.content, message.get("id"))):
                 self._answer_error(message.get("id"), jsonrpc.INTERNAL_ERROR,
                                    f"the server refused the message with HTTP {response.status_code}")
-
-
-def _elicitation_id(link: str) -> str:
-    """The same link is the same elicitation: a client asked twice for one authorization opens it once."""
-    import hashlib
-
-    return hashlib.sha256(link.encode("utf-8")).hexdigest()[:32]
 
 
 def x_mcp_headers(schema: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:

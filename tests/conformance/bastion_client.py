@@ -52,6 +52,9 @@ CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
 # Bastion's log line that gives a person the link to authorize it (bastion/credentials/oauth_client.py).
 LINK_LINE = re.compile(r"must authorize Bastion; the link is given to their client and is: (\S+)")
 CALL_ATTEMPTS = 4  # a tool call refused for want of an authorization is tried again after its link is followed
+# How long the tools may take to appear: an authorized server joins within seconds (its handshake is retried with
+# backoff); one Bastion rightly refuses to authorize for (a mismatched resource or issuer) never does.
+TOOLS_WAIT = 30.0
 
 
 def bastion_config(folder: Path, url: str, scenario: str = "") -> Path:
@@ -199,10 +202,14 @@ async def authorized_calls(client: Client) -> None:
     """List the tools once the server is up (after its authorization), then call the first one, trying again after
     a refusal (the link of a step-up is followed meanwhile)."""
     tools: list[Any] = []
-    while not tools:
-        tools = (await client.list_tools()).tools
-        if not tools:
-            await anyio.sleep(0.5)
+    with anyio.move_on_after(TOOLS_WAIT):
+        while not tools:
+            tools = (await client.list_tools()).tools
+            if not tools:
+                await anyio.sleep(0.5)
+    if not tools:
+        print(f"bastion-client: the server's tools did not appear within {TOOLS_WAIT:g}s", file=sys.stderr)
+        return
     for attempt in range(CALL_ATTEMPTS):
         try:
             await client.call_tool(tools[0].name, stub_arguments(tools[0].input_schema))

@@ -1,0 +1,132 @@
+"""Per-user authorization through a running ``bastion serve --http``: a remote server that wants each person's own
+token (tests/credentials/guarded_server.py, official SDK behind a resource-server guard), the real authorization
+server of tests/fixtures/oauth_server.py, and two people calling through Bastion with the official SDK client.
+
+The operator authorizes Bastion's own connection (the catalog) through the link the gateway logs; each caller's
+first call is answered with the URL-elicitation-required error naming their own link; after they follow it their
+calls reach the server with their own token (the server says whose), and one person's authorization never serves
+the other."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from tests.fixtures.oauth_server import running
+from tests.support import BASTION
+
+pytestmark = pytest.mark.slow
+
+IDENTITY_HEADER = "X-Bastion-Identity"
+GUARDED = Path(__file__).with_name("guarded_server.py")
+LINK = re.compile(r"server docs: (\w+) must authorize Bastion; the link is given to their client and is: (\S+)")
+
+
+def wait_for(what: str, found, deadline: float = 120.0):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {deadline:g}s")
+
+
+def approve(link: str, user: str) -> httpx2.Response:
+    """The person at the browser: the authorization server approves them and redirects back to Bastion."""
+    return httpx2.get(f"{link}&{urlencode({'login_hint': user})}", follow_redirects=True, timeout=30)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    with running() as authorization_server:
+        guarded = subprocess.Popen([sys.executable, str(GUARDED), "--issuer", authorization_server.issuer],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert guarded.stdout is not None
+            docs_url = guarded.stdout.readline().strip()
+            config = tmp_path / "bastion.json"
+            config.write_text(json.dumps({
+                "policy": "off", "tools": {"exposure": "all"}, "ready_timeout": 5,
+                "http": {"identity_header": IDENTITY_HEADER},
+                "servers": {"docs": {"url": docs_url, "scope": "per_identity", "trust": "trusted",
+                                     "auth": {"type": "authorization_code"}}}}))
+            stderr = tmp_path / "bastion.stderr"
+            bastion = subprocess.Popen(
+                [BASTION, "serve", str(config), "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(tmp_path / "state")})
+            try:
+                url = wait_for("address", lambda: (re.search(r"serving MCP on (http://\S+/mcp)", stderr.read_text())
+                                                   or [None, None])[1])
+                yield url, stderr
+            finally:
+                bastion.send_signal(signal.SIGTERM)
+                try:
+                    bastion.wait(60)
+                except subprocess.TimeoutExpired:
+                    bastion.kill()
+        finally:
+            guarded.kill()
+            guarded.wait()
+
+
+def links(stderr: Path) -> dict[str, str]:
+    return {user: link for user, link in LINK.findall(stderr.read_text())}
+
+
+def connect(url: str, identity: str) -> Client:
+    http = httpx2.AsyncClient(headers={IDENTITY_HEADER: identity}, timeout=httpx2.Timeout(120, read=300))
+    return Client(streamable_http_client(url, http_client=http), mode="legacy")
+
+
+async def whoami(client: Client) -> str:
+    result = await client.call_tool("docs__whoami", {})
+    return result.content[0].text
+
+
+async def test_each_person_authorizes_once_and_their_calls_carry_their_own_token(gateway) -> None:
+    url, stderr = gateway
+    operator_link = wait_for("operator's link", lambda: links(stderr).get("local"))
+    assert approve(operator_link, "local").status_code == 200
+
+    async with connect(url, "alice") as alice, connect(url, "bob") as bob:
+        names = set()
+        end = time.monotonic() + 120
+        while "docs__whoami" not in names and time.monotonic() < end:  # the catalog, by the operator's token
+            names = {tool.name for tool in (await alice.list_tools()).tools}
+        assert "docs__whoami" in names
+
+        with pytest.raises(MCPError) as refused:
+            await whoami(alice)
+        assert refused.value.error.code == -32042
+        [elicitation] = refused.value.error.data["elicitations"]
+        assert elicitation["mode"] == "url" and elicitation["url"] == links(stderr)["alice"]
+        page = approve(elicitation["url"], "alice")
+        assert page.status_code == 200 and "for alice" in page.text
+
+        assert await whoami(alice) == "alice"
+        with pytest.raises(MCPError) as bob_refused:  # alice's authorization is hers alone
+            await whoami(bob)
+        bob_link = bob_refused.value.error.data["elicitations"][0]["url"]
+        assert bob_link != elicitation["url"]
+        approve(bob_link, "bob")
+        assert await whoami(bob) == "bob"
+        assert await whoami(alice) == "alice"
+
+    log = stderr.read_text()
+    assert "access_token" not in log and "Bearer " not in log
