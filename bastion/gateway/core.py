@@ -14,6 +14,7 @@ import msgspec
 from bastion import __version__
 from bastion.config import GatewayConfig
 from bastion.credentials.build import CredentialSource
+from bastion.credentials.oauth_client import AuthorizationCodes
 from bastion.gateway.bridge import InputBridge
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.naming import SEPARATOR, sanitize
@@ -86,7 +87,10 @@ class Gateway:
         # chunk that caused it is handled, and the frame may go to any of them.
         self.writes = WriteBatch()
         # What each upstream connection authenticates with (never a caller's own token): Bastion's own here.
-        self.credentials = credentials if credentials is not None else CredentialSource()
+        # Per-user authorization-code flows: their callbacks are served by the HTTP frontend or a loopback listener.
+        self.authorization_codes = AuthorizationCodes(self.identity.name)
+        self.credentials = credentials if credentials is not None else CredentialSource(
+            authorization_code=self.authorization_codes)
         self.upstreams = {
             name: Upstream(name, cfg, self, launcher, config.max_message_bytes, self.writes,
                            credentials=self.credentials.for_server(name, cfg, None))

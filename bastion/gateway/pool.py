@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from bastion.config import ServerConfig
+from bastion.credentials.base import URL_ELICITATION_REQUIRED, url_elicitation
 from bastion.model import GatewayError, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending
@@ -162,6 +163,11 @@ class UpstreamPool:
         if self._instances.get(key) is instance and instance.in_flight <= 1:
             del self._instances[key]
             await upstream.close()
+        pending = getattr(upstream.credentials, "pending_link", None)
+        link = pending() if pending is not None else None
+        if link is not None:  # it waits for this user's authorization: the link, as a URL elicitation
+            message = f"server {self.name!r} needs your authorization first: open {link}"
+            raise GatewayError(URL_ELICITATION_REQUIRED, message, url_elicitation(link, message))
         raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE,
                            f"server {self.name!r} is not available: {upstream.failure or 'starting'}")
 
