@@ -39,32 +39,23 @@ async def call(gateway: Any, who: Identity, tool: str = "up__whoami") -> dict[st
 
 
 @pytest.fixture
-def start_gateway():
-    started = []
+async def gateways():
+    made = []
 
     async def start(upstream_url: str, auth: dict[str, Any]):
+        store = TokenStore.default()  # the test session's state directory: no token of another test's is kept
+        for name in ("alice", "bob", "carol"):
+            store.revoke(name, "up")
         entry = {"url": upstream_url, "scope": "per_identity", "auth": auth}
         gateway = build_gateway(GatewayConfig(servers={"up": ServerConfig.model_validate(entry)}, policy=None,
                                               guardrails=None))
-        started.append(gateway)
+        made.append(gateway)
         gateway.start()
         await gateway.wait_ready(120)
         assert gateway.upstreams["up"].ready.is_set(), gateway.upstreams["up"].failure
         return gateway
 
     yield start
-
-
-@pytest.fixture
-async def gateways(start_gateway):
-    made = []
-
-    async def make(url, auth):
-        gateway = await start_gateway(url, auth)
-        made.append(gateway)
-        return gateway
-
-    yield make
     for gateway in made:
         await gateway.close()
 
@@ -108,7 +99,6 @@ async def test_a_caller_without_a_token_gets_an_error_saying_so(authorization_se
                                                                 gateways) -> None:
     upstream = bearer_server(authorization_server.issuer)
     gateway = await gateways(upstream.url, client_auth(authorization_server.issuer, "token_exchange"))
-    TokenStore.default().revoke("carol")
     with pytest.raises(GatewayError) as refused:
         await call(gateway, Identity("carol"))
     assert "presented none" in refused.value.message
@@ -119,7 +109,6 @@ async def test_a_missing_scope_is_asked_for_in_a_new_exchange(authorization_serv
                                                               gateways) -> None:
     upstream = bearer_server(authorization_server.issuer, scopes=("files:read",))
     gateway = await gateways(upstream.url, client_auth(authorization_server.issuer, "token_exchange"))
-    TokenStore.default().revoke("alice")
     alice = caller(authorization_server, "alice")
     assert (await call(gateway, alice))["content"][0]["text"] == "alice"
     made = exchanges(authorization_server)
@@ -132,7 +121,6 @@ async def test_a_revoked_token_is_exchanged_anew_on_the_next_call(authorization_
                                                                   gateways) -> None:
     upstream = bearer_server(authorization_server.issuer)
     gateway = await gateways(upstream.url, client_auth(authorization_server.issuer, "token_exchange"))
-    TokenStore.default().revoke("alice")
     alice = caller(authorization_server, "alice")
     await call(gateway, alice)
     await call(gateway, alice)
