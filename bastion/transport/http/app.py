@@ -94,6 +94,14 @@ class LegacySession:
         self.connection = ClientConnection(frontend.gateway, self.route, identity=identity,
                                            close=self._close_soon)
 
+    def renew(self, identity: Identity) -> None:
+        """The same caller with another credential (a refreshed token, or one stepped up to more scopes): what
+        decides from here on sees its scopes and claims, and a token exchange upstream its token, not the first
+        one's, which may have expired."""
+        self.identity = identity
+        self.connection.identity = identity
+        self.connection.session.identity = identity
+
     @property
     def streams_resumable(self) -> bool:
         return (self._frontend.settings.resume_seconds > 0
@@ -213,6 +221,12 @@ class SseSession:
         self.stream = stream
         self.releases: dict[Any, Callable[[], None]] = {}
         self.connection = ClientConnection(frontend.gateway, self.route, identity=identity, close=stream.finish)
+
+    def renew(self, identity: Identity) -> None:
+        """As a Streamable HTTP session's: the same caller's newer credential decides from here on."""
+        self.identity = identity
+        self.connection.identity = identity
+        self.connection.session.identity = identity
 
     def route(self, frame: bytes) -> None:
         if self.releases:
@@ -447,6 +461,8 @@ class HttpFrontend:
         if identity != session.identity:
             log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
             raise HttpError(403, -32600, "this session belongs to another caller")
+        if identity is not session.identity:
+            session.renew(identity)
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in LEGACY_VERSIONS:
             raise HttpError(400, -32600, f"MCP-Protocol-Version {version!r} is not a version of a session "
@@ -715,6 +731,8 @@ class HttpFrontend:
         if identity != session.identity:
             log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
             raise HttpError(403, -32600, "this session belongs to another caller")
+        if identity is not session.identity:
+            session.renew(identity)
         body, top, _ = await self._message(scope, headers, receive)
         self._check_method_scopes(identity, top)
         if top.kind == "request":
