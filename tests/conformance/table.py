@@ -62,7 +62,7 @@ def client_table(runs: Runs) -> list[str]:
     for revision in REQUIREMENT_SETS:
         names += [name for name in client_scenarios(revision) if name not in names]
     lines = [
-        "Client scenarios, Bastion's HTTP upstream as the client (authorization scenarios not run):",
+        "Client scenarios, Bastion's HTTP upstream as the client (the authorization extensions not attempted):",
         "",
         "| scenario | " + " | ".join(f"`{revision}`" for revision in REQUIREMENT_SETS) + " |",
         "|---|" + "---|" * len(REQUIREMENT_SETS),

@@ -1,8 +1,9 @@
 """The conformance suite's client scenarios, for both requirement sets, with Bastion's HTTP upstream as the client:
 the suite serves a mock server, ``bastion_client.py`` starts ``bastion run`` federating its URL and drives the
 scenario's requests through it, and the mock judges what Bastion sent. As the suite judges a client, a scenario
-with a warning (a SHOULD missed) does not pass. The authorization scenarios are not run (Bastion sends static
-configured headers and runs no OAuth flow).
+with a warning (a SHOULD missed) does not pass. The authorization scenarios run too: the mock server is federated
+with per-user authorization (``auth.type = "authorization_code"``) and the driver follows the links Bastion gives,
+as the person would; the suite's authorization extensions are not attempted (runs.py says why).
 
 ``KNOWN_CLIENT_GAPS`` lists the scenarios that fail, each with why; a test asserts each still fails, so an entry is
 removed as soon as its gap closes.

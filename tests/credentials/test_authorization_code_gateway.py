@@ -5,7 +5,9 @@ server of tests/fixtures/oauth_server.py, and two people calling through Bastion
 The operator authorizes Bastion's own connection (the catalog) through the link the gateway logs; each caller's
 first call is answered with the URL-elicitation-required error naming their own link; after they follow it their
 calls reach the server with their own token (the server says whose), and one person's authorization never serves
-the other."""
+the other. Callers are named by a trusted header in one run (the redirect comes back to a loopback listener) and
+by bearer tokens of the same authorization server in the other (``auth.resource`` set: the redirect comes back to
+the frontend's own ``/oauth/callback``)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import httpx2
 import pytest
@@ -51,29 +54,44 @@ def approve(link: str, user: str) -> httpx2.Response:
     return httpx2.get(f"{link}&{urlencode({'login_hint': user})}", follow_redirects=True, timeout=30)
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(params=["identity_header", "bearer_tokens"])
+def gateway(request, tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, dict[str, str]]]]:
     with running() as authorization_server:
         guarded = subprocess.Popen([sys.executable, str(GUARDED), "--issuer", authorization_server.issuer],
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             assert guarded.stdout is not None
             docs_url = guarded.stdout.readline().strip()
-            config = tmp_path / "bastion.json"
-            config.write_text(json.dumps({
+            port = free_port() if request.param == "bearer_tokens" else 0
+            document: dict = {
                 "policy": "off", "tools": {"exposure": "all"}, "ready_timeout": 5,
-                "http": {"identity_header": IDENTITY_HEADER},
                 "servers": {"docs": {"url": docs_url, "scope": "per_identity", "trust": "trusted",
-                                     "auth": {"type": "authorization_code"}}}}))
+                                     "auth": {"type": "authorization_code"}}}}
+            if request.param == "identity_header":
+                document["http"] = {"identity_header": IDENTITY_HEADER}
+                callers = {user: {IDENTITY_HEADER: user} for user in ("alice", "bob")}
+            else:
+                resource = f"http://127.0.0.1:{port}/mcp"
+                document["auth"] = {"resource": resource, "issuers": [{"issuer": authorization_server.issuer}]}
+                callers = {user: {"authorization": "Bearer " + authorization_server.token(
+                    sub=user, aud=resource, scope="mcp:read", expires_in=3600)} for user in ("alice", "bob")}
+            config = tmp_path / "bastion.json"
+            config.write_text(json.dumps(document))
             stderr = tmp_path / "bastion.stderr"
             bastion = subprocess.Popen(
-                [BASTION, "serve", str(config), "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+                [BASTION, "serve", str(config), "--http", f"127.0.0.1:{port}"], stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(tmp_path / "state")})
             try:
                 url = wait_for("address", lambda: (re.search(r"serving MCP on (http://\S+/mcp)", stderr.read_text())
                                                    or [None, None])[1])
-                yield url, stderr
+                yield url, stderr, callers
             finally:
                 bastion.send_signal(signal.SIGTERM)
                 try:
@@ -89,8 +107,8 @@ def links(stderr: Path) -> dict[str, str]:
     return {user: link for user, link in LINK.findall(stderr.read_text())}
 
 
-def connect(url: str, identity: str) -> Client:
-    http = httpx2.AsyncClient(headers={IDENTITY_HEADER: identity}, timeout=httpx2.Timeout(120, read=300))
+def connect(url: str, headers: dict[str, str]) -> Client:
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120, read=300))
     return Client(streamable_http_client(url, http_client=http), mode="legacy")
 
 
@@ -100,11 +118,14 @@ async def whoami(client: Client) -> str:
 
 
 async def test_each_person_authorizes_once_and_their_calls_carry_their_own_token(gateway) -> None:
-    url, stderr = gateway
+    url, stderr, callers = gateway
     operator_link = wait_for("operator's link", lambda: links(stderr).get("local"))
+    expected_callback = url.removesuffix("/mcp") + "/oauth/callback" if "authorization" in callers["alice"] else None
+    if expected_callback is not None:  # the frontend serves the redirect itself
+        assert f"redirect_uri={quote(expected_callback, safe='')}" in operator_link
     assert approve(operator_link, "local").status_code == 200
 
-    async with connect(url, "alice") as alice, connect(url, "bob") as bob:
+    async with connect(url, callers["alice"]) as alice, connect(url, callers["bob"]) as bob:
         names = set()
         end = time.monotonic() + 120
         while "docs__whoami" not in names and time.monotonic() < end:  # the catalog, by the operator's token
