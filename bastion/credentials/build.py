@@ -10,7 +10,7 @@ server needs it. Static headers and a client certificate are the HTTP transport'
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from bastion.credentials.base import CredentialsError, UpstreamCredentials
 from bastion.credentials.client_credentials import ClientCredentials, TokenEndpoint
@@ -20,10 +20,13 @@ from bastion.credentials.store import TokenStore
 from bastion.credentials.token_exchange import TokenExchange
 from bastion.model import Identity
 
+if TYPE_CHECKING:  # bastion.config imports this package's configuration: the annotation only, not a cycle
+    from bastion.config import ServerConfig
+
 log = logging.getLogger("bastion.credentials")
 
 # (server name, its configuration, the caller (None: Bastion's own connection), the store) -> credentials
-PerUserBuilder = Callable[[str, object, "Identity | None", TokenStore], UpstreamCredentials]
+PerUserBuilder = Callable[[str, "ServerConfig", "Identity | None", TokenStore], UpstreamCredentials]
 
 
 class CredentialSource:
@@ -42,17 +45,17 @@ class CredentialSource:
             self._store = self._open_store()
         return self._store
 
-    def for_server(self, name: str, server: object, identity: Identity | None) -> UpstreamCredentials | None:
+    def for_server(self, name: str, server: ServerConfig, identity: Identity | None) -> UpstreamCredentials | None:
         """The credentials of ``name``'s connection for ``identity`` (None: Bastion's own connection, the one that
         lists the server's tools); None when the server has no ``auth`` table."""
-        auth: UpstreamAuth | None = getattr(server, "auth", None)
+        auth: UpstreamAuth | None = server.auth
         if auth is None:
             return None
         if auth.type == "authorization_code":
             if self._authorization_code is None:
                 return _Unavailable(f"server {name!r}: auth type authorization_code is not available in this gateway")
             return self._authorization_code(name, server, identity, self.store())
-        resource = auth.resource or getattr(server, "url", None) or name
+        resource = auth.resource or server.url or name
         if auth.type == "client_credentials" or identity is None:
             # A token-exchange server's own connection has no caller whose token could be exchanged: it lists the
             # server's tools with Bastion's own token, by client credentials of the same client.
@@ -60,9 +63,9 @@ class CredentialSource:
         return TokenExchange(name, identity.name, auth, resource, self._endpoint(name, auth), self.store(),
                              identity.subject_token)
 
-    def identity_secrets(self, name: str, server: object, identity: Identity | None) -> IdentitySecrets | None:
+    def identity_secrets(self, name: str, server: ServerConfig, identity: Identity | None) -> IdentitySecrets | None:
         """What ``identity``'s process of the local server ``name`` is started with, None when nothing."""
-        wanted: Mapping[str, str] = getattr(server, "identity_env", None) or {}
+        wanted: Mapping[str, str] = server.identity_env
         if not wanted or identity is None:
             return None
         return IdentitySecrets(self.store(), name, dict(wanted), identity.name)

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from bastion.compose import build_gateway
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.credentials.base import CredentialsError
 from bastion.credentials.client_credentials import ClientCredentials, TokenEndpoint, metadata_urls
