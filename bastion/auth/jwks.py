@@ -118,7 +118,8 @@ class JwksCache:
         """The key a token's kid names, fetching the set when it was never fetched, or when the kid is unknown and
         the last fetch is at least ``min_refetch_seconds`` old; None when there is no such key."""
         if self._fetched_at is None:
-            if not self._may_fetch():
+            # Requests that arrive together at start wait for the one first fetch rather than fail beside it.
+            if self._inflight is None and not self._may_fetch():
                 raise KeysUnavailable(self._endpoints.issuer)
             await self._fetch()
             if self._fetched_at is None:

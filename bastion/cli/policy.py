@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
     check.add_argument("--scope", action="append", default=[], help="a scope of the caller's token (repeatable)")
     check.add_argument("--claim", action="append", default=[], metavar="ATTRIBUTE=VALUE",
                        help="a principal attribute auth.claims.attributes names, e.g. tenant=acme (repeatable)")
-    check.add_argument("--authenticated-by", default="configured", choices=["configured", "oauth", "api_key", "mtls"],
+    check.add_argument("--authenticated-by", default="configured", choices=["configured", "header", "oauth", "api_key", "mtls"],
                        help="how the caller authenticated (principal.authenticated_by)")
     check.add_argument("--issuer", default=None, help="the caller's token issuer (principal.issuer)")
     check.add_argument("--tool", required=True, help="tool: exposed name, server/name, or name")

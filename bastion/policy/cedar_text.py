@@ -11,7 +11,7 @@ SCHEMA_TEMPLATE = """
 namespace Bastion {
   entity Group;
   // The caller: its groups are its parents; scopes are its token's (empty without one), authenticated_by is
-  // "configured", "oauth", "api_key" or "mtls", issuer the token's issuer ("" without one); every attribute
+  // "configured", "header", "oauth", "api_key" or "mtls", issuer the token's issuer ("" without one); every attribute
   // auth.claims.attributes names is a String ("" when the token lacks the claim).
   entity User in [Group] = {
     scopes: Set<String>,
