@@ -199,7 +199,7 @@ class ClientCredentials:
             form = {"grant_type": "client_credentials", "resource": self._resource}
             if self._scopes:
                 form["scope"] = " ".join(self._scopes)
-            self._tokens = await self._endpoint.grant(form, f"server {self.server!r}: Bastion's client credentials")
+            self._tokens = await self._endpoint.grant(form, "Bastion's client credentials")
             self._margin = renewal_margin(self._tokens, self._auth.refresh_before, self._clock())
             log.info("server %s: obtained a client-credentials token (expires in %s)", self.server,
                      _lifetime(self._tokens, self._clock()))

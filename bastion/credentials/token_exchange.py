@@ -95,14 +95,14 @@ class TokenExchange:
         if self._scopes:
             form["scope"] = " ".join(self._scopes)
         try:
-            return await self._endpoint.grant(form, f"server {self.server!r}: refreshing {self.user}'s token")
+            return await self._endpoint.grant(form, f"refreshing {self.user}'s token")
         except CredentialsError as exc:
             log.info("server %s: %s; exchanging the caller's token instead", self.server, exc)
             return None
 
     async def _exchanged(self) -> TokenSet:
         if self._subject is None:
-            raise CredentialsError(f"server {self.server!r} takes a token exchanged for the caller's own, and "
+            raise CredentialsError(f"this server takes a token exchanged for the caller's own, and "
                                    f"{self.user} presented none: call through `bastion serve --http` with an OAuth "
                                    "bearer token (auth.issuers)")
         form = {"grant_type": GRANT_TYPE, "subject_token": self._subject, "subject_token_type": ACCESS_TOKEN_TYPE,
@@ -111,6 +111,6 @@ class TokenExchange:
             form["audience"] = self._auth.audience
         if self._scopes:
             form["scope"] = " ".join(self._scopes)
-        tokens = await self._endpoint.grant(form, f"server {self.server!r}: exchanging {self.user}'s token")
+        tokens = await self._endpoint.grant(form, f"exchanging {self.user}'s token")
         log.info("server %s: exchanged %s's token for one of its own", self.server, self.user)
         return tokens

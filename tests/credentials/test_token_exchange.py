@@ -133,3 +133,17 @@ async def test_a_revoked_token_is_exchanged_anew_on_the_next_call(authorization_
     assert len(exchanges(authorization_server)) == 2
     alice_tokens = [e["authorization"] for e in upstream.seen() if e["claims"] and e["claims"]["sub"] == "alice"]
     assert len(set(alice_tokens)) == 2  # the revoked token was not sent again
+
+
+async def test_a_token_the_authorization_server_will_not_exchange_is_refused_with_why(
+        authorization_server, bearer_server, gateways) -> None:
+    upstream = bearer_server(authorization_server.issuer)
+    gateway = await gateways(upstream.url, client_auth(authorization_server.issuer, "token_exchange"))
+    alice = caller(authorization_server, "alice")
+    authorization_server.revoke(alice.subject_token)  # revoked at the authorization server since it was checked
+    with pytest.raises(GatewayError) as refused:
+        await call(gateway, alice)
+    message = refused.value.message
+    assert "invalid_grant" in message and "alice" in message
+    assert alice.subject_token not in message and GATEWAY_CLIENT[1] not in message
+    assert not [e for e in upstream.seen() if e["claims"] and e["claims"]["sub"] == "alice"]
