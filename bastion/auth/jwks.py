@@ -128,7 +128,8 @@ class JwksCache:
               and self._may_fetch()):
             self._inflight = asyncio.get_running_loop().create_task(self._fetch_now())
         found = self._lookup(kid)
-        if found is None and self._may_fetch():
+        # A fetch already under way may bring the key (a rotation seen by several requests at once): wait for it.
+        if found is None and (self._inflight is not None or self._may_fetch()):
             await self._fetch()
             found = self._lookup(kid)
         return found

@@ -180,11 +180,16 @@ async def test_a_rotated_in_key_is_found_with_one_refetch_and_an_unknown_kid_nev
 
 async def test_unknown_kids_at_once_share_one_fetch(issuer: Issuer) -> None:
     import asyncio
-    auth = auth_for(issuer, jwks_min_refetch_seconds=0)
+    auth = auth_for(issuer, jwks_min_refetch_seconds=1)
     assert (await auth.authenticator.authenticate(bearer(issuer.token()))).name == "alice"
     new = issuer.rotate()
+    await asyncio.sleep(1.1)  # past the refetch interval: the first of them may fetch, the others wait for it
     tokens = [issuer.token(key=new, sub=f"user{i}") for i in range(8)]
-    names = await asyncio.gather(*(auth.authenticator.authenticate(bearer(t)) for t in tokens))
+    issuer.mode, issuer.delay = "slow", 0.5
+    first = asyncio.ensure_future(auth.authenticator.authenticate(bearer(tokens[0])))
+    while issuer.hits["jwks"] < 2:  # the refetch has begun: the others come while it is under way
+        await asyncio.sleep(0.01)
+    names = await asyncio.gather(first, *(auth.authenticator.authenticate(bearer(t)) for t in tokens[1:]))
     assert [n.name for n in names] == [f"user{i}" for i in range(8)]
     assert issuer.hits["jwks"] == 2
     await auth.close()
@@ -337,4 +342,17 @@ async def test_an_api_key_shaped_bearer_is_not_taken_for_an_access_token(issuer:
     auth = auth_for(issuer)
     failure = await refused(auth, bearer("bst_0123456789abcdef"))
     assert failure.reason == "no_credentials" and issuer.hits["jwks"] == 0
+    await auth.close()
+
+
+async def test_requests_before_the_first_fetch_wait_for_it(issuer: Issuer) -> None:
+    import asyncio
+    issuer.mode, issuer.delay = "slow", 0.5
+    auth = auth_for(issuer, jwks_min_refetch_seconds=3600)
+    first = asyncio.ensure_future(auth.authenticator.authenticate(bearer(issuer.token())))
+    while issuer.hits["jwks"] < 1:
+        await asyncio.sleep(0.01)
+    names = await asyncio.gather(first, *(auth.authenticator.authenticate(bearer(issuer.token(sub=f"u{i}")))
+                                          for i in range(4)))
+    assert [n.name for n in names] == ["alice", "u0", "u1", "u2", "u3"] and issuer.hits["jwks"] == 1
     await auth.close()
