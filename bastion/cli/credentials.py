@@ -30,6 +30,8 @@ def register(subparsers: Any) -> None:
     set_.add_argument("user", help="the identity's name, as policy and audit records name it")
     set_.add_argument("server", help="the server's name in the configuration")
     set_.add_argument("name", help="the secret's name, as the server's identity_env maps it")
+    set_.add_argument("--config", "-c", metavar="FILE", help="check that SERVER is configured there and its "
+                      "identity_env names NAME (a typo would store a secret nothing reads)")
     listing = commands.add_parser("list", help="stored tokens and secrets: server, user, expiry, scope, name")
     listing.add_argument("--json", action="store_true", help="as a JSON object on stdout")
     revoke = commands.add_parser("revoke", help="forget a user's tokens and secrets, for one server or all")
@@ -61,8 +63,35 @@ def _read_value(name: str) -> str:
     return value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
 
 
+def _check_against(config_path: str, server: str, name: str) -> str | None:
+    """Why SERVER NAME would be read by nothing in the configuration at ``config_path``, or None."""
+    from pathlib import Path
+
+    from bastion.config import load_config
+
+    config = load_config(Path(config_path), log_notes=False)
+    entry = config.servers.get(server)
+    if entry is None:
+        return f"{config_path} has no server {server!r} (servers: {', '.join(sorted(config.servers)) or 'none'})"
+    if name not in entry.identity_env.values():
+        named = ", ".join(sorted(set(entry.identity_env.values()))) or "none"
+        return (f"servers.{server}.identity_env in {config_path} names no secret {name!r} (it names: {named}); "
+                f"add e.g. VARIABLE = \"{name}\" to it, or correct the name")
+    return None
+
+
 def _set(args: argparse.Namespace) -> int:
     def command(store: Any) -> int:
+        if args.config is not None:
+            from bastion.config import ConfigError
+
+            try:
+                problem = _check_against(args.config, args.server, args.name)
+            except ConfigError as exc:
+                problem = str(exc)
+            if problem is not None:
+                _say(problem)
+                return EXIT_USAGE
         value = _read_value(args.name)
         if not value:
             _say(f"no value for {args.name} on stdin; pipe it in, e.g. `bastion credentials set {args.user} "

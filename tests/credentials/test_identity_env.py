@@ -90,3 +90,18 @@ def test_set_refuses_an_empty_value_and_revoke_says_when_nothing_was_stored() ->
     assert empty.returncode == 2 and "no value" in empty.stderr
     nothing = _cli("revoke", "nobody-at-all")
     assert nothing.returncode == 1 and "nothing stored" in nothing.stderr
+
+
+def test_set_with_a_configuration_refuses_a_secret_nothing_would_read(tmp_path) -> None:
+    import json
+
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"gh": {
+        "command": sys.executable, "args": [str(FIXTURES / "env_server.py")], "scope": "per_identity",
+        "identity_env": {"GITHUB_TOKEN": "github_token"}}}}))
+    typo = _cli("set", "erin", "gh", "gihtub_token", "--config", str(config), stdin="value\n")
+    assert typo.returncode == 2 and "names no secret 'gihtub_token'" in typo.stderr and "github_token" in typo.stderr
+    unknown = _cli("set", "erin", "nope", "github_token", "--config", str(config), stdin="value\n")
+    assert unknown.returncode == 2 and "no server 'nope'" in unknown.stderr
+    assert _cli("set", "erin", "gh", "github_token", "--config", str(config), stdin="value\n").returncode == 0
+    assert "erin" in _cli("list").stdout
