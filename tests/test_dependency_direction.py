@@ -24,6 +24,10 @@ FORBIDDEN = {
     # Who is calling, decided from what a request presents: the HTTP frontend asks it, it asks nothing of Bastion's.
     "auth": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.compose", "bastion.cli",
              "bastion.host", "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
+    # Upstream credentials: built by the gateway, so they never reach up into it, nor into the configuration
+    # module, which imports their table (the authorization-code flow's loopback listener is a transport's).
+    "credentials": ("bastion.gateway", "bastion.sandbox", "bastion.compose", "bastion.cli", "bastion.host",
+                    "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
     # Routing only: the policy runtime, the search exposure and the tool index come from the composition root.
     "gateway": ("bastion.policy", "bastion.search", "bastion.compose", "bastion.cli", "bastion.host"),
 }
