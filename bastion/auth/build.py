@@ -80,19 +80,20 @@ def build_http_auth(auth: AuthConfig | None, *, identity_header: str | None, ide
         result.client = client or httpx2.AsyncClient(timeout=auth.fetch_timeout_seconds, follow_redirects=False,
                                                      trust_env=False)
         for entry in auth.issuers:
+            audiences = frozenset((auth.resource, *entry.audiences))
             endpoints = IssuerEndpoints(entry.issuer, result.client, jwks_uri=entry.jwks_uri,
                                         introspection_endpoint=entry.introspection_endpoint,
                                         retry_seconds=auth.jwks_min_refetch_seconds)
             if entry.validation == "introspection":
                 result.introspectors[entry.issuer] = Introspector(
-                    entry.issuer, endpoints, result.client, resource=auth.resource, client_id=entry.client_id,
+                    entry.issuer, endpoints, result.client, audiences=audiences, client_id=entry.client_id,
                     client_secret=entry.client_secret, cache_seconds=entry.introspection_cache_seconds,
                     skew=auth.clock_skew_seconds)
             else:
                 keys_cache = JwksCache(endpoints, result.client, refresh_seconds=auth.jwks_refresh_seconds,
                                        min_refetch_seconds=auth.jwks_min_refetch_seconds)
                 result.validators[entry.issuer] = JwtValidator(entry.issuer, entry.algorithms, keys_cache,
-                                                               resource=auth.resource, skew=auth.clock_skew_seconds)
+                                                               audiences=audiences, skew=auth.clock_skew_seconds)
         methods.append(OAuthBearer(auth, result.validators, result.introspectors, metadata_url))
         result.metadata = protected_resource_metadata(auth.resource, [e.issuer for e in auth.issuers],
                                                       auth.all_scopes())

@@ -37,6 +37,10 @@ class OAuthIssuer(_Strict):
     introspection_endpoint: str | None = Field(default=None, description="RFC 7662 introspection, for opaque tokens")
     client_id: str | None = Field(default=None, description="this gateway's client id at the introspection endpoint")
     client_secret: str | None = Field(default=None, description="its secret; ${file:PATH} or ${env:NAME}")
+    audiences: list[str] = Field(
+        default_factory=list, description="what this issuer writes in aud for this gateway besides auth.resource, "
+                                          "when it cannot write the resource itself (Entra ID v2 tokens carry the "
+                                          "API's application id); each must be this gateway's alone")
     algorithms: list[str] = Field(default_factory=lambda: list(DEFAULT_ALGORITHMS),
                                   description="the JWS algorithms its tokens may be signed with")
     introspection_cache_seconds: float = Field(

@@ -14,7 +14,7 @@ import httpx2
 
 from bastion.auth.base import AuthFailure
 from bastion.auth.jwks import IssuerEndpoints
-from bastion.auth.jwt import check_times
+from bastion.auth.jwt import check_times, named_audiences
 
 log = logging.getLogger("bastion.auth")
 
@@ -31,13 +31,14 @@ def _inactive(reason: str, message: str = "the access token is not active") -> A
 
 
 class Introspector:
-    def __init__(self, issuer: str, endpoints: IssuerEndpoints, client: httpx2.AsyncClient, *, resource: str,
+    def __init__(self, issuer: str, endpoints: IssuerEndpoints, client: httpx2.AsyncClient, *,
+                 audiences: frozenset[str],
                  client_id: str | None, client_secret: str | None, cache_seconds: float, skew: float,
                  clock: Callable[[], float] = time.time) -> None:
         self.issuer = issuer
         self._endpoints = endpoints
         self._client = client
-        self._resource = resource
+        self._audiences = audiences
         self._auth = (client_id, client_secret) if client_id is not None and client_secret is not None else None
         self._cache_seconds = cache_seconds
         self._skew = skew
@@ -101,9 +102,7 @@ class Introspector:
         if claims.get("iss", self.issuer) != self.issuer:
             raise _inactive("wrong_issuer", "the access token was not issued by an authorization server this gateway "
                                             "trusts")
-        audience = claims.get("aud")
-        audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
-        if self._resource not in audiences:
+        if self._audiences.isdisjoint(named_audiences(claims)):
             raise _inactive("wrong_audience", "the access token was not issued for this resource (its aud does not "
                                               "name it)")
         try:

@@ -72,17 +72,21 @@ def _invalid(reason: str, message: str = "the access token could not be verified
     return AuthFailure(401, message, None, "invalid_token", reason)
 
 
-def check_claims(claims: Mapping[str, Any], *, issuer: str, resource: str, now: float, skew: float) -> None:
+def check_claims(claims: Mapping[str, Any], *, issuer: str, audiences: frozenset[str], now: float,
+                 skew: float) -> None:
     """iss, aud, exp, nbf and iat of verified claims (RFC 9068 section 4, RFC 8707), or AuthFailure 401."""
     if claims.get("iss") != issuer:
         raise _invalid("wrong_issuer", "the access token was not issued by an authorization server this gateway "
                                        "trusts")
-    audience = claims.get("aud")
-    audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
-    if resource not in audiences:
+    if audiences.isdisjoint(named_audiences(claims)):
         raise _invalid("wrong_audience", "the access token was not issued for this resource (its aud does not name "
                                          "it)")
     check_times(claims, now=now, skew=skew, exp_required=True)
+
+
+def named_audiences(claims: Mapping[str, Any]) -> list[str]:
+    audience = claims.get("aud")
+    return [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
 
 
 def check_times(claims: Mapping[str, Any], *, now: float, skew: float, exp_required: bool) -> None:
@@ -110,12 +114,12 @@ def _is_number(value: Any) -> bool:
 class JwtValidator:
     """One issuer's JWT access tokens."""
 
-    def __init__(self, issuer: str, algorithms: list[str], keys: JwksCache, *, resource: str, skew: float,
+    def __init__(self, issuer: str, algorithms: list[str], keys: JwksCache, *, audiences: frozenset[str], skew: float,
                  clock: Callable[[], float] = time.time) -> None:
         self.issuer = issuer
         self._algorithms = frozenset(algorithms)
         self._keys = keys
-        self._resource = resource
+        self._audiences = audiences  # auth.resource, and the issuer's own names for it
         self._skew = skew
         self._clock = clock
         # token -> (claims, kid): the tokens whose signature was verified; their times are checked on every use
@@ -168,7 +172,7 @@ class JwtValidator:
         if not verified:
             raise _invalid("bad_signature")
         claims = unverified.claims  # the very payload just verified
-        check_claims(claims, issuer=self.issuer, resource=self._resource, now=now, skew=self._skew)
+        check_claims(claims, issuer=self.issuer, audiences=self._audiences, now=now, skew=self._skew)
         if len(self._verified) >= VERIFIED_CACHE_ENTRIES:
             self._verified.popitem(last=False)
         self._verified[token] = (claims, kid if kid is not None else (key.kid or ""))

@@ -356,3 +356,19 @@ async def test_requests_before_the_first_fetch_wait_for_it(issuer: Issuer) -> No
                                           for i in range(4)))
     assert [n.name for n in names] == ["alice", "u0", "u1", "u2", "u3"] and issuer.hits["jwks"] == 1
     await auth.close()
+
+
+async def test_an_issuers_own_audience_is_accepted_for_that_issuer_only(issuer: Issuer) -> None:
+    other = await Issuer().start()
+    try:
+        config = AuthConfig(resource=RESOURCE, issuers=[
+            {"issuer": issuer.issuer, "audiences": ["6731de76-14a6-49ae-97bc-6eba6914391e"]},
+            {"issuer": other.issuer}])
+        auth = build_http_auth(config, identity_header=None, identity=LOCAL)
+        entra_like = issuer.token(aud="6731de76-14a6-49ae-97bc-6eba6914391e")
+        assert (await auth.authenticator.authenticate(bearer(entra_like))).name == "alice"
+        assert (await refused(auth, bearer(other.token(aud="6731de76-14a6-49ae-97bc-6eba6914391e")))).reason \
+            == "wrong_audience"
+        await auth.close()
+    finally:
+        await other.stop()
