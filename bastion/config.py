@@ -518,9 +518,12 @@ def _expand_headers(file: Path, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _expand_auth(file: Path, where: str, auth: dict[str, Any], variables: Variables) -> dict[str, Any]:
-    """A server's client id and secret with their ``${file:PATH}`` or ``${env:NAME}`` expanded; the error names the
-    key and the variable, never a value."""
+    """A server's client id and secret with their ``${file:PATH}`` or ``${env:NAME}`` expanded (the error names the
+    key and the variable, never a value), and its ``ca_file`` read from the configuration file's folder."""
     expanded = dict(auth)
+    ca_file = auth.get("ca_file")
+    if isinstance(ca_file, str) and ca_file and not os.path.isabs(os.path.expanduser(ca_file)):
+        expanded["ca_file"] = str(file.parent / ca_file)
     for key in ("client_id", "client_secret"):
         value = auth.get(key)
         if isinstance(value, str):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 import time
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
@@ -45,9 +46,19 @@ class TokenEndpoint:
     def __init__(self, auth: UpstreamAuth, where: str, client: Callable[[], httpx2.AsyncClient] | None = None) -> None:
         self._auth = auth
         self._where = where  # "servers.NAME.auth", for messages that name the key to fix
-        self._client = client or (lambda: httpx2.AsyncClient(timeout=_TIMEOUT, follow_redirects=False))
+        self._client = client or self._new_client
         self._url: str | None = auth.token_endpoint
         self._discovery = asyncio.Lock()
+
+    def _new_client(self) -> httpx2.AsyncClient:
+        # A private CA replaces the system's trust store for this authorization server only; still checked.
+        verify: ssl.SSLContext | bool = True
+        if self._auth.ca_file:
+            try:
+                verify = ssl.create_default_context(cafile=self._auth.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise CredentialsError(f"{self._where}.ca_file {self._auth.ca_file} cannot be used: {exc}") from None
+        return httpx2.AsyncClient(timeout=_TIMEOUT, follow_redirects=False, verify=verify)
 
     async def url(self) -> str:
         if self._url is not None:

@@ -29,6 +29,8 @@ class UpstreamAuth(BaseModel):
                                  "token is for; default: the server's url")
     audience: str | None = Field(default=None, description="token_exchange: the audience asked for, when the "
                                  "authorization server wants one besides resource")
+    ca_file: str | None = Field(default=None, description="the authorization server's certificate authorities "
+                                "(PEM), for a private CA; default: the system's trust store")
     refresh_before: float = Field(default=60.0, ge=0, description="seconds before a token's expiry it is renewed")
 
     @model_validator(mode="after")

@@ -122,3 +122,53 @@ async def test_an_issuer_without_metadata_is_an_error_naming_token_endpoint(bear
     auth = UpstreamAuth.model_validate({**client_auth(upstream.url.rsplit("/", 1)[0])})
     with pytest.raises(CredentialsError, match="token_endpoint"):
         await ClientCredentials("up", auth, UPSTREAM_RESOURCE, TokenEndpoint(auth, "servers.up.auth")).headers()
+
+
+_TLS_AUTHORIZATION_SERVER = """
+import ssl, sys
+from werkzeug.serving import make_server
+from tests.fixtures.oauth_server import State, build_app, parse_client
+state = State("", [parse_client(sys.argv[2])])
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(sys.argv[1])
+httpd = make_server("127.0.0.1", 0, build_app(state), threaded=True, ssl_context=context)
+state.issuer = f"https://127.0.0.1:{httpd.server_port}"
+print(state.issuer, flush=True)
+httpd.serve_forever()
+"""
+
+
+@pytest.fixture
+def tls_authorization_server(tmp_path):
+    """The tests' authorization server over HTTPS, with a certificate of a private CA."""
+    import subprocess
+    import sys
+
+    import trustme
+
+    from tests.support import ROOT
+
+    authority = trustme.CA()
+    authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    authority.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    process = subprocess.Popen([sys.executable, "-c", _TLS_AUTHORIZATION_SERVER, str(tmp_path / "server.pem"),
+                                ":".join(GATEWAY_CLIENT)], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    issuer = process.stdout.readline().strip()
+    assert issuer.startswith("https://127.0.0.1:"), issuer
+    yield issuer, tmp_path / "ca.pem"
+    process.kill()
+    process.wait()
+
+
+async def test_an_authorization_server_of_a_private_ca_is_trusted_through_ca_file(tls_authorization_server) -> None:
+    issuer, ca = tls_authorization_server
+    trusted = UpstreamAuth.model_validate({**client_auth(issuer), "ca_file": str(ca)})
+    headers = await ClientCredentials("up", trusted, UPSTREAM_RESOURCE,
+                                      TokenEndpoint(trusted, "servers.up.auth")).headers()
+    assert headers["Authorization"].startswith("Bearer ")
+
+    untrusted = UpstreamAuth.model_validate(client_auth(issuer))  # the system's trust store does not know the CA
+    with pytest.raises(CredentialsError, match="no token endpoint found"):
+        await ClientCredentials("up", untrusted, UPSTREAM_RESOURCE,
+                                TokenEndpoint(untrusted, "servers.up.auth")).headers()

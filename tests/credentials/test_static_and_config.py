@@ -32,12 +32,13 @@ def test_headers_and_client_secrets_in_bastions_file_come_from_secrets_files(tmp
         "static": {"url": "https://a.example/mcp", "headers": {"Authorization": "Bearer ${file:api-token}"}},
         "oauth": {"url": "https://b.example/mcp", "auth": {
             "type": "client_credentials", "issuer": "https://as.example", "client_id": "bastion",
-            "client_secret": "${file:client-secret}"}},
+            "client_secret": "${file:client-secret}", "ca_file": "certs/idp-ca.pem"}},
     }}))
     config = load_config(path)
     assert config.servers["static"].headers["Authorization"] == "Bearer tok-1234"
     assert config.servers["oauth"].auth.client_secret == "cs-5678"
     assert "cs-5678" not in repr(config.servers["oauth"])
+    assert config.servers["oauth"].auth.ca_file == str(tmp_path / "certs" / "idp-ca.pem")  # from the file's folder
 
 
 def test_a_secrets_file_that_is_missing_is_an_error_naming_the_key(tmp_path: Path) -> None:
