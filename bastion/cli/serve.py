@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from bastion.cli.conventions import add_global_flags
 
@@ -39,9 +40,10 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from bastion.auth.build import build_http_auth
     from bastion.cli.gateway import _load, run_loop, setup_logging
     from bastion.compose import build_gateway
-    from bastion.transport.http.server import serve_http
+    from bastion.transport.http.server import is_loopback, serve_http
 
     setup_logging(args)
     try:
@@ -68,9 +70,25 @@ def _serve(args: argparse.Namespace) -> int:
                 return 2
         settings = settings.model_copy(update={"tls_cert": cert, "tls_key": key})
     gateway = build_gateway(config)
+    try:
+        auth = build_http_auth(config.auth, identity_header=settings.identity_header, identity=gateway.identity,
+                               base=config.source.parent if config.source is not None else None)
+    except ValueError as exc:
+        print(f"bastion: {exc}", file=sys.stderr)
+        return 2
+    if not auth.required and not is_loopback(host):
+        log.warning("bastion serve: %s is reachable from other machines and no caller is authenticated: every "
+                    "request is %s; configure the auth table (or http.identity_header behind a proxy that "
+                    "authenticates)", args.http, gateway.identity.name)
+    callback = None
+    if config.auth is not None and config.auth.resource is not None:
+        # Users' authorizations of upstream servers come back to this frontend, at the origin clients reach it at.
+        parts = urlsplit(config.auth.resource)
+        gateway.authorization_codes.served_at(f"{parts.scheme}://{parts.netloc}")
+        callback = gateway.authorization_codes.callbacks
     gc.freeze()  # what is loaded by now lives as long as the process; see bastion run
     try:
-        stopped_by = run_loop(serve_http(gateway, settings, host, port))
+        stopped_by = run_loop(serve_http(gateway, settings, host, port, auth=auth, callback=callback))
     except OSError as exc:
         print(f"bastion: cannot listen on {args.http}: {exc.strerror or exc}", file=sys.stderr)
         return 1

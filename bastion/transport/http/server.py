@@ -9,10 +9,11 @@ import logging
 import signal
 import socket
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 import uvicorn
 
+from bastion.auth.build import HttpAuth
 from bastion.gateway.core import Gateway
 from bastion.transport.http.app import HttpFrontend
 from bastion.transport.http.config import HttpConfig
@@ -48,11 +49,12 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int) -> signal.Signals | None:
+async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int, *, auth: HttpAuth | None = None,
+                     callback: Any = None) -> signal.Signals | None:
     """Serve until SIGTERM, SIGINT or SIGHUP; the signal that stopped it."""
     sock = listen(host, port)  # first: an address in use is said before any server starts
     gateway.start()
-    frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host))
+    frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host), auth=auth, callback=callback)
     tls = settings.tls_cert is not None
     config = uvicorn.Config(
         frontend, http=_http_parser(), loop="none", lifespan="off", proxy_headers=False, server_header=False,
