@@ -191,6 +191,7 @@ class AuthorizationCodeCredentials:
         self._granted: tuple[str, ...] = ()  # the scopes the last completed authorization asked for
         self._step_ups: list[float] = []  # when the recent step-ups were asked for
         self._refreshed: str | None = None  # the access token a refresh was last tried for (once each)
+        self._authorized = asyncio.Event()  # set (and replaced) each time an authorization completes
 
     # ------------------------------------------------------------------------------- UpstreamCredentials
     async def headers(self) -> Mapping[str, str]:
@@ -218,6 +219,11 @@ class AuthorizationCodeCredentials:
             if status == 403 and challenge.error == "insufficient_scope":
                 return await self._step_up(tokens, challenge)
         return False
+
+    async def changed(self) -> None:
+        """Return when the user next completes an authorization (an upstream waiting to start again need not wait
+        out its backoff)."""
+        await self._authorized.wait()
 
     def pending_link(self) -> str | None:
         """The link of the authorization waiting for this user, if any (for an instance that could not start)."""
@@ -330,6 +336,8 @@ class AuthorizationCodeCredentials:
                               tokens.token_type)
         await self._store.put_async(self.server, self.user, tokens)
         self._issuer, self._resource, self._granted = flow.server, flow.resource, flow.scopes
+        self._authorized.set()
+        self._authorized = asyncio.Event()
         log.info("server %s: %s authorized Bastion (scopes %s)", self.server, self.user,
                  " ".join(flow.scopes) or "the server's default")
         return f"Bastion may now reach {self.server} for {self.user}. You can close this page."

@@ -206,7 +206,19 @@ class Upstream:
                 delay *= random.uniform(0.5, 1.5)
             failures += 1
             self.log.warning("server %s: %s; restarting in %.1fs%s", self.name, reason, delay, self._quoted_stderr())
+            await self._backoff(delay)
+
+    async def _backoff(self, delay: float) -> None:
+        """Wait ``delay`` before the next start, or less when the credentials obtained what the last start lacked
+        (a user followed their authorization link): the server joins as soon as it can."""
+        changed = getattr(self.credentials, "changed", None)
+        if changed is None:
             await asyncio.sleep(delay)
+            return
+        try:
+            await asyncio.wait_for(changed(), delay)
+        except asyncio.TimeoutError:
+            pass
 
     @property
     def stderr_tail(self) -> list[str]:
