@@ -197,6 +197,7 @@ class Gateway:
         self.inputs.close()
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), *(p.close() for p in self.pools.values()),
                              return_exceptions=True)
+        await self.authorization_codes.close()  # the loopback listener for authorization redirects, if one opened
         if self.policy is not None:
             await self.policy.aclose()
         if self._tool_index is not None:
