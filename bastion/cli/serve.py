@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     from bastion.auth.build import build_http_auth
     from bastion.cli.gateway import _load, run_loop, setup_logging
     from bastion.compose import build_gateway
-    from bastion.transport.http.server import is_loopback, serve_http
+    from bastion.transport.http.server import is_loopback, serve_http, with_client_ca
 
     setup_logging(args)
     try:
@@ -69,6 +69,11 @@ def _serve(args: argparse.Namespace) -> int:
                 print(f"bastion: the TLS {what} {path} does not exist or is not a file", file=sys.stderr)
                 return 2
         settings = settings.model_copy(update={"tls_cert": cert, "tls_key": key})
+    try:
+        settings = with_client_ca(settings, config.auth, config.source.parent if config.source else Path.cwd())
+    except ValueError as exc:
+        print(f"bastion: {exc}", file=sys.stderr)
+        return 2
     gateway = build_gateway(config)
     try:
         auth = build_http_auth(config.auth, identity_header=settings.identity_header, identity=gateway.identity,
