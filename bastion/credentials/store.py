@@ -139,12 +139,21 @@ def load_or_create_key(key_file: Path, environ: Mapping[str, str] | None = None)
     if environ.get(KEY_VARIABLE):
         return parse_key(environ[KEY_VARIABLE])
     key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read_key_file(key_file)
-    with os.fdopen(fd, "w", encoding="ascii") as out:
-        out.write(base64.b64encode(secrets.token_bytes(_KEY_BYTES)).decode() + "\n")
+    if not key_file.exists():
+        # Written whole under another name, then linked into place: a process starting at the same moment finds
+        # either no key file or a complete one, and of two made at once only one is ever linked.
+        partial = key_file.with_name(f".{key_file.name}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as out:
+                out.write(base64.b64encode(secrets.token_bytes(_KEY_BYTES)).decode() + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.link(partial, key_file)
+        except FileExistsError:
+            pass
+        finally:
+            partial.unlink(missing_ok=True)
     return _read_key_file(key_file)
 
 

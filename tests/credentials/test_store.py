@@ -134,6 +134,14 @@ def test_writers_in_several_processes_lose_nothing(tmp_path: Path) -> None:
     assert store.get("s3", "user14") == TokenSet("token-3-14")
 
 
+def test_processes_opening_the_store_first_at_the_same_moment_agree_on_one_key(tmp_path: Path) -> None:
+    openers = [_start(tmp_path, f"store.put('s', 'user{n}', TokenSet('t{n}'))") for n in range(4)]
+    for opener in openers:
+        assert opener.wait(timeout=60) == 0, opener.stderr.read()
+    assert len(_store(tmp_path).list()) == 4  # every write readable with the one key file left
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 def test_token_sets_from_a_token_endpoints_answer() -> None:
     tokens = TokenSet.from_response({"access_token": SECRET, "token_type": "bearer", "expires_in": 60,
                                      "scope": "a b"}, now=1000.0, refresh_token=REFRESH)
