@@ -272,6 +272,11 @@ class GatewayConfig(BaseModel):
         if paired:
             raise ValueError(f"guardrails.cross_server.allow names {', '.join(map(repr, paired))}, which is not a "
                              "configured server: use names from the servers table (\"*\" for every server)")
+        if self.http.identity_header is not None and self.auth is not None and (
+                self.auth.issuers or self.auth.api_keys is not None or self.auth.client_certificates):
+            raise ValueError("http.identity_header and the auth table cannot be used together: anyone could name "
+                             "anyone in the header, past the tokens, keys or certificates auth asks for; remove "
+                             "http.identity_header")
         return self
 
 
@@ -580,6 +585,9 @@ def _validation_findings(exc: ValidationError, servers_key: str) -> list[Finding
             fix = "remove it, or check its spelling against docs/configuration.md"
         elif kind == "missing":
             fix = "add it"
+        elif isinstance(err.get("input"), (dict, list)):
+            # A whole table is never echoed: it may hold a secret (an issuer's client_secret); the message says the fix.
+            fix = "as the message says"
         else:
             fix = f"got {err.get('input')!r}"
         findings.append(Finding("error", ".".join(loc) or "(top level)", err["msg"], fix))

@@ -205,3 +205,20 @@ def test_the_identity_header_cannot_be_combined_with_the_auth_table(tmp_path: Pa
                           timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 2
     assert "http.identity_header" in done.stderr and "remove" in done.stderr
+
+
+def test_bastion_check_refuses_a_bad_auth_table_without_echoing_its_secret(tmp_path: Path) -> None:
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {}, "auth": {"issuers": [{
+        "issuer": "https://id.example.test", "introspection_endpoint": "https://id.example.test/introspect",
+        "client_id": "bastion", "client_secret": "s3cr3t-never-shown"}]}}))
+    done = subprocess.run([BASTION, "check", str(config)], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "auth.resource" in done.stderr
+    assert "s3cr3t-never-shown" not in done.stderr + done.stdout
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"servers": {}, "http": {"identity_header": "X-Bastion-Identity"}, "auth": {
+        "resource": RESOURCE, "issuers": [{"issuer": "https://id.example.test"}]}}))
+    done = subprocess.run([BASTION, "check", str(both)], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "http.identity_header" in done.stderr
