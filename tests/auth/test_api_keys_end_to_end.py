@@ -68,9 +68,12 @@ async def test_api_keys_over_http(tmp_path) -> None:
                                            opened.headers["mcp-session-id"], "tools/list", {})
             assert hijack.status_code == 403
 
-            # revoked while the gateway runs
+            # revoked while the gateway runs: new sessions and the requests of one already open are refused
+            guests = (await open_session(client, served.url, {"x-api-key": guest})).headers["mcp-session-id"]
             subprocess.run([BASTION, "keys", "revoke", "guest", "--file", str(keys)], check=True, capture_output=True)
             assert (await refused_until_revoked(client, served.url, {"x-api-key": guest})).status_code == 401
+            late_request = await session_request(client, served.url, {"x-api-key": guest}, guests, "tools/list", {})
+            assert late_request.status_code == 401
             assert (await open_session(client, served.url, {"x-api-key": alice})).status_code == 200
             # and created while it runs
             late = make_key(keys, "late", "--groups", "ops")
