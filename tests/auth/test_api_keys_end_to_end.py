@@ -57,6 +57,14 @@ async def test_api_keys_over_http(tmp_path) -> None:
             assert answer(called)["result"]["content"][0]["text"] == "modern"
             assert (await modern_request(client, served.url, {}, "tools/list", {})).status_code == 401
 
+            # the HTTP+SSE transport asks for the same credentials
+            sse = served.url[: -len("/mcp")] + "/sse"
+            async with client.stream("GET", sse, headers={"x-api-key": alice}) as stream:
+                assert stream.status_code == 200
+                lines = stream.aiter_lines()
+                assert "event: endpoint" in [await anext(lines) for _ in range(3)]
+            assert (await client.get(sse, headers={"x-api-key": "bst_" + "B" * 43})).status_code == 401
+
             nothing = await open_session(client, served.url, {})
             assert nothing.status_code == 401 and "API key" in nothing.json()["error"]["message"]
             unknown = await open_session(client, served.url, {"x-api-key": "bst_" + "A" * 43})
