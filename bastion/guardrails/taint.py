@@ -121,14 +121,16 @@ def approves(answer: Any) -> bool:
 
 def answering_server(request: GatewayRequest) -> str | None:
     """The server whose answer a ``tools/call``, ``resources/read`` or ``prompts/get`` brings (None: unknown)."""
-    catalog = request.catalog
-    name = named(request.params, _ANSWERING[request.method])
+    return _server_named(request.catalog, request.method, named(request.params, _ANSWERING[request.method]))
+
+
+def _server_named(catalog: CatalogView, method: str, name: str | None) -> str | None:
     if name is None:
         return None
-    if request.method == "tools/call":
+    if method == "tools/call":
         entry = catalog.tool(name)
         return entry.server if entry is not None else None
-    if request.method == "prompts/get":
+    if method == "prompts/get":
         finder = getattr(catalog, "prompt", None)
         found = finder(name) if callable(finder) else None
         return getattr(found, "server", None)
@@ -221,14 +223,25 @@ class TaintGuard:
     def __init__(self, config: GuardrailsConfig, report: InterventionLog) -> None:
         self._config = config
         self._report = report
+        # Each server's switch, read once: the configuration does not change under a running chain, and a call asks
+        # for two or three of them.
+        self._modes: dict[str, str] = {}
+
+    def _mode(self, server: str) -> str:
+        mode = self._modes.get(server)
+        if mode is None:
+            mode = self._modes[server] = self._config.switch("taint", server)
+        return mode
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         method = request.method
-        if method not in _ANSWERING:
+        key = _ANSWERING.get(method)
+        if key is None:
             return await call_next(request)
-        server = answering_server(request)
+        name = named(request.params, key)
+        server = _server_named(request.catalog, method, name)
         if method == "tools/call" and server is not None:
-            await self._hold_if_tainted(request)
+            await self._hold_if_tainted(request, name)
         try:
             result = await call_next(request)
         except GatewayError:
@@ -240,8 +253,10 @@ class TaintGuard:
         return result
 
     def _note_answer(self, request: GatewayRequest, server: str | None) -> None:
-        if server is None or self._config.switch("taint", server) == "off":
+        if server is None or self._mode(server) == "off":
             return
+        if server in taint_sources(request.session):
+            return  # the session keeps the first content of each server: nothing to record (nearly every call)
         flags = request.session.facts.get(INJECTION_FLAGS) or {}
         target = f"{request.method} {named(request.params, _ANSWERING[request.method])}"
         source = tainting(server, server_trust(request.catalog, server), flags, target)
@@ -249,14 +264,16 @@ class TaintGuard:
         if source is not None and record(request.session, source):
             log.debug("session %s is tainted by %s", request.session.session_id or "-", source.describe())
 
-    async def _hold_if_tainted(self, request: GatewayRequest) -> None:
-        entry = request.catalog.tool(named(request.params, "name") or "")
+    async def _hold_if_tainted(self, request: GatewayRequest, name: str | None) -> None:
+        entry = request.catalog.tool(name or "")
         if entry is None:
             return
-        mode = self._config.switch("taint", entry.server)
-        tainted = {server: source for server, source in taint_sources(request.session).items()
-                   if self._config.switch("taint", server) != "off"}
-        sources = held_by(entry, tainted) if mode != "off" else []
+        known = taint_sources(request.session)
+        mode = self._mode(entry.server)
+        if not known or mode == "off":
+            return
+        tainted = {server: source for server, source in known.items() if self._mode(server) != "off"}
+        sources = held_by(entry, tainted)
         if not sources:
             return
         target = entry.exposed_name
@@ -303,7 +320,7 @@ class TaintGuard:
     def _tell(self, request: GatewayRequest, action: str, server: str, target: str, kind: str, rule: str,
               detail: str) -> None:
         self._report.report(Intervention("taint", action, server, target, kind, rule, detail,
-                                         request.session.session_id))
+                                         request.session.session_id, request.session.identity))
 
 
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> TaintGuard | None:

@@ -82,25 +82,24 @@ def modern_client(config) -> Client:
 
 async def test_what_one_request_read_holds_a_destructive_call_in_the_next(tmp_path) -> None:
     # No policy, so only the guardrail holds the call; a 2026-07-28 client cannot be asked in the middle of a call,
-    # so a held call is refused with the reason. Then, once the taint has expired, the same call runs: it was the
-    # memory of the earlier request that held it.
-    setup = cross_server_setup(tmp_path, policy="off", guardrails={"cross_server": {"taint_memory_seconds": 2}})
+    # so a held call is refused with the reason. Each request is a session of its own: without the memory of the
+    # earlier request the write would run (as the one before the page does). Expiry is the unit tests' (no timing
+    # here). Notes is trusted, so that its own answers taint nothing.
+    setup = cross_server_setup(tmp_path, {"web": {}, "notes": {"trust": "trusted"}}, policy="off")
     with anyio.fail_after(DEADLINE):
         async with modern_client(setup.config) as session:
             before = await session.call_tool("notes__write_note", {"text": "before"})
             page = await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
             with pytest.raises(MCPError) as refused:
                 await session.call_tool("notes__write_note", {"text": "tainted"})
-            await anyio.sleep(2.5)
-            after = await session.call_tool("notes__write_note", {"text": "after expiry"})
-    assert text_of(before) == "wrote before" and text_of(after) == "wrote after expiry"
-    assert text_of(page)
+            again = await session.call_tool("web__fetch_page", {"url": "https://example.com/"})  # its own server
+    assert text_of(before) == "wrote before" and text_of(page) and text_of(again)
     message = refused.value.error.message
     assert "web__fetch_page" in message and "'write_note' on server 'notes' is not read-only" in message
     assert refused.value.error.data["taintedBy"] == [{"server": "web", "target": "tools/call web__fetch_page",
                                                       "reason": "untrusted server"}]
     lines = setup.event_lines()
-    assert "notes write_note before" in lines and "notes write_note after expiry" in lines
+    assert "notes write_note before" in lines
     assert not any("tainted" in line for line in lines)
 
 
