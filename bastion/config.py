@@ -27,7 +27,7 @@ from bastion.guardrails.config import GuardrailsConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox import SandboxConfig
-from bastion.transport.http.config import HttpConfig
+from bastion.transport.http.config import HttpConfig, client_certificate_contradiction
 from bastion.variables import Variables, VariableError, read_dotenv
 
 log = logging.getLogger("bastion.config")
@@ -277,6 +277,8 @@ class GatewayConfig(BaseModel):
             raise ValueError("http.identity_header and the auth table cannot be used together: anyone could name "
                              "anyone in the header, past the tokens, keys or certificates auth asks for; remove "
                              "http.identity_header")
+        if (contradiction := client_certificate_contradiction(self.http, self.auth)) is not None:
+            raise ValueError(contradiction)
         return self
 
 

@@ -120,3 +120,14 @@ def test_contradictory_settings_are_refused_at_start(tmp_path, auth, http, said)
                           timeout=120)
     assert done.returncode == 2, done.stderr
     assert said in done.stderr
+
+
+@pytest.mark.parametrize("auth, http, said", [
+    ({"client_certificates": MAPPING}, {}, "http.client_ca_file"),
+    (None, {"client_ca_file": "clients-ca.pem", "client_cert_mode": "optional"}, "decides nothing"),
+    ({"client_certificates": {"build-agent": "ci"}}, {"client_ca_file": "clients-ca.pem"}, "cn:NAME"),
+])
+def test_bastion_check_finds_the_contradictions_the_configuration_alone_shows(tmp_path, auth, http, said) -> None:
+    config = write_config(tmp_path, auth=auth, http=http)
+    done = subprocess.run([BASTION, "check", str(config)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and said in done.stderr

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from bastion.auth.config import AuthConfig
+
 MIB = 1024 * 1024
 
 
@@ -72,3 +74,18 @@ class HttpConfig(BaseModel):
         if value is not None and (not value or not all(c.isalnum() or c in "-_" for c in value)):
             raise ValueError(f"{value!r} is not a header name (letters, digits, '-')")
         return value
+
+
+def client_certificate_contradiction(http: HttpConfig, auth: AuthConfig | None) -> str | None:
+    """What is contradictory in the mutual-TLS settings of the http and auth tables, with the fix; None when
+    nothing is. (Whether TLS is on at all is known only when ``bastion serve``'s flags are read.)"""
+    mapped = auth is not None and bool(auth.client_certificates)
+    if http.client_ca_file is None and mapped:
+        return ("auth.client_certificates maps client certificates, but none is asked for: set http.client_ca_file "
+                "to the PEM file of the authorities that sign them")
+    if http.client_ca_file is not None and http.client_cert_mode == "optional" and not mapped:
+        return ('http.client_cert_mode = "optional" lets in clients without a certificate, and with no '
+                "auth.client_certificates a certificate decides nothing: map certificates to identities there, or "
+                'make client_cert_mode "required"')
+    return None
+

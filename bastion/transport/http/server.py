@@ -19,7 +19,7 @@ from bastion.auth.build import HttpAuth
 from bastion.auth.config import AuthConfig
 from bastion.gateway.core import Gateway
 from bastion.transport.http.app import HttpFrontend
-from bastion.transport.http.config import HttpConfig
+from bastion.transport.http.config import HttpConfig, client_certificate_contradiction
 
 log = logging.getLogger("bastion.http")
 
@@ -100,19 +100,13 @@ async def _stop(frontend: HttpFrontend, server: uvicorn.Server) -> None:
 def with_client_ca(settings: HttpConfig, auth: AuthConfig | None, base: Path) -> HttpConfig:
     """``settings`` with http.client_ca_file read from the configuration's folder; a ValueError names the
     contradiction and the fix (mutual TLS without TLS, certificates mapped that nobody asks for)."""
-    mapped = auth is not None and bool(auth.client_certificates)
+    if (contradiction := client_certificate_contradiction(settings, auth)) is not None:
+        raise ValueError(contradiction)
     if settings.client_ca_file is None:
-        if mapped:
-            raise ValueError("auth.client_certificates maps client certificates, but none is asked for: set "
-                             "http.client_ca_file to the PEM file of the authorities that sign them")
         return settings
     if settings.tls_cert is None:
         raise ValueError("http.client_ca_file asks clients for a certificate in the TLS handshake, but the gateway "
                          "serves plain HTTP: set http.tls_cert and http.tls_key (or --tls-cert and --tls-key)")
-    if settings.client_cert_mode == "optional" and not mapped:
-        raise ValueError('http.client_cert_mode = "optional" lets in clients without a certificate, and with no '
-                         "auth.client_certificates a certificate decides nothing: map certificates to identities "
-                         'there, or make client_cert_mode "required"')
     ca_file = (base / settings.client_ca_file.expanduser()).resolve()
     if not ca_file.is_file():
         raise ValueError(f"http.client_ca_file: {ca_file} does not exist or is not a file")
