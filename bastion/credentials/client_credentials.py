@@ -26,7 +26,10 @@ log = logging.getLogger("bastion.credentials")
 
 _TIMEOUT = httpx2.Timeout(10.0)
 _SCOPE_IN_CHALLENGE = re.compile(r'\bscope="([^"]*)"')
-_MAX_ANSWER = 64 * 1024  # a token endpoint's or metadata document's answer larger than this is not one
+_MAX_ANSWER = 64 * 1024
+# A token refused with 401 this soon after it was issued is refused for what it is (another resource, a client the
+# server does not know), not for its age: asking for another at once would only ask at the rate of the requests.
+FRESH_TOKEN_SECONDS = 10.0  # a token endpoint's or metadata document's answer larger than this is not one
 
 
 def metadata_urls(issuer: str) -> list[str]:
@@ -173,6 +176,7 @@ class ClientCredentials:
         self._tokens: TokenSet | None = None
         self._margin = auth.refresh_before
         self._scopes = list(auth.scopes)
+        self._obtained_at = float("-inf")
         self._renewing = asyncio.Lock()
 
     async def headers(self) -> Mapping[str, str]:
@@ -191,6 +195,10 @@ class ClientCredentials:
             self._scopes += missing
             log.info("server %s: asks for scope %s; asking for a token with it", self.server, " ".join(missing))
         elif status != 401:
+            return False
+        elif self._clock() - self._obtained_at < FRESH_TOKEN_SECONDS:
+            log.warning("server %s: refused Bastion's token just issued (401); check servers.%s.auth.resource "
+                        "and scopes", self.server, self.server)
             return False
         stale = self._tokens
         try:
@@ -211,6 +219,7 @@ class ClientCredentials:
             if self._scopes:
                 form["scope"] = " ".join(self._scopes)
             self._tokens = await self._endpoint.grant(form, "Bastion's client credentials")
+            self._obtained_at = self._clock()
             self._margin = renewal_margin(self._tokens, self._auth.refresh_before, self._clock())
             log.info("server %s: obtained a client-credentials token (expires in %s)", self.server,
                      _lifetime(self._tokens, self._clock()))

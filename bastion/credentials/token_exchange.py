@@ -16,7 +16,8 @@ import time
 from typing import Callable, Mapping
 
 from bastion.credentials.base import CredentialsError
-from bastion.credentials.client_credentials import TokenEndpoint, challenge_scopes, renewal_margin
+from bastion.credentials.client_credentials import (FRESH_TOKEN_SECONDS, TokenEndpoint, challenge_scopes,
+                                                    renewal_margin)
 from bastion.credentials.config import UpstreamAuth
 from bastion.credentials.store import TokenSet, TokenStore
 from bastion.model import Identity
@@ -42,6 +43,7 @@ class TokenExchange:
         self._clock = clock
         self._scopes = list(auth.scopes)
         self._margin = auth.refresh_before
+        self._obtained_at = float("-inf")
         self._renewing = asyncio.Lock()
 
     def present(self, identity: Identity) -> None:
@@ -67,6 +69,10 @@ class TokenExchange:
                      " ".join(missing), self.user)
         elif status != 401:
             return False
+        elif self._clock() - self._obtained_at < FRESH_TOKEN_SECONDS:
+            log.warning("server %s: refused %s's token just exchanged (401); check servers.%s.auth.resource and "
+                        "audience", self.server, self.user, self.server)
+            return False
         stale = await self._store.get_async(self.server, self.user)
         try:
             fresh = await self._renew(stale, force=True)
@@ -87,6 +93,7 @@ class TokenExchange:
             if tokens is None:
                 tokens = await self._exchanged()
             await self._store.put_async(self.server, self.user, tokens)
+            self._obtained_at = self._clock()
             self._margin = renewal_margin(tokens, self._auth.refresh_before, self._clock())
             return tokens
 

@@ -88,3 +88,18 @@ def _authorization_code_tokens(server) -> dict:
         "grant_type": "authorization_code", "code": code, "redirect_uri": redirect, "code_verifier": verifier}).json()
     assert tokens.get("refresh_token"), tokens
     return tokens
+
+
+async def test_a_401_for_a_token_just_exchanged_is_the_answer_and_one_for_an_older_token_exchanges_again(
+        authorization_server, tmp_path: Path) -> None:
+    store = TokenStore.default(tmp_path, environ={})
+    subject = authorization_server.token(sub="alice", aud=GATEWAY_RESOURCE, scope="mcp")
+    now = [time.time()]
+    credentials = _exchange(authorization_server, store, subject, lambda: now[0])
+    first = (await credentials.headers())["Authorization"]
+    assert await credentials.refused(401, 'Bearer error="invalid_token"') is False
+    assert len(_grants(authorization_server, GRANT_TYPE)) == 1  # no exchange at the rate of the refusals
+    now[0] += 30
+    assert await credentials.refused(401, 'Bearer error="invalid_token"') is True
+    assert (await credentials.headers())["Authorization"] != first
+    assert len(_grants(authorization_server, GRANT_TYPE)) == 2
