@@ -195,8 +195,10 @@ class Upstream:
             self._listener.upstream_down(self, reason)
             if refused:
                 self.stopped = True
-                self.log.warning("server %s: %s; not retried: fix its configuration, then restart Bastion%s",
-                                 self.name, reason, self._quoted_stderr())
+                # an identity's instance is made anew on that identity's next call: no restart of Bastion needed
+                after = "its next call tries again" if self.secrets is not None else \
+                    "fix its configuration, then restart Bastion"
+                self.log.warning("server %s: %s; not retried: %s%s", self.name, reason, after, self._quoted_stderr())
                 return
             if time.monotonic() - self._started_at > _STABLE_AFTER:
                 failures = 0
