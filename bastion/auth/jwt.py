@@ -25,6 +25,9 @@ from bastion.auth.base import AuthFailure
 from bastion.auth.jwks import KEY_TYPE_OF, JwksCache, KeysUnavailable
 
 VERIFIED_CACHE_ENTRIES = 4096
+# The token types an access token may declare (RFC 9068 at+jwt, or the generic JWT most issuers write): another
+# explicitly typed JWT (a DPoP proof, a logout token, a security event) is not an access token (RFC 8725 3.11).
+ACCESS_TOKEN_TYPES = frozenset({"jwt", "at+jwt", "application/at+jwt"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,9 @@ class JwtValidator:
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self._algorithms:
             raise _invalid("algorithm_not_allowed")
+        typ = header.get("typ")
+        if typ is not None and (not isinstance(typ, str) or typ.lower() not in ACCESS_TOKEN_TYPES):
+            raise _invalid("not_an_access_token")
         if "crit" in header:  # no critical extension is understood here, so none may be ignored (RFC 7515 4.1.11)
             raise _invalid("critical_header")
         kid = header.get("kid")

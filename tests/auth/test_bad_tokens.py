@@ -75,6 +75,8 @@ async def test_a_valid_token_is_the_identity_its_claims_name(issuer: Issuer) -> 
     (lambda i: i.unsigned_token(), 401, "algorithm_not_allowed"),
     (lambda i: i.hs256_with_public_key(), 401, "algorithm_not_allowed"),
     (lambda i: "not-a-jwt.but.dots", 401, "malformed_token"),
+    (lambda i: i.token(header={"typ": "dpop+jwt"}), 401, "not_an_access_token"),
+    (lambda i: i.token(header={"typ": "logout+jwt"}), 401, "not_an_access_token"),
     (lambda i: _tampered_payload(i.token()), 401, "bad_signature"),
     (lambda i: _tampered_signature(i.token()), 401, "bad_signature"),
     (lambda i: i.token(key=i.new_key()), 401, "unknown_key"),  # signed by a key the issuer never published
@@ -108,6 +110,13 @@ def _tampered_signature(token: str) -> str:
     header, payload, signature = token.split(".")
     flipped = ("A" if signature[10] != "A" else "B")
     return f"{header}.{payload}.{signature[:10]}{flipped}{signature[11:]}"
+
+
+async def test_access_tokens_typed_either_way_are_accepted(issuer: Issuer) -> None:
+    auth = auth_for(issuer)
+    for typ in ("at+jwt", "JWT", "application/at+jwt", None):
+        assert (await auth.authenticator.authenticate(bearer(issuer.token(header={"typ": typ})))).name == "alice"
+    await auth.close()
 
 
 async def test_signature_key_and_format_failures_say_the_same_words(issuer: Issuer) -> None:
