@@ -79,6 +79,13 @@ class OAuthIssuer(_Strict):
         return self
 
 
+class CertificateIdentity(_Strict):
+    """The identity a client certificate proves, when it has groups too (a plain string is the name alone)."""
+
+    name: str = Field(description="the caller's identity name")
+    groups: list[str] = Field(default_factory=list, description="its groups, the Cedar principal's parents")
+
+
 class ClaimsMapping(_Strict):
     """Which token claims become the identity's name, groups, scopes and policy attributes."""
 
@@ -110,14 +117,14 @@ class AuthConfig(_Strict):
                                             "the key set again at most this often; other such tokens are refused")
     api_keys: Path | None = Field(default=None, description="the hashed API key file `bastion keys` writes; "
                                   "absent: API keys are not accepted")
-    client_certificates: dict[str, str] = Field(
-        default_factory=dict, description="mTLS: a client certificate's name -> identity name, the name written "
-                                          '"cn:NAME", "email:ADDRESS", "uri:URI" or "dns:HOSTNAME"; needs '
-                                          "http.client_ca_file")
+    client_certificates: dict[str, str | CertificateIdentity] = Field(
+        default_factory=dict, description="mTLS: a client certificate's name -> identity name (or {name, groups}), "
+                                          'the name written "cn:NAME", "email:ADDRESS", "uri:URI" or '
+                                          '"dns:HOSTNAME"; needs http.client_ca_file')
 
     @field_validator("client_certificates")
     @classmethod
-    def _certificate_names(cls, value: dict[str, str]) -> dict[str, str]:
+    def _certificate_names(cls, value: dict[str, str | CertificateIdentity]) -> dict[str, str | CertificateIdentity]:
         from bastion.auth.mtls import parse_mapping
 
         parse_mapping(value)  # a ValueError says which name is unusable and how to write it

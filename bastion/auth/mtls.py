@@ -10,6 +10,7 @@ certificate can never pass for the common name another was mapped by:
     "email:alice@example.com"             = "alice"    # a subjectAltName rfc822Name
     "uri:spiffe://example.org/ns/agents"  = "agents"   # a subjectAltName URI (SPIFFE IDs)
     "dns:agent.example.com"               = "agent"    # a subjectAltName dNSName
+    "cn:deployer" = { name = "deployer", groups = ["ops"] }   # with groups, the Cedar principal's parents
 """
 
 from __future__ import annotations
@@ -33,18 +34,33 @@ def _normal(kind: str, value: str) -> Name:
     return kind, value.lower() if kind in _CASELESS else value
 
 
-def parse_mapping(mapping: Mapping[str, str]) -> dict[Name, str]:
-    """``auth.client_certificates`` as (kind, name) -> identity; a ValueError names the key and the fix."""
-    parsed: dict[Name, str] = {}
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    """The identity a certificate name maps to."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+
+
+def parse_mapping(mapping: Mapping[str, Any]) -> dict[Name, Mapped]:
+    """``auth.client_certificates`` as (kind, name) -> identity; each value a name, or anything with ``name`` and
+    ``groups`` (the configuration's table, or a plain mapping); a ValueError names the key and the fix."""
+    parsed: dict[Name, Mapped] = {}
     for key, identity in mapping.items():
         kind, sep, value = key.partition(":")
         kind = kind.strip().lower()
         if not sep or kind not in KINDS or not value.strip():
             raise ValueError(f"auth.client_certificates.{key!r}: say which of the certificate's names it matches, "
                              f'as "cn:NAME", "email:ADDRESS", "uri:URI" or "dns:HOSTNAME"')
-        if not isinstance(identity, str) or not identity.strip():
+        if isinstance(identity, Mapping):
+            name, groups = identity.get("name"), identity.get("groups") or ()
+        elif isinstance(identity, str):
+            name, groups = identity, ()
+        else:
+            name, groups = getattr(identity, "name", None), getattr(identity, "groups", ())
+        if not isinstance(name, str) or not name.strip():
             raise ValueError(f"auth.client_certificates.{key!r}: the identity it maps to must be a non-empty name")
-        parsed[_normal(kind, value.strip())] = identity.strip()
+        parsed[_normal(kind, value.strip())] = Mapped(name.strip(), tuple(groups))
     return parsed
 
 
@@ -65,11 +81,11 @@ def certificate_names(certificate: Mapping[str, Any]) -> list[Name]:
 class ClientCertificateMethod:
     """The ``AuthMethod`` for verified client certificates."""
 
-    mapping: Mapping[Name, str]
+    mapping: Mapping[Name, Mapped]
     asks = "a client certificate"
 
     @classmethod
-    def from_config(cls, client_certificates: Mapping[str, str]) -> "ClientCertificateMethod":
+    def from_config(cls, client_certificates: Mapping[str, Any]) -> "ClientCertificateMethod":
         return cls(parse_mapping(client_certificates))
 
     def presented(self, credentials: Credentials) -> bool:
@@ -89,4 +105,5 @@ class ClientCertificateMethod:
             raise AuthFailure(403, "the client certificate's names map to more than one identity in "
                                    "auth.client_certificates; map only one of them", None, "invalid_token",
                               "ambiguous_certificate")
-        return Identity(identities.pop(), (), "mtls")
+        mapped = identities.pop()
+        return Identity(mapped.name, mapped.groups, "mtls")

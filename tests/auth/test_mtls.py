@@ -102,6 +102,24 @@ async def test_each_kind_of_name_maps_to_an_identity(key, name) -> None:
     assert (identity.name, identity.authenticated_by, identity.groups) == (name, "mtls", ())
 
 
+async def test_a_mapping_may_give_groups() -> None:
+    method = ClientCertificateMethod.from_config({"cn:build-agent": {"name": "ci", "groups": ["ops", "ci"]}})
+    identity = await method.authenticate(credentials(CERTIFICATE))
+    assert (identity.name, identity.groups, identity.authenticated_by) == ("ci", ("ops", "ci"), "mtls")
+
+
+def test_the_configuration_takes_a_name_or_a_table() -> None:
+    from bastion.auth.config import AuthConfig
+
+    config = AuthConfig(client_certificates={"cn:a": "alice", "email:b@example.com": {"name": "bob", "groups": ["x"]}})
+    method = ClientCertificateMethod.from_config(config.client_certificates)
+    assert method.mapping[("email", "b@example.com")].groups == ("x",)
+    with pytest.raises(ValueError, match="cn:NAME"):
+        AuthConfig(client_certificates={"a": "alice"})
+    with pytest.raises(ValueError):
+        AuthConfig(client_certificates={"cn:a": {"name": "alice", "group": ["typo"]}})
+
+
 async def test_a_name_matches_only_as_its_own_kind() -> None:
     # a DNS name of one certificate never passes for another's common name
     method = ClientCertificateMethod.from_config({"cn:agent.example.com": "admin", "dns:build-agent": "admin"})

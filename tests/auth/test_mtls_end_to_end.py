@@ -16,6 +16,7 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.auth.serving import open_session, start, stop, tools_and_call, write_config
+from tests.auth.test_mtls import uri_certificate
 from tests.support import BASTION
 
 
@@ -43,7 +44,8 @@ class Pki:
         return httpx2.AsyncClient(verify=context, timeout=60)
 
 
-MAPPING = {"email:alice@example.com": "alice", "cn:build-agent": "bob"}
+MAPPING = {"email:alice@example.com": "alice", "cn:build-agent": "bob",
+           "uri:spiffe://example.org/ns/deploy": {"name": "deployer", "groups": ["ops"]}}
 
 
 async def test_client_certificates_over_https(tmp_path) -> None:
@@ -62,6 +64,16 @@ async def test_client_certificates_over_https(tmp_path) -> None:
         async with pki.client(pki.client_ca.issue_cert(common_name="build-agent")) as client:  # bob: not in the policy
             names, called = await tools_and_call(client, served.url, {})
             assert names == [] and "error" in called
+        # a SPIFFE ID mapped with groups: the policy lets the ops group call
+        pem, key = uri_certificate(pki.client_ca, "spiffe://example.org/ns/deploy", "deploy-1")
+        (tmp_path / "deploy.pem").write_bytes(pem)
+        (tmp_path / "deploy.key").write_bytes(key)
+        context = ssl.create_default_context()
+        pki.server_ca.configure_trust(context)
+        context.load_cert_chain(tmp_path / "deploy.pem", tmp_path / "deploy.key")
+        async with httpx2.AsyncClient(verify=context, timeout=60) as client:
+            names, called = await tools_and_call(client, served.url, {})
+            assert "raw__echo" in names and called["result"]["content"][0]["text"] == "hello"
         async with pki.client(pki.client_ca.issue_cert("stranger@example.com", common_name="stranger")) as client:
             unmapped = await open_session(client, served.url, {})
             assert unmapped.status_code == 403 and "auth.client_certificates" in unmapped.json()["error"]["message"]
