@@ -5,6 +5,7 @@ token the issuer did not know a moment ago is asked about again."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -19,6 +20,10 @@ from bastion.auth.jwt import check_times, named_audiences
 log = logging.getLogger("bastion.auth")
 
 CACHE_ENTRIES = 4096
+# Introspections one issuer is asked at once; past them a request waits, and past WAITING it is refused at once, so
+# that a flood of made-up opaque tokens costs the issuer a bounded number of requests, not one per token sent.
+IN_FLIGHT = 16
+WAITING = 64
 
 
 def _unavailable() -> AuthFailure:
@@ -46,6 +51,8 @@ class Introspector:
         # token -> (claims, reuse until, wall clock); oldest first, evicted in O(1)
         self._cache: OrderedDict[str, tuple[Mapping[str, Any], float]] = OrderedDict()
         self.asked = 0  # how many times the endpoint was asked (benchmarks and tests read it)
+        self._slots = asyncio.Semaphore(IN_FLIGHT)
+        self._waiting = 0
 
     async def validate(self, token: str) -> Mapping[str, Any]:
         now = self._clock()
@@ -68,6 +75,21 @@ class Introspector:
         return claims
 
     async def _ask(self, token: str) -> Mapping[str, Any]:
+        if self._slots.locked() and self._waiting >= WAITING:
+            log.warning("issuer %s: %d introspections are waiting already; this one is refused", self.issuer,
+                        self._waiting)
+            raise _unavailable()
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            return await self._ask_now(token)
+        finally:
+            self._slots.release()
+
+    async def _ask_now(self, token: str) -> Mapping[str, Any]:
         endpoint = await self._endpoints.introspection_endpoint()
         if endpoint is None:
             raise _unavailable()

@@ -381,3 +381,26 @@ async def test_an_issuers_own_audience_is_accepted_for_that_issuer_only(issuer: 
         await auth.close()
     finally:
         await other.stop()
+
+
+async def test_a_flood_of_opaque_tokens_asks_the_issuer_a_bounded_number_of_times_at_once(issuer: Issuer) -> None:
+    import asyncio
+
+    from bastion.auth import introspection
+    auth = auth_for(issuer, introspect=True)
+    answer = issuer._answer
+
+    async def slow_introspection(method: str, path: str, headers: dict, body: bytes):
+        if path == "/introspect":
+            await asyncio.sleep(0.3)
+        return await answer(method, path, headers, body)
+
+    issuer._answer = slow_introspection  # type: ignore[method-assign]  # each answer takes a while
+    flood = introspection.IN_FLIGHT + introspection.WAITING + 20
+    results = await asyncio.gather(*(auth.authenticator.authenticate(bearer(f"opaque-{i}")) for i in range(flood)),
+                                   return_exceptions=True)
+    statuses = sorted(r.status for r in results if isinstance(r, AuthFailure))
+    assert len(statuses) == flood  # none of the made-up tokens is accepted
+    assert statuses.count(503) == 20 and statuses.count(401) == introspection.IN_FLIGHT + introspection.WAITING
+    assert issuer.hits["introspect"] == introspection.IN_FLIGHT + introspection.WAITING
+    await auth.close()
