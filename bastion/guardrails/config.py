@@ -158,3 +158,21 @@ class GuardrailsConfig(GuardrailSwitches):
 
     def pins_path(self) -> Path:
         return Path(self.pins.path).expanduser()
+
+
+class Switch:
+    """What one guardrail does, per server, read from the configuration once per server: a running chain's
+    configuration does not change (a new one builds a new chain), and a call asks for it at every guardrail."""
+
+    __slots__ = ("_config", "_known", "_name")
+
+    def __init__(self, config: GuardrailsConfig, name: str) -> None:
+        self._config = config
+        self._name = name
+        self._known: dict[str | None, str] = {}
+
+    def __call__(self, server: str | None) -> str:
+        known = self._known.get(server)
+        if known is None:
+            known = self._known[server] = self._config.switch(self._name, server)
+        return known

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Mapping
 
-from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.config import GuardrailsConfig, Switch
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.taint import named
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
@@ -92,16 +92,17 @@ class DeputyGuard:
     def __init__(self, config: GuardrailsConfig, report: InterventionLog) -> None:
         self._config = config
         self._report = report
+        self._mode = Switch(config, "deputy")
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         if request.method == SAMPLING:
-            if request.server is not None and self._config.switch("deputy", request.server) != "off":
+            if request.server is not None and self._mode(request.server) != "off":
                 self._check_sampling(request, request.server)
             return await call_next(request)
         result = await call_next(request)
         if request.method in _RESULTS and isinstance(result, dict):
             server = _answering_server(request)
-            if server is not None and self._config.switch("deputy", server) != "off":
+            if server is not None and self._mode(server) != "off":
                 self._withhold_foreign_links(request, server, result)
         return result
 
@@ -144,7 +145,7 @@ class DeputyGuard:
     def _tell(self, request: GatewayRequest, action: str, server: str, kind: str, detail: str) -> None:
         target = request.method if request.method == SAMPLING else named(request.params, "name")
         self._report.report(Intervention("deputy", action, server, target, kind, kind, detail,
-                                         request.session.session_id))
+                                         request.session.session_id, request.session.identity))
 
 
 def _answering_server(request: GatewayRequest) -> str | None:

@@ -36,7 +36,7 @@ from typing import Any, Iterator, Mapping, MutableMapping
 import hyperscan
 import orjson
 
-from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.config import GuardrailsConfig, Switch
 from bastion.guardrails.content import TextSlot, error_slots, text_slots
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
@@ -89,7 +89,8 @@ class Verdict:
 
     @property
     def flagged(self) -> bool:
-        return self.score >= FLAG_SCORE
+        # Nothing found scores 0, under any threshold: nearly every text, and then there is nothing to add up.
+        return bool(self.findings) and self.score >= FLAG_SCORE
 
     @property
     def rules(self) -> list[str]:
@@ -823,6 +824,7 @@ class WithheldToolGate:
         self._guard = guard
         self._config = config
         self._catalog = catalog
+        self._mode = Switch(config, "metadata_injection")
         # The refusal of each tool entry, for the catalog it was decided in (a tool of another server named in a
         # description counts): a call costs a lookup, not a hash of its definition.
         self._decided: tuple[Any, dict[str, tuple[ToolEntry, str | None]]] = ((), {})
@@ -832,7 +834,7 @@ class WithheldToolGate:
             return await call_next(request)
         name = _call_name(request.params)
         entry = self._catalog.tool(name) if name is not None else None
-        if entry is not None and self._config.switch("metadata_injection", entry.server) != "off":
+        if entry is not None and self._mode(entry.server) != "off":
             refusal = self._refusal(name, entry)
             if refusal is not None:
                 raise GatewayError(-32602, refusal, {"guardrail": "metadata_injection"})
@@ -847,7 +849,7 @@ class WithheldToolGate:
         known = decided.get(name)
         if known is not None and known[0] is entry:
             return known[1]
-        mode = self._config.switch("metadata_injection", entry.server)
+        mode = self._mode(entry.server)
         verdict = self._guard.verdict(entry.definition, entry.server)
         refusal = None
         if verdict.flagged and (mode == "withhold" or self._guard.verdict(
@@ -889,12 +891,13 @@ class OutputGuard:
         self._config = config
         self._report = report
         self._catalog = catalog
+        self._mode = Switch(config, "output_injection")
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
         if request.method not in OUTPUT_METHODS:
             return await call_next(request)
         target, server = self._target(request)
-        mode = self._config.switch("output_injection", server)
+        mode = self._mode(server)
         if mode == "off":
             return await call_next(request)
         try:
@@ -920,7 +923,7 @@ class OutputGuard:
             self._report.report(Intervention(
                 "output_injection", "blocked", server, target, verdict.kind, ",".join(verdict.rules),
                 f"result withheld: {', '.join(each.slot.where for each in flagged)} read as instructions to the model",
-                request.session.session_id))
+                request.session.session_id, request.session.identity))
             message = (f"Bastion blocked this result from {source}: {', '.join(e.slot.where for e in flagged)} "
                        f"contains what reads as instructions to the model ({verdict.reason()}).")
             if request.method == "tools/call":
@@ -930,7 +933,8 @@ class OutputGuard:
             each.slot.replace(mark_untrusted(each.slot.text, source, each.verdict))
         self._report.report(Intervention(
             "output_injection", "marked", server, target, verdict.kind, ",".join(verdict.rules),
-            f"marked as untrusted data: {', '.join(each.slot.where for each in flagged)}", request.session.session_id))
+            f"marked as untrusted data: {', '.join(each.slot.where for each in flagged)}",
+            request.session.session_id, request.session.identity))
         return result
 
     def _check_error(self, request: GatewayRequest, error: GatewayError, target: str | None, server: str | None,
@@ -955,7 +959,8 @@ class OutputGuard:
             action = "marked"
         error.args = (error.message,)
         self._report.report(Intervention("output_injection", action, server, target, verdict.kind,
-                                         ",".join(verdict.rules), "in an error message", request.session.session_id))
+                                         ",".join(verdict.rules), "in an error message",
+                                         request.session.session_id, request.session.identity))
 
     def _flag(self, request: GatewayRequest, server: str | None, verdict: Verdict) -> None:
         request.session.facts.setdefault(INJECTION_FLAGS, {})[server or "?"] = verdict.reason()

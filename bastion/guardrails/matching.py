@@ -105,7 +105,7 @@ class Matcher:
             if needs and needs.isdisjoint(hits):
                 continue
             candidates.extend(self._confirmed(index, found.ends, data))
-        return _without_overlaps(candidates)
+        return _without_overlaps(candidates) if len(candidates) > 1 else candidates
 
     def _scratches_for_thread(self) -> list[hyperscan.Scratch]:
         scratches = getattr(self._scratch, "spaces", None)

@@ -180,8 +180,16 @@ class ScanningPolicy:
 
     def __init__(self, config: GuardrailsConfig) -> None:
         self._config = config
+        # Each server's decider, made once: a running chain's configuration does not change.
+        self._actions: dict[str | None, Callable[[Detector], Action]] = {}
 
     def action_for(self, server: str | None) -> Callable[[Detector], Action]:
+        action = self._actions.get(server)
+        if action is None:
+            action = self._actions[server] = self._action_for(server)
+        return action
+
+    def _action_for(self, server: str | None) -> Callable[[Detector], Action]:
         settings = self._config.scanning
         own = settings.servers.get(server, {}) if server is not None else {}
         switches = {name: self._config.switch(name, server) for name in ("secrets", "pii")}
@@ -280,7 +288,7 @@ class ScanningInterceptor:
                 guardrail=guardrail, action="redacted" if action == "redact" else "blocked", server=server,
                 target=target, kind=kind, rule=rule,
                 detail=_count_and_places(wheres),
-                session=request.session.session_id))
+                session=request.session.session_id, identity=request.session.identity))
 
 
 def _grouped(hits: list[Hit]) -> Iterator[tuple[tuple[str, str, str, str], list[str]]]:
