@@ -164,6 +164,9 @@ def _check_credentials(server: ServerConfig) -> None:
     if server.identity_env and server.scope != "per_identity":
         raise ValueError('identity_env sets a secret of each caller in that caller\'s process: set scope = '
                          '"per_identity" on this server')
+    if server.auth is not None and any(name.lower() == "authorization" for name in server.headers):
+        raise ValueError("headers.Authorization and auth would both set the Authorization header: keep auth and "
+                         "remove the header, or remove auth")
     if server.client_key is not None and server.client_cert is None:
         raise ValueError("client_key needs client_cert, the certificate it is the key of")
 

@@ -62,6 +62,9 @@ def test_a_secrets_file_that_is_missing_is_an_error_naming_the_key(tmp_path: Pat
     ({"url": "https://x.example/mcp", "scope": "per_identity", "identity_env": {"TOKEN": "token"}},
      "for local (command) servers only"),
     ({"url": "https://x.example/mcp", "client_key": "key.pem"}, "client_key needs client_cert"),
+    ({"url": "https://x.example/mcp", "headers": {"authorization": "Bearer static"}, "auth": {
+        "type": "client_credentials", "issuer": "https://as", "client_id": "b", "client_secret": "s"}},
+     "would both set the Authorization header"),
 ])
 def test_credentials_that_cannot_work_are_refused_with_the_fix(entry: dict, says: str) -> None:
     with pytest.raises(pydantic.ValidationError) as refused:
