@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
+
+from bastion.model import Identity
 
 log = logging.getLogger("bastion.guardrails")
 
@@ -23,6 +25,8 @@ class Intervention:
     rule: str  # the rule or detector that found it
     detail: str = ""  # words for people; never the matched value
     session: str = ""
+    # the caller whose request it was (None for what no one request caused); recorded by name, method and issuer
+    identity: Identity | None = None
 
 
 class InterventionLog:
@@ -34,11 +38,19 @@ class InterventionLog:
 
     def report(self, intervention: Intervention) -> None:
         self.counts[(intervention.guardrail, intervention.action, intervention.kind)] += 1
-        log.warning("guardrail %s %s %s on server %s, %s (rule %s)%s", intervention.guardrail, intervention.action,
+        identity = intervention.identity
+        log.warning("guardrail %s %s %s on server %s, %s (rule %s)%s%s", intervention.guardrail, intervention.action,
                     intervention.kind, intervention.server or "-", intervention.target or "-", intervention.rule,
+                    f" for {identity.describe()}" if identity is not None else "",
                     f": {intervention.detail}" if intervention.detail else "")
         if self._audit is not None:
-            # "kind" names an audit record's type, so what was found is recorded as "found".
-            record = asdict(intervention)
+            # "kind" names an audit record's type, so what was found is recorded as "found". Field by field, not
+            # asdict: that would copy the identity whole, its token included.
+            record = {name: getattr(intervention, name) for name in _RECORDED}
             record["found"] = record.pop("kind")
+            if identity is not None:
+                record["who"] = identity.record()
             self._audit({"kind": "guardrail", **record})
+
+
+_RECORDED = tuple(f.name for f in fields(Intervention) if f.name != "identity")
