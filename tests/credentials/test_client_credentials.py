@@ -5,10 +5,14 @@ authorization server refuses is an error naming the keys to check, never the sec
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
+import trustme
 
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.credentials.base import CredentialsError
@@ -17,6 +21,7 @@ from bastion.credentials.config import UpstreamAuth
 from bastion.host import Host
 from bastion.model import GatewayError
 from tests.credentials.conftest import GATEWAY_CLIENT, UPSTREAM_RESOURCE, client_auth
+from tests.support import BASTION, ROOT
 
 
 def test_metadata_is_looked_for_where_rfc_8414_and_openid_connect_put_it() -> None:
@@ -144,13 +149,6 @@ httpd.serve_forever()
 @pytest.fixture
 def tls_authorization_server(tmp_path):
     """The tests' authorization server over HTTPS, with a certificate of a private CA."""
-    import subprocess
-    import sys
-
-    import trustme
-
-    from tests.support import ROOT
-
     authority = trustme.CA()
     authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     authority.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
@@ -175,3 +173,20 @@ async def test_an_authorization_server_of_a_private_ca_is_trusted_through_ca_fil
     with pytest.raises(CredentialsError, match="no token endpoint found"):
         await ClientCredentials("up", untrusted, UPSTREAM_RESOURCE,
                                 TokenEndpoint(untrusted, "servers.up.auth")).headers()
+
+
+def test_bastion_call_reaches_the_server_with_bastions_token_from_a_secrets_file(
+        authorization_server, bearer_server, tmp_path) -> None:
+    """The same as a real process, configured as an operator would: the client secret in a secrets file."""
+    upstream = bearer_server(authorization_server.issuer)
+    (tmp_path / "client-secret").write_text(GATEWAY_CLIENT[1] + "\n")
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"policy": "off", "guardrails": "off", "servers": {"up": {
+        "url": upstream.url, "auth": {**client_auth(authorization_server.issuer),
+                                      "client_secret": "${file:client-secret}"}}}}))
+    called = subprocess.run([BASTION, "call", str(config), "up__whoami", "-q"], capture_output=True, text=True,
+                            timeout=120)
+    assert called.returncode == 0, called.stderr
+    assert GATEWAY_CLIENT[0] in called.stdout
+    assert GATEWAY_CLIENT[1] not in called.stdout + called.stderr
+    assert all(event["status"] == 200 for event in upstream.seen())
