@@ -91,7 +91,7 @@ def gateway(request, tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, dict
             try:
                 url = wait_for("address", lambda: (re.search(r"serving MCP on (http://\S+/mcp)", stderr.read_text())
                                                    or [None, None])[1])
-                yield url, stderr, callers
+                yield url, stderr, callers, tmp_path / "state"
             finally:
                 bastion.send_signal(signal.SIGTERM)
                 try:
@@ -118,7 +118,7 @@ async def whoami(client: Client) -> str:
 
 
 async def test_each_person_authorizes_once_and_their_calls_carry_their_own_token(gateway) -> None:
-    url, stderr, callers = gateway
+    url, stderr, callers, state = gateway
     operator_link = wait_for("operator's link", lambda: links(stderr).get("local"))
     expected_callback = url.removesuffix("/mcp") + "/oauth/callback" if "authorization" in callers["alice"] else None
     if expected_callback is not None:  # the frontend serves the redirect itself
@@ -148,6 +148,18 @@ async def test_each_person_authorizes_once_and_their_calls_carry_their_own_token
         approve(bob_link, "bob")
         assert await whoami(bob) == "bob"
         assert await whoami(alice) == "alice"
+
+        # Revoked at Bastion while the gateway runs: alice's next call needs a new authorization, bob's does not.
+        listed = subprocess.run([BASTION, "credentials", "list"], capture_output=True, text=True,
+                                env={**os.environ, "XDG_STATE_HOME": str(state)}, timeout=60)
+        assert "alice" in listed.stdout and "bob" in listed.stdout
+        revoked = subprocess.run([BASTION, "credentials", "revoke", "alice", "docs"], capture_output=True,
+                                 text=True, env={**os.environ, "XDG_STATE_HOME": str(state)}, timeout=60)
+        assert revoked.returncode == 0, revoked.stderr
+        with pytest.raises(MCPError) as again:
+            await whoami(alice)
+        assert again.value.error.code == -32042
+        assert await whoami(bob) == "bob"
 
     log = stderr.read_text()
     assert "access_token" not in log and "Bearer " not in log
