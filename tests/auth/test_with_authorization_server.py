@@ -544,6 +544,22 @@ def test_a_slow_jwks_endpoint_is_cut_off_by_the_fetch_timeout(authorization_serv
         assert _post(gw, token=token).status_code == 200
 
 
+@pytest.mark.parametrize("metadata", ["oauth", "oidc"])
+def test_an_issuer_with_a_path_is_found_through_the_one_metadata_document_it_publishes(tmp_path, metadata):
+    """As Keycloak's realms and Entra ID's tenants are: the issuer has a path, and only its RFC 8414 or only its
+    OpenID Connect metadata exists; the gateway is given the issuer alone."""
+    with running(":".join(GATEWAY_CLIENT), issuer_path="/realms/acme", metadata=metadata) as server:
+        assert urlsplit(server.issuer).path == "/realms/acme"
+        port = free_port()
+        resource = f"http://127.0.0.1:{port}/mcp"
+        with gateway(tmp_path, _auth_table(server, resource), port=port) as gw:
+            assert _post(gw, token=server.token(aud=resource, scope=READ)).status_code == 200
+            stats = server.stats()
+            assert stats["metadata"] >= 1 and stats["jwks"] == 1
+            prm = httpx2.get(gw.base + "/.well-known/oauth-protected-resource/mcp", timeout=30).json()
+            assert prm["authorization_servers"] == [server.issuer]
+
+
 # -- several issuers, one of them introspected ------------------------------------------------------------------
 
 
