@@ -48,8 +48,12 @@ def diagnose(config: "GatewayConfig") -> list[Finding]:
 def remote_findings(where: str, server: "ServerConfig") -> list[Finding]:
     """What a remote server is sent, and that nothing confines it: the header names, never their values."""
     assert server.url is not None
-    sent = (f"the headers {', '.join(sorted(server.headers))} (values not shown)" if server.headers
-            else "no headers of its own")
+    parts = [f"the headers {', '.join(sorted(server.headers))} (values not shown)"] if server.headers else []
+    if server.auth is not None:
+        parts.append(_AUTH_SENT[server.auth.type])
+    if server.client_cert is not None:
+        parts.append("Bastion's client certificate")
+    sent = " and ".join(parts) or "no headers of its own"
     findings = [Finding(
         "warning", f"{where}.url", f"a remote server: not sandboxed (Bastion does not run it); it is sent the "
         f"requests routed to it with {sent}, never a client's own credentials",
@@ -58,11 +62,26 @@ def remote_findings(where: str, server: "ServerConfig") -> list[Finding]:
         findings.append(Finding("error", f"{where}.ca_file", f"{server.ca_file} is not a file",
                                 "give the PEM file of the CA that signs the server's certificate (relative paths "
                                 "are read from the configuration file's folder)"))
+    for key in ("client_cert", "client_key"):
+        path = getattr(server, key)
+        if path is not None and not Path(path).expanduser().is_file():
+            findings.append(Finding("error", f"{where}.{key}", f"{path} is not a file",
+                                    "give the PEM file (relative paths are read from the configuration file's folder)"))
     if server.url.lower().startswith("http://") and server.headers and not _loopback(server.url):
         findings.append(Finding(
             "warning", f"{where}.url", f"headers ({', '.join(sorted(server.headers))}) go to {server.url} "
             "unencrypted", "use an https:// URL"))
+    if server.url.lower().startswith("http://") and server.auth is not None and not _loopback(server.url):
+        findings.append(Finding("warning", f"{where}.url", f"OAuth tokens go to {server.url} unencrypted",
+                                "use an https:// URL"))
     return findings
+
+
+_AUTH_SENT = {
+    "client_credentials": "Bastion's own OAuth token (client credentials)",
+    "token_exchange": "each caller's token exchanged for one of its own (RFC 8693)",
+    "authorization_code": "the token each person granted it (authorization code)",
+}
 
 
 def _loopback(url: str) -> bool:

@@ -79,3 +79,19 @@ def test_per_identity_credentials_are_accepted_where_each_caller_has_an_instance
     local = ServerConfig.model_validate({"command": "server", "scope": "per_identity",
                                          "identity_env": {"GITHUB_TOKEN": "github_token"}})
     assert local.identity_env == {"GITHUB_TOKEN": "github_token"}
+
+
+def test_bastion_check_says_what_a_remote_server_is_sent_and_what_cannot_work(tmp_path: Path) -> None:
+    from bastion.diagnostics import diagnose
+
+    path = tmp_path / "bastion.json"
+    path.write_text(json.dumps({"policy": "off", "servers": {"tickets": {
+        "url": "http://tickets.example.com/mcp", "scope": "per_identity", "client_cert": "missing.pem",
+        "auth": {"type": "token_exchange", "issuer": "https://as.example", "client_id": "b",
+                 "client_secret": "s3cr3t-in-file"}}}}))
+    findings = diagnose(load_config(path, log_notes=False))
+    said = [(f.level, f.where, f.message) for f in findings]
+    assert any("exchanged for one of its own" in m and "client certificate" in m for _, _, m in said)
+    assert ("error", "servers.tickets.client_cert") in [(level, where) for level, where, _ in said]
+    assert any(level == "warning" and "unencrypted" in m for level, _, m in said)
+    assert not any("s3cr3t-in-file" in f.message + f.fix for f in findings)
