@@ -57,7 +57,8 @@ def remote_findings(where: str, server: "ServerConfig") -> list[Finding]:
     findings = [Finding(
         "warning", f"{where}.url", f"a remote server: not sandboxed (Bastion does not run it); it is sent the "
         f"requests routed to it with {sent}, never a client's own credentials",
-        "nothing to do if you trust that endpoint; keep credentials out of the file with ${env:NAME} in headers")]
+        "nothing to do if you trust that endpoint; keep credentials out of the file with ${env:NAME} or "
+        "${file:PATH}")]
     if server.ca_file is not None and not Path(server.ca_file).expanduser().is_file():
         findings.append(Finding("error", f"{where}.ca_file", f"{server.ca_file} is not a file",
                                 "give the PEM file of the CA that signs the server's certificate (relative paths "
