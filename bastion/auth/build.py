@@ -77,8 +77,9 @@ def build_http_auth(auth: AuthConfig | None, *, identity_header: str | None, ide
     metadata_url = resource_metadata_url(auth.resource) if auth.resource is not None else None
     if auth.issuers:
         assert auth.resource is not None and metadata_url is not None  # AuthConfig requires it with issuers
-        result.client = client or httpx2.AsyncClient(timeout=auth.fetch_timeout_seconds, follow_redirects=False,
-                                                     trust_env=False)
+        # The environment's proxy and CA settings apply (HTTPS_PROXY, NO_PROXY, SSL_CERT_FILE), as they do for
+        # remote servers: an issuer is often reached through the company's proxy or signed by its own CA.
+        result.client = client or httpx2.AsyncClient(timeout=auth.fetch_timeout_seconds, follow_redirects=False)
         for entry in auth.issuers:
             audiences = frozenset((auth.resource, *entry.audiences))
             endpoints = IssuerEndpoints(entry.issuer, result.client, jwks_uri=entry.jwks_uri,
