@@ -40,6 +40,9 @@ def build_gateway(
     guardrails = build_guardrail_chain(config, policy, catalog)
     tool_index: CatalogIndex | LazyCatalogIndex
     exposure: list[Interceptor] = []
+    from bastion.search.stack import announce
+
+    announce()  # what search runs on, a warning when it is less than the hybrid: before the first search needs it
     if config.tools.exposure == "search":
         # Imported only here: the index brings numpy and a model runtime that "all" mode never needs.
         from bastion.search.exposure import SearchExposure
@@ -48,6 +51,8 @@ def build_gateway(
         exposure.append(SearchExposure(tool_index, config.tools.always_list))
     else:
         tool_index = LazyCatalogIndex(catalog, config.tools)
+        if config.tools.exposure == "auto":
+            exposure.append(auto_exposure(catalog, config.tools, tool_index))
     return Gateway(config, catalog=catalog, policy=policy, exposure=exposure, screens=guardrails.screens,
                    interceptors=[*guardrails.inner, *interceptors], tool_index=tool_index, launcher=launcher)
 
@@ -58,7 +63,8 @@ def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
         log.warning("policy is off: every call is allowed and nothing is audited")
         return None
     pre_approved = {name: cfg.auto_approve for name, cfg in config.servers.items() if cfg.enabled}
-    return build_policy_runtime(config.policy, pre_approved=pre_approved)
+    claims = tuple(config.auth.claims.attributes) if config.auth is not None else ()
+    return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims)
 
 
 def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, catalog: CatalogView) -> GuardrailChain:
@@ -82,6 +88,18 @@ def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:
     cache = default_cache_dir()
     tokens = tools.embedding_tokens
     return CatalogIndex(catalog, lambda: ToolIndex(cache_dir=cache, doc_max_tokens=tokens))
+
+
+def auto_exposure(catalog: CatalogView, tools: ToolsConfig, index: "LazyCatalogIndex") -> Interceptor:
+    """Exposure "auto": search mode past the size bound, built (with the index's libraries) only once it is."""
+    from bastion.search.auto import AutoExposure
+
+    def search_exposure() -> Interceptor:
+        from bastion.search.exposure import SearchExposure
+
+        return SearchExposure(index, tools.always_list)
+
+    return AutoExposure(catalog, search_exposure)
 
 
 class LazyCatalogIndex:

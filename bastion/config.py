@@ -174,8 +174,10 @@ def _check_credentials(server: ServerConfig) -> None:
 class ToolsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    exposure: Literal["all", "search"] = Field(
-        default="all", description="all: list every permitted tool; search: list search_tools and call_tool"
+    exposure: Literal["auto", "all", "search"] = Field(
+        default="auto", description="auto: every tool while the catalog has at most 10 tools and 5,000 tokens of "
+                                    "definitions, search mode past that; all: list every permitted tool; search: list "
+                                    "search_tools and call_tool"
     )
     always_list: list[str] = Field(default_factory=list, description="tools listed in search mode too (exposed names)")
     # MiniLM's cost per tool grows with its text: 128 word pieces keep the parameters (the best

@@ -22,10 +22,12 @@ NODE_BIN = ROOT / "node_modules" / ".bin"
 READY_TIMEOUT = 120
 
 
-def write_config(path: Path, servers: dict, *, policy: object = "off", guardrails: object = None) -> Path:
+def write_config(path: Path, servers: dict, *, policy: object = "off", guardrails: object = None,
+                 exposure: str = "all") -> Path:
     """A Bastion configuration of ``servers``; policy off unless given, for tests of the data plane itself; the
-    guardrails as they come unless given."""
-    settings = {"servers": servers, "policy": policy, "ready_timeout": READY_TIMEOUT}
+    guardrails as they come unless given; every tool listed unless ``exposure`` says otherwise (the default,
+    "auto", would show search mode past 10 tools)."""
+    settings = {"servers": servers, "policy": policy, "ready_timeout": READY_TIMEOUT, "tools": {"exposure": exposure}}
     if guardrails is not None:
         settings["guardrails"] = guardrails
     path.write_text(json.dumps(settings))

@@ -31,8 +31,9 @@ def gated_server(tmp_path: Path, gate: Path, name: str, tag: str, **extra) -> di
 
 
 def write(path: Path, servers: dict, **top_level) -> Path:
-    # The tests call tools of fixture servers; policy has its own tests, and is off here in so many words.
-    path.write_text(json.dumps({"policy": "off", **top_level, "servers": servers}))
+    # The tests call tools of fixture servers; policy has its own tests, and is off here in so many words. Every
+    # tool is listed: two fixture servers are past the default exposure's bound, which would show search mode.
+    path.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, **top_level, "servers": servers}))
     return path
 
 

@@ -264,7 +264,9 @@ def _tools(args: argparse.Namespace) -> int:
         return 2
 
     async def work(gateway: Gateway, session: Session) -> int:
-        result = await gateway.handle(GatewayRequest("tools/list", {}, session, gateway.catalog))
+        # The permitted catalog, whatever the exposure mode (which is for MCP clients: past 10 tools, "auto" would show
+        # a person two meta-tools); the last line says what clients are shown.
+        result = await gateway.handle_permitted(GatewayRequest("tools/list", {}, session, gateway.catalog))
         down = [n for n, u in gateway.upstreams.items() if not u.ready.is_set()]
         if args.json:
             sys.stdout.write(orjson.dumps(_catalog_report(gateway, result["tools"]), option=orjson.OPT_INDENT_2).decode()
@@ -282,6 +284,10 @@ def _tools(args: argparse.Namespace) -> int:
             print(f"{name.ljust(width)}  {server.ljust(swidth)}  {description}")
         print(f"{len(rows)} tool(s) from {len(gateway.upstreams) - len(down)} server(s)"
               + (f"; not available: {', '.join(down)}" if down else ""), file=sys.stderr)
+        from bastion.search.auto import shown_to_clients
+
+        definitions = [entry.definition for entry in gateway.catalog.tools()]
+        print(shown_to_clients(gateway.config.tools.exposure, definitions), file=sys.stderr)
         return 0 if not down else 1
 
     return run_loop(with_gateway(config, work))

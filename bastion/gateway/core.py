@@ -77,7 +77,7 @@ class Gateway:
         if config.policy is not None and policy is None:
             raise ValueError("the configuration has a policy and none was given: build the gateway with "
                              "bastion.compose.build_gateway, which builds it")
-        if config.tools.exposure == "search" and not exposure:
+        if config.tools.exposure in ("search", "auto") and not exposure:
             raise ValueError("the configuration asks for search exposure and none was given: build the gateway with "
                              "bastion.compose.build_gateway, which builds it")
         self.config = config

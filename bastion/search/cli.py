@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import orjson
 
+from bastion.search.stack import search_stack
+
 CatalogLoader = Callable[[str | None], Mapping[str, Sequence[Mapping[str, Any]]]]
 
 
@@ -33,7 +35,8 @@ def _add_eval_arguments(p: argparse.ArgumentParser) -> None:
                    help="one query per line: {query, relevant: [tool ids]}")
     p.add_argument("--k", type=int, default=5, help="also report Recall@K (default 5)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    p.add_argument("--lexical-only", action="store_true", help="BM25 alone, without the embedding model")
+    p.add_argument("--lexical-only", action="store_true",
+                   help="BM25 alone, without the embedding models (without it, a missing model is an error)")
     p.add_argument("--doc-tokens", type=int, default=128, metavar="N",
                    help="word pieces embedded per tool (default 128; 32 builds ~3x faster, slightly lower recall)")
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -58,6 +61,11 @@ def _run_eval(args: argparse.Namespace) -> int:
         print(f"bastion tools eval: {exc}", file=sys.stderr)
         return 2
     encoder = None if args.lexical_only else "auto"
+    if not args.lexical_only and not (stack := search_stack()).complete:
+        # A lexical figure reported as the catalog's search quality would be read as the hybrid's.
+        print(f"bastion tools eval: cannot run the hybrid search here: tool search runs on {stack.describe()}; "
+              "pass --lexical-only to measure BM25 alone", file=sys.stderr)
+        return 1
     report = evaluate_index(
         tools, queries, k=args.k,
         make_index=lambda: ToolIndex(key_field="id", encoder=encoder, cache_dir=args.cache_dir,
@@ -67,6 +75,10 @@ def _run_eval(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(report.as_json(), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode() + "\n")
     else:
         print(format_report(report), file=sys.stderr)
+    if not args.lexical_only and report.mode != "hybrid":  # the packages were there but a model failed to load
+        print(f"bastion tools eval: the hybrid search did not run ({'; '.join(report.notes) or report.mode}); "
+              "pass --lexical-only to measure BM25 alone", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -131,10 +143,13 @@ def _run_stats(args: argparse.Namespace, catalog_loader: CatalogLoader | None) -
         print(f"bastion tools stats: {exc}", file=sys.stderr)
         return 2
     cost = catalog_cost(catalog, encodings, always_listed=args.always, k=args.k)
+    stack = search_stack()
     if args.json:
-        sys.stdout.write(orjson.dumps(cost.as_json(), option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        figures = {**cost.as_json(), "search": stack.as_json()}
+        sys.stdout.write(orjson.dumps(figures, option=orjson.OPT_SORT_KEYS).decode() + "\n")
     else:
         print(format_cost(cost), file=sys.stderr)
+        print(f"search runs on {stack.describe()}", file=sys.stderr)
     return 0
 
 

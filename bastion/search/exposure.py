@@ -10,6 +10,8 @@ import asyncio
 import logging
 from typing import Any, Callable, Sequence
 
+import msgspec
+
 from bastion.model import CatalogView, GatewayRequest, Handler, Session
 from bastion.search.index import EMBED_CHUNK, IndexClosed, ToolIndex
 from bastion.search.meta_tools import (
@@ -155,6 +157,12 @@ def _report_failure(maintainer: asyncio.Task[None]) -> None:
 
 
 class SearchExposure:
+    # Of a tools/call it reads the name, and the arguments only of its own meta-tools, which it decodes itself when
+    # the frontend left them as the client's bytes: calls to every other tool keep the byte pass-through.
+    methods = frozenset({"tools/list", "tools/call"})
+    reads_params = False
+    reads_results = False
+
     def __init__(self, index: CatalogIndex, always_list: Sequence[str] = ()) -> None:
         self._index = index
         self._always = tuple(always_list)
@@ -171,6 +179,10 @@ class SearchExposure:
         if request.method != "tools/call":
             return await call_next(request)
         name = request.params.get("name")
+        if type(name) is msgspec.Raw:
+            name = _raw_string(name)
+            if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME):
+                request = _derived(request, "tools/call", _decoded(request.params))
         if name == SEARCH_TOOL_NAME:
             return await self._search(request, call_next)
         if name == CALL_TOOL_NAME:
@@ -238,6 +250,19 @@ class _VisibleTools:
             cursor = page.get("nextCursor")
             if not cursor:
                 return tools
+
+
+def _raw_string(value: msgspec.Raw) -> str | None:
+    try:
+        decoded = msgspec.json.decode(value)
+    except msgspec.DecodeError:
+        return None
+    return decoded if isinstance(decoded, str) else None
+
+
+def _decoded(params: dict[str, Any]) -> dict[str, Any]:
+    """Params the frontend left as the client's JSON bytes, decoded (it checked they are JSON)."""
+    return {key: msgspec.json.decode(value) if type(value) is msgspec.Raw else value for key, value in params.items()}
 
 
 def _derived(request: GatewayRequest, method: str, params: dict[str, Any]) -> GatewayRequest:

@@ -89,7 +89,7 @@ def load_static_encoder() -> StaticEncoder | EncoderUnavailable:
     except ValueError:  # a module entry without a spec: treated as not installed
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        return EncoderUnavailable("wordllama is not installed; install mcp-bastion[search] for static vectors")
+        return EncoderUnavailable("wordllama is not installed; reinstall mcp-bastion, whose dependencies include it")
     root = Path(next(iter(spec.submodule_search_locations)))
     weights, tokenizer = root / _WEIGHTS, root / _TOKENIZER
     if not weights.is_file() or not tokenizer.is_file():

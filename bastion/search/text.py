@@ -8,14 +8,23 @@ any catalog is handled alike.
 from __future__ import annotations
 
 import re
+import unicodedata
 from itertools import islice
 from typing import Any, Callable, Iterable, NamedTuple
 
+import regex
 from bm25s.stopwords import STOPWORDS_EN
 
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _NAME_SEPARATORS = re.compile(r"[_.\-/:\s]+")
 _WORD = re.compile(r"[a-z0-9]+")
+# Beyond ASCII a word is a run of letters, their combining marks (Devanagari's vowel signs, Thai's vowels: without
+# them such words fall apart) and digits, of any script.
+_UNICODE_WORD = regex.compile(r"[\p{L}\p{M}\p{N}]+")
+# Scripts written without spaces between words. A run of them is indexed as its overlapping character pairs
+# (Lucene's CJK bigrams): no dictionary to ship, Japanese and Chinese alike, and a two-character word of a query
+# matches it inside any longer run. Mixed into a word, the run is cut out first ("API接口" -> "api", "接口").
+_UNSPACED = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}ー]+")
 _STOPWORDS = frozenset(STOPWORDS_EN)
 
 # Name words are what the tool *is*; repeating them weighs them above free prose in BM25.
@@ -121,10 +130,39 @@ def make_stemmer() -> Callable[[list[str]], list[str]] | None:
 
 def lexical_tokens(text: str, stem: Callable[[list[str]], list[str]] | None) -> list[str]:
     """Lowercased word tokens, camelCase and snake_case split, stemmed; stopwords and bare
-    numbers dropped (numbers in a request are argument values, not what the tool does)."""
-    spaced = _CAMEL_BOUNDARY.sub(" ", text).lower()
-    words = [w for w in _WORD.findall(spaced) if len(w) > 1 and w not in _STOPWORDS and not w.isdigit()]
+    numbers dropped (numbers in a request are argument values, not what the tool does).
+    Letters and digits of every script are kept; scripts without spaces become character pairs."""
+    spaced = _CAMEL_BOUNDARY.sub(" ", text)
+    if not spaced.isascii():
+        return _unicode_tokens(spaced, stem)
+    words = [w for w in _WORD.findall(spaced.lower()) if len(w) > 1 and w not in _STOPWORDS and not w.isdigit()]
     return stem(words) if stem is not None else words
+
+
+def _unicode_tokens(text: str, stem: Callable[[list[str]], list[str]] | None) -> list[str]:
+    # NFKC folds full-width Latin and digits ("ＡＰＩ", "１２") and compatibility forms into the plain ones.
+    text = unicodedata.normalize("NFKC", text).casefold()
+    words: list[str] = []
+    pairs: list[str] = []
+    for word in _UNICODE_WORD.findall(text):
+        if _UNSPACED.search(word) is None:
+            words.append(word)
+            continue
+        for piece in _UNSPACED.split(word):
+            if piece:
+                words.append(piece)
+        for run in _UNSPACED.findall(word):
+            pairs.extend(_character_pairs(run))
+    kept = [w for w in words if len(w) > 1 and w not in _STOPWORDS and not w.isdigit()]
+    # The pairs are not words of a language a stemmer knows.
+    return (stem(kept) if stem is not None else kept) + pairs
+
+
+def _character_pairs(run: str) -> list[str]:
+    """A run of an unspaced script as its overlapping character pairs; a lone character stands for itself."""
+    if len(run) == 1:
+        return [run]
+    return [run[i : i + 2] for i in range(len(run) - 1)]
 
 
 def iter_tokens(texts: Iterable[str], stem: Callable[[list[str]], list[str]] | None) -> list[list[str]]:

@@ -284,7 +284,7 @@ class NoticeGuard:
 @pytest.fixture
 async def guarded(tmp_path: Path):
     guard = NoticeGuard()
-    config = GatewayConfig.model_validate({"policy": "off", "ready_timeout": 60, "servers": {"fx": {
+    config = GatewayConfig.model_validate({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": 60, "servers": {"fx": {
         "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "legacy",
         "env": {"FIXTURE_EVENTS": str(tmp_path / "events.log")}, "sandbox": "none", "request_timeout": 300}}})
     gateway = Gateway(config, interceptors=[guard])

@@ -61,7 +61,7 @@ async def watched(tmp_path: Path):
 
     async def make(era: str, drop: int) -> tuple[Any, NoticeWatch]:
         watch = NoticeWatch(drop)
-        config = GatewayConfig.model_validate({"policy": "off", "ready_timeout": 60, "servers": {"fx": {
+        config = GatewayConfig.model_validate({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": 60, "servers": {"fx": {
             "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": era,
             "env": {"FIXTURE_EVENTS": str(tmp_path / f"events-{era}.log")}, "sandbox": "none",
             "request_timeout": 300}}})

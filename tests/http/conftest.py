@@ -38,7 +38,9 @@ def start_bastion(tmp: Path, http: dict[str, Any] | None = None, *, extra_args: 
     """``servers`` replaces the SDK fixture server, federated as ``fx``, with other entries."""
     events = tmp / "events.log"
     config = tmp / "bastion.json"
-    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, "http": http or {}, "servers": servers or {
+    # Every tool listed: these tests are about the HTTP frontend, not the exposure the fixture's 25 tools would get.
+    config.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT,
+                                  "http": http or {}, "servers": servers or {
         SERVER: {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")],
                  "env": {"FIXTURE_EVENTS": str(events)}, "request_timeout": 900,
                  "sandbox": {"writable": [str(tmp)]}}}}))

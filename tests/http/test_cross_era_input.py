@@ -29,7 +29,7 @@ LLM_ANSWER = "an answer sampled over HTTP"
 def serve(tmp: Path, era: str) -> Served:
     events = tmp / "events.log"
     config = tmp / "bastion.json"
-    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, "servers": {SERVER: {
+    config.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT, "servers": {SERVER: {
         "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": era,
         "env": {"FIXTURE_EVENTS": str(events)}, "request_timeout": 900, "sandbox": {"writable": [str(tmp)]}}}}))
     stderr = tmp / "bastion.stderr"

@@ -29,7 +29,9 @@ def scratch(tmp_path_factory):
     config = base / "claude_desktop_config.json"
     # Policy off: this is about the peers working through Bastion at all; the default policy has its own tests. So is
     # cross-server taint, which would hold these calls from one untrusted server to the next with nobody to ask.
-    config.write_text(json.dumps({"ready_timeout": 120, "policy": "off", "guardrails": {"taint": "off"}, "mcpServers": {
+    # And every tool listed: four servers are past the default exposure's bound, which would show search mode.
+    config.write_text(json.dumps({"ready_timeout": 120, "policy": "off", "guardrails": {"taint": "off"},
+                                  "tools": {"exposure": "all"}, "mcpServers": {
         "time": {"command": str(VENV_BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
         "git": {"command": str(VENV_BIN / "mcp-server-git"), "args": ["--repository", str(repo)]},
         "everything": {"command": str(NODE_BIN / "mcp-server-everything"), "args": ["stdio"]},

