@@ -60,7 +60,11 @@ class CredentialSource:
             # A token-exchange server's own connection has no caller whose token could be exchanged: it lists the
             # server's tools with Bastion's own token, by client credentials of the same client.
             return self._client_credentials(name, auth, resource)
-        return TokenExchange(name, identity.name, auth, resource, self._endpoint(name, auth), self.store(),
+        try:
+            store = self.store()
+        except CredentialsError as exc:  # a bad BASTION_CREDENTIALS_KEY: each request is told, nothing crashes
+            return _Unavailable(str(exc))
+        return TokenExchange(name, identity.name, auth, resource, self._endpoint(name, auth), store,
                              identity.subject_token)
 
     def identity_secrets(self, name: str, server: ServerConfig, identity: Identity | None) -> IdentitySecrets | None:
@@ -68,7 +72,11 @@ class CredentialSource:
         wanted: Mapping[str, str] = server.identity_env
         if not wanted or identity is None:
             return None
-        return IdentitySecrets(self.store(), name, dict(wanted), identity.name)
+        try:
+            store = self.store()
+        except CredentialsError as exc:
+            return _NoSecrets(str(exc))  # type: ignore[return-value]
+        return IdentitySecrets(store, name, dict(wanted), identity.name)
 
     def _client_credentials(self, name: str, auth: UpstreamAuth, resource: str) -> ClientCredentials:
         found = self._own.get(name)
@@ -81,6 +89,19 @@ class CredentialSource:
         if found is None:
             found = self._endpoints[name] = TokenEndpoint(auth, f"servers.{name}.auth")
         return found
+
+
+class _NoSecrets:
+    """Per-identity secrets that cannot be read (the store cannot be opened): the process is refused with why."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    async def environment(self) -> dict[str, str]:
+        raise CredentialsError(self._message)
+
+    async def unchanged(self) -> bool:
+        return True
 
 
 class _Unavailable:

@@ -105,3 +105,19 @@ def test_set_with_a_configuration_refuses_a_secret_nothing_would_read(tmp_path) 
     assert unknown.returncode == 2 and "no server 'nope'" in unknown.stderr
     assert _cli("set", "erin", "gh", "github_token", "--config", str(config), stdin="value\n").returncode == 0
     assert "erin" in _cli("list").stdout
+
+
+async def test_a_store_key_that_is_not_a_key_refuses_the_process_with_the_fix(monkeypatch) -> None:
+    monkeypatch.setenv("BASTION_CREDENTIALS_KEY", "not-a-key")
+    entry = {"command": sys.executable, "args": [str(FIXTURES / "env_server.py")], "scope": "per_identity",
+             "sandbox": {"profile": "none"}, "identity_env": {"GITHUB_TOKEN": "github_token"}}
+    gateway = build_gateway(GatewayConfig(servers={"env": ServerConfig.model_validate(entry)}, policy=None,
+                                          guardrails=None))
+    gateway.start()
+    try:
+        await gateway.wait_ready(120)
+        with pytest.raises(GatewayError) as refused:
+            await _getenv(gateway, ALICE)
+        assert "BASTION_CREDENTIALS_KEY is not a 32-byte key" in refused.value.message
+    finally:
+        await gateway.close()
