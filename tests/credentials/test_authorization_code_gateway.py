@@ -107,9 +107,9 @@ def links(stderr: Path) -> dict[str, str]:
     return {user: link for user, link in LINK.findall(stderr.read_text())}
 
 
-def connect(url: str, headers: dict[str, str]) -> Client:
+def connect(url: str, headers: dict[str, str], mode: str) -> Client:
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120, read=300))
-    return Client(streamable_http_client(url, http_client=http), mode="legacy")
+    return Client(streamable_http_client(url, http_client=http), mode=mode)
 
 
 async def whoami(client: Client) -> str:
@@ -117,7 +117,8 @@ async def whoami(client: Client) -> str:
     return result.content[0].text
 
 
-async def test_each_person_authorizes_once_and_their_calls_carry_their_own_token(gateway) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # auto: the SDK speaks 2026-07-28 to Bastion
+async def test_each_person_authorizes_once_and_their_calls_carry_their_own_token(gateway, mode: str) -> None:
     url, stderr, callers, state = gateway
     operator_link = wait_for("operator's link", lambda: links(stderr).get("local"))
     expected_callback = url.removesuffix("/mcp") + "/oauth/callback" if "authorization" in callers["alice"] else None
@@ -125,7 +126,7 @@ async def test_each_person_authorizes_once_and_their_calls_carry_their_own_token
         assert f"redirect_uri={quote(expected_callback, safe='')}" in operator_link
     assert approve(operator_link, "local").status_code == 200
 
-    async with connect(url, callers["alice"]) as alice, connect(url, callers["bob"]) as bob:
+    async with connect(url, callers["alice"], mode) as alice, connect(url, callers["bob"], mode) as bob:
         names = set()
         end = time.monotonic() + 120
         while "docs__whoami" not in names and time.monotonic() < end:  # the catalog, by the operator's token
