@@ -3,6 +3,7 @@ the server issues what the other tests rely on, then the gateway as a resource s
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -514,6 +515,40 @@ def test_cached_keys_keep_working_while_the_jwks_endpoint_is_down(authorization_
         assert _post(gw, token=authorization_server.token(aud=resource, scope=READ)).status_code == 200
 
 
+@pytest.mark.parametrize("mode", ["garbage", "empty"])
+def test_a_jwks_that_answers_nonsense_leaves_the_cached_keys_in_use(authorization_server, tmp_path, mode):
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    auth = _auth_table(authorization_server, resource, jwks_refresh_seconds=1, jwks_min_refetch_seconds=1)
+    with gateway(tmp_path, auth, port=port) as gw:
+        assert _post(gw, token=authorization_server.token(aud=resource, scope=READ)).status_code == 200
+        authorization_server.jwks_mode(mode)
+        time.sleep(1.2)
+        assert _post(gw, token=authorization_server.token(aud=resource, scope=READ)).status_code == 200
+        assert _wait_until(lambda: authorization_server.stats()["jwks"] >= 2)
+        assert _post(gw, token=authorization_server.token(aud=resource, scope=READ)).status_code == 200
+        assert gw.process.poll() is None
+
+
+async def test_many_requests_with_a_new_kid_at_once_fetch_the_keys_once(authorization_server, tmp_path):
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    auth = _auth_table(authorization_server, resource, jwks_min_refetch_seconds=1)
+    with gateway(tmp_path, auth, port=port) as gw:
+        assert _post(gw, token=authorization_server.token(aud=resource, scope=READ)).status_code == 200
+        await asyncio.sleep(1.2)
+        authorization_server.rotate()
+        # a slow key set, so that all of them arrive while the one fetch is under way
+        authorization_server.jwks_mode("slow", delay=1)
+        tokens = [authorization_server.token(aud=resource, scope=READ, sub=f"agent-{i}") for i in range(12)]
+        headers = {"accept": ACCEPT, "content-type": "application/json"}
+        async with httpx2.AsyncClient(timeout=60) as http:
+            answers = await asyncio.gather(*(http.post(gw.url, json=INITIALIZE, headers={
+                **headers, "authorization": f"Bearer {token}"}) for token in tokens))
+        assert [a.status_code for a in answers] == [200] * len(tokens)
+        assert authorization_server.stats()["jwks"] == 2
+
+
 def test_a_jwks_endpoint_down_from_the_start_is_503_until_it_answers(authorization_server, tmp_path):
     port = free_port()
     resource = f"http://127.0.0.1:{port}/mcp"
@@ -633,34 +668,41 @@ class _MemoryStorage:
         self.client_info = client_info
 
 
+def _sdk_oauth_http(gw: Gateway, scope: str) -> tuple[httpx2.AsyncClient, list[str]]:
+    """An httpx2 client whose auth is the official SDK's OAuth client for ``gw``, registering itself as a public
+    client; the user's browser is a GET that the authorization server answers with its redirect (it approves
+    alice). Also the list of redirects the browser was sent to."""
+    from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
+    from mcp.shared.auth import OAuthClientMetadata
+
+    redirects: list[str] = []
+
+    async def follow(url: str) -> None:
+        async with httpx2.AsyncClient(timeout=30) as browser:
+            answer = await browser.get(url)
+        assert answer.status_code == 302, answer.text
+        redirects.append(answer.headers["location"])
+
+    async def callback() -> AuthorizationCodeResult:
+        query = parse_qs(urlsplit(redirects[-1]).query)
+        return AuthorizationCodeResult(code=query["code"][0], state=query["state"][0], iss=query["iss"][0])
+
+    provider = OAuthClientProvider(
+        server_url=gw.url, storage=_MemoryStorage(), redirect_handler=follow, callback_handler=callback,
+        client_metadata=OAuthClientMetadata(client_name="auth-e2e", redirect_uris=["http://127.0.0.1:9/cb"],
+                                            grant_types=["authorization_code", "refresh_token"],
+                                            token_endpoint_auth_method="none", scope=scope))
+    return httpx2.AsyncClient(auth=provider, timeout=httpx2.Timeout(60, read=120)), redirects
+
+
 async def test_the_sdk_client_discovers_registers_authorizes_and_steps_up(authorization_server, tmp_path):
     """The official SDK's OAuth client from nothing: the 401's resource_metadata, the authorization server's
     metadata, dynamic registration, authorization code with PKCE and resource, and on tools/call a 403
     insufficient_scope that sends it back for mcp:tools."""
-    from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
-    from mcp.shared.auth import OAuthClientMetadata
-
     port = free_port()
     resource = f"http://127.0.0.1:{port}/mcp"
     with gateway(tmp_path, _auth_table(authorization_server, resource), port=port) as gw:
-        redirects: list[str] = []
-
-        async def follow(url: str) -> None:
-            async with httpx2.AsyncClient(timeout=30) as browser:  # the user's browser; the server approves alice
-                answer = await browser.get(url)
-            assert answer.status_code == 302, answer.text
-            redirects.append(answer.headers["location"])
-
-        async def callback() -> AuthorizationCodeResult:
-            query = parse_qs(urlsplit(redirects[-1]).query)
-            return AuthorizationCodeResult(code=query["code"][0], state=query["state"][0], iss=query["iss"][0])
-
-        provider = OAuthClientProvider(
-            server_url=gw.url, storage=_MemoryStorage(), redirect_handler=follow, callback_handler=callback,
-            client_metadata=OAuthClientMetadata(client_name="auth-e2e", redirect_uris=["http://127.0.0.1:9/cb"],
-                                                grant_types=["authorization_code", "refresh_token"],
-                                                token_endpoint_auth_method="none", scope=READ))
-        http = httpx2.AsyncClient(auth=provider, timeout=httpx2.Timeout(60, read=120))
+        http, redirects = _sdk_oauth_http(gw, READ)
         async with Client(streamable_http_client(gw.url, http_client=http), mode="legacy") as client:
             names = {tool.name for tool in (await client.list_tools()).tools}
             assert f"{SERVER}__recall" in names
@@ -671,5 +713,22 @@ async def test_the_sdk_client_discovers_registers_authorizes_and_steps_up(author
         assert stats["register"] == 1 and stats["authorize"] == 2
         exchanges = [r["form"] for r in authorization_server.requests()
                      if r["form"].get("grant_type") == "authorization_code"]
-        assert exchanges and all(form.get("resource") == resource for form in exchanges)
-        assert set(exchanges[-1].get("scope", "").split()) <= {READ, TOOLS}
+        assert len(exchanges) == 2 and all(form.get("resource") == resource for form in exchanges)
+
+
+async def test_the_sdk_client_refreshes_its_token_and_keeps_its_session(authorization_server, tmp_path):
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    authorization_server.configure(expires_in=3)
+    # mcp:read for everything: the client asks for what the 401 names, and needs no step-up here
+    auth = _auth_table(authorization_server, resource, method_scopes={})
+    with gateway(tmp_path, auth, port=port) as gw:
+        http, redirects = _sdk_oauth_http(gw, READ)
+        async with Client(streamable_http_client(gw.url, http_client=http), mode="legacy") as client:
+            await client.call_tool(f"{SERVER}__remember", {"text": "kept across a refresh"})
+            await asyncio.sleep(3.5)  # the access token's lifetime: the client refreshes before its next request
+            recalled = await client.call_tool(f"{SERVER}__recall", {})
+            assert "kept across a refresh" in recalled.content[0].text
+        assert len(redirects) == 1  # refreshed, never sent back to the user
+        grants = [r["form"]["grant_type"] for r in authorization_server.requests()]
+        assert grants.count("refresh_token") >= 1 and grants.count("authorization_code") == 1
