@@ -102,6 +102,9 @@ class UpstreamPool:
         instance = self._instances.get(key)
         if instance is not None and not await self._still_current(key, instance):
             instance = None
+        if instance is not None and getattr(instance.upstream, "secrets", None) is not None:
+            # looked up again: reading the secrets let the reaper run, and it may have stopped this idle instance
+            instance = self._instances.get(key)
         if instance is None:
             instance = self._open(key, session.identity)
         present = getattr(instance.upstream.credentials, "present", None)
