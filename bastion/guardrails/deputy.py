@@ -13,9 +13,11 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Mapping
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
+from bastion.guardrails.raw import RawResults, may_hold
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.taint import named
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
+from bastion.protocol.jsonrpc import RawResponse
 
 SAMPLING = "sampling/createMessage"
 DEPUTY_REFUSED = -32600
@@ -86,13 +88,16 @@ class DeputyGuard:
 
     methods = frozenset({*_RESULTS, SAMPLING})
     # Of a tools/call only the tool's name, which ``named`` reads from the client's JSON too; a server's sampling
-    # request is always decoded.
+    # request is always decoded. A call's result may come as the server's bytes: one without a resource link passes
+    # as it is, undecoded (bastion.guardrails.raw).
     reads_params = False
+    reads_results = "raw"
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog) -> None:
         self._config = config
         self._report = report
         self._mode = Switch(config, "deputy")
+        self.raw_results = RawResults()  # the chain gives every guardrail that reads raw results the same one
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         if request.method == SAMPLING:
@@ -100,26 +105,44 @@ class DeputyGuard:
                 self._check_sampling(request, request.server)
             return await call_next(request)
         result = await call_next(request)
+        if type(result) is RawResponse:
+            return self._raw(request, result)
         if request.method in _RESULTS and isinstance(result, dict):
             server = _answering_server(request)
             if server is not None and self._mode(server) != "off":
                 self._withhold_foreign_links(request, server, result)
         return result
 
+    def _raw(self, request: GatewayRequest, raw: RawResponse) -> Any:
+        if not may_hold(raw, b"resource_link"):
+            return raw
+        server = _answering_server(request)
+        if server is None or self._mode(server) == "off":
+            return raw
+        decoded = self.raw_results.decode(raw)
+        if self._withhold_foreign_links(request, server, decoded):
+            self.raw_results.changed(raw)
+            return decoded
+        return self.raw_results.unchanged(raw)
+
     def _owner_of(self, catalog: CatalogView) -> Owner:
         owner = getattr(catalog, "resource_owner", None)
         return owner if callable(owner) else (lambda uri: None)
 
-    def _withhold_foreign_links(self, request: GatewayRequest, server: str, result: dict[str, Any]) -> None:
+    def _withhold_foreign_links(self, request: GatewayRequest, server: str, result: dict[str, Any]) -> bool:
+        """Replace each link to another server's resource in ``result``; whether there was one."""
         owner_of = self._owner_of(request.catalog)
         allows = self._config.cross_server.allows
+        withheld = False
         for holder, index in list(result_links(request.method, result)):
             owner = foreign_owner(holder[index]["uri"], server, owner_of, allows)
             if owner is None:
                 continue
+            withheld = True
             holder[index] = withheld_link(owner, server)
             self._tell(request, "withheld", server, "foreign-resource-link",
                        f"a resource link to a resource of server '{owner}' in the answer to {request.method}")
+        return withheld
 
     def _check_sampling(self, request: GatewayRequest, server: str) -> None:
         params = request.params if isinstance(request.params, dict) else {}

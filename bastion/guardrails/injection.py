@@ -38,9 +38,11 @@ import orjson
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
 from bastion.guardrails.content import TextSlot, error_slots, text_slots
+from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
 from bastion.paths import cache_dir
+from bastion.protocol.jsonrpc import RawResponse
 
 FLAG_SCORE = 2
 STRONG = 2
@@ -886,12 +888,16 @@ class OutputGuard:
 
     methods = OUTPUT_METHODS
     reads_params = False
+    # A call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those
+    # bytes when nothing is flagged in it (bastion.guardrails.raw).
+    reads_results = "raw"
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> None:
         self._config = config
         self._report = report
         self._catalog = catalog
         self._mode = Switch(config, "output_injection")
+        self.raw_results = RawResults()  # the chain gives every guardrail that reads raw results the same one
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
         if request.method not in OUTPUT_METHODS:
@@ -905,17 +911,20 @@ class OutputGuard:
         except GatewayError as error:
             self._check_error(request, error, target, server, mode)
             raise
+        raw = None
+        if type(result) is RawResponse:  # the server's bytes: decoded once for the chain, passed on if unchanged
+            raw, result = result, self.raw_results.decode(result)
         if not isinstance(result, dict):
             return result
         slots = list(text_slots(request.method, result))
-        if not slots:
-            return result
         if sum(len(slot.text) for slot in slots) > _THREAD_THRESHOLD:
             flagged = await asyncio.to_thread(scan_slots, slots)
         else:
-            flagged = scan_slots(slots)
+            flagged = scan_slots(slots) if slots else []
         if not flagged:
-            return result
+            return self.raw_results.unchanged(raw) if raw is not None else result
+        if raw is not None:
+            self.raw_results.changed(raw)
         verdict = Verdict(tuple(f for each in flagged for f in each.verdict.findings))
         self._flag(request, server, verdict)
         source = _source(server, target)

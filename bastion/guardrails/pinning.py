@@ -204,7 +204,8 @@ class PinningGuard:
     def _refuse(self, request: GatewayRequest, withheld: Withheld) -> None:
         self._report.report(Intervention(
             "pinning", "refused", withheld.server, f"{SINGULAR[withheld.kind]} {withheld.key}",
-            withheld.intervention_kind, "trust-on-first-use", _detail(withheld), request.session.session_id))
+            withheld.intervention_kind, "trust-on-first-use", _detail(withheld),
+            request.session.session_id, request.session.identity))
         raise GatewayError(INVALID_PARAMS, withheld.sentence(), withheld.data())
 
     def _served(self, request: GatewayRequest, result: dict[str, Any], key: str, withholdings: dict[str, Withheld],

@@ -230,7 +230,7 @@ class SamplingGuard:
 
     def _tell(self, request: GatewayRequest, action: str, kind: str, rule: str, detail: str) -> None:
         self._report.report(Intervention("sampling", action, request.server, SAMPLING, kind, rule, detail,
-                                         request.session.session_id))
+                                         request.session.session_id, request.session.identity))
 
 
 def injection_scan(config: GuardrailsConfig, report: InterventionLog) -> Scanner:
@@ -252,13 +252,15 @@ def injection_scan(config: GuardrailsConfig, report: InterventionLog) -> Scanner
         rules = ",".join(verdict.rules)
         if mode == "block":
             report.report(Intervention("output_injection", "refused", server, SAMPLING, verdict.kind, rules,
-                                       f"{where} read as instructions to the model", request.session.session_id))
+                                       f"{where} read as instructions to the model",
+                                       request.session.session_id, request.session.identity))
             raise Refusal("injection", verdict.kind, f"{where} reads as instructions to the model ({verdict.reason()})"
                           ).error(server or "?")
         for each in flagged:
             each.slot.replace(mark_untrusted(each.slot.text, f"server {server!r} (a sampling request)", each.verdict))
         report.report(Intervention("output_injection", "marked", server, SAMPLING, verdict.kind, rules,
-                                   f"marked as untrusted data: {where}", request.session.session_id))
+                                   f"marked as untrusted data: {where}",
+                                   request.session.session_id, request.session.identity))
 
     return scan
 

@@ -22,9 +22,11 @@ import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.content import TextSlot, error_slots, text_slots
+from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
 from bastion.paths import cache_dir
+from bastion.protocol.jsonrpc import RawResponse
 
 if TYPE_CHECKING:  # the detectors and their libraries load in the background (see ScannerInBackground)
     from bastion.guardrails.matching import Detector, Finding, Matcher  # noqa: F401
@@ -209,9 +211,11 @@ class ScanningPolicy:
 class ScanningInterceptor:
     methods = SCANNED_RESULTS | {SAMPLING}
     # Of a client's call only the tool's name is read (decoded here when it is still the client's bytes), so the
-    # arguments may stay as they came; a server's sampling request is always decoded, and its params are read.
+    # arguments may stay as they came; a server's sampling request is always decoded, and its params are read. A
+    # call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those bytes
+    # when nothing is found in it (bastion.guardrails.raw).
     reads_params = False
-    reads_results = True
+    reads_results = "raw"
 
     def __init__(self, scanner: ScannerInBackground, policy: ScanningPolicy, report: InterventionLog,
                  thread_above: int) -> None:
@@ -219,6 +223,7 @@ class ScanningInterceptor:
         self._policy = policy
         self._report = report
         self._thread_above = thread_above
+        self.raw_results = RawResults()  # the chain gives every guardrail that reads raw results the same one
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         if request.method == SAMPLING:
@@ -230,24 +235,31 @@ class ScanningInterceptor:
             result = await call_next(request)
         except GatewayError as error:
             raise await self._scanned_error(error, request, server, target) from None
+        if type(result) is RawResponse:
+            decoded = self.raw_results.decode(result)
+            if not await self._scan_result(decoded, request, server, target):
+                return self.raw_results.unchanged(result)
+            self.raw_results.changed(result)
+            return decoded
         if isinstance(result, dict):
             await self._scan_result(result, request, server, target)
         return result
 
     async def _scan_result(self, result: dict[str, Any], request: GatewayRequest, server: str | None,
-                           target: str) -> None:
+                           target: str) -> bool:
+        """Scan ``result`` and redact or block in place; whether anything was found (and so changed)."""
         hits = await self._scan(list(text_slots(request.method, result)), server)
         if not hits:
-            return
+            return False
         self._report_all(hits, request, server, target)
         blocked = [hit for hit in hits if hit.action == "block"]
         if not blocked:
-            return
+            return True
         words = _blocked_words(blocked, server)
         if request.method == "tools/call":
             result.clear()
             result.update({"content": [{"type": "text", "text": words}], "isError": True})
-            return
+            return True
         raise GatewayError(BLOCKED, words, {"blocked": sorted({hit.kind for hit in blocked})})
 
     async def _scanned_error(self, error: GatewayError, request: GatewayRequest, server: str | None,
