@@ -13,6 +13,8 @@ driven by the same cheap raw HTTP/1.1 client (asyncio streams, keep-alive, reque
   bastion-legacy  the same process, 2025-11-25 Streamable HTTP in an Mcp-Session-Id session
   fastmcp-legacy  FastMCP's HTTP proxy (create_proxy, default settings) in a 2025-11-25 session
   fastmcp-modern  the same proxy spoken to in 2026-07-28; skipped with the reason if it does not answer
+  bastion-modern-jwt  bastion-modern with an auth table: every POST carries an RS256 bearer token (one for all the
+                  clients, as one agent's) checked against an issuer on 127.0.0.1 (tests/auth/resource_server_issuer.py)
 
 Sequential calls, then 64 concurrent clients (each its own connection, and its own session where the era has
 sessions), in rounds that alternate between the paths. Then a fresh `bastion serve`'s RSS (without its echo
@@ -49,8 +51,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 FIXTURES = BENCH_DIR / "fixtures"
 ECHO_SERVER = FIXTURES / "echo_server.py"
-ALL_PATHS = ("direct", "null", "floor", "bastion-modern", "bastion-legacy", "fastmcp-legacy", "fastmcp-modern")
-OPTIONAL_PATHS = ("bastion-modern", "bastion-legacy", "fastmcp-legacy", "fastmcp-modern")
+ALL_PATHS = ("direct", "null", "floor", "bastion-modern", "bastion-legacy", "fastmcp-legacy", "fastmcp-modern",
+             "bastion-modern-jwt")
+OPTIONAL_PATHS = ("bastion-modern", "bastion-legacy", "fastmcp-legacy", "fastmcp-modern", "bastion-modern-jwt")
 CLIENTS = 64
 START_TIMEOUT_S = 60.0
 MB = 1024 * 1024
@@ -143,6 +146,7 @@ class Style:
 
     era: str | None  # None: no MCP headers (the relay does not look at them)
     tool: str = "echo"
+    authorization: bytes = b""  # an Authorization header's value, sent with every request
 
     def head(self, host: bytes, method: str, name: str | None, session: bytes | None) -> bytes:
         lines = [b"POST /mcp HTTP/1.1", b"Host: " + host, b"Content-Type: application/json",
@@ -153,6 +157,8 @@ class Style:
                 lines.append(b"Mcp-Name: " + name.encode())
         elif self.era == LEGACY and session is not None:
             lines += [b"MCP-Protocol-Version: " + LEGACY.encode(), b"Mcp-Session-Id: " + session]
+        if self.authorization:
+            lines.append(b"Authorization: " + self.authorization)
         return b"\r\n".join(lines) + b"\r\n"
 
     def params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -305,12 +311,13 @@ def tail(path: Path, lines: int = 8) -> str:
     return "\n".join("    | " + line for line in text) or "    | (no stderr output)"
 
 
-def bastion_config(workdir: Path, python: str) -> Path:
-    config = workdir / "bastion-http.json"
+def bastion_config(workdir: Path, python: str, auth: dict[str, Any] | None = None) -> Path:
+    config = workdir / ("bastion-http-auth.json" if auth else "bastion-http.json")
     config.write_bytes(orjson.dumps({
         "mcpServers": {"echo": {"command": python, "args": [str(ECHO_SERVER)], "autoApprove": ["echo"]}},
         # 64 clients with a call each: the per-server bound must not refuse the 64th.
         "http": {"max_in_flight_per_server": 4 * CLIENTS},
+        **({"auth": auth} if auth else {}),
     }, option=orjson.OPT_INDENT_2))
     return config
 
@@ -435,6 +442,7 @@ async def measure_idle_sessions(port: int, pid: int, sessions: int) -> dict[str,
 async def run(options: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     servers: list[Server] = []
+    issuers: list[Any] = []  # the authorization server of bastion-modern-jwt, in this loop
     live: list[LivePath] = []
     idle: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="bastion-http-bench-") as tmp:
@@ -447,12 +455,21 @@ async def run(options: argparse.Namespace) -> dict[str, Any]:
         try:
             wanted = options.paths
             by_server: dict[str, Server] = {}
+            styles = dict(STYLES)
+            auth_table: dict[str, Any] | None = None
+            if "bastion-modern-jwt" in wanted:
+                sys.path.insert(0, str(REPO_ROOT))
+                from tests.auth.resource_server_issuer import RESOURCE, Issuer
+                issuer = await Issuer().start()
+                issuers.append(issuer)
+                auth_table = {"resource": RESOURCE, "issuers": [{"issuer": issuer.issuer}], "scopes": ["mcp"]}
+                styles["bastion-modern-jwt"] = Style(MODERN, "echo__echo", b"Bearer " + issuer.token().encode())
 
             async def server_for(kind: str) -> Server:
                 if kind not in by_server:
-                    if kind == "bastion":
-                        argv = [*bastion_command(python, options.bastion), "serve", str(bastion_config(workdir, python)),
-                                "--http", "127.0.0.1:0"]
+                    if kind in ("bastion", "bastion-jwt"):
+                        config = bastion_config(workdir, python, auth_table if kind == "bastion-jwt" else None)
+                        argv = [*bastion_command(python, options.bastion), "serve", str(config), "--http", "127.0.0.1:0"]
                         by_server[kind] = await start_server(kind, argv, None, workdir)
                     else:
                         port = free_port()
@@ -470,8 +487,8 @@ async def run(options: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.wait_for(pipe_client.handshake(), START_TIMEOUT_S)
                         live.append(LivePath(name, pipe_client.process.pid, DirectClient(pipe_client), []))
                     else:
-                        server = await server_for(name.split("-")[0])
-                        style = STYLES[name]
+                        server = await server_for("bastion-jwt" if name.endswith("-jwt") else name.split("-")[0])
+                        style = styles[name]
                         sequential = await asyncio.wait_for(HttpMcpClient.open(server.port, style), START_TIMEOUT_S)
                         concurrent = await open_clients(server.port, style, options.clients)
                         live.append(LivePath(name, server.process.pid, sequential, concurrent))
@@ -543,6 +560,8 @@ async def run(options: argparse.Namespace) -> dict[str, Any]:
             direct_log.close()
             for server in servers:
                 server.stop()
+            for issuer_server in issuers:
+                await issuer_server.stop()
     paths = {name: results[name] for name in options.paths if name in results}
     return {
         "calls": options.calls, "rounds": options.rounds, "clients": options.clients,
@@ -609,15 +628,15 @@ def render_table(report: dict[str, Any]) -> str:
     lines = [f"HTTP data-plane benchmark: {report['calls']} calls per mode per path, {clients} concurrent clients, "
              f"{report['rounds']} interleaved rounds, {report['machine']['cpus']} CPUs, Python {report['machine']['python']}",
              "",
-             f"{'path':<15} {'seq p50 ms':>10} {'seq p99 ms':>10} {'seq calls/s':>11} {f'{clients} p50 ms':>10} "
+             f"{'path':<18} {'seq p50 ms':>10} {'seq p99 ms':>10} {'seq calls/s':>11} {f'{clients} p50 ms':>10} "
              f"{f'{clients} calls/s':>11} {'added p50 ms':>12} {'srv CPU us':>10} {'cli CPU us':>10} {'RSS MB':>7}"]
     for name, entry in report["paths"].items():
         if entry["status"] != "ok":
-            lines.append(f"{name:<15} {entry['status'].upper()}: {entry['reason']}")
+            lines.append(f"{name:<18} {entry['status'].upper()}: {entry['reason']}")
             continue
         seq, many = entry["sequential"], entry.get("concurrent")
         lines.append(
-            f"{name:<15} {seq['p50_ms']:>10.3f} {seq['p99_ms']:>10.3f} {seq['calls_per_s']:>11.0f} "
+            f"{name:<18} {seq['p50_ms']:>10.3f} {seq['p99_ms']:>10.3f} {seq['calls_per_s']:>11.0f} "
             f"{fmt(many and many['p50_ms']):>10} {fmt(many and many['calls_per_s'], '.0f'):>11} "
             f"{fmt(added(report['paths'], name)):>12} {fmt(entry['server_cpu_us_per_call'], '.0f'):>10} "
             f"{fmt(entry['client_cpu_us_per_call'], '.0f'):>10} {fmt(entry['rss_mb'], '.1f'):>7}")
