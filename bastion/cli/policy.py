@@ -206,7 +206,7 @@ def _approvals(args: argparse.Namespace) -> int:
     rows = [("ID", "WHO", "CALL", "LEFT", "ARGUMENTS")]
     for item in pending:
         record = item.record
-        rows.append((item.id, str(record.get("identity")), f"{record.get('server')}/{record.get('tool')}",
+        rows.append((item.id, _who(record), f"{record.get('server')}/{record.get('tool')}",
                      f"{int(item.seconds_left)}s", json.dumps(record.get("arguments"), ensure_ascii=False)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
@@ -218,6 +218,15 @@ def _approvals(args: argparse.Namespace) -> int:
     return 0
 
 
+def _who(record: dict[str, Any]) -> str:
+    """The caller asking, as the approval prompt names it: ``alice (oauth, https://id.example.com)``."""
+    who = record.get("who")
+    if not isinstance(who, dict):
+        return str(record.get("identity"))
+    how = ", ".join(str(part) for part in (who.get("authenticated_by"), who.get("issuer")) if part)
+    return f"{who.get('name')} ({how})" if how else str(who.get("name"))
+
+
 def _listing(item: Any) -> dict[str, Any]:
     record = item.record
     return {
@@ -225,6 +234,7 @@ def _listing(item: Any) -> dict[str, Any]:
         "status": item.status,
         "identity": record.get("identity"),
         "groups": record.get("groups", []),
+        "who": record.get("who"),
         "server": record.get("server"),
         "tool": record.get("tool"),
         "method": record.get("method"),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 from bastion.model import GatewayRequest, Identity
@@ -141,3 +143,30 @@ async def test_lists_are_filtered_per_caller_in_both_eras(tmp_path: Path, gatewa
             listed = await gateway.handle(GatewayRequest("tools/list", {}, session(who, era=era), gateway.catalog))
             seen[who.name] = sorted(t["name"] for t in listed["tools"])
         assert seen == {"alice": ["raw__big", "raw__echo"], "mallory": []}, era
+
+
+async def test_bastion_approvals_shows_who_asks(tmp_path: Path, gateway_factory) -> None:
+    queue = tmp_path / "queue"
+    config = policy_config(tmp_path, approval={"fallback": "queue", "timeout_seconds": 60, "queue_dir": str(queue),
+                                               "poll_seconds": 0.05})
+    gateway, _ = await gateway_factory(config)
+    waiting = asyncio.create_task(call(gateway, session(ALICE), "raw__big", {"size": 2}))
+    for _ in range(600):
+        if list(queue.glob("*.json")):
+            break
+        await asyncio.sleep(0.05)
+
+    def approvals(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "bastion", "approvals", "--queue-dir", str(queue), *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    listed = await asyncio.to_thread(approvals, "--json")
+    [entry] = json.loads(listed.stdout)
+    assert entry["who"] == {"name": "alice", "groups": ["dev"], "authenticated_by": "oauth",
+                            "issuer": "https://id.example.com"}
+    table = await asyncio.to_thread(approvals)
+    assert "alice (oauth, https://id.example.com)" in table.stdout
+    assert TOKEN not in listed.stdout + table.stdout
+    await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "bastion", "deny", entry["id"], "--queue-dir",
+                                             str(queue)], capture_output=True, timeout=120)
+    assert (await refusal(waiting)).code == -32001
