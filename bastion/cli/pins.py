@@ -8,6 +8,7 @@ was accepted) goes to stdout; messages for people go to stderr.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 from pathlib import Path
@@ -198,12 +199,14 @@ def _accept(args: argparse.Namespace) -> int:
         book = _known_book(store, server, name)
         if book is None:
             return EXIT_USAGE
-        accepted, _ = store.accept(server, name)
+        who = getpass.getuser()
+        accepted, _ = store.accept(server, name, by=who)
         if not accepted:
             _say(f"nothing to accept for {args.target}: nothing of it is withheld")
             return EXIT_FAILED
         for s, kind, key in accepted:
             print(f"accepted {s}/{key} ({SINGULAR[kind]})")
+        _say(f"recorded as accepted by {who} in {store.reviews_path}")
         _say("running gateways serve the accepted definitions at the next list or call")
         return EXIT_OK
 

@@ -6,6 +6,9 @@ records; the file is replaced atomically (a temporary file in the same folder, f
 never sees half of one. Readers take no lock. A file that cannot be read or is not a pins file is never
 overwritten: the error names it and says how to fix it.
 
+Who accepted what is kept beside it, one JSON line per accepted definition (``<pins file>.reviews.jsonl``,
+appended under the same lock): the pins file says what is trusted, the reviews say who decided to trust it.
+
 These calls block on the disk: the gateway makes them on a worker thread.
 """
 
@@ -37,6 +40,7 @@ class PinStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock_path = path.with_name(path.name + ".lock")
+        self.reviews_path = path.with_name(path.name + ".reviews.jsonl")
 
     def signature(self) -> Signature:
         """What changes whenever the file is replaced: a reader compares it to know whether to read again."""
@@ -71,17 +75,43 @@ class PinStore:
         seen = list(observations)
         return self._update(lambda book: apply(book, seen, now()))
 
-    def accept(self, server: str, key: str | None) -> tuple[list[Address], PinBook]:
-        """Trust what ``server`` offers now (``key`` only, when given) and return what was accepted."""
+    def accept(self, server: str, key: str | None, by: str | None = None) -> tuple[list[Address], PinBook]:
+        """Trust what ``server`` offers now (``key`` only, when given) and return what was accepted; ``by`` (who
+        accepted it) is written to the reviews beside the pins file."""
         accepted: list[Address] = []
+        at = now()
 
         def change(book: PinBook) -> PinBook:
-            changed, done = accept(book, server, key, now())
+            changed, done = accept(book, server, key, at)
             accepted.extend(done)
             return changed
 
-        book, _ = self._update(change)
+        with self._locked():
+            book, _ = self._update(change, locked=True)
+            if by is not None and accepted:
+                self._review(at, by, accepted)
         return accepted, book
+
+    def reviews(self) -> list[dict[str, str]]:
+        """Every accepted definition, oldest first: ``{"at", "by", "server", "kind", "key"}``."""
+        try:
+            text = self.reviews_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise PinStoreError(f"{self.reviews_path}: cannot read the pins reviews: {exc.strerror}") from None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def _review(self, at: str, by: str, accepted: list[Address]) -> None:
+        lines = "".join(json.dumps({"at": at, "by": by, "server": s, "kind": kind, "key": key}, ensure_ascii=False)
+                        + "\n" for s, kind, key in accepted)
+        try:
+            fd = os.open(self.reviews_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                f.write(lines)
+        except OSError as exc:
+            raise PinStoreError(f"{self.reviews_path}: the definitions were accepted but who accepted them could not "
+                                f"be recorded: {exc.strerror}") from None
 
     def forget(self, server: str, key: str | None) -> list[Address]:
         """Drop what is pinned of ``server`` (``key`` only, when given) and return what was dropped."""
@@ -95,13 +125,15 @@ class PinStore:
         self._update(change)
         return dropped
 
-    def _update(self, change: Callable[[PinBook], PinBook]) -> tuple[PinBook, Signature]:
-        with self._locked():
-            book, signature = self.load()
-            changed = change(book)
-            if changed.records == book.records:
-                return book, signature
-            return changed, self._write(changed)
+    def _update(self, change: Callable[[PinBook], PinBook], locked: bool = False) -> tuple[PinBook, Signature]:
+        if not locked:
+            with self._locked():
+                return self._update(change, locked=True)
+        book, signature = self.load()
+        changed = change(book)
+        if changed.records == book.records:
+            return book, signature
+        return changed, self._write(changed)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
