@@ -51,11 +51,12 @@ when { resource.name == "garbage" && principal.authenticated_by == "api_key" };
 '''
 
 
-def _config(tmp: Path, policy: str, *, auth: dict[str, Any] | None = None, http: dict[str, Any] | None = None) -> Path:
+def _config(tmp: Path, policy: str, *, auth: dict[str, Any] | None = None, http: dict[str, Any] | None = None,
+            exposure: str = "all") -> Path:
     (tmp / "team.cedar").write_text(policy)
     config: dict[str, Any] = {
         "servers": {"raw": raw_server(trust="trusted")}, "ready_timeout": READY_TIMEOUT, "guardrails": "off",
-        "tools": {"exposure": "all"}, "http": http or {},
+        "tools": {"exposure": exposure}, "http": http or {},
         "policy": {"policy_files": ["team.cedar"], "audit": {"path": str(tmp / "audit.jsonl")},
                    # a bucket per caller: one agent spending its calls leaves the other's untouched
                    "rate_limits": [{"scope": "principal", "rate": 0.001, "burst": 6}]},
@@ -208,3 +209,26 @@ async def _three_agents(served: Served, tokens: dict[str, str]) -> None:
         call = await modern_request(client, served.url, _bearer(tokens["reader"]), "tools/call",
                                     {"name": "raw__big", "arguments": {"size": 1}}, name="raw__big")
         assert _refused(answer(call), -32001)
+
+
+def _found(reply: dict) -> list[str]:
+    return [tool["name"] for tool in json.loads(reply["result"]["content"][0]["text"])["tools"]]
+
+
+async def test_in_search_mode_each_agent_finds_and_calls_only_its_own_tools(tmp_path: Path) -> None:
+    served = start(_config(tmp_path, BY_NAME, http={"identity_header": "X-Agent"}, exposure="search"))
+    try:
+        async with httpx2.AsyncClient(timeout=120) as client:
+            alice, bob = await asyncio.gather(Agent(client, served.url, {"x-agent": "alice"}).open(),
+                                              Agent(client, served.url, {"x-agent": "bob"}).open())
+            query = {"query": "return a text of the given size", "k": 10}
+            found = await asyncio.gather(alice.call("search_tools", query), bob.call("search_tools", query))
+            assert "raw__big" in _found(found[0])
+            assert "raw__big" not in _found(found[1]) and set(_found(found[1])) <= {"raw__echo"}
+            via_meta = await asyncio.gather(
+                alice.call("call_tool", {"name": "raw__big", "arguments": {"size": 2}}),
+                bob.call("call_tool", {"name": "raw__big", "arguments": {"size": 2}}))
+            assert via_meta[0]["result"]["content"][0]["text"] == "xx"
+            assert via_meta[1]["result"]["isError"] and "raw__big" in via_meta[1]["result"]["content"][0]["text"]
+    finally:
+        stop(served)
