@@ -96,6 +96,8 @@ class AuthorizationCodes:
     ``callbacks`` itself and said where (``served_at``, ``bastion serve --http``). Bastion's own connection to a
     server (the one that lists its tools; no caller) uses the authorization of ``operator``, the configured
     identity: on stdio the one person there is, on HTTP the one who runs the gateway and follows its logged link.
+    Only the operator's links are logged: a link is a capability (whoever completes it binds their own account at
+    the authorization server to that user), so another user's goes to that user's client alone.
     """
 
     def __init__(self, operator: str, *, http: Callable[[], httpx2.AsyncClient] | None = None) -> None:
@@ -119,8 +121,8 @@ class AuthorizationCodes:
             if not isinstance(url, str) or not isinstance(auth, UpstreamAuth):
                 raise CredentialsError(f"server {name!r}: authorization_code is for remote (url) servers with an "
                                        "auth table")
-            found = self._made[(name, user)] = AuthorizationCodeCredentials(name, user, url, auth, store,
-                                                                            self.context)
+            found = self._made[(name, user)] = AuthorizationCodeCredentials(
+                name, user, url, auth, store, self.context, log_link=user == self.operator)
         return found
 
     async def close(self) -> None:
@@ -177,7 +179,8 @@ class AuthorizationCodeCredentials:
     """One user's credentials for one remote server (an ``UpstreamCredentials``)."""
 
     def __init__(self, server: str, user: str, url: str, auth: UpstreamAuth, store: TokenStore,
-                 context: AuthorizationContext) -> None:
+                 context: AuthorizationContext, *, log_link: bool = True) -> None:
+        """``log_link``: the link is logged too (the operator's, whose connection has no client to be told)."""
         self.server = server
         self.user = user
         self._url = url
@@ -192,6 +195,7 @@ class AuthorizationCodeCredentials:
         self._step_ups: list[float] = []  # when the recent step-ups were asked for
         self._refreshed: str | None = None  # the access token a refresh was last tried for (once each)
         self._authorized = asyncio.Event()  # set (and replaced) each time an authorization completes
+        self._log_link = log_link
 
     # ------------------------------------------------------------------------------- UpstreamCredentials
     async def headers(self) -> Mapping[str, str]:
@@ -306,8 +310,12 @@ class AuthorizationCodeCredentials:
         flow = self._flow = _Flow(state, verifier, chosen, server, client, resource.resource, redirect_uri, link,
                                   time.monotonic() + PENDING_LIFETIME)
         self._context.callbacks.expect(state, lambda params: self._complete(flow, params))
-        log.warning("server %s: %s must authorize Bastion; the link is given to their client and is: %s",
-                    self.server, self.user, link)
+        if self._log_link:
+            log.warning("server %s: %s must authorize Bastion; the link is given to their client and is: %s",
+                        self.server, self.user, link)
+        else:  # whoever follows a link binds their own account to this user: it goes to the user's client only
+            log.warning("server %s: %s must authorize Bastion; the link is given to their client", self.server,
+                        self.user)
         return flow
 
     async def _complete(self, flow: _Flow, params: Mapping[str, str]) -> str:

@@ -69,6 +69,7 @@ _STABLE_STREAM = 5.0  # a listen stream that lived this long is reopened after t
 _LONGEST_RETRY = 60.0  # a stream's ``retry:`` is obeyed up to this, so a server cannot park a request for hours
 _RESUMPTIONS = 5  # a request's stream resumed this many times in a row without a new event id has failed
 _LISTEN = "subscriptions/listen"
+_HANDSHAKES = ("initialize", "server/discover")  # requests Bastion sends for itself when a connection starts
 _REFUSED = (401, 403)  # the statuses credentials are shown, to refresh or step up before the one retry
 
 
@@ -351,17 +352,19 @@ class HttpTransport:
         finally:
             await response.aclose()
 
-    def _answer_unauthorized(self, request_id: Any, exc: CredentialsError) -> None:
+    def _answer_unauthorized(self, request_id: Any, exc: CredentialsError, method: str | None = None) -> None:
         """No credentials for a request: the user is told what to do; a link to follow goes as the URL elicitation
-        the specification defines for it (-32042), so a client that can open it does."""
+        the specification defines for it (-32042), so a client that can open it does, and in the message for one
+        that cannot. A handshake's answer is Bastion's own, logged as why the start failed: its message leaves the
+        link out (a link is its user's alone; the credentials say where it went)."""
         if request_id is None:
             return
         message = f"server {self.name!r}: {exc}"
         if exc.link is None:
             error: dict[str, Any] = {"code": jsonrpc.INTERNAL_ERROR, "message": message}
         else:
-            error = {"code": URL_ELICITATION_REQUIRED, "message": f"{message}: {exc.link}",
-                     "data": url_elicitation(exc.link, str(exc))}
+            shown = message if method in _HANDSHAKES else f"{message}: {exc.link}"
+            error = {"code": URL_ELICITATION_REQUIRED, "message": shown, "data": url_elicitation(exc.link, str(exc))}
         self._on_frame(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}))
 
     async def _post(self, frame: bytes, message: dict[str, Any], method: str | None, is_request: bool) -> None:
@@ -373,7 +376,7 @@ class HttpTransport:
         except asyncio.CancelledError:
             raise
         except CredentialsError as exc:
-            self._answer_unauthorized(message.get("id") if is_request else None, exc)
+            self._answer_unauthorized(message.get("id") if is_request else None, exc, method)
         except httpx2.TransportError as exc:
             self._drop(_describe(exc, self.url))
         except ConnectionDropped as exc:
