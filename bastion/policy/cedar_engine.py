@@ -181,10 +181,11 @@ def _context_attributes(policies: Mapping[str, Any]) -> frozenset[str] | None:
 
 
 def _principal_attributes(policies: Mapping[str, Any], declared: tuple[str, ...]) -> tuple[str, ...]:
-    """The principal attributes some policy reads, in schema order. A policy can name the principal as a whole
-    only to compare it or test its groups, which the cache key holds anyway, so only attribute reads count."""
-    read = _attributes_read(policies, "principal") or frozenset()
-    return tuple(name for name in declared if name in read)
+    """The principal attributes some policy reads, in schema order; all of them when a condition uses the
+    principal otherwise than by reading an attribute (a comparison or a group test, say, or a way of reaching an
+    attribute this walk does not follow), so that no attribute a decision depends on is left out of the cache key."""
+    read = _attributes_read(policies, "principal")
+    return declared if read is None else tuple(name for name in declared if name in read)
 
 
 _CEDAR_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

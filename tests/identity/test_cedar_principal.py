@@ -133,3 +133,12 @@ def test_policy_check_takes_scopes_and_claims(tmp_path: Path) -> None:
     wrong_issuer = check("--scope", "mcp:write", "--claim", "tenant=acme", "--authenticated-by", "oauth",
                          "--issuer", "https://evil.example")
     assert wrong_issuer.returncode == 3 and "only-our-issuer-by-token" in wrong_issuer.stderr
+
+
+def test_the_cache_keeps_attributes_a_condition_reaches_indirectly() -> None:
+    # The principal inside a record: its tenant is read through the record, not as principal.tenant.
+    cedar = CedarAuthorizer([PolicySource("p.cedar", '''
+        @id("indirect") permit (principal, action == Bastion::Action::"call_tool", resource)
+        when { {who: principal}.who.tenant == "acme" };''')], claim_attributes=["tenant"])
+    assert cedar.authorize(token_caller(set(), tenant="acme"), "call_tool", TOOL).effect is Effect.ALLOW
+    assert cedar.authorize(token_caller(set(), tenant="globex"), "call_tool", TOOL).effect is Effect.DENY
