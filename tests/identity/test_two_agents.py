@@ -209,6 +209,12 @@ async def _three_agents(served: Served, tokens: dict[str, str]) -> None:
         call = await modern_request(client, served.url, _bearer(tokens["reader"]), "tools/call",
                                     {"name": "raw__big", "arguments": {"size": 1}}, name="raw__big")
         assert _refused(answer(call), -32001)
+        # the same in alice's handshake-era session: a request with her read-only token is decided by its scopes
+        alice.headers = _bearer(tokens["reader"])
+        assert await alice.tools() == ["raw__echo"]
+        assert _refused(await alice.call("raw__big", {"size": 1}), -32001)
+        alice.headers = _bearer(tokens["alice"])
+        assert (await alice.call("raw__big", {"size": 1}))["result"]["content"][0]["text"] == "x"
 
 
 def _found(reply: dict) -> list[str]:
