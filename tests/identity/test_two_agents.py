@@ -238,3 +238,36 @@ async def test_in_search_mode_each_agent_finds_and_calls_only_its_own_tools(tmp_
             assert via_meta[1]["result"]["isError"] and "raw__big" in via_meta[1]["result"]["content"][0]["text"]
     finally:
         stop(served)
+
+
+BY_CERTIFICATE = LISTS + '''
+@id("everyone-echoes")
+permit (principal, action == Bastion::Action::"call_tool", resource) when { resource.name == "echo" };
+
+@id("ops-by-certificate-big")
+permit (principal in Bastion::Group::"ops", action == Bastion::Action::"call_tool", resource)
+when { resource.name == "big" && principal.authenticated_by == "mtls" };
+'''
+
+
+async def test_two_agents_with_client_certificates_over_https(tmp_path: Path) -> None:
+    from tests.auth.test_mtls_end_to_end import Pki
+
+    pki = Pki(tmp_path)
+    mapping = {"email:alice@example.com": "alice", "cn:deploy-agent": {"name": "deployer", "groups": ["ops"]}}
+    served = start(_config(tmp_path, BY_CERTIFICATE, auth={"client_certificates": mapping}, http=pki.http()))
+    try:
+        assert served.url.startswith("https://")
+        alice_certificate = pki.client_ca.issue_cert("alice@example.com", common_name="alice-laptop")
+        deployer_certificate = pki.client_ca.issue_cert(common_name="deploy-agent")
+        async with pki.client(alice_certificate) as for_alice, pki.client(deployer_certificate) as for_deployer:
+            alice, deployer = await asyncio.gather(Agent(for_alice, served.url, {}).open(),
+                                                   Agent(for_deployer, served.url, {}).open())
+            assert await asyncio.gather(alice.tools(), deployer.tools()) == [["raw__echo"], ["raw__big", "raw__echo"]]
+            big = await asyncio.gather(alice.call("raw__big", {"size": 2}), deployer.call("raw__big", {"size": 2}))
+            assert _refused(big[0], -32001) and big[1]["result"]["content"][0]["text"] == "xx"
+    finally:
+        stop(served)
+    who = {(c["who"]["name"], c["who"]["authenticated_by"], tuple(c["who"]["groups"]))
+           for c in _calls(tmp_path / "audit.jsonl")}
+    assert who == {("alice", "mtls", ()), ("deployer", "mtls", ("ops",))}
