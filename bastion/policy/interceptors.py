@@ -554,7 +554,6 @@ class ApprovalWait:
     timeout_seconds: float
     who: str = ""  # the caller asking, as Identity.describe() says it
 
-
     def reference(self) -> str:
         return f" (approval {self.approval_id})" if self.approval_id else ""
 
