@@ -36,7 +36,9 @@ def _reads(interceptor: Interceptor, method: str, part: str) -> bool:
     methods = getattr(interceptor, "methods", None)
     if methods is not None and method not in methods:
         return False
-    return bool(getattr(interceptor, f"reads_{part}", True))
+    # "raw": it reads them, but takes them as the bytes they came in too (a guardrail that decodes a result itself
+    # and passes the server's bytes on when it changes nothing).
+    return getattr(interceptor, f"reads_{part}", True) not in (False, "raw")
 
 
 def _bind(interceptor: Interceptor, call_next: Handler) -> Handler:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import InterventionLog
 from bastion.model import CatalogView, Interceptor
 
@@ -53,4 +54,11 @@ def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog:
         made = (builder(config, report, catalog) for builder in builders)
         return [interceptor for interceptor in made if interceptor is not None]
 
-    return GuardrailChain(built(screen_builders()), built(inner_builders()))
+    chain = GuardrailChain(built(screen_builders()), built(inner_builders()))
+    # The guardrails that read a call's result as the server's bytes share one decoder, so that a result is decoded
+    # once however many of them read it (bastion.guardrails.raw).
+    shared = RawResults()
+    for interceptor in chain.all():
+        if isinstance(getattr(interceptor, "raw_results", None), RawResults):
+            interceptor.raw_results = shared  # type: ignore[attr-defined]
+    return chain
