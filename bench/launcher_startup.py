@@ -49,7 +49,9 @@ def stock_file(folder: Path) -> Path:
     servers = {name: {"command": "npx", "args": ["-y", package, *([str(data)] if name == "filesystem" else [])]}
                for name, package in SERVERS.items()}
     path = folder / "claude_desktop_config.json"
-    path.write_text(json.dumps({"mcpServers": servers}, indent=2))
+    # Every tool listed: start-up is timed to the first list that holds every server's tools (past 10 tools the
+    # default exposure would list the search meta-tools instead).
+    path.write_text(json.dumps({"mcpServers": servers, "tools": {"exposure": "all"}}, indent=2))
     return path
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from bastion.model import CatalogView, GatewayRequest, Handler, Interceptor
 from bastion.search.canonical import canonical_tools_bytes
@@ -110,7 +110,14 @@ class AutoExposure:
         self._size: CatalogSize | None = None
         self._searching: bool | None = None
 
-    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+    def __call__(self, request: GatewayRequest, call_next: Handler) -> Awaitable[dict[str, Any]]:
+        # A plain function: with the catalog unchanged and small, a call costs one identity check and no coroutine
+        # of its own (every tools/call passes here).
+        if self._catalog.tools() is self._entries and not self._searching:
+            return call_next(request)
+        return self._decide_then_call(request, call_next)
+
+    async def _decide_then_call(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         if await self._search_mode():
             if self._search is None:
                 self._search = self._make_search()
@@ -119,7 +126,7 @@ class AutoExposure:
 
     async def _search_mode(self) -> bool:
         entries = self._catalog.tools()
-        if entries is not self._entries:  # every tools/list and tools/call asks: nothing to do when nothing changed
+        if entries is not self._entries:  # nothing to measure when nothing changed
             # Measured on the spot, so a call is forwarded at once (a cancellation that follows it finds it at its
             # server); only a count of tokens goes to a thread: the first loads the tokenizer (about a second).
             size, blob = measure_without_tokens([entry.definition for entry in entries])

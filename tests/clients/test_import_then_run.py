@@ -54,6 +54,11 @@ def test_an_imported_stock_file_runs_with_security_on_and_reads_its_folders_at_o
     }})
     imported = machine.bastion("import")
     assert imported.returncode == 0, imported.stderr
+    assert "[tools]" not in machine.bastion_toml.read_text()
+    # Every tool listed, so the test can wait for both servers' tools: the two servers' 23 tools are past the
+    # default exposure's bound, which would list the search meta-tools instead.
+    with machine.bastion_toml.open("a") as toml:
+        toml.write('\n[tools]\nexposure = "all"\n')
 
     client = RawClient(machine.bastion_toml)
     seen: dict[str, str] = {}
