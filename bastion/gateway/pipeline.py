@@ -44,6 +44,14 @@ def _reads(interceptor: Interceptor, method: str, part: str) -> bool:
 def _bind(interceptor: Interceptor, call_next: Handler) -> Handler:
     # A plain function handing back the interceptor's own coroutine: a layer of its own would be one more coroutine to
     # create and resume per interceptor per request, on every request.
+    methods = getattr(interceptor, "methods", None)
+    if methods is not None and getattr(interceptor, "passes_other_methods", False):
+        # It only passes on a request of a method it does not name: not called at all then, no coroutine of its own.
+        def handle_named(request: GatewayRequest) -> Awaitable[dict[str, Any]]:
+            return interceptor(request, call_next) if request.method in methods else call_next(request)
+
+        return handle_named
+
     def handle(request: GatewayRequest) -> Awaitable[dict[str, Any]]:
         return interceptor(request, call_next)
 

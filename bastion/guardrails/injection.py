@@ -717,6 +717,7 @@ class MetadataGuard:
 
     methods = frozenset(LIST_KINDS) | {"prompts/get"}
     reads_params = False
+    passes_other_methods = True  # the chain need not call it for another method's request (a tools/call)
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> None:
         self._config = config
