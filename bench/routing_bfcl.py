@@ -187,7 +187,7 @@ def main() -> int:
         cache_dir = Path(cache)
         index = ToolIndex(key_field="id", cache_dir=cache_dir, doc_max_tokens=args.doc_tokens)
         if index.mode != "hybrid":
-            log(f"embedding model unavailable ({index.fallback_reason}); install mcp-bastion[search]")
+            log(f"embedding model unavailable ({index.fallback_reason}); reinstall mcp-bastion, whose dependencies include it")
             return 1
         results["bfcl_build_s"], results["bfcl_build_cpu_s"] = timed_build(index, tools)
         log(f"BFCL catalog: {len(tools)} tools indexed in {results['bfcl_build_s']:.1f} s; ranking {len(queries)} queries")

@@ -68,7 +68,8 @@ def test_all_exposure_does_not_load_the_search_index() -> None:
         "import sys\n"
         "from bastion.compose import build_gateway\n"
         "from bastion.config import GatewayConfig\n"
-        f"build_gateway(GatewayConfig.model_validate({{'servers': {{'raw': {SERVER!r}}}, 'policy': 'off'}}))\n"
+        f"build_gateway(GatewayConfig.model_validate({{'servers': {{'raw': {SERVER!r}}}, 'policy': 'off', "
+        "'tools': {'exposure': 'all'}}))\n"
         "print(sorted(m for m in ('bastion.search.index', 'numpy', 'bm25s') if m in sys.modules))\n"
     )
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)

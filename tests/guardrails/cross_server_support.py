@@ -55,7 +55,9 @@ def cross_server_setup(tmp_path: Path, servers: dict[str, dict[str, Any]] | None
     policy = top_level.pop("policy", {"approval": {"fallback": "refuse", "queue_dir": str(tmp_path / "queue")},
                                       "audit": {"path": str(tmp_path / "audit.jsonl")}})
     config = tmp_path / "bastion.json"
-    config.write_text(json.dumps({"ready_timeout": READY_TIMEOUT, "policy": policy, **top_level, "servers": entries}))
+    # Every tool listed: fixture servers side by side are past the default exposure's bound (search mode).
+    config.write_text(json.dumps({"ready_timeout": READY_TIMEOUT, "policy": policy, "tools": {"exposure": "all"},
+                                  **top_level, "servers": entries}))
     return Setup(config, events)
 
 

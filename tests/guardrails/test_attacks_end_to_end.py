@@ -70,8 +70,9 @@ class World:
 
     def config(self, *, evil_env: dict[str, str] | None = None) -> Path:
         path = self.tmp / "claude_desktop_config.json"
-        # ready_timeout only so that a slow machine still lists every tool at the first answer.
-        path.write_text(json.dumps({"ready_timeout": READY_TIMEOUT, "mcpServers": {
+        # ready_timeout only so that a slow machine still lists every tool at the first answer; every tool is listed
+        # (the two servers are past the default exposure's bound, which would list the search meta-tools instead).
+        path.write_text(json.dumps({"ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"}, "mcpServers": {
             EVIL: {"command": sys.executable, "args": [MALICIOUS], **({"env": evil_env} if evil_env else {})},
             NOTES: {"command": sys.executable, "args": [BENIGN]},
         }}))
