@@ -22,11 +22,12 @@ Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Intercepto
 def screen_builders() -> list[Builder]:
     """The builders of the guardrails that screen definitions, outermost first; each returns None when its
     guardrail is off everywhere."""
-    from bastion.guardrails.injection import build_metadata, build_metadata_gate
+    from bastion.guardrails.injection import build_metadata
     from bastion.guardrails.pinning import build as build_pinning
     from bastion.guardrails.taint import build_recall as build_taint_recall
 
-    return [build_pinning, build_metadata, build_metadata_gate, build_taint_recall]
+    # The metadata scan refuses calls to the tools it withholds itself (one layer, not two).
+    return [build_pinning, build_metadata, build_taint_recall]
 
 
 def inner_builders() -> list[Builder]:

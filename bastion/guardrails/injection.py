@@ -715,20 +715,29 @@ def _call_name(params: Any) -> str | None:
 class MetadataGuard:
     """Scans the definitions of every list as it passes; withholds or sanitises the poisoned ones."""
 
-    methods = frozenset(LIST_KINDS) | {"prompts/get"}
+    # A tools/call is refused here when its tool's definition is withheld (``WithheldToolGate`` decides), in this
+    # same layer of the chain: a layer costs every call more than the lookup does.
+    methods = frozenset(LIST_KINDS) | {"prompts/get", "tools/call"}
     reads_params = False
-    passes_other_methods = True  # the chain need not call it for another method's request (a tools/call)
+    # Of the methods above it reads only the lists' results, which the gateway builds as objects; a call's result it
+    # never reads, so declaring it keeps that result the server's bytes.
+    reads_results = False
+    passes_other_methods = True  # the chain need not call it for another method's request (resources/read)
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> None:
         self._config = config
         self._report = report
         self._catalog = catalog
+        self._gate = WithheldToolGate(self, config, catalog)
         self._cache = _DefinitionCache()
         self._others: tuple[Any, dict[str | None, frozenset[str]]] = ((), {})
         self._withheld_prompts: dict[str, str] = {}  # exposed prompt name -> why, for prompts/get
         self._reported: set[tuple[bytes, str]] = set()  # report a definition once, not at every listing
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        if request.method == "tools/call":  # first: nearly every request is one
+            self._gate.refuse_if_withheld(request)
+            return await call_next(request)
         if request.method not in self.methods:  # ``methods`` says what to look at; the chain passes everything
             return await call_next(request)
         if request.method == "prompts/get":
@@ -825,7 +834,8 @@ def _tell(request: GatewayRequest, sentences: list[str]) -> None:
 class WithheldToolGate:
     """Refuses a call to a tool whose definition the metadata scan withholds, even when the client never listed it.
 
-    Separate from ``MetadataGuard`` so that calls' results stay undecoded bytes when nothing else reads them."""
+    ``MetadataGuard`` asks it at every call (``refuse_if_withheld``), in its own layer of the chain; it is an
+    interceptor of its own too, for a chain that has the refusal without the list scan."""
 
     methods = frozenset({"tools/call"})
     reads_params = False
@@ -841,15 +851,18 @@ class WithheldToolGate:
         self._decided: tuple[Any, dict[str, tuple[ToolEntry, str | None]]] = ((), {})
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
-        if request.method != "tools/call":
-            return await call_next(request)
+        if request.method == "tools/call":
+            self.refuse_if_withheld(request)
+        return await call_next(request)
+
+    def refuse_if_withheld(self, request: GatewayRequest) -> None:
+        """Raise the refusal of a ``tools/call`` whose tool's definition the metadata scan withholds."""
         name = _call_name(request.params)
         entry = self._catalog.tool(name) if name is not None else None
         if entry is not None and self._mode(entry.server) != "off":
             refusal = self._refusal(name, entry)
             if refusal is not None:
                 raise GatewayError(-32602, refusal, {"guardrail": "metadata_injection"})
-        return await call_next(request)
 
     def _refusal(self, name: str, entry: ToolEntry) -> str | None:
         tools = self._catalog.tools()
@@ -1017,6 +1030,8 @@ def build_metadata(config: GuardrailsConfig, report: InterventionLog, catalog: C
 
 
 def build_metadata_gate(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> Interceptor | None:
+    """The refusal of calls to withheld tools alone, for a chain without the list scan (``MetadataGuard`` refuses
+    them itself: the default chain has no layer of its own for it)."""
     if not config.on_anywhere("metadata_injection"):
         return None
     return WithheldToolGate(MetadataGuard(config, report, catalog), config, catalog)
