@@ -109,6 +109,7 @@ class AutoExposure:
         self._entries: Sequence[Any] | None = None
         self._size: CatalogSize | None = None
         self._searching: bool | None = None
+        self._counting: asyncio.Future[None] | None = None  # the tokens of a catalog past the tool count, for the log
 
     def __call__(self, request: GatewayRequest, call_next: Handler) -> Awaitable[dict[str, Any]]:
         # A plain function: with the catalog unchanged and small, a call costs one identity check and no coroutine
@@ -134,13 +135,28 @@ class AutoExposure:
                 tokens = await asyncio.to_thread(lambda: self._counter()(blob))
                 size = CatalogSize(size.tools, size.bytes, tokens)
             self._entries, self._size = entries, size
-            self._announce(size)
+            if self._announce(size) and size.needs_search and size.tokens is None:
+                self._count_later([entry.definition for entry in entries])
         return bool(self._searching)
 
-    def _announce(self, size: CatalogSize) -> None:
+    def _count_later(self, definitions: list[dict[str, Any]]) -> None:
+        """The tokens of a catalog that the tool count alone put in search mode, logged once counted: the switch
+        is not held up for them (at 10,000 tools counting takes seconds of CPU)."""
+
+        async def count() -> None:
+            blob = canonical_tools_bytes(definitions)
+            tokens = await asyncio.to_thread(lambda: self._counter()(blob))
+            log.info("tool exposure auto: the %d tools' definitions are %s %s tokens, which search mode keeps out of "
+                     "every turn", len(definitions), f"{tokens:,}", ENCODING)
+
+        self._counting = asyncio.ensure_future(count())
+        self._counting.add_done_callback(_report_count_failure)
+
+    def _announce(self, size: CatalogSize) -> bool:
+        """Logs the decision when it flips (or is first made); whether it did."""
         searching = size.needs_search
         if searching == self._searching:
-            return
+            return False
         first = self._searching is None
         self._searching = searching
         bound = f"{MAX_LISTED_TOOLS} tools or {MAX_LISTED_TOKENS:,} tokens"
@@ -150,6 +166,7 @@ class AutoExposure:
         else:
             log.info("tool exposure auto: %s, within %s: clients see every tool%s", size.describe(), bound,
                      "" if first else " from now on")
+        return True
 
     def _counter(self) -> TokenCounter:
         if self._count is None:
@@ -161,3 +178,7 @@ class AutoExposure:
         """The catalog as last measured (None before the first tools request)."""
         return self._size
 
+
+def _report_count_failure(counting: asyncio.Future[None]) -> None:
+    if not counting.cancelled() and (error := counting.exception()) is not None:
+        log.warning("tool exposure auto: counting the catalog's tokens failed: %r", error)

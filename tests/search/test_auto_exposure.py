@@ -53,7 +53,8 @@ def test_a_small_catalog_is_listed_whole_by_default(tmp_path):
 
 
 def test_past_ten_tools_clients_get_search_mode_and_the_log_says_why(tmp_path):
-    client = RawClient(_config(tmp_path, _extra(MAX_LISTED_TOOLS - RAW_TOOLS + 1)))
+    log = tmp_path / "bastion.log"
+    client = RawClient(_config(tmp_path, _extra(MAX_LISTED_TOOLS - RAW_TOOLS + 1)), log=log)
     try:
         client.initialize()
         assert _listed(client, 1) == {"search_tools", "call_tool"}
@@ -66,10 +67,17 @@ def test_past_ten_tools_clients_get_search_mode_and_the_log_says_why(tmp_path):
         assert via_meta["result"]["content"][0]["text"] == "through call_tool"
         direct = client.request(4, "tools/call", {"name": "raw__echo", "arguments": {"text": "direct"}})
         assert direct["result"]["content"][0]["text"] == "direct"
+        # The tokens are counted after the switch, which does not wait for them.
+        deadline = time.monotonic() + 60
+        while len(_auto_lines(log.read_text())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
-        _, stderr = client.close()
-    [line] = _auto_lines(stderr)
+        client.close()
+    stderr = log.read_text()
+    line, counted = _auto_lines(stderr)
     assert "11 tools" in line and "search_tools and call_tool" in line, stderr
+    tokens = int(counted.split("definitions are ")[1].split(" o200k_base")[0].replace(",", ""))
+    assert "the 11 tools' definitions" in counted and tokens > 100, stderr
 
 
 def test_a_few_tools_with_long_definitions_get_search_mode_by_their_tokens(tmp_path):
@@ -101,7 +109,9 @@ def test_a_catalog_that_grows_past_the_bound_switches_to_search_mode_and_says_so
             time.sleep(0.1)
     finally:
         _, stderr = client.close()
-    first, switched = _auto_lines(stderr)
+    lines = _auto_lines(stderr)
+    assert len(lines) == 2, lines
+    first, switched = lines
     assert "every tool" in first and "search_tools and call_tool from now on" in switched, stderr
 
 
