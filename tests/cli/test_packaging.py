@@ -103,6 +103,8 @@ def _works(bastion: Path, python: Path, work: Path, env: dict[str, str]) -> None
     assert report["servers"]["raw"]["available"] is True, listed.stderr
     assert "raw__echo" in {tool["name"] for tool in report["tools"]}
     assert "sandboxed" in listed.stderr  # bubblewrap and seccomp came with the install
+    # Tool search's models came with it too: the hybrid, not BM25 alone.
+    assert "tool search runs on hybrid: BM25 + WordLlama static vectors + MiniLM" in listed.stderr, listed.stderr
 
 
 def test_the_wheel_holds_every_file_of_the_package(wheel: Path, source_tree: Path):
