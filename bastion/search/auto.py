@@ -99,6 +99,7 @@ class AutoExposure:
     methods = frozenset({"tools/list", "tools/call"})
     reads_params = False
     reads_results = False
+    passes_other_methods = True  # any other request goes on untouched: left out of its path
 
     def __init__(self, catalog: CatalogView, search: Callable[[], Interceptor],
                  count_tokens: TokenCounter | None = None) -> None:

@@ -162,6 +162,7 @@ class SearchExposure:
     methods = frozenset({"tools/list", "tools/call"})
     reads_params = False
     reads_results = False
+    passes_other_methods = True  # any other request goes on untouched: left out of its path
 
     def __init__(self, index: CatalogIndex, always_list: Sequence[str] = ()) -> None:
         self._index = index
