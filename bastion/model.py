@@ -21,7 +21,8 @@ class Identity:
 
     name: str
     groups: tuple[str, ...] = ()
-    # how it was established: "configured" (stdio, or HTTP without authentication), "oauth", "api_key", "mtls"
+    # how it was established: "configured" (stdio, or HTTP without authentication), "header"
+    # (http.identity_header), "oauth", "api_key", "mtls"
     authenticated_by: str = "configured"
     issuer: str | None = None  # the token's issuer (oauth), None otherwise
     scopes: frozenset[str] = field(default=frozenset(), compare=False)

@@ -294,6 +294,8 @@ class ApiKeyMethod:
     def presented(self, credentials: Credentials) -> bool:
         return presented_key(credentials.headers) is not None
 
+    bearer_credential = True  # presented as Authorization: Bearer bst_... (or X-API-Key)
+
     def challenge(self) -> str | None:
         return None  # a key has no challenge of its own; the bearer challenge, if any, is the OAuth method's
 

@@ -101,6 +101,9 @@ class Unauthenticated:
         return self.identity
 
 
+REALM = "bastion"
+
+
 @dataclass
 class AuthenticatorChain:
     """The first method whose kind of credential a request presents decides it; a request that presents none is
@@ -111,7 +114,12 @@ class AuthenticatorChain:
     _missing: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
-        self._challenges = tuple(c for c in (m.challenge() for m in self.methods) if c)
+        challenges = [c for c in (m.challenge() for m in self.methods) if c]
+        # RFC 9110 wants a challenge on every 401; an API key travels as a bearer credential, so a gateway that
+        # takes keys but no tokens still names the Bearer scheme.
+        if not challenges and any(getattr(m, "bearer_credential", False) for m in self.methods):
+            challenges.append(f'Bearer realm="{REALM}"')
+        self._challenges = tuple(challenges)
         asks = [a for a in (getattr(m, "asks", None) for m in self.methods) if a]
         self._missing = ("authentication required: present " + " or ".join(asks) if asks else
                          "authentication required: present a bearer token, an API key or a client certificate, as "

@@ -67,6 +67,7 @@ async def test_api_keys_over_http(tmp_path) -> None:
 
             nothing = await open_session(client, served.url, {})
             assert nothing.status_code == 401 and "API key" in nothing.json()["error"]["message"]
+            assert nothing.headers["www-authenticate"] == 'Bearer realm="bastion"'  # RFC 9110: a 401 challenges
             unknown = await open_session(client, served.url, {"x-api-key": "bst_" + "A" * 43})
             assert unknown.status_code == 401
 
