@@ -15,7 +15,6 @@ again when it changed: a key revoked or created takes effect on a running gatewa
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import hmac
 import json
@@ -23,14 +22,14 @@ import logging
 import os
 import re
 import secrets
-import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
+from bastion.files import exclusive_lock, replace_atomically
 from bastion.auth.base import API_KEY_PREFIX, AuthFailure, Credentials
 from bastion.model import Identity
 
@@ -207,36 +206,17 @@ class ApiKeyFile:
             if changed != keys:
                 self._write(changed)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            handle = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise ApiKeyFileError(f"{self._lock_path}: cannot create the API key file's lock: {exc.strerror}; make "
-                                  "its folder writable or name another file (auth.api_keys, --file)") from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(handle)  # closing releases the lock
+    def _locked(self) -> AbstractContextManager[None]:
+        return exclusive_lock(self._lock_path, lambda exc: ApiKeyFileError(
+            f"{self._lock_path}: cannot create the API key file's lock: {exc.strerror}; make its folder writable or "
+            "name another file (auth.api_keys, --file)"))
 
     def _write(self, keys: dict[str, ApiKey]) -> None:
         data = {"format": FORMAT, "keys": [keys[name].to_json() for name in sorted(keys)]}
         encoded = json.dumps(data, indent=1, ensure_ascii=False).encode() + b"\n"
         try:
-            # mkstemp makes the file 0600: the hashes are no secret worth the name, but who may call is nobody's
-            # business but the owner's
-            fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(encoded)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(temporary, self.path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            # 0600: the hashes are no secret worth the name, but who may call is nobody's business but the owner's
+            replace_atomically(self.path, encoded)
         except OSError as exc:
             raise ApiKeyFileError(f"{self.path}: cannot write the API key file: {exc.strerror}; make its folder "
                                   "writable or name another file (auth.api_keys, --file)") from None

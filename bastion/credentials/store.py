@@ -16,20 +16,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import fcntl
 import json
 import os
 import secrets
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from bastion.files import exclusive_lock, replace_atomically
 from bastion import paths
 from bastion.credentials.base import CredentialsError
 
@@ -313,26 +313,7 @@ class TokenStore:
 
     def _write(self, document: dict[str, Any]) -> None:
         nonce = secrets.token_bytes(_NONCE_BYTES)
-        blob = _MAGIC + nonce + self._aead.encrypt(nonce, json.dumps(document).encode(), _MAGIC)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(blob)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        replace_atomically(self.path, _MAGIC + nonce + self._aead.encrypt(nonce, json.dumps(document).encode(), _MAGIC))
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self) -> AbstractContextManager[None]:
+        return exclusive_lock(self._lock_path)

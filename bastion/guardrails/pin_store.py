@@ -14,15 +14,14 @@ These calls block on the disk: the gateway makes them on a worker thread.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import tempfile
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
+from bastion.files import exclusive_lock, replace_atomically
 from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply, forget
 
 Signature = tuple[int, int, int] | None  # (inode, size, mtime in ns) of the file; None when there is none
@@ -135,34 +134,15 @@ class PinStore:
             return book, signature
         return changed, self._write(changed)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            handle = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise PinStoreError(f"{self._lock_path}: cannot create the pins file's lock: {exc.strerror}; make its "
-                                "folder writable or set guardrails.pins.path") from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(handle)  # closing releases the lock
+    def _locked(self) -> AbstractContextManager[None]:
+        return exclusive_lock(self._lock_path, lambda exc: PinStoreError(
+            f"{self._lock_path}: cannot create the pins file's lock: {exc.strerror}; make its folder writable or set "
+            "guardrails.pins.path"))
 
     def _write(self, book: PinBook) -> Signature:
         data = json.dumps(book.to_json(), indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
         try:
-            fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(temporary, self.path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
-            st = os.stat(self.path)
+            st = replace_atomically(self.path, data)
         except OSError as exc:
             raise PinStoreError(f"{self.path}: cannot write the pins file: {exc.strerror}; make its folder writable "
                                 "or set guardrails.pins.path") from None

@@ -40,7 +40,8 @@ def test_tokens_round_trip_and_nothing_readable_is_on_disk(tmp_path: Path) -> No
         assert plain.encode() not in on_disk
     assert (tmp_path / STORE_NAME).stat().st_mode & 0o777 == 0o600
     assert (tmp_path / KEY_NAME).stat().st_mode & 0o777 == 0o600
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # no temporary file of a write is left beside the store
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(f".{STORE_NAME}.")]
 
 
 def test_delete_one_user_or_a_whole_server(tmp_path: Path) -> None:
