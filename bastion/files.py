@@ -45,3 +45,13 @@ def replace_atomically(path: Path, data: bytes) -> os.stat_result:
         os.unlink(temporary)
         raise
     return os.stat(path)
+
+
+def file_signature(path: Path) -> tuple[int, int, int] | None:
+    """What changes whenever ``path`` is replaced (inode, size, modification time), None when it is absent: a
+    reader compares it to know whether to read again. Raises OSError when the file cannot be looked at."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

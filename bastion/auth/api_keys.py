@@ -29,7 +29,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from bastion.files import exclusive_lock, replace_atomically
+from bastion.files import exclusive_lock, file_signature, replace_atomically
 from bastion.auth.base import API_KEY_PREFIX, AuthFailure, Credentials
 from bastion.model import Identity
 
@@ -142,12 +142,9 @@ class ApiKeyFile:
 
     def signature(self) -> Signature:
         try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return None
+            return file_signature(self.path)
         except OSError as exc:
             raise ApiKeyFileError(f"{self.path}: cannot read the API key file: {exc.strerror}") from None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def load(self) -> tuple[dict[str, ApiKey], Signature]:
         """The keys by name (none when there is no file yet), and the file's signature."""

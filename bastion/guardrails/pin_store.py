@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
 
-from bastion.files import exclusive_lock, replace_atomically
+from bastion.files import exclusive_lock, file_signature, replace_atomically
 from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply, forget
 
 Signature = tuple[int, int, int] | None  # (inode, size, mtime in ns) of the file; None when there is none
@@ -44,12 +44,9 @@ class PinStore:
     def signature(self) -> Signature:
         """What changes whenever the file is replaced: a reader compares it to know whether to read again."""
         try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return None
+            return file_signature(self.path)
         except OSError as exc:
             raise PinStoreError(f"{self.path}: cannot read the pins file: {exc.strerror}") from None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def load(self) -> tuple[PinBook, Signature]:
         """The book as the file has it now (empty when there is no file yet), and the file's signature."""
