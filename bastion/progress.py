@@ -67,11 +67,12 @@ class Step:
         return self._announced
 
     def _announce(self) -> None:
+        # Logged under the lock so that whoever sees ``announced`` also sees the line it announces.
         with self._lock:
             if self._finished:
                 return
+            self._log.info("%s…", self.label)
             self._announced = True
-        self._log.info("%s…", self.label)
 
     def _finish(self, kind: type[BaseException] | None) -> None:
         self._cancel_timer()
