@@ -66,6 +66,27 @@ def score_rankings(rankings: Sequence[Sequence[str]], relevants: Sequence[set[st
     return RankingMetrics(recall=recall, ndcg_at_10=ndcg, mrr=mrr, queries=n)
 
 
+def per_query(rankings: Sequence[Sequence[str]], relevants: Sequence[set[str]], k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """Recall@k and nDCG@10 of each query: what a confidence interval resamples."""
+    recall = np.fromiter((recall_at_k(r, rel, k) for r, rel in zip(rankings, relevants)), dtype=np.float64)
+    ndcg = np.fromiter((ndcg_at_k(r, rel, NDCG_CUTOFF) for r, rel in zip(rankings, relevants)), dtype=np.float64)
+    return recall, ndcg
+
+
+def bootstrap_interval(values: Sequence[float] | np.ndarray, *, resamples: int = 2000, confidence: float = 0.95,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-query ``values``: how far the mean could move with another
+    draw of queries like these. Seeded, so a report is reproducible."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
 @dataclass(frozen=True)
 class EvalQuery:
     query: str
@@ -139,6 +160,10 @@ class EvalReport:
     # Which sentence model ran, float or integer products (None in lexical mode).
     model: str | None = None
     notes: list[str] = field(default_factory=list)
+    # 95% bootstrap intervals over the queries: Recall@k (the k asked for) and nDCG@10.
+    k: int = 5
+    recall_interval: tuple[float, float] = (0.0, 0.0)
+    ndcg_interval: tuple[float, float] = (0.0, 0.0)
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -169,7 +194,9 @@ def evaluate_index(
         hits = index.search(q.query, depth)
         latencies.append(time.perf_counter() - t0)
         rankings.append([key for key, _ in hits])
-    metrics = score_rankings(rankings, [set(q.relevant) for q in queries], cutoffs=(*RECALL_CUTOFFS, k))
+    relevants = [set(q.relevant) for q in queries]
+    metrics = score_rankings(rankings, relevants, cutoffs=(*RECALL_CUTOFFS, k))
+    recall_k, ndcg = per_query(rankings, relevants, k)
     notes = [f"lexical only: {index.fallback_reason}"] if index.mode == "lexical" and index.fallback_reason else []
     return EvalReport(
         tools=len(tools),
@@ -184,14 +211,19 @@ def evaluate_index(
         semantic_share=index.semantic_searches / index.searches if index.mode != "lexical" and index.searches else None,
         model=index.model_id,
         notes=notes,
+        k=k,
+        recall_interval=bootstrap_interval(recall_k),
+        ndcg_interval=bootstrap_interval(ndcg),
     )
 
 
 def format_report(report: EvalReport) -> str:
     lines = [f"catalog: {report.tools} tools, {report.queries} queries, {report.mode} search"]
-    lines += [f"  Recall@{k:<3} {v:.3f}" for k, v in report.recall.items()]
+    for k, v in report.recall.items():
+        interval = f"  (95% CI {report.recall_interval[0]:.3f}–{report.recall_interval[1]:.3f})" if k == report.k else ""
+        lines.append(f"  Recall@{k:<3} {v:.3f}{interval}")
     lines += [
-        f"  nDCG@10    {report.ndcg_at_10:.3f}",
+        f"  nDCG@10    {report.ndcg_at_10:.3f}  (95% CI {report.ndcg_interval[0]:.3f}–{report.ndcg_interval[1]:.3f})",
         f"  MRR        {report.mrr:.3f}",
         f"  index build {report.build_seconds:.2f} s",
         f"  query latency p50 {report.latency_ms_p50:.2f} ms, p99 {report.latency_ms_p99:.2f} ms",

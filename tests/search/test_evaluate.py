@@ -12,11 +12,13 @@ import pytest
 from bastion.search.evaluate import (
     CatalogFileError,
     EvalQuery,
+    bootstrap_interval,
     evaluate_index,
     format_report,
     load_catalog,
     load_queries,
     ndcg_at_k,
+    per_query,
     recall_at_k,
     reciprocal_rank,
     score_rankings,
@@ -69,6 +71,38 @@ def test_evaluate_index_end_to_end_on_a_tiny_catalog():
     assert report.mode == "lexical" and report.tools == len(tools) and report.queries == 3
     assert 0 < report.latency_ms_p50 <= report.latency_ms_p99
     assert report.build_seconds > 0
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_queries():
+    few = [1.0, 0.0] * 10
+    many = [1.0, 0.0] * 1000
+    low, high = bootstrap_interval(few)
+    assert low < 0.5 < high
+    wide = high - low
+    low, high = bootstrap_interval(many)
+    assert low < 0.5 < high and high - low < wide / 5
+    assert bootstrap_interval([1.0] * 30) == (1.0, 1.0)  # no spread, no doubt
+    assert bootstrap_interval(few) == bootstrap_interval(few)  # seeded: a report is reproducible
+    assert bootstrap_interval([]) == (0.0, 0.0)
+
+
+def test_per_query_scores_are_what_the_means_average():
+    rankings, relevants = [["a", "x"], ["x", "b"], ["y", "z"]], [{"a"}, {"b"}, {"c"}]
+    recall, ndcg = per_query(rankings, relevants, k=1)
+    assert recall.tolist() == [1.0, 0.0, 0.0]
+    assert ndcg.tolist() == pytest.approx([1.0, 1 / math.log2(3), 0.0])
+    assert ndcg.mean() == pytest.approx(score_rankings(rankings, relevants).ndcg_at_10)
+
+
+def test_the_report_gives_intervals_for_recall_at_k_and_ndcg():
+    tools = [dict(t, id=f"id{i}") for i, t in enumerate(CATALOG)]
+    queries = [EvalQuery("open an issue on github", frozenset({"id0"})), EvalQuery("weather in Rome", frozenset({"id3"}))]
+    report = evaluate_index(tools, queries, k=1, make_index=lambda: ToolIndex(key_field="id", encoder=None))
+    assert report.recall_interval[0] <= report.recall[1] <= report.recall_interval[1]
+    text = format_report(report)
+    assert "Recall@1   " in text and "(95% CI" in text.split("Recall@1")[1].splitlines()[0]
+    assert "(95% CI" not in text.split("Recall@5")[1].splitlines()[0]
+    assert "nDCG@10" in text and "(95% CI" in text.split("nDCG@10")[1].splitlines()[0]
 
 
 def test_evaluation_counts_the_queries_that_ran_the_sentence_model():
