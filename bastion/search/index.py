@@ -33,9 +33,9 @@ from bastion.search.embedding import (
     TextEncoder,
     load_default_encoder,
 )
-from bastion.search.fusion import FusionWeights, cover_requests, gated_fuse, request_fuse, top_k
+from bastion.search.fusion import FusionWeights, cover_requests, for_query, gated_fuse, request_fuse, top_k
 from bastion.search.static_embedding import load_static_encoder
-from bastion.search.text import lexical_text, lexical_tokens, make_stemmer, requests, semantic_text
+from bastion.search.text import latin_share, lexical_text, lexical_tokens, make_stemmer, requests, semantic_text
 
 logger = logging.getLogger("bastion.search")
 # bm25s sets its own logger to DEBUG when imported and narrates every index build: let it
@@ -398,7 +398,7 @@ class ToolIndex:
             lexical[candidates] if lexical is not None else None,
             static[candidates] if static is not None else None,
             semantic,
-            self.weights,
+            for_query(self.weights, latin_share(query)),
         )
         self.searches += 1
         self.semantic_searches += semantic_ran

@@ -29,10 +29,18 @@ _UNICODE_WORD = regex.compile(r"[\p{L}\p{M}\p{N}]+")
 # Mixed into a word, the run is cut out first ("API接口" -> "api", "接口").
 _UNSPACED = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}ー]+")
 _HAN = regex.compile(r"\p{Han}")
+_LETTER = regex.compile(r"\p{L}")
+_LATIN_LETTER = regex.compile(r"\p{Latin}")
 _STOPWORDS = frozenset(STOPWORDS_EN)
 
 # Name words are what the tool *is*; repeating them weighs them above free prose in BM25.
 NAME_REPEAT = 2
+
+
+def latin_share(text: str) -> float:
+    """Share of the letters of ``text`` written in the Latin script (1.0 when it has none)."""
+    letters = len(_LETTER.findall(text))
+    return len(_LATIN_LETTER.findall(text)) / letters if letters else 1.0
 
 
 def split_identifier(name: str) -> str:

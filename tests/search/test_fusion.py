@@ -11,12 +11,14 @@ from bastion.search.fusion import (
     FusionWeights,
     confident,
     cover_requests,
+    for_query,
     fuse,
     fuse_parts,
     gated_fuse,
     request_fuse,
     top_k,
 )
+from bastion.search.text import latin_share
 
 
 def test_confident_needs_a_leader_far_above_the_catalog_mean():
@@ -113,3 +115,21 @@ def test_request_fuse_is_z_scored_even_with_one_retriever():
     assert alone.argmax() == 2 and abs(float(alone.mean())) < 1e-6
     assert np.allclose(alone.std(), 1.0 - FusionWeights().cheap_lexical)
     assert not request_fuse(None, None, FusionWeights(), 3).any()
+
+
+def test_minilm_counts_less_for_a_query_written_outside_the_latin_script():
+    weights = FusionWeights(semantic=0.6, outside_latin=0.5)
+    assert for_query(weights, 1.0) is weights
+    assert for_query(weights, 0.0).semantic == pytest.approx(0.3)
+    assert for_query(weights, 0.5).semantic == pytest.approx(0.45)
+    chinese = for_query(weights, 0.0)
+    assert (chinese.lexical, chinese.static, chinese.gate) == (weights.lexical, weights.static, weights.gate)
+    assert for_query(FusionWeights(outside_latin=1.0), 0.0) == FusionWeights(outside_latin=1.0)
+
+
+def test_the_share_of_latin_letters_reads_scripts_not_bytes():
+    assert latin_share("weather in Zürich") == 1.0
+    assert latin_share("上海今天天气怎么样") == 0.0
+    assert latin_share("用Python读取文件") == pytest.approx(6 / 11)
+    assert latin_share("2 + 2 = ?") == 1.0  # no letters: nothing to discount
+    assert latin_share("Погода в Москве") == 0.0
