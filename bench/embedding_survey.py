@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from search_catalogs import (  # noqa: E402
-    CATALOGS, Catalog, Chooser, RankedQuery, Split, exact, per_query, settings, single,
+    CATALOGS, Catalog, Chooser, exact, per_query, settings, single, split_catalog,
 )
 
 from bastion.search.embedding import load_default_encoder  # noqa: E402
@@ -49,7 +49,7 @@ from bastion.search.evaluate import load_catalog, load_queries  # noqa: E402
 from bastion.search.fusion import FusionWeights  # noqa: E402
 from bastion.search.index import DOC_MAX_TOKENS, ToolIndex  # noqa: E402
 from bastion.search.static_embedding import load_static_encoder  # noqa: E402
-from bastion.search.text import requests, semantic_text  # noqa: E402
+from bastion.search.text import semantic_text  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -167,18 +167,7 @@ def prepare(name: str, path: Path, cache: Path, encoder, static_encoder) -> Cata
     t0 = time.perf_counter()
     index.build(tools)
     log(f"  {name}: {len(tools)} tools indexed in {time.perf_counter() - t0:.1f} s")
-    ranked = []
-    for q in queries:
-        keys, lexical, static, semantic = index.score_components(q.query)
-        parts = []
-        pieces = requests(q.query)
-        if len(pieces) > 1:
-            for piece in pieces:
-                _, lex, stat, _ = index.score_components(piece)
-                parts.append((lex, stat))
-        ranked.append(RankedQuery(set(q.relevant), lexical, static, semantic, parts))
-    index.close()
-    return Catalog(name, keys, Split.of(ranked[0::2], keys), Split.of(ranked[1::2], keys), len(tools))
+    return split_catalog(name, index, queries, len(tools))
 
 
 def timings(encoder, catalog_path: Path, queries: int = 150) -> dict[str, float]:

@@ -34,7 +34,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bastion.search.evaluate import bootstrap_interval, load_catalog, load_queries, ndcg_at_k, recall_at_k  # noqa: E402
+from bastion.search.evaluate import bootstrap_interval, load_catalog, load_queries  # noqa: E402
+from bastion.search.evaluate import per_query as per_query_scores  # noqa: E402
 from bastion.search.fusion import FusionWeights, cover_requests, for_query, gated_fuse, request_fuse, top_k  # noqa: E402
 from bastion.search.index import ToolIndex  # noqa: E402
 from bastion.search.text import latin_share, requests  # noqa: E402
@@ -122,6 +123,11 @@ def prepare(name: str, path: Path, cache: Path) -> Catalog | None:
     t0 = time.perf_counter()
     index.build(tools)
     log(f"{name}: {len(tools)} tools indexed in {time.perf_counter() - t0:.1f} s, {len(queries)} queries")
+    return split_catalog(name, index, queries, len(tools))
+
+
+def split_catalog(name: str, index: ToolIndex, queries, tools: int) -> Catalog:
+    """Every query's scores from a built ``index`` (closed afterwards), split into tuning and held-out halves."""
     ranked = []
     for q in queries:
         keys, lexical, static, semantic = index.score_components(q.query)
@@ -133,7 +139,7 @@ def prepare(name: str, path: Path, cache: Path) -> Catalog | None:
                 parts.append((lex, stat))
         ranked.append(RankedQuery(set(q.relevant), lexical, static, semantic, parts, latin_share(q.query)))
     index.close()
-    return Catalog(name, keys, Split.of(ranked[0::2], keys), Split.of(ranked[1::2], keys), len(tools))
+    return Catalog(name, keys, Split.of(ranked[0::2], keys), Split.of(ranked[1::2], keys), tools)
 
 
 def ranking(q: RankedQuery, keys: tuple[str, ...], weights: FusionWeights) -> list[str]:
@@ -158,9 +164,7 @@ def single(q: RankedQuery, keys: tuple[str, ...], part: str) -> list[str]:
 
 
 def per_query(rankings: list[list[str]], queries: list[RankedQuery]) -> tuple[np.ndarray, np.ndarray]:
-    recall = np.array([recall_at_k(r, q.relevant, 5) for r, q in zip(rankings, queries)])
-    ndcg = np.array([ndcg_at_k(r, q.relevant, 10) for r, q in zip(rankings, queries)])
-    return recall, ndcg
+    return per_query_scores(rankings, [q.relevant for q in queries], 5)
 
 
 def exact(catalog: Catalog, split: Split, weights: FusionWeights) -> tuple[np.ndarray, np.ndarray]:
