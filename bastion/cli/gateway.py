@@ -9,16 +9,14 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
-
-import orjson
+from typing import TYPE_CHECKING, Any
 
 from bastion.cli.conventions import add_global_flags, configure_logging, split_global_flags
-from bastion.compose import build_gateway
-from bastion.config import ConfigError, GatewayConfig, load_config
-from bastion.gateway.core import Gateway
-from bastion.model import GatewayError, GatewayRequest, Session
-from bastion.protocol.jsonrpc import ErrorResponse, RawResponse
+
+if TYPE_CHECKING:  # each command imports what it uses when it runs: `bastion --help` needs none of it
+    from bastion.config import GatewayConfig
+    from bastion.gateway.core import Gateway
+    from bastion.model import Session
 
 log = logging.getLogger("bastion")
 
@@ -64,6 +62,8 @@ def setup_logging(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> GatewayConfig | None:
+    from bastion.config import ConfigError, load_config
+
     try:
         return load_config(args.config)
     except ConfigError as exc:
@@ -72,6 +72,7 @@ def _load(args: argparse.Namespace) -> GatewayConfig | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from bastion.compose import build_gateway
     from bastion.gateway.serve import serve_stdio
     from bastion.transport.stdio import protect_stdout
 
@@ -101,6 +102,7 @@ def run_loop(coroutine) -> Any:
 
 def _check(args: argparse.Namespace) -> int:
     """Validate a configuration and report what would fail at run time; 0 when usable (warnings allowed), 2 not."""
+    from bastion.config import ConfigError, load_config
     from bastion.diagnostics import Finding, diagnose
 
     source = str(Path(args.config).resolve()) if args.config else None
@@ -152,6 +154,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _print_check_report(source: str | None, servers: dict, findings: list, policy: str | None, ok: bool = False) -> None:
+    import orjson
+
     report = {
         "file": source,
         # Variable names only: values may be secrets, and a report is made to be pasted.
@@ -169,6 +173,9 @@ def _print_check_report(source: str | None, servers: dict, findings: list, polic
 async def with_gateway(config: GatewayConfig, work) -> Any:
     """Start the servers, wait for every one (up to its own startup_timeout: a one-shot command has no
     list_changed to take a late server in), run ``work(gateway, session)``, shut down."""
+    from bastion.compose import build_gateway
+    from bastion.model import Session
+
     gateway = build_gateway(config)
     session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "cli")
     try:
@@ -246,6 +253,8 @@ def _pin(argv: list[str]) -> int:
 
 def _live_catalog(config_path: str | None) -> dict[str, list[dict[str, Any]]]:
     """The federated catalog, per server, under the names clients see (for ``bastion tools stats``)."""
+    from bastion.config import load_config
+
     config = load_config(config_path)
 
     async def work(gateway: Gateway, session: Session) -> dict[str, list[dict[str, Any]]]:
@@ -258,6 +267,10 @@ def _live_catalog(config_path: str | None) -> dict[str, list[dict[str, Any]]]:
 
 
 def _tools(args: argparse.Namespace) -> int:
+    import orjson
+
+    from bastion.model import GatewayRequest
+
     setup_logging(args)
     config = _load(args)
     if config is None:
@@ -306,6 +319,10 @@ def _catalog_report(gateway: Gateway, listed: list[dict[str, Any]]) -> dict[str,
 
 
 def _call(args: argparse.Namespace) -> int:
+    import orjson
+
+    from bastion.model import GatewayError, GatewayRequest
+
     setup_logging(args)
     try:
         arguments = orjson.loads(args.args)
@@ -335,6 +352,9 @@ def _call(args: argparse.Namespace) -> int:
 
 def _decoded(result: Any) -> dict[str, Any]:
     """A tools/call result as a dict: where nothing in the chain reads results, it comes as the server's bytes."""
+    from bastion.model import GatewayError
+    from bastion.protocol.jsonrpc import ErrorResponse, RawResponse
+
     if type(result) is not RawResponse:
         return result
     decoded = result.decoded()

@@ -12,6 +12,12 @@ from bastion.cli.conventions import (EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, EXIT_
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+        # Asked by installers, scripts and health checks: answered before any command module is imported.
+        from bastion import __version__
+
+        print(f"bastion {__version__}")
+        return 0
     try:
         status = _main(argv)
         sys.stdout.flush()  # a stdout closed by its reader shows here, where it is handled, not at exit

@@ -11,11 +11,10 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from bastion.model import Identity, ToolEntry
+if TYPE_CHECKING:  # imported by the command that uses it when it runs: `bastion --help` needs none of it
+    from bastion.model import ToolEntry
 
 EXIT_USAGE = 2
 
@@ -105,6 +104,9 @@ def _claim_attributes(config_path: str | None) -> tuple[str, ...]:
 
 
 def _policy_check(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from bastion.model import Identity, ToolEntry
     from bastion.policy.cedar_engine import PolicyLoadError
     from bastion.policy.dryrun import dry_run
     from bastion.policy.engine import tool_entries

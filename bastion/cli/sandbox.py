@@ -8,12 +8,10 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from bastion.sandbox import SandboxConfig, SandboxError, ServerProcess, spawn
-from bastion.transport.stdio import loop_can_watch, write_all
+if TYPE_CHECKING:  # imported by the command that uses it when it runs: `bastion --help` needs none of it
+    from bastion.sandbox import SandboxConfig, ServerProcess
 
 
 def register(subparsers: Any) -> None:
@@ -61,6 +59,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> SandboxConfig:
+    from bastion.sandbox import SandboxConfig
+
     values: dict[str, Any] = {"profile": args.profile}
     for key, given in (("read_only", args.read_only), ("writable", args.writable), ("network", args.allow),
                        ("env", args.env), ("memory", args.memory), ("cpu", args.cpu), ("pids", args.pids)):
@@ -70,6 +70,10 @@ def config_from_args(args: argparse.Namespace) -> SandboxConfig:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from bastion.sandbox import SandboxError
+
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         print("bastion sandbox run: give a command after --", file=sys.stderr)
@@ -90,12 +94,16 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 async def _copy(reader: asyncio.StreamReader, fd: int) -> None:
+    from bastion.transport.stdio import write_all
+
     while chunk := await reader.read(65536):
         await asyncio.to_thread(write_all, fd, chunk)  # a slow terminal must not stall the event loop
 
 
 async def _feed_stdin(process: ServerProcess) -> None:
     """Our stdin to the command's; a pipe or terminal is watched by the loop, a file read in a thread."""
+    from bastion.transport.stdio import loop_can_watch
+
     loop = asyncio.get_running_loop()
     try:
         if loop_can_watch(0):
@@ -118,6 +126,8 @@ async def _feed_stdin(process: ServerProcess) -> None:
 
 
 async def _run(command: list[str], env: dict[str, str], cwd: str | None, config: SandboxConfig) -> int:
+    from bastion.sandbox import spawn
+
     process = await spawn("sandbox-run", command[0], command[1:], env, cwd, config)
     feeder = asyncio.create_task(_feed_stdin(process))
     await asyncio.gather(_copy(process.stdout, 1), _copy(process.stderr, 2))
