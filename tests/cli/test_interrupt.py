@@ -21,6 +21,19 @@ from tests.support import BASTION, FIXTURES, pids_with_tag, wait_for
 INTERRUPTED = "bastion: interrupted"
 
 
+def _sigint_as_a_terminal_sends_it() -> None:
+    """In the child before exec: SIGINT's default action, whatever this process inherited. A shell's background job
+    (and so a test run started with `&`) ignores SIGINT, an ignored signal stays ignored across exec, and Python
+    then installs no KeyboardInterrupt handler: the test would send a signal nobody hears."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(argv: list[str], tmp_path: Path, **options) -> subprocess.Popen:
+    options.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_environment(tmp_path), preexec_fn=_sigint_as_a_terminal_sends_it, **options)
+
+
 def _environment(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(XDG_STATE_HOME=str(tmp_path / "state"), XDG_CACHE_HOME=str(tmp_path / "cache"),
@@ -63,8 +76,7 @@ def _assert_interrupted(status: int, stderr: str) -> None:
 def test_tools_waiting_for_a_server_ends_on_ctrl_c_and_stops_it(tmp_path):
     tag = f"interrupt-tools-{os.getpid()}"
     config, marks = _gated_server_config(tmp_path, tag)
-    process = subprocess.Popen([BASTION, "tools", str(config)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=_environment(tmp_path))
+    process = _start([BASTION, "tools", str(config)], tmp_path)
     try:
         assert wait_for(lambda: marks.exists() and "initialize received" in marks.read_text(), timeout=120)
         status, stderr = _interrupt(process)
@@ -84,8 +96,7 @@ def test_call_waiting_for_a_slow_tool_ends_on_ctrl_c_and_stops_its_server(tmp_pa
               "sandbox": {"writable": [str(tmp_path)]}, "startup_timeout": 600}
     config = tmp_path / "bastion.json"
     config.write_text(json.dumps({"servers": {"raw": server}, "policy": "off"}))
-    process = subprocess.Popen([BASTION, "call", str(config), "raw__slow"], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(tmp_path))
+    process = _start([BASTION, "call", str(config), "raw__slow"], tmp_path)
     try:
         assert wait_for(lambda: marks.exists() and '"slow"' in marks.read_text(), timeout=120)
         status, stderr = _interrupt(process)
@@ -102,8 +113,7 @@ def test_run_ends_on_ctrl_c_after_stopping_its_servers(tmp_path):
     # The client's initialize is answered after ready_timeout without the gated server: from then on the gateway
     # is serving, with its own signal handling.
     config, marks = _gated_server_config(tmp_path, tag, ready_timeout=1)
-    process = subprocess.Popen([BASTION, "run", str(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=_environment(tmp_path))
+    process = _start([BASTION, "run", str(config)], tmp_path, stdin=subprocess.PIPE)
     try:
         process.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}) + "\n")
@@ -125,10 +135,8 @@ def test_sandbox_run_ends_on_ctrl_c_and_its_command_with_it(tmp_path):
     tag = f"interrupt-sandbox-{os.getpid()}"
     marks = tmp_path / "started"
     script = f"import pathlib, time; pathlib.Path({str(marks)!r}).write_text('x'); time.sleep(600)  # {tag}"
-    process = subprocess.Popen(
-        [BASTION, "sandbox", "run", "--writable", str(tmp_path), "--", sys.executable, "-c", script],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_environment(tmp_path))
+    process = _start([BASTION, "sandbox", "run", "--writable", str(tmp_path), "--", sys.executable, "-c", script],
+                     tmp_path)
     try:
         assert wait_for(marks.exists, timeout=120)
         status, stderr = _interrupt(process)
