@@ -34,7 +34,7 @@ from bastion.policy.audit import AuditWriter, shape_of
 from bastion.policy.cedar_engine import SessionFacts, Target, authorize_server_request
 from bastion.policy.config import ApprovalConfig, PolicyConfig, PolicyStartError
 from bastion.policy.decision import Decision, Effect
-from bastion.policy.engine import PolicyEngine
+from bastion.policy.engine import SCHEMA_RULE, PolicyEngine
 from bastion.policy.ratelimit import RATE_LIMITED, RateLimiter
 
 log = logging.getLogger("bastion.approval")
@@ -98,6 +98,14 @@ def taint_note(session: Session, server: str) -> str:
 
 def _refusal(code: int, message: str, decision: Decision) -> GatewayError:
     return GatewayError(code, message, {"rule": decision.rule, "reason": decision.reason})
+
+
+class InputInvalid(GatewayError):
+    """Arguments that do not fit the tool's input schema. The specification (2025-11-25, SEP-1303) makes this a tool
+    execution error, not a protocol error, so that the model reads what was wrong and can call again."""
+
+    def tool_result(self) -> dict[str, Any]:
+        return {"content": [{"type": "text", "text": self.message}], "isError": True}
 
 
 def _tool_entry(request: GatewayRequest) -> ToolEntry | None:
@@ -250,7 +258,10 @@ class ArgumentGuards:
         decision = self.engine.check_arguments(entry, request.params.get("arguments") or {})
         trail.add("guards", decision)
         if decision.effect is Effect.DENY:
-            raise _refusal(ARGUMENT_REFUSED, f"Arguments refused by policy: {decision.reason}", decision)
+            message = f"Arguments refused by policy: {decision.reason}"
+            if decision.rule == SCHEMA_RULE:
+                raise InputInvalid(ARGUMENT_REFUSED, message, {"rule": decision.rule, "reason": decision.reason})
+            raise _refusal(ARGUMENT_REFUSED, message, decision)
 
 
 class RateLimits:
@@ -310,6 +321,10 @@ class PolicyInterceptor:
             result = await self._decide_and_call(request, trail, call_next)
             outcome = result.get("resultType", "complete") if isinstance(result, dict) else "complete"
             return result
+        except InputInvalid as invalid:
+            outcome = invalid.code
+            log_refusal(request, trail)
+            return invalid.tool_result()
         except GatewayError as error:
             outcome = error.code
             if trail.stages and trail.stages[-1][1] is Effect.DENY:

@@ -51,10 +51,17 @@ AUTH_PREFIX = "auth/"
 CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
 # Bastion's log line that gives a person the link to authorize it (bastion/credentials/oauth_client.py).
 LINK_LINE = re.compile(r"must authorize Bastion; the link is given to their client and is: (\S+)")
+# The same link at the end of the message of a call Bastion refused for want of an authorization.
+LINK_IN_MESSAGE = re.compile(r"(https?://\S+/authorize\?\S+)")
+# Bastion's log lines that settle an authorization for good: it refused the answer the authorization server sent
+# to its callback (another issuer, say), or refused the server's metadata before any link (another resource).
+REFUSAL_LINE = re.compile(r"an authorization redirect was refused|handshake failed: .*\brefused\b")
 CALL_ATTEMPTS = 4  # a tool call refused for want of an authorization is tried again after its link is followed
-# How long the tools may take to appear: an authorized server joins within seconds (its handshake is retried with
-# backoff); one Bastion rightly refuses to authorize for (a mismatched resource or issuer) never does.
-TOOLS_WAIT = 30.0
+# Bounds that only a broken run reaches: an authorized server joins within seconds (its handshake is retried with
+# backoff), and a refusal ends the wait as soon as Bastion logs it.
+TOOLS_WAIT = 60.0
+LINK_WAIT = 30.0  # for the link a refused call names to have been followed
+POLL = 0.2  # how often the log and the tool list are looked at again
 
 
 def bastion_config(folder: Path, url: str, scenario: str = "") -> Path:
@@ -176,39 +183,44 @@ async def echo_the_schema(client: Client) -> None:
 
 
 class Person:
-    """The user at the browser: follows each authorization link Bastion logs, once."""
+    """The user at the browser: follows each authorization link Bastion logs, once, and notices when Bastion has
+    refused an authorization for good."""
 
     def __init__(self, log: Path) -> None:
         self._log = log
-        self._followed: set[str] = set()
+        self.followed: set[str] = set()
+        self.refused = False
 
     async def follow_links(self) -> None:
         async with httpx2.AsyncClient(follow_redirects=True, timeout=30) as browser:
             while True:
                 text = self._log.read_text(errors="replace") if self._log.exists() else ""
                 for link in LINK_LINE.findall(text):
-                    if link not in self._followed:
-                        self._followed.add(link)
+                    if link not in self.followed:
                         try:
                             page = await browser.get(link)
                             print(f"bastion-client: followed an authorization link: HTTP {page.status_code}",
                                   file=sys.stderr)
                         except httpx2.HTTPError as exc:
                             print(f"bastion-client: an authorization link failed: {exc!r}", file=sys.stderr)
-                await anyio.sleep(0.2)
+                        self.followed.add(link)
+                self.refused = self.refused or bool(REFUSAL_LINE.search(text))
+                await anyio.sleep(POLL)
 
 
-async def authorized_calls(client: Client) -> None:
+async def authorized_calls(client: Client, person: Person) -> None:
     """List the tools once the server is up (after its authorization), then call the first one, trying again after
-    a refusal (the link of a step-up is followed meanwhile)."""
+    a refusal once the link it names has been followed (a step-up). Bastion refusing the authorization for good
+    settles the scenario: nothing more comes, so nothing more is waited for."""
     tools: list[Any] = []
     with anyio.move_on_after(TOOLS_WAIT):
-        while not tools:
+        while not tools and not person.refused:
             tools = (await client.list_tools()).tools
             if not tools:
-                await anyio.sleep(0.5)
+                await anyio.sleep(POLL)
     if not tools:
-        print(f"bastion-client: the server's tools did not appear within {TOOLS_WAIT:g}s", file=sys.stderr)
+        why = "Bastion refused the authorization" if person.refused else f"not within {TOOLS_WAIT:g}s"
+        print(f"bastion-client: the server's tools did not appear: {why}", file=sys.stderr)
         return
     for attempt in range(CALL_ATTEMPTS):
         try:
@@ -216,7 +228,12 @@ async def authorized_calls(client: Client) -> None:
             return
         except Exception as exc:  # noqa: BLE001 - refused for want of an authorization: follow, then try again
             print(f"bastion-client: call {attempt + 1} refused: {exc}", file=sys.stderr)
-            await anyio.sleep(2)
+            message = str(exc)
+            if not LINK_IN_MESSAGE.search(message):
+                return  # refused without a way to authorize: trying again would be refused the same way
+            with anyio.move_on_after(LINK_WAIT):
+                while not any(link in message for link in person.followed):
+                    await anyio.sleep(POLL)
 
 
 async def call_and_report(client: Client, name: str, arguments: dict[str, Any]) -> None:
@@ -247,19 +264,21 @@ SCENARIOS: dict[str, Callable[[Client], Awaitable[None]]] = {
 async def run(url: str, scenario: str, revision: str | None) -> None:
     with tempfile.TemporaryDirectory(prefix="bastion-conformance-client-") as folder:
         config = bastion_config(Path(folder), url, scenario)
+        # Its own state (audit trail, pins, tokens): scenarios run side by side never read each other's.
+        state = {**os.environ, "XDG_STATE_HOME": str(Path(folder) / "state")}
         if not scenario.startswith(AUTH_PREFIX):
-            server = StdioServerParameters(command=BASTION, args=["run", str(config), "-q"])
+            server = StdioServerParameters(command=BASTION, args=["run", str(config), "-q"], env=state)
             await drive(server, SCENARIOS[scenario], revision)
             return
-        # Bastion's stderr goes to a file the person reads links from; its tokens to a state directory of this run.
+        # Bastion's stderr goes to a file the person reads links from.
         log = Path(folder) / "bastion.log"
         server = StdioServerParameters(command="/bin/sh", args=["-c", 'exec "$0" run "$1" -q 2>>"$2"', BASTION,
-                                                                str(config), str(log)],
-                                       env={**os.environ, "XDG_STATE_HOME": str(Path(folder) / "state")})
+                                                                str(config), str(log)], env=state)
+        person = Person(log)
         try:
             async with anyio.create_task_group() as running:
-                running.start_soon(Person(log).follow_links)
-                await drive(server, authorized_calls, revision)
+                running.start_soon(person.follow_links)
+                await drive(server, lambda client: authorized_calls(client, person), revision)
                 running.cancel_scope.cancel()
         finally:
             if log.exists():

@@ -1,10 +1,18 @@
 """The suite's runs the conformance tests share: each target (the fixture directly, or Bastion in front of it) is
-started and run once per requirement set, however many tests read the result."""
+started and run once per requirement set, however many tests read the result.
+
+The runs are independent (each has its own servers on their own ports, its own folder) and spend most of their time
+waiting on each other's processes, so they run side by side, at most ``CONCURRENT_RUNS`` at a time: ``prefetch``
+starts every run the selected tests will read, and a test waits only for the runs it reads.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -36,50 +44,84 @@ permit (principal, action, resource);
 """
 
 
+# Runs of the suite at once: each is a Node process driving one or two Python servers, mostly waiting on them; more
+# than this on two cores only stretches each run's own timeouts.
+CONCURRENT_RUNS = 4
+
+
 class Runs:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, concurrent: int = CONCURRENT_RUNS) -> None:
         self._workdir = workdir
-        self._done: dict[tuple[str, str], SuiteRun] = {}
+        self._pool = ThreadPoolExecutor(max_workers=concurrent, thread_name_prefix="conformance")
+        self._started: dict[tuple[str, ...], Future] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _place(self, target: str, revision: str) -> Path:
         place = self._workdir / f"{target}-{revision}"
         place.mkdir(parents=True, exist_ok=True)
         return place
 
+    def _start(self, key: tuple[str, ...], run: Callable[[], SuiteRun]) -> Future:
+        with self._lock:
+            if key not in self._started:
+                self._started[key] = self._pool.submit(run)
+            return self._started[key]
+
+    def prefetch(self, needs: Iterable[tuple[str, ...]]) -> None:
+        """Start every run named in ``needs``: ("direct", revision), ("client", revision) or ("bastion", revision,
+        upstream)."""
+        for need in needs:
+            if need[0] == "direct":
+                self._start_direct(need[1])
+            elif need[0] == "client":
+                self._start_client(need[1])
+            else:
+                self._start_through_bastion(need[1], need[2])
+
     def direct(self, revision: str) -> SuiteRun:
         """The server scenarios of ``revision`` against the fixture served over Streamable HTTP."""
-        key = ("direct", revision)
-        if key not in self._done:
-            place = self._place(*key)
-            with fixture_over_http(place) as url:
-                self._done[key] = run_server_scenarios(url, revision, place / "results")
-        return self._done[key]
+        return self._start_direct(revision).result()
 
     def client(self, revision: str) -> SuiteRun:
         """Every client scenario of ``revision`` but the authorization extensions, each run alone, with Bastion's
         HTTP upstream as the client (``bastion_client.py`` starts Bastion on the mock server's URL and drives it)."""
-        key = ("client", revision)
-        if key not in self._done:
-            place = self._place(*key)
-            command = f"{sys.executable} {CLIENT_DRIVER}"
-            merged: SuiteRun | None = None
-            for scenario in client_scenarios(revision):
-                run = run_client_scenario(command, scenario, revision, place / scenario)
-                if merged is None:
-                    merged = run
-                else:
-                    merged.results.update(run.results)
-                    merged.output += run.output
-            assert merged is not None, f"requirement set {revision} lists no client scenario"
-            self._done[key] = merged
-        return self._done[key]
+        runs = [future.result() for future in self._start_client(revision)]
+        assert runs, f"requirement set {revision} lists no client scenario"
+        merged = SuiteRun(runs[0].requirements, {}, "")
+        for run in runs:
+            merged.results.update(run.results)
+            merged.output += run.output
+        return merged
 
     def through_bastion(self, revision: str, upstream: str) -> SuiteRun:
         """The server scenarios of ``revision`` against ``bastion serve`` federating the fixture, which Bastion
         starts itself over stdio (in its default sandbox) or reaches over Streamable HTTP or HTTP+SSE."""
-        key = (f"bastion-{upstream}", revision)
-        if key not in self._done:
-            place = self._place(*key)
+        return self._start_through_bastion(revision, upstream).result()
+
+    def _start_direct(self, revision: str) -> Future:
+        def run() -> SuiteRun:
+            place = self._place("direct", revision)
+            with fixture_over_http(place) as url:
+                return run_server_scenarios(url, revision, place / "results")
+
+        return self._start(("direct", revision), run)
+
+    def _start_client(self, revision: str) -> list[Future]:
+        command = f"{sys.executable} {CLIENT_DRIVER}"
+        place = self._place("client", revision)
+
+        def scenario_run(scenario: str) -> Callable[[], SuiteRun]:
+            return lambda: run_client_scenario(command, scenario, revision, place / scenario)
+
+        return [self._start(("client", revision, scenario), scenario_run(scenario))
+                for scenario in client_scenarios(revision)]
+
+    def _start_through_bastion(self, revision: str, upstream: str) -> Future:
+        def run() -> SuiteRun:
+            place = self._place(f"bastion-{upstream}", revision)
             with ExitStack() as running:
                 if upstream == "http":
                     entry = {"url": running.enter_context(fixture_over_http(place))}
@@ -91,8 +133,9 @@ class Runs:
                              "sandbox": {"writable": [str(place)]}}
                 config = write_bastion_config(place, entry)
                 url = running.enter_context(bastion_over_http(config, place))
-                self._done[key] = run_server_scenarios(url, revision, place / "results")
-        return self._done[key]
+                return run_server_scenarios(url, revision, place / "results")
+
+        return self._start(("bastion", revision, upstream), run)
 
 
 def client_scenarios(revision: str) -> list[str]:

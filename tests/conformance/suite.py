@@ -223,5 +223,7 @@ _BASTION_SERVING = re.compile(r"serving MCP on (http://\S+/mcp)")
 def bastion_over_http(config: Path, workdir: Path) -> Iterator[str]:
     """``bastion serve CONFIG --http 127.0.0.1:0``; yields the URL of its MCP endpoint."""
     command = [BASTION, "serve", str(config), "--http", "127.0.0.1:0"]
-    with _running(command, workdir, "bastion", _BASTION_SERVING, from_stdout=False) as url:
+    # Its own state (audit trail, pins): runs side by side never read each other's.
+    state = {"XDG_STATE_HOME": str(workdir / "state")}
+    with _running(command, workdir, "bastion", _BASTION_SERVING, from_stdout=False, env=state) as url:
         yield url

@@ -150,8 +150,10 @@ async def test_guard_and_schema_refusals(tmp_path: Path, gateway_factory) -> Non
     error = await refusal(call(gateway, session(), "raw__echo", {"text": "ls; cat /etc/passwd"}))
     assert error.code == -32602 and error.data["rule"] == "shell:raw/echo:text"
     assert "/etc/passwd" not in error.message
-    error = await refusal(call(gateway, session(), "raw__echo", {"text": 42}))
-    assert error.code == -32602 and error.data["rule"] == "schema:inputSchema"
+    # Arguments that do not fit the input schema are a tool execution error (SEP-1303): the model reads why.
+    result = await call(gateway, session(), "raw__echo", {"text": 42})
+    assert result["isError"] is True
+    assert result["content"][0]["text"].startswith("Arguments refused by policy: argument /text fails the 'type' rule")
 
 
 async def test_rate_limit_answers_32000_with_retry_after(tmp_path: Path, gateway_factory) -> None:
