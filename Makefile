@@ -1,4 +1,13 @@
-.PHONY: setup run test bench
+.PHONY: setup run test test-fast bench
+
+# Workers for the test suite: one more than the cores, as most tests spend their time waiting on the processes
+# they start. `make test TEST_WORKERS=0` runs everything in this one process, in order.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+PYTEST = .venv/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+# The inner loop: the sans-I/O protocol core and the deciders (policy, guardrails, search, catalog), no end-to-end
+# runs and nothing marked slow.
+FAST_TESTS = tests/protocol tests/transport tests/policy tests/guardrails tests/search tests/gateway_units \
+	tests/test_dependency_direction.py
 
 setup:
 	@./scripts/setup.sh
@@ -7,7 +16,10 @@ run: setup
 	@.venv/bin/bastion run
 
 test: setup
-	@.venv/bin/python -m pytest -q
+	@$(PYTEST) --durations=10
+
+test-fast: setup
+	@$(PYTEST) -m "not slow" --ignore-glob='*end_to_end*' $(FAST_TESTS)
 
 bench: setup
 	@.venv/bin/python bench/dataplane.py

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -151,3 +153,31 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+# Ports handed out by free_port: below the kernel's ephemeral range, a block of 1,000 per pytest-xdist worker.
+_PORT_BASE = 10_000
+_PORT_BLOCK = 1_000
+_next_port = itertools.count()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1, free now, for a server whose URL must be known before it starts (a resource URI names
+    it). A port bind(0) just returned could be handed to another socket before the server binds it (the kernel
+    draws every bind(0) and outgoing connection from its ephemeral range); these come from below that range and
+    from a block of this worker's own, so no other test of the run is given the same one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    first = _PORT_BASE + index * _PORT_BLOCK
+    assert first + _PORT_BLOCK <= ephemeral_low, f"no port block for worker {worker} below {ephemeral_low}"
+    for _ in range(_PORT_BLOCK):
+        port = first + next(_next_port) % _PORT_BLOCK
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # another program (a run beside this one) has it
+            return port
+    raise RuntimeError(f"every port of {first}-{first + _PORT_BLOCK - 1} is taken")

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,13 +32,6 @@ SERVER = "mem"  # the federated server's name: its tools are mem__remember and m
 def authorization_server() -> Iterator[AuthorizationServer]:
     with running(":".join(GATEWAY_CLIENT), PUBLIC_CLIENT, ":".join(SERVICE_CLIENT)) as server:
         yield server
-
-
-def free_port() -> int:
-    """A port free now on 127.0.0.1, for a gateway whose resource URI (RFC 8707) must name it before it starts."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass

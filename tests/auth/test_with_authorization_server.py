@@ -24,9 +24,9 @@ from joserfc.jws import extract_compact
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.auth.conftest import (GATEWAY_CLIENT, PUBLIC_CLIENT, SERVER, SERVICE_CLIENT, Gateway, free_port,
-                                 gateway)
+from tests.auth.conftest import GATEWAY_CLIENT, PUBLIC_CLIENT, SERVER, SERVICE_CLIENT, Gateway, gateway
 from tests.fixtures.oauth_server import AuthorizationServer, running
+from tests.support import free_port
 
 RESOURCE = "http://127.0.0.1:8931/mcp"
 

@@ -35,9 +35,9 @@ def _start(argv: list[str], tmp_path: Path, **options) -> subprocess.Popen:
 
 
 def _environment(tmp_path: Path) -> dict[str, str]:
+    """The test's own state and configuration; the caches (derived models, compiled rules) are the test run's."""
     env = dict(os.environ)
-    env.update(XDG_STATE_HOME=str(tmp_path / "state"), XDG_CACHE_HOME=str(tmp_path / "cache"),
-               XDG_CONFIG_HOME=str(tmp_path / "config"))
+    env.update(XDG_STATE_HOME=str(tmp_path / "state"), XDG_CONFIG_HOME=str(tmp_path / "config"))
     return env
 
 

@@ -4,6 +4,12 @@ Each install goes into a new virtual environment with no registry: dependencies 
 scripts/setup.sh fills (.cache/wheelhouse-packaging), pip's configuration and cache are left out, and the index
 is off. The installed `bastion` then shows its version, checks a configuration (which parses the shipped Cedar
 policy) and lists the tools of a real server through the gateway, sandboxed, with the default policy and audit.
+
+The tests share one prepared base: the source tree as a clone has it, the wheel built from it, and the venv the
+wheel is installed into with every dependency (the wheel's own test). `pip install .` then goes into a new venv
+whose dependencies are that base's, linked in, so pip builds and installs Bastion itself and checks that what it
+depends on is there, without unpacking the same wheels a second time; pipx makes its own venv, as it does for a
+user, and installs everything into it.
 """
 
 from __future__ import annotations
@@ -81,9 +87,23 @@ def wheel(work: Path, source_tree: Path, wheelhouse: Path) -> Path:
     return built
 
 
-def _fresh_venv(path: Path, env: dict[str, str]) -> Path:
-    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(path)], env)
+def _fresh_venv(path: Path, env: dict[str, str], *options: str) -> Path:
+    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", *options, str(path)], env)
     return path / "bin"
+
+
+def _site_packages(venv: Path) -> Path:
+    (found,) = (venv / "lib").glob("python3.*/site-packages")
+    return found
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(wheel: Path, work: Path, wheelhouse: Path) -> Path:
+    """The prepared base: a fresh venv with the built wheel and every dependency installed from the wheelhouse."""
+    env = _offline(work, wheelhouse)
+    bin_dir = _fresh_venv(work / "venv-wheel", env)
+    _run([str(bin_dir / "python"), "-m", "pip", "install", str(wheel)], env)
+    return bin_dir.parent
 
 
 def _works(bastion: Path, python: Path, work: Path, env: dict[str, str]) -> None:
@@ -124,17 +144,28 @@ def test_the_wheel_holds_every_file_of_the_package(wheel: Path, source_tree: Pat
     assert "bastion = bastion.cli.main:main" in scripts
 
 
-def test_a_built_wheel_installs_and_works_in_a_fresh_venv(wheel: Path, work: Path, wheelhouse: Path):
-    env = _offline(work, wheelhouse)
-    bin_dir = _fresh_venv(work / "venv-wheel", env)
-    _run([str(bin_dir / "python"), "-m", "pip", "install", str(wheel)], env)
-    _works(bin_dir / "bastion", bin_dir / "python", work, env)
+def test_a_built_wheel_installs_and_works_in_a_fresh_venv(wheel_venv: Path, work: Path, wheelhouse: Path):
+    bin_dir = wheel_venv / "bin"
+    _works(bin_dir / "bastion", bin_dir / "python", work, _offline(work, wheelhouse))
 
 
-def test_pip_install_of_the_source_tree_works_in_a_fresh_venv(source_tree: Path, work: Path, wheelhouse: Path):
+def test_pip_install_of_the_source_tree_works_in_a_fresh_venv(source_tree: Path, wheel_venv: Path, work: Path,
+                                                              wheelhouse: Path):
     env = _offline(work, wheelhouse)
-    bin_dir = _fresh_venv(work / "venv-pip", env)
-    _run([str(bin_dir / "python"), "-m", "pip", "install", "."], env, cwd=source_tree)
+    venv = work / "venv-pip"
+    bin_dir = _fresh_venv(venv, env, "--without-pip")
+    # The base's dependencies, linked in (not Bastion, nor pip: the base's pip installs into this venv from outside).
+    for entry in _site_packages(wheel_venv).iterdir():
+        if not entry.name.startswith(("bastion", "mcp_bastion", "pip", "__pycache__")):
+            copy = _site_packages(venv) / entry.name
+            if entry.is_dir():
+                shutil.copytree(entry, copy, copy_function=os.link)
+            else:
+                os.link(entry, copy)
+    _run([str(wheel_venv / "bin" / "python"), "-m", "pip", "--python", str(bin_dir / "python"), "install", "."], env,
+         cwd=source_tree)
+    installed = {path.name for path in _site_packages(venv).iterdir()}
+    assert "bastion" in installed and any(name.startswith("mcp_bastion-") for name in installed), sorted(installed)
     _works(bin_dir / "bastion", bin_dir / "python", work, env)
 
 

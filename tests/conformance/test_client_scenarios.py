@@ -21,7 +21,7 @@ from tests.conformance.bastion_client import SCHEMA_CHECK_OFF
 from tests.conformance.runs import CLIENT_DRIVER, Runs, client_scenarios
 from tests.conformance.suite import REQUIREMENT_SETS, run_client_scenario
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("conformance")]
+pytestmark = pytest.mark.slow
 
 # (revision, scenario) -> why Bastion's HTTP upstream does not pass it yet
 KNOWN_CLIENT_GAPS: dict[tuple[str, str], str] = {

@@ -12,7 +12,7 @@ import pytest
 from tests.conformance.runs import Runs
 from tests.conformance.suite import REQUIREMENT_SETS
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("conformance")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("revision", REQUIREMENT_SETS)

@@ -16,7 +16,7 @@ import pytest
 from tests.conformance.runs import UPSTREAMS, Runs
 from tests.conformance.suite import REQUIREMENT_SETS
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("conformance")]
+pytestmark = pytest.mark.slow
 
 # (revision, upstream, scenario) -> why it does not pass through Bastion yet
 KNOWN_GAPS: dict[tuple[str, str, str], str] = {}

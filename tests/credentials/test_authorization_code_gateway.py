@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.fixtures.oauth_server import running
-from tests.support import BASTION
+from tests.support import BASTION, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -52,12 +51,6 @@ def wait_for(what: str, found, deadline: float = 120.0):
 def approve(link: str, user: str) -> httpx2.Response:
     """The person at the browser: the authorization server approves them and redirects back to Bastion."""
     return httpx2.get(f"{link}&{urlencode({'login_hint': user})}", follow_redirects=True, timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(params=["identity_header", "bearer_tokens"])

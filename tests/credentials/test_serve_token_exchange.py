@@ -18,7 +18,7 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.auth.conftest import free_port
+from tests.support import free_port
 from tests.credentials.conftest import GATEWAY_CLIENT, UPSTREAM_RESOURCE, client_auth
 from tests.support import BASTION, READY_TIMEOUT
 

@@ -14,10 +14,10 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.auth.conftest import GATEWAY_CLIENT, free_port
+from tests.auth.conftest import GATEWAY_CLIENT
 from tests.auth.serving import Served, answer, modern_request, open_session, session_request, start, stop
 from tests.fixtures.oauth_server import running
-from tests.support import BASTION, READY_TIMEOUT, raw_server
+from tests.support import BASTION, READY_TIMEOUT, free_port, raw_server
 
 pytestmark = pytest.mark.slow
 
