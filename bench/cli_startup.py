@@ -38,20 +38,22 @@ def commands(config: Path) -> dict[str, list[str]]:
     }
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(argv: list[str], env: dict[str, str], cwd: str) -> float:
     started = time.perf_counter()
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                          cwd=cwd)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode(errors='replace')[-2000:]}")
     return elapsed
 
 
-def modules_imported(argv: list[str], env: dict[str, str]) -> int:
-    """How many modules the command imports, interpreter start-up included (``-X importtime`` lines)."""
+def modules_imported(argv: list[str], env: dict[str, str], cwd: str) -> int:
+    """How many modules the command imports, interpreter start-up included (``-X importtime`` lines). Run outside
+    any checkout, so ``-m bastion`` is the installed one."""
     program = argv[1:] if argv[0] == sys.executable else ["-m", "bastion", *argv[1:]]
     done = subprocess.run([sys.executable, "-X", "importtime", *program], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
     return sum(1 for line in done.stderr.decode(errors="replace").splitlines() if line.startswith("import time:")
                and not line.rstrip().endswith("| package"))
 
@@ -65,12 +67,12 @@ def measure(runs: int) -> dict:
                "XDG_CONFIG_HOME": str(Path(folder) / "config")}
         argvs = commands(config)
         for argv in argvs.values():  # warm-up: the page cache, bytecode caches
-            timed(argv, env)
+            timed(argv, env, folder)
         seconds: dict[str, list[float]] = {name: [] for name in argvs}
         for _ in range(runs):
             for name, argv in argvs.items():
-                seconds[name].append(timed(argv, env))
-        modules = {name: modules_imported(argv, env) for name, argv in argvs.items()}
+                seconds[name].append(timed(argv, env, folder))
+        modules = {name: modules_imported(argv, env, folder) for name, argv in argvs.items()}
     floor = statistics.median(seconds["python -c pass"])
     figures = {
         name: {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values),

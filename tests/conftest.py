@@ -81,6 +81,7 @@ def pytest_sessionstart(session) -> None:
     session.config.stash[_STARTED] = time.monotonic()
 
 
+@pytest.hookimpl(trylast=True)  # after --durations' list, so the wall time is the last thing before the counts
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """The suite's wall time, with the slowest tests (``--durations``) just above it: what each change cost."""
     if _STARTED not in config.stash:

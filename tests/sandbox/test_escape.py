@@ -125,7 +125,10 @@ async def test_can_write_to_writable_grant_and_private_tmp(attacker, profile, gr
 
 @pytest.fixture
 def host_sleeper(token: str):
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", token])
+    """A host process carrying ``token`` in its command line, running (it said so) before the attack starts."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)", token],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "up\n"
     yield process
     process.kill()
     process.wait()
