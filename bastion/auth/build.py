@@ -5,6 +5,8 @@ with (closed with the frontend)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +57,10 @@ def unauthenticated(identity: Identity) -> HttpAuth:
 
 
 def build_http_auth(auth: AuthConfig | None, *, identity_header: str | None, identity: Identity,
-                    base: Path | None = None, client: httpx2.AsyncClient | None = None) -> HttpAuth:
-    """The frontend's authentication; a ValueError names the configuration key and the fix."""
+                    base: Path | None = None, client: httpx2.AsyncClient | None = None,
+                    clock: Callable[[], float] = time.monotonic) -> HttpAuth:
+    """The frontend's authentication; a ValueError names the configuration key and the fix. ``clock`` is what the
+    key sets' refresh and refetch intervals are measured by."""
     if auth is None or not (auth.issuers or auth.api_keys is not None or auth.client_certificates):
         if identity_header is not None:
             return HttpAuth(AuthenticatorChain([HeaderIdentity(identity_header)]))
@@ -84,7 +88,7 @@ def build_http_auth(auth: AuthConfig | None, *, identity_header: str | None, ide
             audiences = frozenset((auth.resource, *entry.audiences))
             endpoints = IssuerEndpoints(entry.issuer, result.client, jwks_uri=entry.jwks_uri,
                                         introspection_endpoint=entry.introspection_endpoint,
-                                        retry_seconds=auth.jwks_min_refetch_seconds)
+                                        retry_seconds=auth.jwks_min_refetch_seconds, clock=clock)
             if entry.validation == "introspection":
                 result.introspectors[entry.issuer] = Introspector(
                     entry.issuer, endpoints, result.client, audiences=audiences, client_id=entry.client_id,
@@ -92,7 +96,7 @@ def build_http_auth(auth: AuthConfig | None, *, identity_header: str | None, ide
                     skew=auth.clock_skew_seconds)
             else:
                 keys_cache = JwksCache(endpoints, result.client, refresh_seconds=auth.jwks_refresh_seconds,
-                                       min_refetch_seconds=auth.jwks_min_refetch_seconds)
+                                       min_refetch_seconds=auth.jwks_min_refetch_seconds, clock=clock)
                 result.validators[entry.issuer] = JwtValidator(entry.issuer, entry.algorithms, keys_cache,
                                                                audiences=audiences, skew=auth.clock_skew_seconds)
         methods.append(OAuthBearer(auth, result.validators, result.introspectors, metadata_url))

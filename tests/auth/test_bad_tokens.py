@@ -29,7 +29,17 @@ async def issuer() -> AsyncIterator[Issuer]:
         await server.stop()
 
 
-def auth_for(*issuers: Issuer, introspect: bool = False, **settings: Any) -> HttpAuth:
+class FakeClock:
+    """The monotonic clock the key sets' intervals are measured by, moved by the test alone."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def auth_for(*issuers: Issuer, introspect: bool = False, clock: Any = None, **settings: Any) -> HttpAuth:
     entries = []
     for server in issuers:
         entry: dict[str, Any] = {"issuer": server.issuer}
@@ -39,7 +49,9 @@ def auth_for(*issuers: Issuer, introspect: bool = False, **settings: Any) -> Htt
                          introspection_cache_seconds=settings.pop("introspection_cache_seconds", 60))
         entries.append(entry)
     config = AuthConfig(resource=RESOURCE, issuers=entries, **settings)
-    return build_http_auth(config, identity_header=None, identity=LOCAL)
+    if clock is None:
+        return build_http_auth(config, identity_header=None, identity=LOCAL)
+    return build_http_auth(config, identity_header=None, identity=LOCAL, clock=clock)
 
 
 def bearer(token: str) -> Credentials:
@@ -173,26 +185,32 @@ def test_issuers_need_a_resource_and_the_identity_header_cannot_join_them() -> N
 
 async def test_a_rotated_in_key_is_found_with_one_refetch_and_an_unknown_kid_never_loops(issuer: Issuer) -> None:
     import asyncio
-    auth = auth_for(issuer, jwks_min_refetch_seconds=1)
+    clock = FakeClock()
+    auth = auth_for(issuer, jwks_min_refetch_seconds=1, clock=clock)
     assert (await auth.authenticator.authenticate(bearer(issuer.token()))).name == "alice"
     assert issuer.hits["jwks"] == 1
     new = issuer.rotate()
-    await asyncio.sleep(1.1)  # past the refetch interval, so the new kid may fetch the set
+    clock.now += 1.1  # past the refetch interval, so the new kid may fetch the set
     assert (await auth.authenticator.authenticate(bearer(issuer.token(key=new)))).name == "alice"
     assert issuer.hits["jwks"] == 2  # the new kid fetched the set once
     stranger = issuer.new_key()
     for _ in range(5):
+        clock.now += 0.15  # within the interval, however long the machine takes to sign each token
         assert (await refused(auth, bearer(issuer.token(key=stranger)))).reason == "unknown_key"
     assert issuer.hits["jwks"] == 2  # the refetch is rate-limited: unknown kids are refused without a fetch
+    clock.now += 0.5  # past the interval again: the next unknown kid may look once more
+    assert (await refused(auth, bearer(issuer.token(key=stranger)))).reason == "unknown_key"
+    assert issuer.hits["jwks"] == 3
     await auth.close()
 
 
 async def test_unknown_kids_at_once_share_one_fetch(issuer: Issuer) -> None:
     import asyncio
-    auth = auth_for(issuer, jwks_min_refetch_seconds=1)
+    clock = FakeClock()
+    auth = auth_for(issuer, jwks_min_refetch_seconds=1, clock=clock)
     assert (await auth.authenticator.authenticate(bearer(issuer.token()))).name == "alice"
     new = issuer.rotate()
-    await asyncio.sleep(1.1)  # past the refetch interval: the first of them may fetch, the others wait for it
+    clock.now += 1.1  # past the refetch interval: the first of them may fetch, the others wait for it
     tokens = [issuer.token(key=new, sub=f"user{i}") for i in range(8)]
     issuer.mode, issuer.delay = "slow", 0.5
     first = asyncio.ensure_future(auth.authenticator.authenticate(bearer(tokens[0])))
