@@ -2,9 +2,10 @@
 scratch data) in a temporary folder, never in the home directory of whoever runs the tests; and its caches (the
 derived MiniLM model, the compiled scanning rules, embeddings) in a temporary folder of this test run.
 
-Under pytest-xdist (``make test``: ``-n N --dist loadfile``) each worker has a state folder of its own (a test's pins and approvals are its worker's alone),
-and the workers share the run's cache folder, made by the controller before they start: Bastion's caches are built
-for several processes at once (SQLite, files replaced whole), and a cache is what one user's processes share.
+Under pytest-xdist (``make test``: ``-n N --dist loadfile``) each worker has a state folder of its own (a test's
+pins and approvals are its worker's alone), and the workers share the run's cache folder, made by the controller
+before they start: Bastion's caches are built for several processes at once (SQLite, files replaced whole), and a
+cache is what one user's processes share.
 """
 
 from __future__ import annotations

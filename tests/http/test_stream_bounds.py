@@ -91,3 +91,47 @@ async def test_a_reader_that_catches_up_after_the_overflow_reads_the_notice_last
         reader.close()
         server.should_exit = True
         await asyncio.wait_for(serving, 60)
+
+
+async def test_what_a_finished_stream_withdraws_is_gone_before_its_client_sees_the_end() -> None:
+    """A call's answer stream forgets the call (nothing more to resume) once its last event is written and before
+    the response ends: a client that reads the end of the response and resumes at once must find it forgotten."""
+    loop = asyncio.get_running_loop()
+    seen_at_completion: list[bool] = []
+    ended_on_the_wire = asyncio.Event()
+    answer = sse_event(b'{"jsonrpc":"2.0","id":11,"result":{}}')
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+
+        async def watched_send(message):
+            await send(message)
+            if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                ended_on_the_wire.set()
+
+        stream = SseStream(watched_send, limit=8, heartbeat=30)
+        stream.on_complete = lambda: seen_at_completion.append(ended_on_the_wire.is_set())
+        stream.push(answer)
+        stream.finish()
+        await stream.run()
+
+    sock = listen("127.0.0.1", 0)
+    server = QuietServer(uvicorn.Config(app, loop="none", lifespan="off", log_config=None, access_log=False))
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    reader = socket.socket()
+    reader.setblocking(False)
+    try:
+        await loop.sock_connect(reader, ("127.0.0.1", sock.getsockname()[1]))
+        await loop.sock_sendall(reader, b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        received = bytearray()
+        while not received.endswith(b"0\r\n\r\n"):  # the chunked body's end: the response was completed
+            chunk = await asyncio.wait_for(loop.sock_recv(reader, 65536), 60)
+            assert chunk, "the connection closed before the response ended"
+            received += chunk
+        assert answer in bytes(received)
+        assert seen_at_completion == [False]  # called once, before the response's end was sent
+    finally:
+        reader.close()
+        server.should_exit = True
+        await asyncio.wait_for(serving, 60)

@@ -610,6 +610,7 @@ class HttpFrontend:
         stream = SseStream(send, limit=self.settings.stream_buffer_messages,
                            heartbeat=self.settings.heartbeat_seconds, headers=(_NO_STORE, *headers),
                            notice=self._overflow_answer(exchange.request_id))
+        stream.on_complete = _when_delivered(exchange, stream, forget)
         exchange.attach(stream, first, RETRY_MS)
         try:
             await self._stream_until_gone(stream, receive)
@@ -629,6 +630,7 @@ class HttpFrontend:
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
                            headers=(_NO_STORE, (b"mcp-session-id", session.id.encode())),
                            notice=self._overflow_answer(exchange.request_id))
+        stream.on_complete = _when_delivered(exchange, stream, lambda: session.forget(exchange))
         exchange.resume(stream, int(number))
         try:
             await self._stream_until_gone(stream, receive)
@@ -754,6 +756,16 @@ class _Gone(Exception):
 
 def _nothing() -> None:
     return None
+
+
+def _when_delivered(exchange: Exchange, stream: SseStream, forget: Callable[[], None]) -> Callable[[], None]:
+    """What a call's answer stream does once its last event is written and before its response ends: forget the
+    call, so that a client resuming the moment it has the answer is told there is nothing to resume (never sent
+    the answer twice)."""
+    def delivered() -> None:
+        if exchange.stream is stream and exchange.answered:
+            forget()
+    return delivered
 
 
 def _settle(exchange: Exchange, stream: SseStream, abandon: Callable[[], None], detach: Callable[[], None] | None,

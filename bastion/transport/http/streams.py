@@ -62,7 +62,10 @@ class SseStream:
         self._sending = False  # the writer waits in a write of events, which an overflow interrupts
         self._finishing = False
         self.overflowed = False
-        self.completed = False  # every event pushed was written and the response ended
+        self.completed = False  # every event pushed was written and the response is ending
+        # Called once every event pushed is written, before the response ends: what must no longer be offered once
+        # the client has it all (a call's answer to resume) is withdrawn before the client can see the end.
+        self.on_complete: Callable[[], None] | None = None
         self.ended = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
 
@@ -114,8 +117,10 @@ class SseStream:
         while not self.overflowed:
             if not self._queue:
                 if self._finishing:
-                    await self._send({"type": "http.response.body", "body": b"", "more_body": False})
                     self.completed = True
+                    if self.on_complete is not None:
+                        self.on_complete()
+                    await self._send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
                 self._ready.clear()
                 try:
