@@ -242,7 +242,12 @@ def burn_cpu(seconds: float, workers: int) -> dict:
 
 
 def daemonize(token: str) -> dict:
-    """Leaves a detached grandchild behind, in its own session, carrying ``token`` in its arguments."""
+    """Leaves a detached grandchild behind, in its own session, carrying ``token`` in its arguments.
+
+    Answers only once the grandchild has executed (its copy of a close-on-exec pipe closes then), so the
+    caller can look for the token at once.
+    """
+    executed, signal_exec = os.pipe()  # both ends close on exec
     child = os.fork()
     if child == 0:
         os.setsid()
@@ -252,7 +257,10 @@ def daemonize(token: str) -> dict:
                 os.dup2(null, fd)
             os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)", token])
         os._exit(0)
+    os.close(signal_exec)
     os.waitpid(child, 0)
+    os.read(executed, 1)  # end of file: the grandchild has executed (or died)
+    os.close(executed)
     return {"ok": True}
 
 
