@@ -23,7 +23,8 @@ __all__ = ["Host", "GatewayError"]
 class Host:
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
-        self._session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "host")
+        # It finds tools itself (find_tools): the configured exposure mode, which is for MCP clients, passes it by.
+        self._session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "host", finds_tools_itself=True)
         self._calls = 0
 
     @classmethod
@@ -65,5 +66,4 @@ class Host:
     async def _handle(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         self._calls += 1
         request = GatewayRequest(method, params, self._session, self._gateway.catalog, request_id=f"host-{self._calls}")
-        # The configured exposure mode is for MCP clients; this API finds tools with find_tools.
-        return await self._gateway.handle_permitted(request)
+        return await self._gateway.handle(request)

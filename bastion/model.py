@@ -76,6 +76,9 @@ class Session:
     client: ClientChannel | None = None
     # Facts interceptors keep for the life of the session (remembered approvals, counters).
     facts: dict[str, Any] = field(default_factory=dict)
+    # The host API and ``bastion tools`` find tools themselves: the exposure modes, which are for MCP clients, pass
+    # their requests as they are (every other interceptor sees them as any client's).
+    finds_tools_itself: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +126,19 @@ class CallInFlight:
     request_id: Any  # the id the client used
 
 
+# Which way a message goes, and what kind it is: the chain is compiled per direction, kind and method.
+TO_SERVER = "to_server"  # from a client (or the host API) toward the servers
+TO_CLIENT = "to_client"  # from a server toward a client
+REQUEST = "request"  # answered: the result or error comes back through the same interceptors, the other way
+NOTIFICATION = "notification"  # not answered: an interceptor passes it on, rewrites it, or drops it
+
+
 @dataclass(slots=True)
 class GatewayRequest:
-    """A client request on its way through the pipeline."""
+    """One message on its way through the interceptor chain, resolved once where it entered: which way it goes
+    (``direction``), whether it is a request or a notification (``kind``), its method and params, the client
+    session it belongs to, and for a message from a server, that server. A request's answer (its result, or the
+    ``GatewayError`` it raises) travels back through the same interceptors."""
 
     method: str
     params: dict[str, Any]
@@ -139,6 +152,25 @@ class GatewayRequest:
     calls_in_flight: tuple[CallInFlight, ...] = ()
     # A person approved this very call in the policy's approval stage (not an earlier approval remembered).
     person_approved: bool = False
+    direction: str = TO_SERVER
+    kind: str = REQUEST
+    # Where the chain's last step hands the message (the client a server's request or notification is for, or what a
+    # client's notification does); None for a client's request, which the gateway routes to its server.
+    deliver: "Handler | None" = field(default=None, repr=False)
+    # The tool a tools/call names, looked up once for every interceptor and the route (see ``target``).
+    _target: tuple[Any, "ToolEntry | None"] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def target(self) -> "ToolEntry | None":
+        """The catalog's tool this ``tools/call`` names now, or None: looked up once per name, so an interceptor
+        that rewrites the name (the search exposure's ``call_tool``) is never judged on the tool it replaced."""
+        name = self.params.get("name")
+        cached = self._target
+        if cached is not None and cached[0] is name:
+            return cached[1]
+        entry = self.catalog.tool(name) if type(name) is str else None
+        self._target = (name, entry)
+        return entry
 
 
 class GatewayError(Exception):
@@ -166,4 +198,11 @@ Handler = Callable[[GatewayRequest], Awaitable[dict[str, Any]]]
 
 
 class Interceptor(Protocol):
+    """One step of the chain every message passes, both ways (``bastion.gateway.pipeline``).
+
+    Either a callable ``(message, call_next)``, which sees every message of every kind, or an object with hooks by
+    kind, ``on_request`` and ``on_notification`` (same signature), which sees every message of the kinds it has a
+    hook for. Either way a message of any direction, unless it narrows that with ``methods`` (the only methods it
+    looks at) or ``directions`` (``TO_SERVER``, ``TO_CLIENT``)."""
+
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]: ...

@@ -177,7 +177,7 @@ async def with_gateway(config: GatewayConfig, work) -> Any:
     from bastion.model import Session
 
     gateway = build_gateway(config)
-    session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "cli")
+    session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "cli", finds_tools_itself=True)
     try:
         gateway.start({})
         await gateway.wait_started()
@@ -279,7 +279,7 @@ def _tools(args: argparse.Namespace) -> int:
     async def work(gateway: Gateway, session: Session) -> int:
         # The permitted catalog, whatever the exposure mode (which is for MCP clients: past 10 tools, "auto" would show
         # a person two meta-tools); the last line says what clients are shown.
-        result = await gateway.handle_permitted(GatewayRequest("tools/list", {}, session, gateway.catalog))
+        result = await gateway.handle(GatewayRequest("tools/list", {}, session, gateway.catalog))
         down = [n for n, u in gateway.upstreams.items() if not u.ready.is_set()]
         if args.json:
             sys.stdout.write(orjson.dumps(_catalog_report(gateway, result["tools"]), option=orjson.OPT_INDENT_2).decode()

@@ -18,10 +18,13 @@ from bastion.credentials.oauth_client import AuthorizationCodes
 from bastion.gateway.bridge import InputBridge
 from bastion.gateway.catalog import BadCursor, Catalog, ServerFacts, paginate
 from bastion.gateway.naming import SEPARATOR, sanitize
-from bastion.gateway.pipeline import build_pipeline, passes_raw
+from bastion.gateway.pipeline import Chain
 from bastion.gateway.pool import InstanceListener, UpstreamPool
 from bastion.gateway.upstream import Launcher, Upstream, launch_server
-from bastion.model import CallInFlight, GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session
+from bastion.model import (
+    NOTIFICATION, REQUEST, TO_CLIENT, TO_SERVER, CallInFlight, GatewayError, GatewayRequest, Handler, Identity,
+    Interceptor, Session,
+)
 from bastion.protocol import jsonrpc
 from bastion.protocol.client_session import SELF
 from bastion.protocol.correlation import Pending
@@ -105,20 +108,18 @@ class Gateway:
         }
         self._tool_index = tool_index
         self.policy = policy
-        permitted = [*screens, *(self.policy.interceptors if self.policy else ()), *interceptors]
-        chain = [*exposure, *permitted]
-        # The one path of every client request. Where nothing in the chain reads a tools/call's result, the
-        # result is passed on as the bytes its server sent; where nothing reads its params, its arguments reach the
-        # server as the bytes the client sent (``takes_raw_params``: the frontend then leaves them undecoded).
-        self.handle = build_pipeline(chain, partial(self._route, raw_results=passes_raw(chain, "tools/call", "results")))
-        self.takes_raw_params = passes_raw(chain, "tools/call", "params")
-        # A server's request to the client passes the interceptors that name its method in their ``methods``.
-        self._toward_clients = [i for i in chain if getattr(i, "methods", None)]
-        # So does a server's notification; one no interceptor names is delivered at once, at no cost.
+        # The one path of every message, both ways, from every frontend and the host API, compiled per route. Where
+        # nothing on a tools/call's route reads its result, the result is passed on as the bytes its server sent;
+        # where nothing reads its params, its arguments reach the server as the bytes the client sent
+        # (``takes_raw_params``: the frontend then leaves them undecoded).
+        self.chain = Chain([*exposure, *screens, *(self.policy.interceptors if self.policy else ()), *interceptors],
+                           lambda raw_results: partial(self._route, raw_results=True) if raw_results else self._route)
+        self.handle = self.chain.handle
+        self.takes_raw_params = self.chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
+        # Server notifications a route has interceptors for pass them one after another, in the server's order; one
+        # whose route is empty is delivered at once, at no cost.
         self._notice_tail: asyncio.Task[None] | None = None
         self._notices: set[asyncio.Task[None]] = set()
-        # The same pipeline without the exposure mode, for a frontend that finds tools itself (the host API).
-        self.handle_permitted = build_pipeline(permitted, self._route)
         self._connections: dict[str, ClientConnection] = {}
         # Connections are told apart by a counter under a random prefix of this gateway's own: unique across runs
         # (audit records name them), at no random draw per connection (a 2026-07-28 HTTP POST is one).
@@ -260,7 +261,9 @@ class Gateway:
             name = params.get("name")
             if type(name) is msgspec.Raw:  # params the frontend left as the client's bytes (takes_raw_params)
                 name = jsonrpc.raw_string(name)
-            entry = self.catalog.tool(name) if isinstance(name, str) else None
+                entry = self.catalog.tool(name) if isinstance(name, str) else None
+            else:
+                entry = request.target
             if entry is None:  # the slower way, which may wait for servers still starting, only for a name not found
                 entry = await self._find(self.catalog.tool, name, "tool")
             return await self._forward(request, entry.server, {**params, "name": entry.original_name}, raw_results)
@@ -375,15 +378,14 @@ class Gateway:
         if result.get("resultType") == "input_required":
             if session.era != "modern":
                 return await self.drive_input_required(request, server, params, result)
-            if self._toward_clients:
-                return await self._screen_input_requests(request, server, result)
+            return await self._screen_input_requests(request, server, result)
         return result
 
     async def _screen_input_requests(self, request: GatewayRequest, server: str,
                                      result: dict[str, Any]) -> dict[str, Any]:
-        """A modern server's questions to a modern client (sampling, elicitation, roots) pass the interceptors of
-        their method on their way out, as every other server's request to a client does; one an interceptor
-        refuses fails the call with that refusal, as the server cannot be answered but through the client."""
+        """A modern server's questions to a modern client (sampling, elicitation, roots) pass the chain on their way
+        out, as every other server's request to a client does; one an interceptor refuses fails the call with that
+        refusal, as the server cannot be answered but through the client."""
         embedded = result.get("inputRequests")
         if not isinstance(embedded, dict):
             return result
@@ -395,8 +397,6 @@ class Gateway:
             if not isinstance(method, str) or not isinstance(params, dict):
                 screened[key] = asked
                 continue
-            if method in _INPUT_CAPABILITY:
-                self._authorize_server_request(request.session.identity, self.upstreams[server], method)
 
             async def passed_on(outgoing: GatewayRequest) -> dict[str, Any]:
                 return outgoing.params
@@ -430,9 +430,8 @@ class Gateway:
                 raise GatewayError(jsonrpc.INTERNAL_ERROR,
                                    f"server {upstream.name!r} needs {method or 'input'} from the client, which did not "
                                    f"declare the {capability or 'needed'!r} capability")
-            # Past the policy and through the interceptors of the method, as a handshake-era server's own request
-            # would be; a refusal fails the call, as an answer of input has no way to carry an error.
-            self._authorize_server_request(request.session.identity, upstream, method)
+            # Through the chain, as a handshake-era server's own request would be; a refusal fails the call, as an
+            # answer of input has no way to carry an error.
             responses[key] = await self._toward_client(
                 method, embedded.get("params") or {}, request.session, upstream.name,
                 lambda asked: client.request(asked.method, asked.params),  # type: ignore[union-attr]
@@ -517,24 +516,23 @@ class Gateway:
         log.debug("server %s is down: %s", upstream.name, reason)
 
     def upstream_notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None) -> None:
-        chain = [interceptor for interceptor in self._toward_clients if method in interceptor.methods]
+        route = self.chain.route(TO_CLIENT, NOTIFICATION, method)
         # Whose calls the server works on is read now: by the time an interceptor passes a log message on, the
         # call it belongs to may have ended.
         callers = self._log_callers(upstream) if method == "notifications/message" else None
-        if not chain:
+        if route.empty:
             self._deliver_notification(upstream, method, params, pending, callers)
             return
-        request = GatewayRequest(method, params, self._notice_session(pending, callers), self.catalog,
-                                 server=upstream.name)
 
         async def deliver(passed: GatewayRequest) -> dict[str, Any]:
             self._deliver_notification(upstream, passed.method, passed.params, pending, callers)
             return {}
 
+        request = GatewayRequest(method, params, self._notice_session(pending, callers), self.catalog,
+                                 server=upstream.name, direction=TO_CLIENT, kind=NOTIFICATION, deliver=deliver)
         # Intercepted notifications run one after another, so they reach clients in the order the server sent them.
         previous = self._notice_tail
-        self._notice_tail = asyncio.create_task(
-            self._intercept_notification(previous, build_pipeline(chain, deliver), request))
+        self._notice_tail = asyncio.create_task(self._intercept_notification(previous, route.handle, request))
         self._notices.add(self._notice_tail)
         self._notice_tail.add_done_callback(self._notices.discard)
 
@@ -618,7 +616,6 @@ class Gateway:
             if capability not in call.client_capabilities:
                 raise GatewayError(jsonrpc.INVALID_REQUEST,
                                    f"{asking}: the client whose call caused it did not declare the {capability!r} capability")
-            self._authorize_server_request(call.identity, upstream, method)
             session = Session(call.identity, "modern", "", call.client_capabilities, None, str(call.origin[0]))
             return await self._toward_client(method, params, session, upstream.name,
                                              lambda asked: self.inputs.ask(call, asked.method, asked.params),
@@ -641,28 +638,16 @@ class Gateway:
             raise GatewayError(jsonrpc.METHOD_NOT_FOUND,
                                f"{asking}: the client whose call caused it did not declare the {capability!r} "
                                "capability (Bastion offers it to every server, which start before any client connects)")
-        self._authorize_server_request(connection.identity, upstream, method)
         return await self._toward_client(method, params, connection.session, upstream.name,
                                          lambda asked: connection.request(asked.method, asked.params),
                                          _calls_in_flight(upstream, [c for c in callers if c[0] == connection.id]))
 
-    async def _toward_client(self, method: str, params: dict[str, Any], session: Session, server: str,
-                             ask: Handler, calls: tuple[CallInFlight, ...] = ()) -> dict[str, Any]:
-        """A server's request to a client, through the interceptors that look at its method; ``calls`` are that
-        client's calls the server is working on."""
-        request = GatewayRequest(method, params, session, self.catalog, server=server, calls_in_flight=calls)
-        chain = [interceptor for interceptor in self._toward_clients if method in interceptor.methods]
-        if not chain:
-            return await ask(request)
-        return await build_pipeline(chain, ask)(request)
-
-    def _authorize_server_request(self, identity: Identity, upstream: Upstream, method: str) -> None:
-        if self.policy is None:
-            return
-        decision = self.policy.authorize_server_request(identity, upstream.name, method, upstream.config.trust)
-        if not decision.allowed:
-            raise GatewayError(jsonrpc.INVALID_REQUEST,
-                               f"{method} from server {upstream.name!r} refused by policy: {decision.reason}")
+    def _toward_client(self, method: str, params: dict[str, Any], session: Session, server: str,
+                       ask: Handler, calls: tuple[CallInFlight, ...] = ()) -> Awaitable[dict[str, Any]]:
+        """A server's request to a client, through the chain (the policy's decision, the guardrails), then ``ask``;
+        ``calls`` are that client's calls the server is working on."""
+        return self.chain.handle(GatewayRequest(method, params, session, self.catalog, server=server,
+                                                calls_in_flight=calls, direction=TO_CLIENT, deliver=ask))
 
     def _schedule_refresh(self, upstream: Upstream, list_method: str) -> None:
         key = (upstream.name, list_method)

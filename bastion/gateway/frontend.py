@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from bastion.gateway.core import SERVER_INFO, Gateway
-from bastion.model import GatewayError, GatewayRequest, Identity, Session
+from bastion.model import NOTIFICATION, TO_SERVER, GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import ErrorResponse, RawResponse, Request, Response, parse_raw_request
 from bastion.protocol.lifecycle import State
@@ -23,6 +24,7 @@ from bastion.protocol.server_session import (
     Initialize,
     Invalid,
     Listen,
+    Notified,
     RootsChanged,
     Send,
     Serve,
@@ -62,6 +64,8 @@ class ClientConnection:
         # Once a handshake-era session is established: a tools/call's arguments may stay the bytes the client sent.
         self._takes_raw_calls = False
         self._servers_waited: asyncio.Future[None] | None = None  # a modern client's first wait for the servers
+        # The client's notifications an interceptor looks at pass the chain one after another, in the client's order.
+        self._notice_tail: asyncio.Task[None] | None = None
         self._max_bytes = gateway.config.max_message_bytes
         self._loop = asyncio.get_running_loop()
         gateway.attach(self)
@@ -99,25 +103,65 @@ class ClientConnection:
             elif kind is Listen:
                 self._run(self._answer(event.request, self._listen(event)), event.request.id)  # type: ignore[union-attr]
             elif kind is Cancel:
-                task = self._running.get(event.request_id)  # type: ignore[union-attr]
-                if task is not None:
-                    task.cancel()
+                self._notified("notifications/cancelled", event.params,  # type: ignore[union-attr]
+                               partial(self._cancel, event.request_id))  # type: ignore[union-attr]
+            elif kind is Notified:
+                self._notified(event.method, event.params, None)  # type: ignore[union-attr]
             elif kind is Answered:
                 future = self._outgoing.pop(event.request_id, None)  # type: ignore[union-attr]
                 if future is not None and not future.done():
                     future.set_result(event.answer)  # type: ignore[union-attr]
             elif kind is RootsChanged:
-                # Pooled servers' instances of this client are told too; another caller's instances are not theirs.
-                own = [pool.instance(self.session) for pool in self.gateway.pools.values()]
-                for upstream in [*self.gateway.upstreams.values(), *own]:
-                    if upstream is not None and "roots" in upstream.client_capabilities:
-                        upstream.notify("notifications/roots/list_changed", None)
+                self._notified("notifications/roots/list_changed", event.params,  # type: ignore[union-attr]
+                               self._roots_changed)
             elif kind is CloseConnection:
                 self._close_transport()
             elif kind is Invalid:
                 log.warning("client sent an invalid frame: %s", event.reason)  # type: ignore[union-attr]
             elif kind is UnknownAnswer:
                 log.warning("client answered unknown request id %r; ignored", event.request_id)  # type: ignore[union-attr]
+
+    def _notified(self, method: str, params: Mapping[str, Any] | None, effect: Callable[[], None] | None) -> None:
+        """A notification of the client's: through the chain, then ``effect`` (what it does, if anything). Where no
+        interceptor is on its route, the effect is at once."""
+        route = self.gateway.chain.route(TO_SERVER, NOTIFICATION, method)
+        if route.empty:
+            if effect is not None:
+                effect()
+            return
+
+        async def deliver(_: GatewayRequest) -> dict[str, Any]:
+            if effect is not None:
+                effect()
+            return {}
+
+        message = GatewayRequest(method, dict(params) if params is not None else {}, self.session, self.gateway.catalog,
+                                 kind=NOTIFICATION, deliver=deliver)
+        previous = self._notice_tail
+        self._notice_tail = self._loop.create_task(self._intercept_notification(previous, route.handle, message))
+
+    @staticmethod
+    async def _intercept_notification(previous: asyncio.Task[None] | None, handle: Callable[..., Awaitable[Any]],
+                                      message: GatewayRequest) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        try:
+            await handle(message)
+        except Exception as exc:  # a notification has no reply to carry a refusal: the interceptor dropped it
+            reason = exc.message if isinstance(exc, GatewayError) else repr(exc)
+            log.info("client's %s not passed on: %s", message.method, reason)
+
+    def _cancel(self, request_id: Any) -> None:
+        task = self._running.get(request_id)
+        if task is not None:
+            task.cancel()
+
+    def _roots_changed(self) -> None:
+        # Pooled servers' instances of this client are told too; another caller's instances are not theirs.
+        own = [pool.instance(self.session) for pool in self.gateway.pools.values()]
+        for upstream in [*self.gateway.upstreams.values(), *own]:
+            if upstream is not None and "roots" in upstream.client_capabilities:
+                upstream.notify("notifications/roots/list_changed", None)
 
     def _on_serve(self, event: Serve) -> None:
         self._run(self._answer(event.request, self._serve(event)), event.request.id)
@@ -166,8 +210,12 @@ class ClientConnection:
                                         event.client_info, self.id, client=self)
                 self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
                 await self.gateway.wait_ready()
-                return self.protocol.initialize_result(event.request, self.gateway.server_capabilities(),
-                                                       self.gateway.instructions())
+
+                async def answer_it(_: GatewayRequest) -> dict[str, Any]:
+                    return self.protocol.initialize_result(event.request, self.gateway.server_capabilities(),
+                                                           self.gateway.instructions()).result
+
+                return await self._answered_by_session(event.request, self._session, answer_it)
             finally:
                 self._handshake.set()
                 self._takes_raw_calls = self.gateway.takes_raw_params
@@ -202,8 +250,24 @@ class ClientConnection:
         waiting = self._servers_wait()
         if waiting is not None:
             await waiting
-        return self.protocol.discover_result(event.request, self.gateway.server_capabilities(),
-                                             self.gateway.instructions())
+
+        async def answer_it(_: GatewayRequest) -> dict[str, Any]:
+            return self.protocol.discover_result(event.request, self.gateway.server_capabilities(),
+                                                 self.gateway.instructions()).result
+
+        return await self._answered_by_session(event.request, self.session, answer_it)
+
+    async def _answered_by_session(self, request: Request, session: Session,
+                                   answer_it: Callable[[GatewayRequest], Awaitable[dict[str, Any]]]) -> jsonrpc.Message:
+        """A request the session answers itself, through the chain like any other (an interceptor may rewrite the
+        answer, the instructions in it say, or refuse it)."""
+        message = GatewayRequest(request.method, dict(request.params or {}), session, self.gateway.catalog,
+                                 request_id=request.id, deliver=answer_it)
+        try:
+            result = await self.gateway.handle(message)
+        except GatewayError as exc:
+            return ErrorResponse(request.id, exc.to_error())
+        return Response(request.id, result)
 
     def _servers_wait(self) -> Awaitable[None] | None:
         """What a modern client's request waits for first, None for nothing: its first request waits, as a legacy
@@ -278,10 +342,20 @@ class ClientConnection:
         return self.protocol.result(message.id, message.method, {
             "resultType": "input_required", "inputRequests": questions, "requestState": call.token})
 
-    async def _listen(self, event: Listen) -> None:
+    async def _listen(self, event: Listen) -> jsonrpc.Message | None:
         waiting = self._servers_wait()
         if waiting is not None:
             await waiting
+        message = GatewayRequest(event.request.method, dict(event.request.params or {}), self.session,
+                                 self.gateway.catalog, request_id=event.request.id,
+                                 deliver=lambda _: self._keep_listening(event))
+        try:
+            await self.gateway.handle(message)
+        except GatewayError as exc:
+            return ErrorResponse(event.request.id, exc.to_error())
+        return None
+
+    async def _keep_listening(self, event: Listen) -> dict[str, Any]:
         agreed, acknowledged = self.protocol.listen_opened(event, self.gateway.server_capabilities())
         for uri in agreed.get("resourceSubscriptions", ()):
             try:
@@ -291,7 +365,7 @@ class ClientConnection:
                 log.info("subscription to %s refused: %s", uri, exc.message)
         self._send(acknowledged)
         await asyncio.Event().wait()  # the stream stays open until the client cancels it or leaves
-        return None
+        return {}
 
     # ---------------------------------------------------------------------------- gateway → client
     def notify(self, method: str, params: Mapping[str, Any] | None) -> None:
@@ -356,6 +430,8 @@ class ClientConnection:
     async def closed(self) -> None:
         """The transport is gone: abort everything this client started and release what it held."""
         self.protocol.connection_lost()
+        if self._notice_tail is not None:
+            self._notice_tail.cancel()
         running = list(self._running.values())
         if running:
             for task in running:

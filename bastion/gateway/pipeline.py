@@ -1,58 +1,154 @@
-"""The interceptor pipeline every client message goes through on its way to an upstream server.
+"""The one interceptor chain every message passes, both ways, compiled per route.
 
-An interceptor is an async callable ``(request, call_next) -> result``, the same shape as ASGI or
-Starlette middleware: it may inspect or rewrite the request, refuse it by raising ``GatewayError``,
-call ``call_next`` to pass it on, and inspect or rewrite the result on the way back (for example to
-hide tools from a list). The innermost handler routes the request to the server that owns it. A server's
-request to a client and a server's notification pass, the other way, the interceptors that name their method in
-``methods`` (``request.server`` says which server); the innermost handler there asks or tells the client. The
-request, handler and interceptor types live in ``bastion.model``.
+A message is resolved once where it enters (``bastion.model.GatewayRequest``: direction, kind, method, session,
+server, target). An interceptor is a callable ``(message, call_next)`` that sees every message of every kind, or an
+object with hooks by kind (``on_request``, ``on_notification``) that sees every message of the kinds it has hooks
+for; either way in both directions, unless it narrows itself with ``methods`` (the only methods it looks at) or
+``directions``. That is the rule a guard cannot get wrong: a hook that declares no filter sees every message of its
+kind. A request's answer, result or error, comes back through the same interceptors.
+
+The chain is compiled once per route, ``(direction, kind, method)``, as Envoy compiles a filter chain per route: an
+interceptor that declares the route is not its own is not on that route's path at all, and what may stay the bytes
+it came in (``passes_raw``) is decided there. The last step of a client's request routes it to its server; the last
+step of every other message hands it to ``message.deliver`` (ask or tell the client, or do what a client's
+notification says).
 """
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Sequence
 
-from bastion.model import GatewayRequest, Handler, Interceptor
+from bastion.model import NOTIFICATION, REQUEST, TO_CLIENT, TO_SERVER, GatewayRequest, Handler, Interceptor
+
+Hook = Callable[[GatewayRequest, Handler], Awaitable[Any]]
+# A client's requests the client session answers itself (the handshake, discovery, a listen stream): they pass the
+# chain like any other, and its last step hands them back to the session (``message.deliver``) instead of a server.
+ANSWERED_BY_SESSION = frozenset({"initialize", "server/discover", "subscriptions/listen"})
+_HOOKS = {REQUEST: "on_request", NOTIFICATION: "on_notification"}
+DIRECTIONS = (TO_SERVER, TO_CLIENT)
+KINDS = (REQUEST, NOTIFICATION)
+
+
+def hook_for(interceptor: Interceptor, direction: str, kind: str, method: str) -> Hook | None:
+    """What of ``interceptor`` takes a message of this route, or None when it declares the route not its own."""
+    methods = getattr(interceptor, "methods", None)
+    if methods is not None and method not in methods:
+        return None
+    directions = getattr(interceptor, "directions", None)
+    if directions is not None and direction not in directions:
+        return None
+    named = getattr(interceptor, _HOOKS[kind], None)
+    if named is not None:
+        return named  # type: ignore[no-any-return]
+    if any(hasattr(interceptor, hook) for hook in _HOOKS.values()):
+        return None  # it has hooks, and none for this kind
+    return interceptor
+
+
+def deliver(message: GatewayRequest) -> Awaitable[Any]:
+    """The last step of every message but a client's request: hand it where it was going."""
+    return message.deliver(message)  # type: ignore[misc]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The chain of one ``(direction, kind, method)``: its handler, and whether anything reads the message."""
+
+    handle: Handler
+    hooks: tuple[Hook, ...]
+    raw_params: bool  # nothing on it reads the params: they may stay the bytes they came in
+    raw_results: bool  # nothing on it reads the result (or only as the server's bytes too)
+    # The handler that takes a message at each position of the whole chain (the next interceptor on this route from
+    # there on): where a message an interceptor passes on under another method goes on.
+    entry_at: tuple[Handler, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.hooks
+
+
+class Chain:
+    """The interceptors, outermost first, compiled per route on first use."""
+
+    def __init__(self, interceptors: Sequence[Interceptor], route_request: Callable[[bool], Handler]) -> None:
+        """``route_request(raw_results)`` is the last step of a client's request (the gateway's router)."""
+        self.interceptors = tuple(interceptors)
+        self._route_request = route_request
+        self._routes: dict[tuple[str, str, str], Route] = {}
+
+    def route(self, direction: str, kind: str, method: str) -> Route:
+        key = (direction, kind, method)
+        found = self._routes.get(key)
+        if found is None:
+            found = self._routes[key] = self._compile(direction, kind, method)
+        return found
+
+    def handle(self, message: GatewayRequest) -> Awaitable[Any]:
+        """Pass ``message`` through its route (a plain function handing back the first step's coroutine)."""
+        return self.route(message.direction, message.kind, message.method).handle(message)
+
+    def _compile(self, direction: str, kind: str, method: str) -> Route:
+        count = len(self.interceptors)
+        hooks = [hook_for(interceptor, direction, kind, method) for interceptor in self.interceptors]
+        readers = [i for i, hook in zip(self.interceptors, hooks) if hook is not None]
+        raw_params = not any(_reads(i, "params") for i in readers)
+        raw_results = not any(_reads(i, "results") for i in readers)
+        routed = (direction, kind) == (TO_SERVER, REQUEST) and method not in ANSWERED_BY_SESSION
+        terminal = self._route_request(raw_results) if routed else deliver
+        entry_at: list[Handler] = [terminal] * (count + 1)
+        entry_at[count] = self._step(None, terminal, direction, kind, method, count)
+        for position in range(count - 1, -1, -1):
+            hook = hooks[position]
+            entry_at[position] = entry_at[position + 1] if hook is None else \
+                self._step(hook, entry_at[position + 1], direction, kind, method, position)
+        return Route(entry_at[0], tuple(hook for hook in hooks if hook is not None), raw_params, raw_results,
+                     tuple(entry_at))
+
+    def _step(self, hook: Hook | None, call_next: Handler, direction: str, kind: str, method: str,
+              position: int) -> Handler:
+        """One step of this route: ``hook`` with ``call_next`` (or, with no hook, ``call_next`` alone). A message an
+        interceptor passes on under another method (the search exposure lists tools on a call's way) goes on along
+        that method's route, from the same position. A plain function handing back the interceptor's own coroutine:
+        a layer of its own would be one more coroutine to create and resume per interceptor per message."""
+        if hook is None:
+            def handle(message: GatewayRequest) -> Awaitable[Any]:
+                if message.method == method:
+                    return call_next(message)
+                return self.route(direction, kind, message.method).entry_at[position](message)
+        else:
+            def handle(message: GatewayRequest) -> Awaitable[Any]:
+                if message.method == method:
+                    return hook(message, call_next)
+                return self.route(direction, kind, message.method).entry_at[position](message)
+
+        return handle
 
 
 def build_pipeline(interceptors: Sequence[Interceptor], terminal: Handler) -> Handler:
-    """Chain ``interceptors`` around ``terminal``; the first interceptor sees the request first."""
-    handler = terminal
-    for interceptor in reversed(interceptors):
-        handler = _bind(interceptor, handler)
-    return handler
+    """Chain ``interceptors`` around ``terminal`` for whatever message is passed (each interceptor's hook chosen by
+    the message's route, as the gateway's chain does); for tools and tests that run a chain of their own."""
+
+    def handle_from(index: int) -> Handler:
+        def handle(message: GatewayRequest) -> Awaitable[Any]:
+            for position in range(index, len(interceptors)):
+                hook = hook_for(interceptors[position], message.direction, message.kind, message.method)
+                if hook is not None:
+                    return hook(message, handle_from(position + 1))
+            return terminal(message)
+
+        return handle
+
+    return handle_from(0)
 
 
 def passes_raw(interceptors: Sequence[Interceptor], method: str, part: str) -> bool:
-    """Whether ``part`` (``"params"`` or ``"results"``) of ``method``'s requests may stay the JSON bytes they
-    came in through this chain: no interceptor reads it. An interceptor says what it does not read with the
-    attributes ``methods`` (the only methods it looks at; all when absent), ``reads_params`` and
-    ``reads_results`` (True when absent), so one that declares nothing is given decoded params and results."""
-    return not any(_reads(interceptor, method, part) for interceptor in interceptors)
+    """Whether ``part`` (``"params"`` or ``"results"``) of a client's ``method`` requests may stay the JSON bytes
+    they came in through this chain: no interceptor on that route reads it. An interceptor says what it does not
+    read with ``reads_params`` and ``reads_results`` (True when absent, so one that declares nothing is given decoded
+    params and results; ``reads_results = "raw"``: it reads a result but takes it as the server's bytes too)."""
+    return not any(_reads(i, part) for i in interceptors if hook_for(i, TO_SERVER, REQUEST, method) is not None)
 
 
-def _reads(interceptor: Interceptor, method: str, part: str) -> bool:
-    methods = getattr(interceptor, "methods", None)
-    if methods is not None and method not in methods:
-        return False
-    # "raw": it reads them, but takes them as the bytes they came in too (a guardrail that decodes a result itself
-    # and passes the server's bytes on when it changes nothing).
+def _reads(interceptor: Interceptor, part: str) -> bool:
     return getattr(interceptor, f"reads_{part}", True) not in (False, "raw")
-
-
-def _bind(interceptor: Interceptor, call_next: Handler) -> Handler:
-    # A plain function handing back the interceptor's own coroutine: a layer of its own would be one more coroutine to
-    # create and resume per interceptor per request, on every request.
-    methods = getattr(interceptor, "methods", None)
-    if methods is not None and getattr(interceptor, "passes_other_methods", False):
-        # It only passes on a request of a method it does not name: not called at all then, no coroutine of its own.
-        def handle_named(request: GatewayRequest) -> Awaitable[dict[str, Any]]:
-            return interceptor(request, call_next) if request.method in methods else call_next(request)
-
-        return handle_named
-
-    def handle(request: GatewayRequest) -> Awaitable[dict[str, Any]]:
-        return interceptor(request, call_next)
-
-    return handle

@@ -722,7 +722,6 @@ class MetadataGuard:
     # Of the methods above it reads only the lists' results, which the gateway builds as objects; a call's result it
     # never reads, so declaring it keeps that result the server's bytes.
     reads_results = False
-    passes_other_methods = True  # the chain need not call it for another method's request (resources/read)
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> None:
         self._config = config

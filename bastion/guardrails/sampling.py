@@ -184,7 +184,6 @@ class SamplingGuard:
 
     methods = frozenset({SAMPLING})
     reads_results = False
-    passes_other_methods = True  # the chain need not call it for another method's request (a client's tools/call)
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog, ledger: SamplingLedger | None = None,
                  scanners: Sequence[Scanner] = ()) -> None:

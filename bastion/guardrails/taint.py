@@ -29,8 +29,8 @@ from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.injection import INJECTION_FLAGS
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.sampling import server_trust
-from bastion.model import (TAINTED_BY, CatalogView, GatewayError, GatewayRequest, Handler, Identity, Session,
-                           TaintSource, ToolEntry)
+from bastion.model import (TAINTED_BY, TO_SERVER, CatalogView, GatewayError, GatewayRequest, Handler, Identity,
+                           Session, TaintSource, ToolEntry)
 
 log = logging.getLogger("bastion.guardrails")
 
@@ -191,13 +191,14 @@ class TaintRecall:
     Cedar's ``context.session.tainted_by`` and ``TaintGuard`` read it from the session as for any session), and what
     it leaves is kept for the caller's next requests. A handshake-era session keeps its own taint and passes."""
 
+    directions = frozenset({TO_SERVER})  # a client's requests: what answers them may taint
     reads_params = False  # only the name or URI of what answers, which ``named`` reads from the client's JSON too
     reads_results = False
 
     def __init__(self, memory: TaintMemory) -> None:
         self._memory = memory
 
-    async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
+    async def on_request(self, request: GatewayRequest, call_next: Handler) -> Any:
         session = request.session
         if session.era != "modern":
             return await call_next(request)

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from bastion.model import TAINTED_BY, GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry
+from bastion.model import (
+    TAINTED_BY, TO_CLIENT, GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry,
+)
 from bastion.policy.approval import (
     APPROVAL_KEY,
     STATE_PREFIX,
@@ -50,6 +52,7 @@ _SESSION_FACTS = "bastion.policy.session"
 _REMEMBERED = "bastion.policy.approved_tools"
 _WHO = "bastion.policy.audit_who"
 _SESSION_TAINT = "bastion.policy.session_taint"  # the taint record session facts were built from
+_SERVER_REQUEST_REFUSED = -32600  # what the server that asked is answered
 
 
 @dataclass(slots=True)
@@ -109,7 +112,7 @@ class InputInvalid(GatewayError):
 
 
 def _tool_entry(request: GatewayRequest) -> ToolEntry | None:
-    return request.catalog.tool(str(request.params.get("name", "")))
+    return request.target
 
 
 def _lookup(catalog: Any, kind: str, key: str) -> Any:
@@ -135,8 +138,9 @@ class AuditTrail:
         method = request.method
         arguments = params.get("arguments") or {} if method == "tools/call" else None
         shape_them = not self._record_values
-        # Serialised now, so what is recorded is what the call carried; effects are str enums.
-        target = params.get("name") or params.get("uri")
+        # Serialised now, so what is recorded is what the call carried; effects are str enums. A server's request to a
+        # client is recorded under the server that asked.
+        target = request.server if request.direction == TO_CLIENT else params.get("name") or params.get("uri")
         facts = (time.time(), who, method, target, arguments, shape_them, outcome, latency_ns, trail.stages)
         try:
             self.writer.write_call(facts)  # type: ignore[union-attr]
@@ -293,10 +297,13 @@ def log_refusal(request: GatewayRequest, trail: Trail) -> None:
 
 
 class PolicyInterceptor:
-    """The audit trail around authorization, argument guards, rate limits and approval, as one pipeline step.
+    """The audit trail around authorization, argument guards, rate limits and approval, as one pipeline step: a hook
+    for every request, both ways.
 
-    A ``tools/call`` — the hot path — passes the first three stages as plain calls; other requests go
-    through authorization's gates and list filters, then approval.
+    A client's ``tools/call`` — the hot path — passes the first three stages as plain calls; other client requests go
+    through authorization's gates and list filters, then approval. A server's request to a client (sampling,
+    elicitation, roots) is authorized for the server that asks and the client it would reach, and audited in the
+    same records as a call. Notifications decide nothing here: the policy has no hook for them.
     """
 
     def __init__(
@@ -313,12 +320,15 @@ class PolicyInterceptor:
         self.rate_limits = rate_limits
         self.approval = approval
 
-    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+    async def on_request(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         trail = Trail()
         started = time.perf_counter_ns()
         outcome: Any = "error"
         try:
-            result = await self._decide_and_call(request, trail, call_next)
+            if request.direction == TO_CLIENT:
+                result = await self._server_request(request, trail, call_next)
+            else:
+                result = await self._decide_and_call(request, trail, call_next)
             outcome = result.get("resultType", "complete") if isinstance(result, dict) else "complete"
             return result
         except InputInvalid as invalid:
@@ -336,6 +346,16 @@ class PolicyInterceptor:
         finally:
             if self.audit.writer is not None:
                 self.audit.hand_over(request, trail, outcome, time.perf_counter_ns() - started)
+
+    def _server_request(self, request: GatewayRequest, trail: Trail, call_next: Handler) -> Awaitable[dict[str, Any]]:
+        server = request.server or ""
+        decision = authorize_server_request(self.authorization.engine.authorizer, request.session.identity, server,
+                                            request.method, _server_trust(request.catalog, server))
+        trail.add("authorization", decision)
+        if decision.effect is Effect.DENY:
+            raise _refusal(_SERVER_REQUEST_REFUSED,
+                           f"{request.method} from server {server!r} refused by policy: {decision.reason}", decision)
+        return call_next(request)
 
     def _decide_and_call(self, request: GatewayRequest, trail: Trail, call_next: Handler) -> Awaitable[dict[str, Any]]:
         if request.method != "tools/call":
@@ -625,19 +645,9 @@ class PolicyRuntime:
     audit: AuditTrail
 
     def authorize_server_request(self, identity: Identity, server: str, method: str, trust: str = "untrusted") -> Decision:
-        decision = authorize_server_request(self.engine.authorizer, identity, server, method, trust)
-        if self.audit.writer is not None:
-            self.audit.writer.write(
-                {
-                    "kind": "decision",
-                    "who": identity.record(),
-                    "what": {"method": method, "server": server},
-                    "decision": decision.effect.value,
-                    "rule": decision.rule,
-                    "reason": decision.reason,
-                }
-            )
-        return decision
+        """The decision alone (``bastion policy`` and tests); the gateway asks the policy interceptor's hook, which
+        audits it."""
+        return authorize_server_request(self.engine.authorizer, identity, server, method, trust)
 
     async def aclose(self) -> None:
         await self.audit.aclose()

@@ -109,11 +109,23 @@ class Cancel:
     """The client gave up on one of its requests (which then gets no answer)."""
 
     request_id: Any
+    params: Mapping[str, Any] | None = field(default=None, compare=False)  # the notification's, for the chain
 
 
 @dataclass(frozen=True, slots=True)
 class RootsChanged:
     """The client's roots changed (``notifications/roots/list_changed``)."""
+
+    params: Mapping[str, Any] | None = field(default=None, compare=False)  # the notification's, for the chain
+
+
+@dataclass(frozen=True, slots=True)
+class Notified:
+    """Any other notification of the client's (``notifications/initialized``, a cancel of nothing in flight, one
+    the session has no use for): it still passes the gateway's chain."""
+
+    method: str
+    params: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +143,8 @@ class UnknownAnswer:
     request_id: Any
 
 
-Event = Union[Send, CloseConnection, Invalid, Initialize, Serve, Discover, Listen, Cancel, RootsChanged, Answered,
-              UnknownAnswer]
+Event = Union[Send, CloseConnection, Invalid, Initialize, Serve, Discover, Listen, Cancel, RootsChanged, Notified,
+              Answered, UnknownAnswer]
 
 
 @dataclass(slots=True)
@@ -250,10 +262,11 @@ class ServerSession:
         if message.method == "notifications/cancelled":
             request_id = (message.params or {}).get("requestId")
             self._listens.pop(request_id, None)
-            return [Cancel(request_id)] if request_id in self._in_flight else []
-        if message.method == "notifications/roots/list_changed":
-            return [RootsChanged()]
-        return []
+            if request_id in self._in_flight:
+                return [Cancel(request_id, message.params)]
+        elif message.method == "notifications/roots/list_changed":
+            return [RootsChanged(message.params)]
+        return [Notified(message.method, message.params)]
 
     def _response(self, message: Response | ErrorResponse) -> list[Event]:
         if isinstance(message.id, str) and message.id in self._outgoing:

@@ -99,7 +99,6 @@ class AutoExposure:
     methods = frozenset({"tools/list", "tools/call"})
     reads_params = False
     reads_results = False
-    passes_other_methods = True  # any other request goes on untouched: left out of its path
 
     def __init__(self, catalog: CatalogView, search: Callable[[], Interceptor],
                  count_tokens: TokenCounter | None = None) -> None:
@@ -115,7 +114,7 @@ class AutoExposure:
     def __call__(self, request: GatewayRequest, call_next: Handler) -> Awaitable[dict[str, Any]]:
         # A plain function: with the catalog unchanged and small, a call costs one identity check and no coroutine
         # of its own (every tools/call passes here).
-        if self._catalog.tools() is self._entries and not self._searching:
+        if (self._catalog.tools() is self._entries and not self._searching) or request.session.finds_tools_itself:
             return call_next(request)
         return self._decide_then_call(request, call_next)
 

@@ -162,7 +162,6 @@ class SearchExposure:
     methods = frozenset({"tools/list", "tools/call"})
     reads_params = False
     reads_results = False
-    passes_other_methods = True  # any other request goes on untouched: left out of its path
 
     def __init__(self, index: CatalogIndex, always_list: Sequence[str] = ()) -> None:
         self._index = index
@@ -171,6 +170,8 @@ class SearchExposure:
         self._visible = _VisibleTools()
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        if request.session.finds_tools_itself:  # the host API: it finds tools itself
+            return await call_next(request)
         if request.method == "tools/list":
             index = await self._index.current()
             visible = await self._visible(request, call_next)

@@ -7,6 +7,7 @@ eras; a server notification without an origin reaches only the clients that aske
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -276,9 +277,8 @@ class NoticeGuard:
         if request.method == "notifications/progress":
             return {}
         await asyncio.sleep(0)  # an interceptor may await: the notification still arrives, in order
-        return await call_next(request.__class__(
-            request.method, {**request.params, "data": f"checked: {request.params['data']}"}, request.session,
-            request.catalog, server=request.server))
+        return await call_next(dataclasses.replace(
+            request, params={**request.params, "data": f"checked: {request.params['data']}"}))
 
 
 @pytest.fixture

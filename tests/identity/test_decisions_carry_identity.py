@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bastion.model import GatewayRequest, Identity
+from bastion.gateway.pipeline import build_pipeline, deliver
+from bastion.model import TO_CLIENT, GatewayRequest, Identity
 from bastion.model import Session
 from tests.policy import test_pipeline
 from tests.policy.test_pipeline import ACCEPT, Person, call, gateway_factory, policy_config, refusal
@@ -35,6 +36,10 @@ def session(who: Identity, **options) -> Session:
     return made
 
 
+async def answered(_: GatewayRequest) -> dict:
+    return {"ok": True}
+
+
 def _records(tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
 
@@ -45,7 +50,10 @@ async def test_audit_records_name_each_caller_with_method_and_issuer_and_never_t
     await asyncio.gather(call(gateway, session(ALICE), "raw__echo", {"text": "a"}),
                          call(gateway, session(BOB), "raw__echo", {"text": "b"}))
     await refusal(call(gateway, session(MALLORY), "raw__echo", {"text": "m"}))
-    runtime.authorize_server_request(ALICE, "raw", "sampling/createMessage")
+    # A server's request to alice's client passes the policy's hook for requests, audited as a call is.
+    asked_for = GatewayRequest("sampling/createMessage", {"messages": []}, session(ALICE), gateway.catalog,
+                               server="raw", direction=TO_CLIENT, deliver=answered)
+    await refusal(build_pipeline(runtime.interceptors, deliver)(asked_for))  # this policy permits no server requests
     await runtime.aclose()
     records = _records(tmp_path)
     calls = {r["who"]["name"]: r for r in records if r["kind"] == "call"}

@@ -29,6 +29,7 @@ from bastion.protocol.server_session import (
     Initialize,
     Invalid,
     Listen,
+    Notified,
     RootsChanged,
     Send,
     Serve,
@@ -76,7 +77,7 @@ def legacy_ready() -> ServerSession:
     assert isinstance(init, Initialize)
     s.initialize_result(init.request, CAPS, None)
     s.request_done(1)
-    assert s.receive(INITIALIZED) == []
+    assert s.receive(INITIALIZED) == [Notified("notifications/initialized", None)]  # it still passes the chain
     return s
 
 
@@ -217,14 +218,16 @@ def test_cancellation_names_only_requests_in_flight() -> None:
     s = legacy_ready()
     s.receive(Request("a", "tools/call", {}))
     assert s.receive(Notification("notifications/cancelled", {"requestId": "a"})) == [Cancel("a")]
-    assert s.receive(Notification("notifications/cancelled", {"requestId": "zzz"})) == []
-    assert s.receive(Notification("notifications/cancelled", None)) == []
+    # A cancel of nothing in flight has no effect, and still passes the gateway's chain.
+    assert s.receive(Notification("notifications/cancelled", {"requestId": "zzz"})) == [
+        Notified("notifications/cancelled", {"requestId": "zzz"})]
+    assert s.receive(Notification("notifications/cancelled", None)) == [Notified("notifications/cancelled", None)]
 
 
 def test_roots_changed_and_unknown_notifications() -> None:
     s = legacy_ready()
     assert s.receive(Notification("notifications/roots/list_changed", None)) == [RootsChanged()]
-    assert s.receive(Notification("notifications/whatever", {})) == []
+    assert s.receive(Notification("notifications/whatever", {})) == [Notified("notifications/whatever", {})]
 
 
 def test_answers_to_bastions_requests_are_told_apart_from_strays() -> None:

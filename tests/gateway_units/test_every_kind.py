@@ -1,0 +1,179 @@
+"""Every kind of message, both ways, both eras, both transports, reaches a catch-all interceptor.
+
+Bastion runs as ``bastion run`` (stdio) or ``bastion serve`` (Streamable HTTP) does, with one more interceptor that
+declares no filter and no hooks (``tests/fixtures/recording_gateway.py``): the chain must hand it every message of
+every kind. The official SDK's client, in each era, drives the SDK fixture server behind it, in each era, through
+each kind: the handshake and discovery, pings, lists, calls and their results and errors, the client's
+notifications (initialized, roots changed, cancelled), the server's requests to the client (sampling, elicitation,
+as requests of their own or inside a 2026-07-28 result) and their answers, and the server's notifications
+(log messages, progress, a resource updated, a list changed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CreateMessageResult, ElicitResult, ListRootsResult, Root, TextContent
+
+from tests.support import FIXTURES, READY_TIMEOUT
+
+pytestmark = pytest.mark.slow
+
+DEADLINE = 240.0
+HOST = FIXTURES / "recording_gateway.py"
+WATCHED = "test://watched-resource"
+
+TO_SERVER, TO_CLIENT = "to_server", "to_client"
+REQUEST, NOTIFICATION, RESULT, ERROR = "request", "notification", "result", "error"
+
+# What every combination produces: (direction, kind, method); a request's answer is recorded as its kind "result" or
+# "error" on the way back.
+EVERY_RUN = {
+    (TO_SERVER, REQUEST, "tools/list"), (TO_SERVER, RESULT, "tools/list"),
+    (TO_SERVER, REQUEST, "tools/call"), (TO_SERVER, RESULT, "tools/call"), (TO_SERVER, ERROR, "tools/call"),
+    (TO_SERVER, REQUEST, "prompts/get"), (TO_SERVER, RESULT, "prompts/get"),
+    (TO_SERVER, REQUEST, "resources/read"), (TO_SERVER, ERROR, "resources/read"),
+    (TO_CLIENT, REQUEST, "sampling/createMessage"), (TO_CLIENT, RESULT, "sampling/createMessage"),
+    (TO_CLIENT, REQUEST, "elicitation/create"), (TO_CLIENT, RESULT, "elicitation/create"),
+    (TO_CLIENT, NOTIFICATION, "notifications/message"),
+    (TO_CLIENT, NOTIFICATION, "notifications/progress"),
+    (TO_CLIENT, NOTIFICATION, "notifications/resources/updated"),
+    (TO_CLIENT, NOTIFICATION, "notifications/tools/list_changed"),
+}
+HANDSHAKE_CLIENT = {
+    (TO_SERVER, REQUEST, "initialize"), (TO_SERVER, RESULT, "initialize"),
+    (TO_SERVER, NOTIFICATION, "notifications/initialized"),
+    (TO_SERVER, REQUEST, "ping"), (TO_SERVER, RESULT, "ping"),
+    (TO_SERVER, REQUEST, "logging/setLevel"),
+    (TO_SERVER, REQUEST, "resources/subscribe"), (TO_SERVER, RESULT, "resources/subscribe"),
+    (TO_SERVER, NOTIFICATION, "notifications/roots/list_changed"),
+    (TO_SERVER, NOTIFICATION, "notifications/cancelled"),
+}
+MODERN_CLIENT = {
+    (TO_SERVER, REQUEST, "server/discover"), (TO_SERVER, RESULT, "server/discover"),
+    (TO_SERVER, REQUEST, "subscriptions/listen"),
+}
+
+
+async def on_sampling(context: Any, params: Any) -> CreateMessageResult:
+    return CreateMessageResult(role="assistant", content=TextContent(type="text", text="sampled"), model="m")
+
+
+async def on_elicitation(context: Any, params: Any) -> ElicitResult:
+    return ElicitResult(action="accept", content={"response": "yes"})
+
+
+async def on_roots(context: Any) -> ListRootsResult:
+    return ListRootsResult(roots=[Root(uri="file:///tmp", name="tmp")])
+
+
+def write_config(tmp: Path, server_era: str) -> Path:
+    config = tmp / "bastion.json"
+    config.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT,
+                                  "servers": {"fx": {
+                                      "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")],
+                                      "era": server_era, "env": {"FIXTURE_EVENTS": str(tmp / "events.log")},
+                                      "request_timeout": 900, "sandbox": "none"}}}))
+    return config
+
+
+async def start_http(tmp: Path, config: Path, record: Path) -> tuple[subprocess.Popen, str]:
+    stderr = tmp / "bastion.stderr"
+    process = subprocess.Popen([sys.executable, str(HOST), "http", str(config), str(record)],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    with anyio.fail_after(120):
+        while not (found := re.search(r"serving MCP on (http://[^ ]+/mcp)", stderr.read_text())):
+            assert process.poll() is None, f"the gateway exited: {stderr.read_text()}"
+            await anyio.sleep(0.05)
+    return process, found.group(1)
+
+
+async def wait_for_event(events: Path, line: str) -> None:
+    while line not in (events.read_text().splitlines() if events.exists() else []):
+        await anyio.sleep(0.02)
+
+
+async def exercise(client: Client, mode: str, events: Path) -> None:
+    await client.list_tools()
+    await client.call_tool("fx__test_tool_with_logging", {})
+    progress: list[float] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(done)
+
+    await client.call_tool("fx__test_tool_with_progress", {}, progress_callback=on_progress)
+    sampled = await client.call_tool("fx__test_sampling", {"prompt": "2+2?"})
+    assert "sampled" in sampled.content[0].text  # type: ignore[union-attr]
+    await client.call_tool("fx__test_elicitation", {"message": "Proceed?"})
+    await client.get_prompt("fx__test_simple_prompt")
+    with pytest.raises(Exception):
+        await client.read_resource("test://no-such-resource")
+    with pytest.raises(Exception, match="Unknown tool"):
+        await client.call_tool("fx__no_such_tool", {})
+    if mode == "legacy":
+        await client.send_ping()
+        await client.set_logging_level("debug")
+        await client.subscribe_resource(WATCHED)
+        await client.call_tool("fx__test_touch_watched_resource", {})
+        await client.call_tool("fx__test_add_dynamic_tool", {})
+        await client.send_roots_list_changed()
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.call_tool, "fx__test_slow_cancellable", {"tag": "every-kind"})
+            await wait_for_event(events, "slow-started every-kind")
+            group.cancel_scope.cancel()
+    else:
+        async with client.listen(tools_list_changed=True, resource_subscriptions=[WATCHED]):
+            await client.call_tool("fx__test_touch_watched_resource", {})
+            await client.call_tool("fx__test_add_dynamic_tool", {})
+
+
+def recorded(record: Path) -> set[tuple[str, str, str]]:
+    return {(direction, kind, method) for direction, kind, method, _ in map(json.loads, record.read_text().splitlines())}
+
+
+@pytest.mark.parametrize("server_era", ["legacy", "modern"])
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_every_kind_of_message_reaches_a_catch_all_interceptor(tmp_path: Path, transport: str, mode: str,
+                                                                     server_era: str) -> None:
+    config = write_config(tmp_path, server_era)
+    record = tmp_path / "record.jsonl"
+    events = tmp_path / "events.log"
+    callbacks: dict[str, Any] = {"mode": mode, "sampling_callback": on_sampling, "elicitation_callback": on_elicitation,
+                                 "list_roots_callback": on_roots, "log_level": "debug" if mode != "legacy" else None}
+    expected = EVERY_RUN | (HANDSHAKE_CLIENT if mode == "legacy" else MODERN_CLIENT)
+    seen: set[tuple[str, str, str]] = set()
+    process = None
+    try:
+        if transport == "stdio":
+            client = Client(StdioServerParameters(command=sys.executable, args=[str(HOST), "stdio", str(config),
+                                                                                str(record)]), **callbacks)
+        else:
+            process, url = await start_http(tmp_path, config, record)
+            http = httpx2.AsyncClient(timeout=httpx2.Timeout(120, read=300))
+            client = Client(streamable_http_client(url, http_client=http), **callbacks)
+        with anyio.fail_after(DEADLINE):
+            async with client:
+                await exercise(client, mode, events)
+                # The last notifications of the server's may still be on their way through the chain.
+                while not expected <= (seen := recorded(record)):
+                    await anyio.sleep(0.05)
+    except TimeoutError:
+        seen = recorded(record) if record.exists() else set()
+        raise AssertionError(f"never reached the catch-all interceptor: {sorted(expected - seen)}") from None
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(60)
+    assert expected <= seen
