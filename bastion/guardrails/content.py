@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import threading
 from collections import OrderedDict
 from typing import Any, Iterator, MutableMapping, MutableSequence
@@ -246,6 +247,8 @@ def _decode(text: str) -> bytes | None:
     except UnicodeEncodeError:
         return None
     compact += b"=" * (-len(compact) % 4)
+    if len(compact) // 4 * 3 - compact[-2:].count(b"=") > MAX_DECODED_BLOB:
+        return None
     try:
         if b"-" in compact or b"_" in compact:
             return base64.b64decode(compact, altchars=b"-_", validate=True)
@@ -276,6 +279,17 @@ def error_slots(error: dict[str, Any]) -> Iterator[TextSlot]:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_$-]{1,32}")
+
+
+def _shown(key: Any, index: int) -> str:
+    """A key as a place names it: a key that may itself be a value (digits, dots, @, long) is named by its position,
+    so a report of where something was found never repeats what was found."""
+    if isinstance(key, str) and (key in _KNOWN_KEYS or _PLAIN_KEY.fullmatch(key)):
+        return key
+    return f"[key {index}]"
 
 
 class _Frame:
@@ -326,7 +340,7 @@ def walk(message: dict[str, Any] | list[Any], where: str, *, top_opaque: bool = 
             if key not in container:
                 continue
             value = container[key]
-            path = _join(frame.path, str(key))
+            path = _join(frame.path, _shown(key, index))
             key_slot: KeySlot | None = None
             if isinstance(key, str) and key not in _KNOWN_KEYS:
                 key_slot = KeySlot(container, key, f"{path} (key)")
