@@ -616,6 +616,22 @@ def scan_definition(definition: Mapping[str, Any]) -> DefinitionVerdict:
     return DefinitionVerdict(Verdict(tuple(findings)) if findings else CLEAN, tuple(where), frozenset(mentions))
 
 
+def screen_instructions(text: str, mode: str) -> tuple[str | None, Verdict]:
+    """A server's ``instructions`` (its initialize result) as the ``metadata_injection`` switch ``mode`` says: read as
+    a definition's description is; when flagged, withheld (None) under "withhold", sanitised under "sanitize" (and
+    withheld all the same if what is left still reads as instructions). Pure: the caller reports the verdict."""
+    if mode == "off" or not isinstance(text, str) or not text:
+        return text, CLEAN
+    verdict = scan_text(text, strict=True)
+    if not verdict.flagged:
+        return text, verdict
+    if mode == "sanitize":
+        cleaned = sanitize_text(text)
+        if not scan_text(cleaned, strict=True).flagged:
+            return cleaned, verdict
+    return None, verdict
+
+
 def shadowing_of(scanned: DefinitionVerdict, other_servers_tools: frozenset[str]) -> Verdict:
     """The verdict once another server's tools named in the definition count: a strong sign of shadowing when the
     text also gives orders (any weak or strong instruction rule), as no tool needs to instruct about another's."""

@@ -388,3 +388,31 @@ async def test_instructions_in_any_field_of_a_definition_withhold_it():
 
 async def _async(value):
     return value
+
+
+def test_a_servers_instructions_carrying_instructions_to_the_model_are_withheld_or_sanitised():
+    from bastion.guardrails.injection import screen_instructions
+
+    assert screen_instructions("Use list_files before reading.", "withhold")[0] == "Use list_files before reading."
+    text, verdict = screen_instructions(f"Lists files. {INJECTION}", "withhold")
+    assert text is None and verdict.flagged
+    cleaned, _ = screen_instructions(f"Lists files. {INJECTION}", "sanitize")
+    assert cleaned == "Lists files."
+    assert screen_instructions(INJECTION, "off")[0] == INJECTION
+
+
+@pytest.mark.parametrize("place", ["mimeType", "uri", "type", "name"])
+async def test_a_secret_in_a_field_of_the_protocols_own_is_redacted_too(place):
+    block = {"type": "resource_link", "uri": "file:///a", "name": "a", "mimeType": "text/plain"}
+    block[place] = f"x-{KEY}"
+    handle, _ = _scanning({"content": [block]})
+    answer = await handle(_request("tools/call", {"name": "ops__env"}))
+    assert KEY not in json.dumps(answer)
+
+
+async def test_a_secret_as_a_lone_surrogate_neighbour_and_in_a_log_level_is_redacted():
+    deliver, seen = _delivered()
+    handle = build_pipeline([build(GuardrailsConfig(), InterventionLog(), _Catalog())],
+                            lambda request: _async(deliver(request)))
+    await handle(_request("notifications/message", {"level": f"{KEY}", "data": f"\ud800{KEY}\udfff"}))
+    assert KEY not in json.dumps(seen)
