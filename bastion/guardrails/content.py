@@ -1,170 +1,415 @@
-"""Every string of a message that reaches the model, found in one place so every scanner reads the same ones.
+"""Every string of a message that reaches the client, found in one place so every scanner reads the same ones.
 
-``text_slots(method, message)`` yields a ``TextSlot`` for each string a model would read in a result of
-``tools/call``, ``resources/read`` or ``prompts/get``, in the params of a server's ``sampling/createMessage``
-request, or in an error (``error_slots``). A slot says where it is (``content[2].text``) and can replace its string
-in place, so a redaction keeps the structure the client expects. Base64 payloads (images, audio, blobs) and the
-keys of structured content are not text a scanner could sensibly rewrite and are left alone; a modern server's
-``{"resultType": "input_required"}`` is not content yet and yields nothing.
+``text_slots(method, message)`` walks a whole message body (a result, a notification's params, a server's request
+params, an error object, one definition of a list) and yields a ``TextSlot`` for every string in it: every value
+and every key of every object, at any depth, in document order. A slot says where it is (``content[2].text``,
+``structuredContent.rows[0] (key)``) and can replace its string in place, so a redaction keeps the structure the
+client expects (a renamed key keeps its place among its siblings). Beside the text itself:
+
+- a base64 payload (``blob`` of a resource, ``data`` of an image or audio block or of anything with a ``mimeType``)
+  yields its string as text and, when it decodes, a second slot of the decoded bytes (``... (decoded)``), base64 or
+  base64url, padded or not; a payload of more than ``MAX_DECODED_BLOB`` decoded bytes, or past the message's
+  ``MAX_DECODED_TOTAL``, is read as text only. A replacement of decoded bytes is encoded again in the payload's own
+  alphabet. One decode serves every scanner of the message (a few recent payloads are kept decoded).
+- the text fields of consecutive ``type: "text"`` blocks of one content list share a ``run``, so a scanner can read
+  them joined and find a value split across blocks.
+- opaque protocol tokens the client echoes and no model reads are left alone: ``progressToken`` (of a notification
+  and of a ``_meta``), ``nextCursor``, ``cursor`` and ``requestState`` at the top of a message.
+
+The walk is bounded: past ``MAX_DEPTH`` nested containers, or ``MAX_NODES`` values, what is left unread is yielded as
+``unscannable`` slots, whose ``replace`` withholds that part (the too-deep container, the rest of each open container)
+so a guardrail can fail closed: redact or refuse per its mode, never pass unread content on.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
+import threading
+from collections import OrderedDict
 from typing import Any, Iterator, MutableMapping, MutableSequence
 
-# The text-bearing fields of content items (MCP 2025-11-25 ContentBlock), by type; an unknown type yields its
-# "text" when it has one, so a newer kind of content is not silently skipped.
-_ITEM_FIELDS: dict[str, tuple[str, ...]] = {
-    "text": ("text",),
-    "resource_link": ("uri", "name", "title", "description"),
-    "image": (),
-    "audio": (),
-}
-_EMBEDDED_FIELDS = ("uri", "text")
+MAX_DEPTH = 128  # nested objects and arrays below the message itself
+MAX_NODES = 500_000  # keys and values visited in one message
+MAX_DECODED_BLOB = 256 * 1024  # bytes decoded of one base64 payload
+MAX_DECODED_TOTAL = 8 * 1024 * 1024  # bytes decoded in one message
+UNSCANNABLE = "[withheld: beyond Bastion's scanning bounds]"
+UNSCANNABLE_KEY = "bastion:withheld"
+
+# Field names of the protocol whose strings are the text itself: a value under one of them is not "filed under a
+# name" the way ``{"password": "..."}`` is (see ``TextSlot.name``).
+_PROTOCOL_FIELDS = frozenset({
+    "text", "blob", "data", "uri", "name", "title", "description", "message", "systemPrompt", "mimeType", "type",
+    "role", "logger", "level", "uriTemplate", "method", "resultType", "content", "values", "instructions",
+})
+# Keys that are the protocol's own names (and JSON Schema's): a key spelled exactly so carries nothing, so it yields
+# no slot of its own (its value still does).
+_KNOWN_KEYS = _PROTOCOL_FIELDS | frozenset({
+    "structuredContent", "isError", "_meta", "annotations", "audience", "priority", "lastModified", "resource",
+    "contents", "messages", "inputSchema", "outputSchema", "properties", "required", "items", "enum", "default",
+    "arguments", "completion", "total", "hasMore", "progress", "tools", "prompts", "resources", "resourceTemplates",
+    "inputRequests", "params", "requestedSchema", "icons", "src", "sizes", "size", "$schema", "additionalProperties",
+    "format", "minimum", "maximum", "minLength", "maxLength", "anyOf", "oneOf", "allOf", "const", "examples",
+    "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint", "code", "maxTokens", "stopSequences",
+    "temperature", "modelPreferences", "includeContext", "metadata", "hints", "costPriority", "speedPriority",
+    "intelligencePriority", "toolUseId", "input", "id", "execution", "taskSupport", "mode", "url", "elicitationId",
+    "progressToken", "nextCursor", "cursor", "requestState", "model", "stopReason", "toolResult",
+})
+_OPAQUE_AT_TOP = frozenset({"progressToken", "nextCursor", "cursor", "requestState"})
+_BASE64_FIELDS = frozenset({"blob", "data"})
+_MEDIA_TYPES = frozenset({"image", "audio"})
 
 
 class TextSlot:
     """One string in a message, with where it is and the way to write a replacement back."""
 
-    __slots__ = ("_container", "_key", "_named", "where")
+    __slots__ = ("_container", "_key", "_named", "run", "where")
+    unscannable = False
+    decoded = False
 
     def __init__(self, container: MutableMapping[str, Any] | MutableSequence[Any], key: Any, where: str,
-                 named: bool = False) -> None:
+                 named: bool = False, run: tuple[int, int] | None = None) -> None:
         self._container = container
         self._key = key
         self._named = named
         self.where = where
+        # (the content list's id, the block's index) of the text of a "text" block, for reading blocks joined.
+        self.run = run
 
     @property
     def text(self) -> str:
         return self._container[self._key]
 
     @property
+    def textual(self) -> bool:
+        """Whether a model reads this as text (decoded binary does not)."""
+        return True
+
+    @property
+    def data(self) -> bytes:
+        """The string as UTF-8 bytes, which the detectors read."""
+        return self.text.encode("utf-8", "surrogatepass")
+
+    @property
     def name(self) -> str | None:
         """The key the string is filed under in structured data (``{"secret": "..."}`` gives "secret"), which says
-        what the value is as a name beside it in text would; None for the fields of content blocks."""
+        what the value is as a name beside it in text would; None for the protocol's own text fields."""
         return self._key if self._named else None
 
     def replace(self, new: str) -> None:
         """Write ``new`` where this string was; the message's structure stays as it was."""
         self._container[self._key] = new
 
+    def replace_data(self, new: bytes) -> None:
+        try:
+            text = new.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            text = new.decode("utf-8", "replace")
+        self.replace(text)
+
     def __repr__(self) -> str:
-        return f"TextSlot({self.where!r})"
+        return f"{type(self).__name__}({self.where!r})"
+
+
+class KeySlot(TextSlot):
+    """A key of an object; ``replace`` renames it in place (its siblings keep their order)."""
+
+    __slots__ = ("_dependents",)
+
+    def __init__(self, container: dict[str, Any], key: str, where: str) -> None:
+        super().__init__(container, key, where)
+        self._dependents: list[TextSlot] = []  # the slots that reach their string through this key
+
+    @property
+    def text(self) -> str:
+        return self._key
+
+    def replace(self, new: str) -> None:
+        container: dict[str, Any] = self._container  # type: ignore[assignment]
+        if new == self._key or self._key not in container:
+            return
+        unique, count = new, 1
+        while unique in container:  # two keys redacted alike must stay two keys
+            count += 1
+            unique = f"{new} #{count}"
+        items = list(container.items())
+        container.clear()
+        for key, value in items:
+            container[unique if key == self._key else key] = value
+        self._key = unique
+        for slot in self._dependents:
+            slot._key = unique
+
+
+class BlobSlot(TextSlot):
+    """The decoded bytes of a base64 payload; a replacement is encoded again in the payload's alphabet."""
+
+    __slots__ = ("_original",)
+    decoded = True
+
+    def __init__(self, container: Any, key: Any, where: str, original: str) -> None:
+        super().__init__(container, key, where)
+        self._original = original
+
+    @property
+    def data(self) -> bytes:
+        decoded = decode_base64(self._original)
+        return decoded if decoded is not None else b""
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+    @property
+    def textual(self) -> bool:
+        try:
+            self.data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    def replace(self, new: str) -> None:
+        self.replace_data(new.encode("utf-8", "surrogatepass"))
+
+    def replace_data(self, new: bytes) -> None:
+        if self._container[self._key] is not self._original:
+            return  # the payload was already replaced as text
+        urlsafe = "-" in self._original or "_" in self._original
+        encoded = (base64.urlsafe_b64encode(new) if urlsafe else base64.b64encode(new)).decode("ascii")
+        if not self._original.rstrip().endswith("="):
+            encoded = encoded.rstrip("=")
+        self._container[self._key] = encoded
+
+
+class UnscannableSlot(TextSlot):
+    """What the walk's bounds left unread: ``replace`` (whatever it is given) withholds it."""
+
+    __slots__ = ("_rest",)
+    unscannable = True
+
+    def __init__(self, container: Any, key: Any, where: str, rest: list[Any] | None = None) -> None:
+        super().__init__(container, key, where)
+        self._rest = rest  # the keys (or the first index) of an open container left unread; None: container[key]
+
+    @property
+    def text(self) -> str:
+        return ""
+
+    @property
+    def data(self) -> bytes:
+        return b""
+
+    def replace(self, new: str = UNSCANNABLE) -> None:
+        container = self._container
+        if self._rest is None:
+            container[self._key] = UNSCANNABLE
+        elif isinstance(container, dict):
+            for key in self._rest:
+                container.pop(key, None)
+            container[UNSCANNABLE_KEY] = UNSCANNABLE
+        else:
+            del container[self._key:]
+            container.append(UNSCANNABLE)
+
+    def replace_data(self, new: bytes) -> None:
+        self.replace()
+
+
+# ------------------------------------------------------------------------------------------ base64
+
+_DECODED: OrderedDict[int, tuple[str, bytes | None]] = OrderedDict()
+_DECODED_KEPT = 8
+_DECODING = threading.Lock()
+
+
+def decode_base64(text: str) -> bytes | None:
+    """``text`` decoded as base64 or base64url (padding optional, whitespace ignored); None when it is neither or
+    would decode to more than ``MAX_DECODED_BLOB`` bytes. The last few payloads are kept decoded, so the scanners of
+    one message decode each once."""
+    with _DECODING:
+        kept = _DECODED.get(id(text))
+        if kept is not None and kept[0] is text:
+            return kept[1]
+    decoded = _decode(text)
+    with _DECODING:
+        _DECODED[id(text)] = (text, decoded)
+        while len(_DECODED) > _DECODED_KEPT:
+            _DECODED.popitem(last=False)
+    return decoded
+
+
+def _decode(text: str) -> bytes | None:
+    if len(text) > _encoded_bound(MAX_DECODED_BLOB):
+        return None
+    try:
+        compact = "".join(text.split()).encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    compact += b"=" * (-len(compact) % 4)
+    if len(compact) // 4 * 3 - compact[-2:].count(b"=") > MAX_DECODED_BLOB:
+        return None
+    try:
+        if b"-" in compact or b"_" in compact:
+            return base64.b64decode(compact, altchars=b"-_", validate=True)
+        return base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _encoded_bound(decoded: int) -> int:
+    return (decoded + 2) // 3 * 4 + 1024  # room for line breaks
+
+
+# ------------------------------------------------------------------------------------------ the walk
 
 
 def text_slots(method: str, message: Any) -> Iterator[TextSlot]:
-    """The strings of ``message`` that reach the model: a result of ``method`` or, for
-    ``sampling/createMessage``, the server's request params."""
-    if not isinstance(message, dict) or message.get("resultType") == "input_required":
-        return
-    if method == "tools/call":
-        yield from _content_list(message, "content", "content")
-        if "structuredContent" in message:
-            yield from _anything(message, "structuredContent", "structuredContent")
-        if "toolResult" in message:  # the 2024-10-07 era's shape of a result
-            yield from _anything(message, "toolResult", "toolResult")
-    elif method == "resources/read":
-        contents = message.get("contents")
-        if isinstance(contents, list):
-            for index, item in enumerate(contents):
-                if isinstance(item, dict):
-                    yield from _fields(item, ("text",), f"contents[{index}]")
-    elif method == "prompts/get":
-        yield from _fields(message, ("description",), "")
-        yield from _messages(message, "messages")
-    elif method == "sampling/createMessage":
-        yield from _fields(message, ("systemPrompt",), "")
-        yield from _messages(message, "messages")
-    else:
-        yield from _anything_in(message, "")
+    """Every string of ``message`` (a result of ``method``, or the params of a notification or of a server's request
+    ``method``), keys included; unscannable slots where the bounds stopped the walk."""
+    if isinstance(message, (dict, list)):
+        yield from walk(message, "")
 
 
 def error_slots(error: dict[str, Any]) -> Iterator[TextSlot]:
-    """The strings of a JSON-RPC error object (``{"code", "message", "data"}``) that reach the model."""
-    yield from _fields(error, ("message",), "error")
-    if "data" in error:
-        yield from _anything(error, "data", "error.data")
+    """The strings of a JSON-RPC error object (``{"code", "message", "data"}``)."""
+    if isinstance(error, dict):
+        yield from walk(error, "error", top_opaque=False)
 
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _fields(item: dict[str, Any], names: tuple[str, ...], prefix: str) -> Iterator[TextSlot]:
-    for name in names:
-        if isinstance(item.get(name), str):
-            yield TextSlot(item, name, _join(prefix, name))
+_PLAIN_KEY = re.compile(r"[A-Za-z_$-]{1,32}")
 
 
-def _messages(message: dict[str, Any], key: str) -> Iterator[TextSlot]:
-    messages = message.get(key)
-    if not isinstance(messages, list):
-        return
-    for index, entry in enumerate(messages):
-        if not isinstance(entry, dict):
-            continue
-        where = f"{key}[{index}].content"
-        content = entry.get("content")
-        if isinstance(content, list):  # sampling messages may carry several blocks
-            yield from _content_list(entry, "content", where)
-        elif isinstance(content, dict):
-            yield from _content_item(content, where)
+def _shown(key: Any, index: int) -> str:
+    """A key as a place names it: a key that may itself be a value (digits, dots, @, long) is named by its position,
+    so a report of where something was found never repeats what was found."""
+    if isinstance(key, str) and (key in _KNOWN_KEYS or _PLAIN_KEY.fullmatch(key)):
+        return key
+    return f"[key {index}]"
 
 
-def _content_list(holder: dict[str, Any], key: str, where: str) -> Iterator[TextSlot]:
-    items = holder.get(key)
-    if not isinstance(items, list):
-        return
-    for index, item in enumerate(items):
-        if isinstance(item, dict):
-            yield from _content_item(item, f"{where}[{index}]")
+class _Frame:
+    __slots__ = ("container", "depth", "keys", "meta", "path", "position")
+
+    def __init__(self, container: Any, path: str, depth: int, meta: bool) -> None:
+        self.container = container
+        self.path = path
+        self.depth = depth
+        self.meta = meta  # a _meta object or the message itself: where opaque tokens live
+        self.keys: list[Any] | None = list(container) if isinstance(container, dict) else None
+        self.position = 0
 
 
-def _content_item(item: dict[str, Any], where: str) -> Iterator[TextSlot]:
-    kind = item.get("type")
-    if kind == "resource":
-        embedded = item.get("resource")
-        if isinstance(embedded, dict):
-            yield from _fields(embedded, _EMBEDDED_FIELDS, f"{where}.resource")
-        return
-    if kind in ("tool_result",):  # a sampling message's tool result carries content of its own
-        yield from _content_list(item, "content", f"{where}.content")
-        if "structuredContent" in item:
-            yield from _anything(item, "structuredContent", f"{where}.structuredContent")
-        return
-    if kind == "tool_use":
-        if "input" in item:
-            yield from _anything(item, "input", f"{where}.input")
-        return
-    yield from _fields(item, _ITEM_FIELDS.get(kind, ("text",)), where)
-
-
-def _anything(holder: MutableMapping[str, Any] | MutableSequence[Any], key: Any, where: str) -> Iterator[TextSlot]:
-    """Every string value under ``holder[key]``, depth first (structured content, error data)."""
-    value = holder[key]
-    if isinstance(value, str):
-        yield TextSlot(holder, key, where)
-    elif isinstance(value, (dict, list)):
-        yield from _anything_in(value, where)
-
-
-def _anything_in(value: dict[str, Any] | list[Any], where: str) -> Iterator[TextSlot]:
-    # A stack of iterators rather than recursion: a deeply nested result must not exhaust Python's stack, and the
-    # strings still come in document order.
-    stack: list[tuple[Any, Iterator[tuple[Any, Any]], str]] = [(value, _pairs(value), where)]
+def walk(message: dict[str, Any] | list[Any], where: str, *, top_opaque: bool = True) -> Iterator[TextSlot]:
+    """Every string under ``message``, depth first and in document order, keys before their values. A stack of
+    frames rather than recursion: a deeply nested message must not exhaust Python's stack."""
+    nodes = 0
+    decoded_total = 0
+    stack = [_Frame(message, where, 0, top_opaque)]
     while stack:
-        container, pairs, prefix = stack[-1]
-        for key, item in pairs:
-            path = f"{prefix}[{key}]" if isinstance(key, int) else _join(prefix, str(key))
-            if isinstance(item, str):
-                yield TextSlot(container, key, path, named=isinstance(key, str))
-            elif isinstance(item, (dict, list)):
-                stack.append((item, _pairs(item), path))
-                break
-        else:
+        frame = stack[-1]
+        container = frame.container
+        keys = frame.keys
+        size = len(keys) if keys is not None else len(container)
+        if frame.position >= size:
             stack.pop()
+            continue
+        if nodes >= MAX_NODES:
+            # Fail closed: every container still open has its unread rest withheld, innermost first.
+            for open_frame in reversed(stack):
+                rest_keys = open_frame.keys
+                if rest_keys is not None:
+                    rest = rest_keys[open_frame.position:]
+                    if rest:
+                        yield UnscannableSlot(open_frame.container, None, f"{open_frame.path or 'message'} (beyond "
+                                              f"{MAX_NODES} values)", rest)
+                elif open_frame.position < len(open_frame.container):
+                    yield UnscannableSlot(open_frame.container, open_frame.position,
+                                          f"{open_frame.path or 'message'} (beyond {MAX_NODES} values)", [])
+            return
+        index = frame.position
+        frame.position += 1
+        nodes += 1
+        depth = frame.depth
+        if keys is not None:
+            key = keys[index]
+            if key not in container:
+                continue
+            value = container[key]
+            path = _join(frame.path, _shown(key, index))
+            key_slot: KeySlot | None = None
+            if isinstance(key, str) and key not in _KNOWN_KEYS:
+                key_slot = KeySlot(container, key, f"{path} (key)")
+                yield key_slot
+            if isinstance(value, str):
+                if frame.meta and key in _OPAQUE_AT_TOP:
+                    continue
+                slot = TextSlot(container, key, path, named=key not in _PROTOCOL_FIELDS,
+                                run=_run_of(stack, key, container))
+                if key_slot is not None:
+                    key_slot._dependents.append(slot)
+                yield slot
+                if key in _BASE64_FIELDS and _is_payload(key, container) and len(value) >= 8:
+                    if len(value) <= _encoded_bound(MAX_DECODED_BLOB) and decoded_total < MAX_DECODED_TOTAL:
+                        decoded_total += len(value) * 3 // 4
+                        blob = BlobSlot(container, key, f"{path} (decoded)", value)
+                        if key_slot is not None:
+                            key_slot._dependents.append(blob)
+                        yield blob
+            elif isinstance(value, (dict, list)):
+                if depth + 1 > MAX_DEPTH:
+                    slot = UnscannableSlot(container, key, f"{path} (deeper than {MAX_DEPTH})")
+                    if key_slot is not None:
+                        key_slot._dependents.append(slot)
+                    yield slot
+                else:
+                    stack.append(_Frame(value, path, depth + 1, key == "_meta"))
+        else:
+            value = container[index]
+            path = f"{frame.path}[{index}]"
+            if isinstance(value, str):
+                yield TextSlot(container, index, path)
+            elif isinstance(value, (dict, list)):
+                if depth + 1 > MAX_DEPTH:
+                    yield UnscannableSlot(container, index, f"{path} (deeper than {MAX_DEPTH})")
+                else:
+                    stack.append(_Frame(value, path, depth + 1, False))
 
 
-def _pairs(container: dict[str, Any] | list[Any]) -> Iterator[tuple[Any, Any]]:
-    return iter(container.items()) if isinstance(container, dict) else enumerate(container)
+def _is_payload(key: str, holder: dict[str, Any]) -> bool:
+    return key == "blob" or holder.get("type") in _MEDIA_TYPES or "mimeType" in holder
+
+
+def _run_of(stack: list[_Frame], key: str, holder: dict[str, Any]) -> tuple[int, int] | None:
+    """The run of the text of a ``type: "text"`` block in a list: (the list's id, the block's index)."""
+    if key != "text" or holder.get("type") != "text" or len(stack) < 2:
+        return None
+    parent = stack[-2]
+    if parent.keys is not None:
+        return None
+    return (id(parent.container), parent.position - 1)
+
+
+def copy_tree(value: Any) -> Any:
+    """A copy of a JSON tree down to ``MAX_DEPTH`` (below it, parts are shared: the walk withholds them anyway),
+    without recursion."""
+    top = _shallow(value)
+    stack: list[tuple[Any, int]] = [(top, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH or not isinstance(node, (dict, list)):
+            continue
+        pairs = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+        for key, item in pairs:
+            if isinstance(item, (dict, list)):
+                node[key] = _shallow(item)
+                stack.append((node[key], depth + 1))
+    return top
+
+
+def _shallow(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value

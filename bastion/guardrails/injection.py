@@ -22,7 +22,6 @@ docs/guardrails.md ("Prompt injection").
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import hashlib
 import os
@@ -31,13 +30,13 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, MutableMapping
+from typing import Any, Iterator, Mapping
 
 import hyperscan
 import orjson
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
-from bastion.guardrails.content import TextSlot, error_slots, text_slots
+from bastion.guardrails.content import UNSCANNABLE, KeySlot, TextSlot, copy_tree, error_slots, text_slots, walk
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
@@ -101,7 +100,7 @@ class Verdict:
     @property
     def kind(self) -> str:
         kinds = {finding.kind for finding in self.findings if finding.weight}
-        for kind in ("hidden-text", "shadowing", "instructions"):
+        for kind in ("unscannable", "hidden-text", "shadowing", "instructions"):
             if kind in kinds:
                 return kind
         return "instructions"
@@ -111,6 +110,8 @@ class Verdict:
 
 
 CLEAN = Verdict(())
+# What the walk's bounds left unread (``content.UnscannableSlot``): flagged, so the guardrails fail closed.
+UNSCANNABLE_FINDING = Finding("unscannable", "scanning-bounds", STRONG, 0, 0)
 NEARBY = 600
 
 
@@ -561,21 +562,19 @@ LIST_KINDS = {
 }
 
 
-def definition_texts(definition: Mapping[str, Any]) -> Iterator[tuple[str, MutableMapping[str, Any], str]]:
-    """Every (where, holder, key) of a definition's text a model reads: title and description, the descriptions
-    and titles at any depth of its schemas, its prompt arguments' descriptions, its annotations' title."""
-    stack: list[tuple[str, Any]] = [("", definition)]
-    while stack:
-        where, node = stack.pop()
-        if isinstance(node, dict):
-            for key, value in node.items():
-                path = f"{where}.{key}" if where else str(key)
-                if isinstance(value, str) and key in ("description", "title"):
-                    yield path, node, key
-                elif isinstance(value, (dict, list)):
-                    stack.append((path, value))
-        elif isinstance(node, list):
-            stack.extend((f"{where}[{index}]", item) for index, item in enumerate(node))
+_DEFINITION_TEXTS = frozenset({"description", "title"})
+
+
+def definition_texts(definition: Mapping[str, Any]) -> Iterator[TextSlot]:
+    """Every string of a definition, keys included (``content.walk``): names, titles and descriptions, at any depth
+    of its schemas (property names, ``enum``, ``default``), its prompt arguments, annotations and ``_meta``."""
+    if isinstance(definition, (dict, list)):
+        yield from walk(definition, "")  # type: ignore[arg-type]
+
+
+def _is_prose(slot: TextSlot) -> bool:
+    """A description or title: prose, where weak signs add up; in any other field only strong ones count."""
+    return not isinstance(slot, KeySlot) and slot.where.rsplit(".", 1)[-1] in _DEFINITION_TEXTS
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[_.-][A-Za-z0-9]+)+|[a-z]+(?:[A-Z][a-z0-9]+)+")
@@ -597,15 +596,40 @@ def scan_definition(definition: Mapping[str, Any]) -> DefinitionVerdict:
     findings: list[Finding] = []
     where: list[str] = []
     mentions: set[str] = set()
-    for path, holder, key in definition_texts(definition):
-        text = holder[key]
+    for slot in definition_texts(definition):
+        if slot.unscannable:  # beyond the walk's bounds: withheld, as no person could read it either
+            findings.append(UNSCANNABLE_FINDING)
+            where.append(slot.where)
+            continue
+        if slot.decoded and not slot.textual:
+            continue
+        text = slot.text
+        prose = _is_prose(slot)
         verdict = scan_text(text, strict=True)
-        if verdict.findings:
+        found = verdict.findings if prose else tuple(f for f in verdict.findings if f.weight >= STRONG)
+        if found:
             # A definition is one message: its signs count together wherever in it they are (no place kept).
-            findings.extend(Finding(f.kind, f.rule, f.weight, 0, 0) for f in verdict.findings)
-            where.append(path)
-        mentions.update(_IDENTIFIER.findall(text))
+            findings.extend(Finding(f.kind, f.rule, f.weight, 0, 0) for f in found)
+            where.append(slot.where)
+        if prose:
+            mentions.update(_IDENTIFIER.findall(text))
     return DefinitionVerdict(Verdict(tuple(findings)) if findings else CLEAN, tuple(where), frozenset(mentions))
+
+
+def screen_instructions(text: str, mode: str) -> tuple[str | None, Verdict]:
+    """A server's ``instructions`` (its initialize result) as the ``metadata_injection`` switch ``mode`` says: read as
+    a definition's description is; when flagged, withheld (None) under "withhold", sanitised under "sanitize" (and
+    withheld all the same if what is left still reads as instructions). Pure: the caller reports the verdict."""
+    if mode == "off" or not isinstance(text, str) or not text:
+        return text, CLEAN
+    verdict = scan_text(text, strict=True)
+    if not verdict.flagged:
+        return text, verdict
+    if mode == "sanitize":
+        cleaned = sanitize_text(text)
+        if not scan_text(cleaned, strict=True).flagged:
+            return cleaned, verdict
+    return None, verdict
 
 
 def shadowing_of(scanned: DefinitionVerdict, other_servers_tools: frozenset[str]) -> Verdict:
@@ -622,9 +646,14 @@ def shadowing_of(scanned: DefinitionVerdict, other_servers_tools: frozenset[str]
 
 def sanitize_definition(definition: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``definition`` with every text sanitised (hidden characters and instruction sentences cut)."""
-    cleaned = copy.deepcopy(dict(definition))
-    for _path, holder, key in list(definition_texts(cleaned)):
-        holder[key] = sanitize_text(holder[key])
+    cleaned = copy_tree(dict(definition))
+    for slot in list(definition_texts(cleaned)):
+        if slot.unscannable:
+            slot.replace(UNSCANNABLE)
+        elif _is_prose(slot):
+            slot.replace(sanitize_text(slot.text))
+        elif not slot.decoded and scan_text(slot.text, strict=True).findings:
+            slot.replace(sanitize_text(slot.text))
     return cleaned
 
 
@@ -884,7 +913,11 @@ class WithheldToolGate:
         return refusal
 
 
-OUTPUT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
+OUTPUT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get", "completion/complete"})
+OUTPUT_NOTIFICATIONS = frozenset({"notifications/progress", "notifications/message"})
+# A server's requests toward the client. Sampling requests are marked by the sampling guardrail first when it is on
+# (``sampling.injection_scan``); what it marked is not marked again here.
+OUTPUT_TOWARD_CLIENT = frozenset({"sampling/createMessage", "elicitation/create"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -894,20 +927,31 @@ class SlotVerdict:
 
 
 def scan_slots(slots: list[TextSlot]) -> list[SlotVerdict]:
-    """The flagged strings among ``slots``."""
+    """The flagged strings among ``slots``: what reads as instructions, and every part the walk's bounds left
+    unread (which fails closed). Decoded payloads that are not text (an image) are not read as text; a string Bastion
+    already marked is not marked again."""
     flagged = []
     for slot in slots:
-        verdict = scan_text(slot.text)
+        if slot.unscannable:
+            flagged.append(SlotVerdict(slot, Verdict((UNSCANNABLE_FINDING,))))
+            continue
+        if slot.decoded and not slot.textual:
+            continue
+        text = slot.text
+        if len(text) < 8 or is_marked(text):
+            continue
+        verdict = scan_text(text)
         if verdict.flagged:
             flagged.append(SlotVerdict(slot, verdict))
     return flagged
 
 
 class OutputGuard:
-    """Scans what a result carries to the model; marks (wraps as untrusted data) or blocks what reads as
-    instructions, and records the flag for the session's taint."""
+    """Scans what reaches the model from a server (results, errors, progress and log notifications, sampling and
+    elicitation requests); marks (wraps as untrusted data) or blocks what reads as instructions, and records the
+    flag for the session's taint."""
 
-    methods = OUTPUT_METHODS
+    methods = OUTPUT_METHODS | OUTPUT_NOTIFICATIONS | OUTPUT_TOWARD_CLIENT
     reads_params = False
     # A call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those
     # bytes when nothing is flagged in it (bastion.guardrails.raw).
@@ -921,7 +965,11 @@ class OutputGuard:
         self.raw_results = RawResults()  # the chain gives every guardrail that reads raw results the same one
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
-        if request.method not in OUTPUT_METHODS:
+        method = request.method
+        if method in OUTPUT_NOTIFICATIONS or method in OUTPUT_TOWARD_CLIENT:
+            self._screen_from_server(request)
+            return await call_next(request)
+        if method not in OUTPUT_METHODS:
             return await call_next(request)
         target, server = self._target(request)
         mode = self._mode(server)
@@ -959,13 +1007,37 @@ class OutputGuard:
             if request.method == "tools/call":
                 return {"content": [{"type": "text", "text": message}], "isError": True}
             raise GatewayError(-32603, message, {"guardrail": "output_injection", "rules": verdict.rules})
-        for each in flagged:
-            each.slot.replace(mark_untrusted(each.slot.text, source, each.verdict))
+        _mark_all(flagged, source)
         self._report.report(Intervention(
             "output_injection", "marked", server, target, verdict.kind, ",".join(verdict.rules),
             f"marked as untrusted data: {', '.join(each.slot.where for each in flagged)}",
             request.session.session_id, request.session.identity))
         return result
+
+    def _screen_from_server(self, request: GatewayRequest) -> None:
+        """A server's notification or request toward the client, marked in place, or refused (a notification then
+        is not forwarded: the refusal is the gateway's reason)."""
+        server = request.server
+        mode = self._mode(server)
+        if mode == "off" or not isinstance(request.params, dict):
+            return
+        flagged = scan_slots(list(text_slots(request.method, request.params)))
+        if not flagged:
+            return
+        verdict = Verdict(tuple(f for each in flagged for f in each.verdict.findings))
+        self._flag(request, server, verdict)
+        where = ", ".join(each.slot.where for each in flagged)
+        if mode == "block":
+            self._report.report(Intervention(
+                "output_injection", "blocked", server, request.method, verdict.kind, ",".join(verdict.rules),
+                f"{where} read as instructions to the model", request.session.session_id, request.session.identity))
+            raise GatewayError(-32603, f"Bastion blocked {request.method} from server {server!r}: {where} contains "
+                               f"what reads as instructions to the model ({verdict.reason()}).",
+                               {"guardrail": "output_injection", "rules": verdict.rules})
+        _mark_all(flagged, f"server {server!r} ({request.method})")
+        self._report.report(Intervention(
+            "output_injection", "marked", server, request.method, verdict.kind, ",".join(verdict.rules),
+            f"marked as untrusted data: {where}", request.session.session_id, request.session.identity))
 
     def _check_error(self, request: GatewayRequest, error: GatewayError, target: str | None, server: str | None,
                      mode: str) -> None:
@@ -983,9 +1055,10 @@ class OutputGuard:
             error.data = None
             action = "blocked"
         else:
-            for each in flagged:
-                each.slot.replace(mark_untrusted(each.slot.text, source, each.verdict))
-            error.message, error.data = holder["message"], holder.get("data")
+            _mark_all(flagged, source)
+            message = holder.get("message")
+            error.message = message if isinstance(message, str) else UNSCANNABLE
+            error.data = holder.get("data")
             action = "marked"
         error.args = (error.message,)
         self._report.report(Intervention("output_injection", action, server, target, verdict.kind,
@@ -1009,6 +1082,15 @@ class OutputGuard:
         finder = getattr(self._catalog, "prompt", None)
         named = finder(name) if finder is not None and name is not None else None
         return name, getattr(named, "server", None)
+
+
+def _mark_all(flagged: list[SlotVerdict], source: str) -> None:
+    """Mark each flagged string as untrusted data; withhold each part the walk's bounds left unread."""
+    for each in flagged:
+        if each.slot.unscannable:
+            each.slot.replace(UNSCANNABLE)
+        else:
+            each.slot.replace(mark_untrusted(each.slot.text, source, each.verdict))
 
 
 def _source(server: str | None, target: str | None) -> str:

@@ -3,16 +3,20 @@
 ``ContentScanner`` is the pure part: it runs every detector (``secrets``, ``pii``) over the strings
 ``content.text_slots`` finds, replaces each value it is told to redact by a marker naming its kind
 (``[redacted: aws-access-key]``), and says what it found and where, never the value. ``ScanningInterceptor`` applies it
-to results of ``tools/call``, ``resources/read`` and ``prompts/get``, to error messages, and to servers'
-``sampling/createMessage`` requests, with what the configuration says for that server and kind; a result of more
-than ``scanning.thread_above_bytes`` of text is scanned in a worker thread (Hyperscan lets go of the GIL), so the
-event loop goes on serving others meanwhile.
+to every string (keys, ``_meta``, annotations, decoded payloads included) of results of ``tools/call``,
+``resources/read``, ``prompts/get`` and ``completion/complete``, to servers' errors for them, to every definition of
+the four lists, to servers' progress and log notifications, and to their ``sampling/createMessage`` and
+``elicitation/create`` requests, with what the configuration says for that server and kind; a message of more than
+``scanning.thread_above_bytes`` of text is scanned in a worker thread (Hyperscan lets go of the GIL), so the event
+loop goes on serving others meanwhile. ``redact_instructions`` is the same scan of a server's ``instructions``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -21,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
-from bastion.guardrails.content import TextSlot, error_slots, text_slots
+from bastion.guardrails.content import UNSCANNABLE, copy_tree, TextSlot, error_slots, text_slots
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
@@ -31,8 +35,14 @@ from bastion.protocol.jsonrpc import RawResponse
 if TYPE_CHECKING:  # the detectors and their libraries load in the background (see ScannerInBackground)
     from bastion.guardrails.matching import Detector, Finding, Matcher  # noqa: F401
 
-SCANNED_RESULTS = frozenset({"tools/call", "resources/read", "prompts/get"})
+SCANNED_RESULTS = frozenset({"tools/call", "resources/read", "prompts/get", "completion/complete"})
 SAMPLING = "sampling/createMessage"
+ELICITATION = "elicitation/create"
+TOWARD_CLIENT = frozenset({SAMPLING, ELICITATION})
+NOTIFICATIONS = frozenset({"notifications/progress", "notifications/message"})
+# List method -> the key of its items.
+LISTS = {"tools/list": "tools", "prompts/list": "prompts", "resources/list": "resources",
+         "resources/templates/list": "resourceTemplates"}
 # No secret or personal value the detectors know is shorter (an e-mail address such as a@b.cd).
 _SHORTEST_VALUE = 6
 # JSON-RPC code of a blocked resource, prompt or sampling request (the range the gateway's own refusals use).
@@ -56,6 +66,26 @@ class Hit:
     action: Action
 
 
+# What a scanner reports for a part of a message its walk's bounds left unread (``content.UnscannableSlot``): it is
+# withheld when the kind's action is "redact", refused when "block", like any value found.
+UNSCANNABLE_KIND = "unscannable"
+
+# Invisible characters that may be planted inside a value to break it up for a pattern: zero-width space, non-joiner
+# and joiner, word joiner and the invisible operators, byte-order mark, soft hyphen, Mongolian vowel separator,
+# combining grapheme joiner. As UTF-8, so the scanner strips them from the bytes it reads.
+@dataclass(frozen=True, slots=True)
+class _Bounds:
+    """Stands for a detector where a part of a message was left unread (the kind's setting, else ``secrets``')."""
+
+    guardrail: str = "secrets"
+    kind: str = UNSCANNABLE_KIND
+    rule: str = "bastion:scanning-bounds"
+
+
+_UNSCANNABLE_DETECTOR = _Bounds()
+_INVISIBLE = re.compile(rb"\xe2\x80[\x8b-\x8d]|\xe2\x81[\xa0-\xa4]|\xef\xbb\xbf|\xc2\xad|\xe1\xa0\x8e|\xcd\x8f")
+
+
 class ContentScanner:
     """Finds and redacts credentials and personal data in the strings of a message."""
 
@@ -68,26 +98,90 @@ class ContentScanner:
 
     def scan(self, slots: Iterable[TextSlot], action_of: Callable[[Detector], Action]) -> list[Hit]:
         """Every value found in ``slots``; those whose action is "redact" are replaced in place, the others are
-        left as they are (a "block" is the caller's to carry out)."""
+        left as they are (a "block" is the caller's to carry out). Each string is read alone, without the invisible
+        characters planted in it; the texts of consecutive text blocks are read joined too, and a value found across
+        a boundary is redacted part by part. An unscannable slot counts as a value of kind ``unscannable``."""
+        slots = list(slots)
         hits: list[Hit] = []
-        for slot in slots:
-            text = slot.text
-            if len(text) < _SHORTEST_VALUE:
+        plans: dict[int, list[tuple[int, int, str]]] = {}
+        datas: list[bytes] = []
+        for index, slot in enumerate(slots):
+            if slot.unscannable:
+                datas.append(b"")
+                action = action_of(_UNSCANNABLE_DETECTOR)  # type: ignore[arg-type]
+                if action != "off":
+                    hits.append(Hit("secrets", UNSCANNABLE_KIND, _UNSCANNABLE_DETECTOR.rule, slot.where, action))
+                    if action == "redact":
+                        plans[index] = []
                 continue
-            data = text.encode("utf-8", "surrogatepass")
-            redactions: list[tuple[int, int, str]] = []
+            data = slot.data
+            datas.append(data)
+            if len(data) < _SHORTEST_VALUE:
+                continue
             for found in self._findings(data, slot.name):
                 action = action_of(found.detector)
                 if action == "off":
                     continue
                 hits.append(Hit(found.detector.guardrail, found.detector.kind, found.detector.rule, slot.where, action))
                 if action == "redact":
-                    redactions.append((found.start, found.end, marker(found.detector.kind)))
-            if redactions:
-                slot.replace(_spliced(data, redactions))
+                    plans.setdefault(index, []).append((found.start, found.end, marker(found.detector.kind)))
+        for run in _runs(slots):
+            self._scan_joined(run, slots, datas, plans, hits, action_of)
+        for index, redactions in plans.items():
+            slot = slots[index]
+            if slot.unscannable:
+                slot.replace(UNSCANNABLE)
+            elif redactions:
+                slot.replace_data(_spliced(datas[index], redactions))
         return hits
 
+    def _scan_joined(self, run: list[int], slots: list[TextSlot], datas: list[bytes],
+                     plans: dict[int, list[tuple[int, int, str]]], hits: list[Hit],
+                     action_of: Callable[[Detector], Action]) -> None:
+        """Read the texts of ``run`` (consecutive text blocks) as one; a value that spans a boundary is found here
+        only, and each block's part of it is redacted."""
+        starts: list[int] = []
+        position = 0
+        for index in run:
+            starts.append(position)
+            position += len(datas[index])
+        joined = b"".join(datas[index] for index in run)
+        if len(joined) < _SHORTEST_VALUE:
+            return
+        for found in self._findings(joined, None):
+            first = bisect.bisect_right(starts, found.start) - 1
+            last = bisect.bisect_right(starts, found.end - 1) - 1
+            if first == last:
+                continue  # inside one block: read there already
+            parts = []
+            for at in range(first, last + 1):
+                index = run[at]
+                start = max(found.start - starts[at], 0)
+                end = min(found.end - starts[at], len(datas[index]))
+                if end > start:
+                    parts.append((index, start, end))
+            if any(_overlaps(plans.get(index, ()), start, end) for index, start, end in parts):
+                continue
+            action = action_of(found.detector)
+            if action == "off":
+                continue
+            where = " + ".join(slots[index].where for index, _, _ in parts)
+            hits.append(Hit(found.detector.guardrail, found.detector.kind, found.detector.rule, where, action))
+            if action == "redact":
+                for index, start, end in parts:
+                    plans.setdefault(index, []).append((start, end, marker(found.detector.kind)))
+
     def _findings(self, data: bytes, name: str | None) -> list[Finding]:
+        """What is found in ``data`` read without its invisible characters (the places are ``data``'s own)."""
+        if _INVISIBLE.search(data) is None:
+            return self._found(data, name)
+        visible, places = _without_invisible(data)
+        from bastion.guardrails.matching import Finding
+
+        return [Finding(found.detector, places[found.start], places[found.end - 1] + 1)
+                for found in self._found(visible, name)]
+
+    def _found(self, data: bytes, name: str | None) -> list[Finding]:
         """What is found in ``data``; a string filed under a name in structured data is read as it would be written
         in a configuration file, ``name: "value"``, so the rules that look for a key-like name beside a value (the
         generic one) see it; only what is found inside the value counts."""
@@ -105,18 +199,60 @@ class ContentScanner:
         """What the detectors find in ``text``, each with the value (for dry runs and tests, never for reports)."""
         data = text.encode("utf-8", "surrogatepass")
         return [(found.detector, data[found.start:found.end].decode("utf-8", "replace"))
-                for found in self._matcher.find(data)]
+                for found in self._findings(data, None)]
 
 
-def _spliced(data: bytes, redactions: list[tuple[int, int, str]]) -> str:
+def _without_invisible(data: bytes) -> tuple[bytes, list[int]]:
+    """``data`` without its invisible characters, and for each byte kept its place in ``data``."""
+    kept: list[bytes] = []
+    places: list[int] = []
+    position = 0
+    for match in _INVISIBLE.finditer(data):
+        kept.append(data[position:match.start()])
+        places.extend(range(position, match.start()))
+        position = match.end()
+    kept.append(data[position:])
+    places.extend(range(position, len(data)))
+    return b"".join(kept), places
+
+
+def _runs(slots: list[TextSlot]) -> Iterator[list[int]]:
+    """The indexes of slots that are texts of consecutive text blocks of one list, two or more of them."""
+    run: list[int] = []
+    previous: tuple[int, int] | None = None
+    for index, slot in enumerate(slots):
+        here = slot.run
+        if here is None:
+            continue
+        if previous is not None and here[0] == previous[0] and here[1] == previous[1] + 1:
+            run.append(index)
+        else:
+            if len(run) > 1:
+                yield run
+            run = [index]
+        previous = here
+    if len(run) > 1:
+        yield run
+
+
+def _overlaps(redactions: Iterable[tuple[int, int, str]], start: int, end: int) -> bool:
+    return any(start < their_end and their_start < end for their_start, their_end, _ in redactions)
+
+
+def _spliced(data: bytes, redactions: list[tuple[int, int, str]]) -> bytes:
     parts: list[bytes] = []
     position = 0
-    for start, end, replacement in redactions:
+    for start, end, replacement in sorted(redactions):
+        if start < position:  # overlapping another redaction: covered by it, up to its end
+            start = position
+            if end <= start:
+                continue
+            replacement = ""
         parts.append(data[position:start])
         parts.append(replacement.encode())
         position = end
     parts.append(data[position:])
-    return b"".join(parts).decode("utf-8", "replace")
+    return b"".join(parts)
 
 
 def all_detectors() -> tuple[Detector, ...]:
@@ -144,7 +280,22 @@ def default_scanner() -> ContentScanner:
 
 def known_kinds() -> frozenset[str]:
     """Every kind a scanner can report, the names ``[guardrails.scanning]`` accepts."""
-    return frozenset(detector.kind for detector in all_detectors())
+    return frozenset(detector.kind for detector in all_detectors()) | {UNSCANNABLE_KIND}
+
+
+def redact_instructions(text: str, config: GuardrailsConfig | None = None, server: str | None = None,
+                        scanner: ContentScanner | None = None) -> tuple[str, list[Hit]]:
+    """A server's ``instructions`` (its initialize result) with every secret and personal value redacted as the
+    configuration says for ``server``, and what was found (never the value). A kind set to block withholds the whole
+    text (``""``). Pure: it reports nothing; the caller reports the hits."""
+    if not isinstance(text, str) or not text:
+        return text, []
+    policy = ScanningPolicy(config or GuardrailsConfig())
+    holder = {"instructions": text}
+    hits = (scanner or default_scanner()).scan(text_slots("initialize", holder), policy.action_for(server))
+    if any(hit.action == "block" for hit in hits):
+        return "", hits
+    return holder["instructions"], hits
 
 
 class ScannerInBackground:
@@ -209,26 +360,36 @@ class ScanningPolicy:
 
 
 class ScanningInterceptor:
-    methods = SCANNED_RESULTS | {SAMPLING}
+    methods = SCANNED_RESULTS | frozenset(LISTS) | NOTIFICATIONS | TOWARD_CLIENT
     # Of a client's call only the tool's name is read (decoded here when it is still the client's bytes), so the
-    # arguments may stay as they came; a server's sampling request is always decoded, and its params are read. A
-    # call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those bytes
+    # arguments may stay as they came; a server's request or notification is always decoded, and its params are read.
+    # A call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those bytes
     # when nothing is found in it (bastion.guardrails.raw).
     reads_params = False
     reads_results = "raw"
 
     def __init__(self, scanner: ScannerInBackground, policy: ScanningPolicy, report: InterventionLog,
-                 thread_above: int) -> None:
+                 thread_above: int, catalog: CatalogView | None = None) -> None:
         self._scanner = scanner
         self._policy = policy
         self._report = report
         self._thread_above = thread_above
+        self._catalog = catalog
         self.raw_results = RawResults()  # the chain gives every guardrail that reads raw results the same one
+        # Definitions as the lists serve them (the catalog's own objects): id -> (the definition, what to serve
+        # instead: itself when clean, a redacted copy, or None when withheld), so a list passing again costs a lookup.
+        self._definitions: dict[int, tuple[Any, Any]] = {}
 
-    async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        if request.method == SAMPLING:
-            await self._scan_sampling(request)
+    async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
+        method = request.method
+        if method in TOWARD_CLIENT:
+            await self._scan_toward_client(request)
             return await call_next(request)
+        if method in NOTIFICATIONS:
+            await self._scan_notification(request)
+            return await call_next(request)
+        if method in LISTS:
+            return await self._scan_list(request, await call_next(request))
         server = _server_of(request)
         target = _target_of(request)
         try:
@@ -272,17 +433,67 @@ class ScanningInterceptor:
         blocked = [hit for hit in hits if hit.action == "block"]
         if blocked:
             return GatewayError(error.code, _blocked_words(blocked, server))
+        if not isinstance(shape.get("message"), str):  # withheld whole (beyond the bounds): still an error message
+            shape["message"] = UNSCANNABLE
         return GatewayError(shape["code"], shape["message"], shape.get("data"))
 
-    async def _scan_sampling(self, request: GatewayRequest) -> None:
-        hits = await self._scan(list(text_slots(SAMPLING, request.params)), request.server)
+    async def _scan_toward_client(self, request: GatewayRequest) -> None:
+        """A server's sampling or elicitation request: redacted in place, or refused."""
+        if not isinstance(request.params, dict):
+            return
+        hits = await self._scan(list(text_slots(request.method, request.params)), request.server)
         if not hits:
             return
-        self._report_all(hits, request, request.server, SAMPLING)
+        self._report_all(hits, request, request.server, request.method)
         blocked = [hit for hit in hits if hit.action == "block"]
         if blocked:
-            raise GatewayError(BLOCKED, "Bastion refused this sampling request: " + _blocked_words(blocked, None),
+            what = "sampling" if request.method == SAMPLING else "elicitation"
+            raise GatewayError(BLOCKED, f"Bastion refused this {what} request: " + _blocked_words(blocked, None),
                                {"blocked": sorted({hit.kind for hit in blocked})})
+
+    async def _scan_notification(self, request: GatewayRequest) -> None:
+        """A server's progress or log notification: redacted in place, or dropped (the refusal raised here is the
+        gateway's reason not to forward it)."""
+        if not isinstance(request.params, dict):
+            return
+        hits = await self._scan(list(text_slots(request.method, request.params)), request.server)
+        if not hits:
+            return
+        self._report_all(hits, request, request.server, request.method)
+        blocked = [hit for hit in hits if hit.action == "block"]
+        if blocked:
+            raise GatewayError(BLOCKED, f"{request.method} dropped: " + _blocked_words(blocked, request.server))
+
+    async def _scan_list(self, request: GatewayRequest, result: Any) -> Any:
+        """Every field of every definition of a list: a definition with a value found is served as a redacted copy
+        (the catalog's own stays as it is), or withheld from the list when the value's kind is set to block."""
+        key = LISTS.get(request.method)
+        items = result.get(key) if isinstance(result, dict) and key is not None else None
+        if not isinstance(items, list):
+            return result
+        served = [await self._definition(request, key, item) for item in items]
+        if all(new is old for new, old in zip(served, items)):
+            return result
+        return {**result, key: [item for item in served if item is not None]}
+
+    async def _definition(self, request: GatewayRequest, kind: str, item: Any) -> Any:
+        if not isinstance(item, dict):
+            return item
+        known = self._definitions.get(id(item))
+        if known is not None and known[0] is item:
+            return known[1]
+        server = _definition_server(kind, item, self._catalog if self._catalog is not None else request.catalog)
+        copy = copy_tree(item)
+        hits = await self._scan(list(text_slots(request.method, copy)), server)
+        served: Any = item
+        if hits:
+            name = str(item.get("name") or item.get("uri") or item.get("uriTemplate") or "?")
+            self._report_all(hits, request, server, f"{request.method} {name}")
+            served = None if any(hit.action == "block" for hit in hits) else copy
+        if len(self._definitions) >= _DEFINITIONS_KEPT:
+            self._definitions.clear()
+        self._definitions[id(item)] = (item, served)
+        return served
 
     async def _scan(self, slots: list[TextSlot], server: str | None) -> list[Hit]:
         if not slots:
@@ -301,6 +512,27 @@ class ScanningInterceptor:
                 target=target, kind=kind, rule=rule,
                 detail=_count_and_places(wheres),
                 session=request.session.session_id, identity=request.session.identity))
+
+
+_DEFINITIONS_KEPT = 16384
+
+
+def _definition_server(kind: str, item: dict[str, Any], catalog: Any) -> str | None:
+    """The server whose definition ``item`` is (its settings apply), from the catalog; None when not known."""
+    name = item.get("name")
+    try:
+        if kind == "tools":
+            entry = catalog.tool(name) if isinstance(name, str) else None
+            return entry.server if entry is not None else None
+        if kind == "prompts":
+            lookup = getattr(catalog, "prompt", None)
+            named = lookup(name) if lookup is not None and isinstance(name, str) else None
+            return getattr(named, "server", None)
+        owner = getattr(catalog, "resource_owner" if kind == "resources" else "template_owner", None)
+        key = item.get("uri" if kind == "resources" else "uriTemplate")
+        return owner(key) if owner is not None and isinstance(key, str) else None
+    except Exception:  # a catalog that cannot say: the gateway-wide settings apply
+        return None
 
 
 def _grouped(hits: list[Hit]) -> Iterator[tuple[tuple[str, str, str, str], list[str]]]:
@@ -340,12 +572,23 @@ def _server_of(request: GatewayRequest) -> str | None:
     if request.method == "resources/read":
         owner = getattr(catalog, "resource_owner", None)
         return owner(params["uri"]) if owner is not None and isinstance(params.get("uri"), str) else None
+    if request.method == "completion/complete":
+        ref = params.get("ref") if isinstance(params, dict) else None
+        if isinstance(ref, dict) and ref.get("type") == "ref/prompt":
+            return _definition_server("prompts", ref, catalog)
+        if isinstance(ref, dict) and ref.get("type") == "ref/resource":
+            return _definition_server("resourceTemplates", {"uriTemplate": ref.get("uri")}, catalog)
     return None
 
 
 def _target_of(request: GatewayRequest) -> str:
     key = "uri" if request.method == "resources/read" else "name"
-    name = request.params.get(key)
+    params = request.params
+    if request.method == "completion/complete":
+        ref = params.get("ref") if isinstance(params, dict) else None
+        params = ref if isinstance(ref, dict) else {}
+        key = "uri" if params.get("type") == "ref/resource" else "name"
+    name = params.get(key)
     if isinstance(name, msgspec.Raw):
         name = msgspec.json.decode(name)
     return f"{request.method} {name}" if isinstance(name, str) else request.method
@@ -355,4 +598,4 @@ def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogVie
     policy = ScanningPolicy(config)
     if not policy.on_anywhere():
         return None
-    return ScanningInterceptor(ScannerInBackground(), policy, report, config.scanning.thread_above_bytes)
+    return ScanningInterceptor(ScannerInBackground(), policy, report, config.scanning.thread_above_bytes, catalog)
