@@ -35,6 +35,8 @@ MAX_NODES = 500_000  # keys and values visited in one message
 MAX_DECODED_BLOB = 256 * 1024  # bytes decoded of one base64 payload
 MAX_DECODED_TOTAL = 8 * 1024 * 1024  # bytes decoded in one message
 UNSCANNABLE = "[withheld: beyond Bastion's scanning bounds]"
+# Bastion's answers to a client that carry the servers' own words: their ``instructions``.
+INSTRUCTED = frozenset({"initialize", "server/discover"})
 UNSCANNABLE_KEY = "bastion:withheld"
 
 # Field names of the protocol whose strings are the text itself: a value under one of them is not "filed under a

@@ -36,7 +36,7 @@ import hyperscan
 import orjson
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
-from bastion.guardrails.content import UNSCANNABLE, KeySlot, TextSlot, copy_tree, error_slots, text_slots, walk
+from bastion.guardrails.content import INSTRUCTED, UNSCANNABLE, KeySlot, TextSlot, copy_tree, error_slots, text_slots, walk
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
@@ -746,7 +746,8 @@ class MetadataGuard:
 
     # A tools/call is refused here when its tool's definition is withheld (``WithheldToolGate`` decides), in this
     # same layer of the chain: a layer costs every call more than the lookup does.
-    methods = frozenset(LIST_KINDS) | {"prompts/get", "tools/call"}
+    # ``initialize`` and ``server/discover``: the instructions in Bastion's answer are the servers' own words.
+    methods = frozenset(LIST_KINDS) | {"prompts/get", "tools/call", *INSTRUCTED}
     reads_params = False
     # Of the methods above it reads only the lists' results, which the gateway builds as objects; a call's result it
     # never reads, so declaring it keeps that result the server's bytes.
@@ -768,6 +769,8 @@ class MetadataGuard:
             return await call_next(request)
         if request.method not in self.methods:  # ``methods`` says what to look at; the chain passes everything
             return await call_next(request)
+        if request.method in INSTRUCTED:
+            return self._screened_instructions(await call_next(request))
         if request.method == "prompts/get":
             name = _call_name(request.params)
             why = self._withheld_prompts.get(name) if name is not None else None
@@ -788,6 +791,28 @@ class MetadataGuard:
         if withheld:
             _tell(request, withheld)
         return result
+
+    def _screened_instructions(self, result: dict[str, Any]) -> dict[str, Any]:
+        """The servers' joined instructions, screened as the gateway-wide switch says (they are read as one text, so
+        the strictest reading is the gateway's): withheld whole or sanitised when they read as instructions to the
+        model beyond what a server may say of itself."""
+        text = result.get("instructions") if isinstance(result, dict) else None
+        if not isinstance(text, str) or not text:
+            return result
+        screened, verdict = screen_instructions(text, self._config.switch("metadata_injection", None))
+        if not verdict.flagged:
+            return result
+        action = "sanitized" if screened else "withheld"
+        digest = hashlib.sha256(text.encode()).digest()
+        if (digest, action) not in self._reported:
+            self._reported.add((digest, action))
+            self._report.report(Intervention(
+                "metadata_injection", action, None, "instructions", verdict.kind, ",".join(verdict.rules),
+                f"the servers' instructions {'sanitised' if screened else 'withheld'}: they carry {verdict.reason()}"))
+        answer = {**result, "instructions": screened}
+        if not screened:
+            del answer["instructions"]
+        return answer
 
     def _checked(self, kind: str, label: str, item: Any, withheld: list[str]) -> Any:
         if not isinstance(item, dict):

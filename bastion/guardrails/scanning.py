@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
-from bastion.guardrails.content import UNSCANNABLE, copy_tree, TextSlot, error_slots, text_slots
+from bastion.guardrails.content import INSTRUCTED, UNSCANNABLE, TextSlot, copy_tree, error_slots, text_slots
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
@@ -360,7 +360,7 @@ class ScanningPolicy:
 
 
 class ScanningInterceptor:
-    methods = SCANNED_RESULTS | frozenset(LISTS) | NOTIFICATIONS | TOWARD_CLIENT
+    methods = SCANNED_RESULTS | frozenset(LISTS) | NOTIFICATIONS | TOWARD_CLIENT | INSTRUCTED
     # Of a client's call only the tool's name is read (decoded here when it is still the client's bytes), so the
     # arguments may stay as they came; a server's request or notification is always decoded, and its params are read.
     # A call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those bytes
@@ -390,6 +390,8 @@ class ScanningInterceptor:
             return await call_next(request)
         if method in LISTS:
             return await self._scan_list(request, await call_next(request))
+        if method in INSTRUCTED:
+            return await self._scan_instructions(request, await call_next(request))
         server = _server_of(request)
         target = _target_of(request)
         try:
@@ -422,6 +424,22 @@ class ScanningInterceptor:
             result.update({"content": [{"type": "text", "text": words}], "isError": True})
             return True
         raise GatewayError(BLOCKED, words, {"blocked": sorted({hit.kind for hit in blocked})})
+
+    async def _scan_instructions(self, request: GatewayRequest, result: Any) -> Any:
+        """The servers' joined instructions in Bastion's answer to ``initialize`` or ``server/discover``, redacted as
+        the gateway-wide settings say (they are one text by then); withheld whole when a kind found blocks."""
+        text = result.get("instructions") if isinstance(result, dict) else None
+        if not isinstance(text, str) or not text:
+            return result
+        holder = {"instructions": text}
+        hits = await self._scan(list(text_slots("initialize", holder)), None)
+        if not hits:
+            return result
+        self._report_all(hits, request, None, "instructions")
+        answer = {**result, "instructions": holder["instructions"]}
+        if any(hit.action == "block" for hit in hits) or not isinstance(holder["instructions"], str):
+            del answer["instructions"]
+        return answer
 
     async def _scanned_error(self, error: GatewayError, request: GatewayRequest, server: str | None,
                              target: str) -> GatewayError:
