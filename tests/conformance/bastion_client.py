@@ -71,8 +71,9 @@ def bastion_config(folder: Path, url: str, scenario: str = "") -> Path:
         policy["schema_validation"] = False
     server: dict[str, Any] = {"url": url, "prefix": "", "trust": "trusted", "request_timeout": DEADLINE}
     if scenario.startswith(AUTH_PREFIX):
-        server["scope"] = "per_identity"
-        server["auth"] = authorization(context())
+        server["auth"] = authorization(context(), scenario, folder)
+        if server["auth"]["type"] == "authorization_code":
+            server["scope"] = "per_identity"
     config = {
         "policy": policy,
         "tools": {"exposure": "all"},  # the scenarios' servers' own tool lists, as they are
@@ -84,15 +85,63 @@ def bastion_config(folder: Path, url: str, scenario: str = "") -> Path:
     return path
 
 
-def authorization(given: dict[str, Any]) -> dict[str, Any]:
-    """The server's auth table: a pre-registered client when the scenario hands one over, else the CIMD URL (used
-    only where the authorization server accepts such documents; dynamic registration otherwise)."""
+def authorization(given: dict[str, Any], scenario: str = "", folder: Path | None = None) -> dict[str, Any]:
+    """The server's auth table. The suite's authorization extensions get theirs from what the scenario hands over
+    (``extension_authorization``); every other scenario the specification's flow: a pre-registered client when the
+    scenario hands one over, else the CIMD URL (used only where the authorization server accepts such documents;
+    dynamic registration otherwise)."""
+    if scenario in EXTENSIONS:
+        assert folder is not None
+        return EXTENSIONS[scenario](given, folder)
     auth: dict[str, Any] = {"type": "authorization_code", "client_metadata_url": CLIENT_METADATA_URL}
     if given.get("client_id"):
         auth["client_id"] = given["client_id"]
         if given.get("client_secret"):
             auth["client_secret"] = given["client_secret"]
     return auth
+
+
+def _secret_file(folder: Path, name: str, value: str) -> str:
+    """``value`` in a file of its own (mode 0600), referenced as ``${file:...}`` as a deployment would."""
+    path = folder / name
+    path.write_text(value)
+    path.chmod(0o600)
+    return f"${{file:{path}}}"
+
+
+def client_credentials_jwt(given: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Client credentials with a signed assertion (RFC 7523, SEP-1046): the suite hands over the client id and a
+    PEM private key; the authorization server is the one the server's protected resource metadata names."""
+    key = folder / "client-key.pem"
+    key.write_text(given["private_key_pem"])
+    key.chmod(0o600)
+    return {"type": "client_credentials", "client_id": given["client_id"],
+            "token_endpoint_auth_method": "private_key_jwt", "private_key_file": str(key),
+            "signing_algorithm": given.get("signing_algorithm", "ES256")}
+
+
+def client_credentials_basic(given: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Client credentials with a client secret (HTTP Basic); the authorization server found from the server."""
+    return {"type": "client_credentials", "client_id": given["client_id"],
+            "client_secret": _secret_file(folder, "client-secret", given["client_secret"])}
+
+
+def enterprise_managed(given: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Enterprise-managed authorization (SEP-990): the suite hands over the user's ID token from the enterprise
+    identity provider, Bastion's client there, and Bastion's client at the MCP server's authorization server."""
+    return {"type": "enterprise_managed", "client_id": given["client_id"],
+            "client_secret": _secret_file(folder, "client-secret", given["client_secret"]),
+            "idp": {"issuer": given["idp_issuer"], "client_id": given["idp_client_id"],
+                    "subject_token": _secret_file(folder, "id-token", given["idp_id_token"])}}
+
+
+# The suite's authorization extensions Bastion implements, each with its auth table; the others (DPoP, workload
+# identity federation) are not attempted (runs.py).
+EXTENSIONS: dict[str, Callable[[dict[str, Any], Path], dict[str, Any]]] = {
+    "auth/client-credentials-jwt": client_credentials_jwt,
+    "auth/client-credentials-basic": client_credentials_basic,
+    "auth/enterprise-managed-authorization": enterprise_managed,
+}
 
 
 def client_mode(revision: str | None) -> str:
