@@ -157,7 +157,10 @@ class ServerConfig(BaseModel):
 
 def _check_credentials(server: ServerConfig) -> None:
     """Per-user credentials need an instance per user: a shared one would carry one user's token for everyone."""
-    per_user = server.auth is not None and server.auth.type in ("token_exchange", "authorization_code")
+    per_user = server.auth is not None and (
+        server.auth.type in ("token_exchange", "authorization_code")
+        or (server.auth.type == "enterprise_managed" and server.auth.idp is not None
+            and server.auth.idp.subject_token is None))  # the caller's own token is the identity assertion
     if per_user and server.scope != "per_identity":
         raise ValueError(f'auth type "{server.auth.type}" gives each caller a token of their own: set scope = '  # type: ignore[union-attr]
                          '"per_identity" on this server, so that each identity has a connection of its own')
@@ -529,14 +532,19 @@ def _expand_headers(file: Path, data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "servers": expanded_servers}
 
 
-def _expand_auth(file: Path, where: str, auth: dict[str, Any], variables: Variables) -> dict[str, Any]:
-    """A server's client id and secret with their ``${file:PATH}`` or ``${env:NAME}`` expanded (the error names the
-    key and the variable, never a value), and its ``ca_file`` read from the configuration file's folder."""
+def _expand_auth(file: Path, where: str, auth: dict[str, Any], variables: Variables,
+                 secrets: tuple[str, ...] = ("client_id", "client_secret")) -> dict[str, Any]:
+    """A server's client id and secret (and its identity provider's, and the identity assertion) with their
+    ``${file:PATH}`` or ``${env:NAME}`` expanded (the error names the key and the variable, never a value), and its
+    ``ca_file`` and ``private_key_file`` read from the configuration file's folder."""
     expanded = dict(auth)
-    ca_file = auth.get("ca_file")
-    if isinstance(ca_file, str) and ca_file and not os.path.isabs(os.path.expanduser(ca_file)):
-        expanded["ca_file"] = str(file.parent / ca_file)
-    for key in ("client_id", "client_secret"):
+    for key in ("ca_file", "private_key_file"):
+        path = auth.get(key)
+        if isinstance(path, str) and path and not os.path.isabs(os.path.expanduser(path)):
+            expanded[key] = str(file.parent / path)
+        elif isinstance(path, str) and path:
+            expanded[key] = os.path.expanduser(path)
+    for key in secrets:
         value = auth.get(key)
         if isinstance(value, str):
             try:
@@ -544,6 +552,10 @@ def _expand_auth(file: Path, where: str, auth: dict[str, Any], variables: Variab
             except VariableError as exc:
                 raise ConfigError(f"{file}: {where}.{key}: {exc} — fix: {exc.fix}",
                                   [Finding("error", f"{where}.{key}", str(exc), exc.fix)]) from None
+    idp = auth.get("idp")
+    if isinstance(idp, dict):
+        expanded["idp"] = _expand_auth(file, f"{where}.idp", idp, variables,
+                                       ("client_id", "client_secret", "subject_token"))
     return expanded
 
 

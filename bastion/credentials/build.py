@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from bastion.credentials.base import CredentialsError, UpstreamCredentials
 from bastion.credentials.client_credentials import ClientCredentials, TokenEndpoint
 from bastion.credentials.config import UpstreamAuth
+from bastion.credentials.enterprise import EnterpriseManaged, identity_provider_endpoint
 from bastion.credentials.secrets import IdentitySecrets
 from bastion.credentials.store import TokenStore
 from bastion.credentials.token_exchange import TokenExchange
@@ -39,6 +40,8 @@ class CredentialSource:
         self._authorization_code = authorization_code
         self._own: dict[str, ClientCredentials] = {}  # per server: Bastion's own token, shared by its connections
         self._endpoints: dict[str, TokenEndpoint] = {}
+        self._idps: dict[str, TokenEndpoint] = {}
+        self._enterprise: dict[tuple[str, str], EnterpriseManaged] = {}  # per server and user (or Bastion)
 
     def store(self) -> TokenStore:
         if self._store is None:
@@ -56,10 +59,12 @@ class CredentialSource:
                 return _Unavailable(f"server {name!r}: auth type authorization_code is not available in this gateway")
             return self._authorization_code(name, server, identity, self.store())
         resource = auth.resource or server.url or name
+        if auth.type == "enterprise_managed":
+            return self._enterprise_managed(name, server, auth, resource, identity)
         if auth.type == "client_credentials" or identity is None:
             # A token-exchange server's own connection has no caller whose token could be exchanged: it lists the
             # server's tools with Bastion's own token, by client credentials of the same client.
-            return self._client_credentials(name, auth, resource)
+            return self._client_credentials(name, auth, resource, server.url)
         try:
             store = self.store()
         except CredentialsError as exc:  # a bad BASTION_CREDENTIALS_KEY: each request is told, nothing crashes
@@ -78,16 +83,41 @@ class CredentialSource:
             return _NoSecrets(str(exc))  # type: ignore[return-value]
         return IdentitySecrets(store, name, dict(wanted), identity.name)
 
-    def _client_credentials(self, name: str, auth: UpstreamAuth, resource: str) -> ClientCredentials:
+    def _client_credentials(self, name: str, auth: UpstreamAuth, resource: str,
+                            url: str | None = None) -> ClientCredentials:
         found = self._own.get(name)
         if found is None:
-            found = self._own[name] = ClientCredentials(name, auth, resource, self._endpoint(name, auth))
+            found = self._own[name] = ClientCredentials(name, auth, resource, self._endpoint(name, auth, url))
         return found
 
-    def _endpoint(self, name: str, auth: UpstreamAuth) -> TokenEndpoint:
+    def _enterprise_managed(self, name: str, server: ServerConfig, auth: UpstreamAuth, resource: str,
+                            identity: Identity | None) -> UpstreamCredentials:
+        """With a configured identity assertion, one token for every caller (Bastion's); else each caller's own
+        token is their identity assertion, and Bastion's own connection (no caller) cannot have one."""
+        assert auth.idp is not None
+        shared = auth.idp.subject_token is not None
+        if identity is None and not shared:
+            return _Unavailable(f"server {name!r}: enterprise-managed authorization with the caller's token has no "
+                                "caller on Bastion's own connection (which lists the server's tools): set "
+                                f"servers.{name}.auth.idp.subject_token to an identity assertion of Bastion's")
+        user = "Bastion" if shared or identity is None else identity.name
+        key = (name, user)
+        found = self._enterprise.get(key)
+        if found is None:
+            idp = self._idps.get(name)
+            if idp is None:
+                idp = self._idps[name] = identity_provider_endpoint(auth.idp, f"servers.{name}.auth")
+            found = self._enterprise[key] = EnterpriseManaged(
+                name, user, auth, resource, self._endpoint(name, auth, server.url), idp,
+                auth.idp.subject_token or (identity.subject_token if identity is not None else None))
+        elif identity is not None and not shared:
+            found.present(identity.subject_token)
+        return found
+
+    def _endpoint(self, name: str, auth: UpstreamAuth, url: str | None = None) -> TokenEndpoint:
         found = self._endpoints.get(name)
         if found is None:
-            found = self._endpoints[name] = TokenEndpoint(auth, f"servers.{name}.auth")
+            found = self._endpoints[name] = TokenEndpoint(auth, f"servers.{name}.auth", resource_url=url)
         return found
 
 

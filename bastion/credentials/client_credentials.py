@@ -18,8 +18,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 
+from bastion.credentials.assertion import ASSERTION_TYPE, ClientAssertion
 from bastion.credentials.base import CredentialsError
 from bastion.credentials.config import UpstreamAuth
+from bastion.credentials.discovery import Challenge, discover_authorization_server, discover_resource
 from bastion.credentials.store import TokenSet
 
 log = logging.getLogger("bastion.credentials")
@@ -44,14 +46,30 @@ def metadata_urls(issuer: str) -> list[str]:
 
 
 class TokenEndpoint:
-    """One authorization server's token endpoint, as Bastion's client ``client_id`` uses it."""
+    """One authorization server's token endpoint, as Bastion's client ``client_id`` uses it.
 
-    def __init__(self, auth: UpstreamAuth, where: str, client: Callable[[], httpx2.AsyncClient] | None = None) -> None:
+    Where it is: ``token_endpoint``; else the metadata of ``issuer``; else (``resource_url``, the upstream server's
+    URL, for client credentials and enterprise-managed authorization) the authorization server that the server's
+    Protected Resource Metadata names (RFC 9728: the 401's ``resource_metadata``, else the well-known URLs), whose
+    own metadata must name exactly that issuer."""
+
+    def __init__(self, auth: UpstreamAuth, where: str, client: Callable[[], httpx2.AsyncClient] | None = None,
+                 resource_url: str | None = None) -> None:
         self._auth = auth
         self._where = where  # "servers.NAME.auth", for messages that name the key to fix
         self._client = client or self._new_client
         self._url: str | None = auth.token_endpoint
+        self.issuer: str | None = auth.issuer  # the authorization server's identifier, once known
+        self.published_resource: str | None = None  # the resource its protected resource metadata names, if read
+        self._resource_url = resource_url
         self._discovery = asyncio.Lock()
+        self._assertion = ClientAssertion(auth.private_key_file, auth.signing_algorithm, auth.private_key_id, where) \
+            if auth.token_endpoint_auth_method == "private_key_jwt" and auth.private_key_file else None
+
+    @property
+    def known(self) -> bool:
+        """Whether the endpoint is known without asking the upstream server where its authorization lives."""
+        return self._url is not None or self.issuer is not None
 
     def _new_client(self) -> httpx2.AsyncClient:
         # A private CA replaces the system's trust store for this authorization server only; still checked.
@@ -63,17 +81,34 @@ class TokenEndpoint:
                 raise CredentialsError(f"{self._where}.ca_file {self._auth.ca_file} cannot be used: {exc}") from None
         return httpx2.AsyncClient(timeout=_TIMEOUT, follow_redirects=False, verify=verify)
 
-    async def url(self) -> str:
+    async def url(self, challenge: str | None = None) -> str:
+        """The token endpoint; ``challenge``: the upstream's ``WWW-Authenticate``, which may name its metadata."""
         if self._url is not None:
             return self._url
         async with self._discovery:
             if self._url is None:
-                self._url = await self._discover()
+                if self.issuer is None:
+                    await self._from_protected_resource(challenge)
+                else:
+                    self._url = await self._discover(self.issuer)
+        assert self._url is not None
         return self._url
 
-    async def _discover(self) -> str:
-        issuer = self._auth.issuer
-        assert issuer is not None  # the configuration requires issuer or token_endpoint
+    async def _from_protected_resource(self, challenge: str | None) -> None:
+        if self._resource_url is None:
+            raise CredentialsError(f"{self._where}: no issuer or token_endpoint, and no server URL to find one from")
+        try:
+            async with self._client() as client:
+                published = await discover_resource(client, self._resource_url, Challenge.parse(challenge))
+                server = await discover_authorization_server(client, published.authorization_servers[0])
+        except CredentialsError as exc:
+            raise CredentialsError(f"{self._where}: the authorization server is not configured and was not found "
+                                   f"from the server ({exc}); set {self._where}.issuer") from None
+        self.issuer, self.published_resource, self._url = server.issuer, published.resource, server.token_endpoint
+        log.info("%s: the server's protected resource metadata names authorization server %s", self._where,
+                 server.issuer)
+
+    async def _discover(self, issuer: str) -> str:
         tried = []
         async with self._client() as client:
             for url in metadata_urls(issuer):
@@ -105,7 +140,12 @@ class TokenEndpoint:
         data = dict(form)
         basic: tuple[str, str] | None = None
         assert auth.client_id is not None
-        if auth.token_endpoint_auth_method == "none" or auth.client_secret is None:
+        if self._assertion is not None:
+            # RFC 7523 2.2: the assertion's audience is the authorization server (its issuer; the endpoint when
+            # only that is configured), so no other server can replay it
+            data.update(client_id=auth.client_id, client_assertion_type=ASSERTION_TYPE,
+                        client_assertion=self._assertion.sign(auth.client_id, self.issuer or url))
+        elif auth.token_endpoint_auth_method == "none" or auth.client_secret is None:
             data["client_id"] = auth.client_id  # a public client: it says who it is and proves nothing
         elif auth.token_endpoint_auth_method == "client_secret_post":
             data.update(client_id=auth.client_id, client_secret=auth.client_secret)
@@ -120,8 +160,8 @@ class TokenEndpoint:
             raise CredentialsError(f"{purpose}: the token endpoint {url} cannot be reached ({type(exc).__name__})")
         answer = _json_object(response)
         if response.status_code != 200 or answer is None:
-            raise CredentialsError(f"{purpose}: the token endpoint refused ({_oauth_error(response, answer)}); "
-                                   f"{_fix_for(answer, self._where)}")
+            raise CredentialsError(f"{purpose}: the token endpoint {url} refused ({_oauth_error(response, answer)}); "
+                                   f"{_fix_for(answer, self._where, auth)}")
         try:
             return TokenSet.from_response(answer, now=now, refresh_token=form.get("refresh_token"))
         except CredentialsError as exc:
@@ -150,9 +190,13 @@ def _oauth_error(response: httpx2.Response, answer: Mapping[str, Any] | None) ->
     return f"{said}, HTTP {response.status_code}"
 
 
-def _fix_for(answer: Mapping[str, Any] | None, where: str) -> str:
+def _fix_for(answer: Mapping[str, Any] | None, where: str, auth: UpstreamAuth | None = None) -> str:
     error = answer.get("error") if answer else None
     if error in ("invalid_client", "unauthorized_client"):
+        if auth is not None and auth.token_endpoint_auth_method == "private_key_jwt":
+            return (f"check {where}.client_id, that the authorization server has the public half of "
+                    f"{where}.private_key_file (private_key_id, signing_algorithm), and that the client may use "
+                    "this grant")
         return f"check {where}.client_id and client_secret, and that the client may use this grant"
     if error == "invalid_scope":
         return f"check {where}.scopes against what the authorization server grants this client"
@@ -181,6 +225,14 @@ class ClientCredentials:
 
     async def headers(self) -> Mapping[str, str]:
         tokens = self._tokens
+        if tokens is None and not self._endpoint.known:
+            # No authorization server configured: the server's metadata names it, at its well-known URL or in the
+            # challenge of its 401, which the first request (sent without a token) gets
+            try:
+                await self._endpoint.url()
+            except CredentialsError as exc:
+                log.info("server %s: %s; asking the server", self.server, exc)
+                return {}
         if tokens is None or tokens.expires_within(self._margin, self._clock()):
             tokens = await self._renew(tokens)
         return {"Authorization": tokens.authorization()}
@@ -188,6 +240,12 @@ class ClientCredentials:
     async def refused(self, status: int, www_authenticate: str | None) -> bool:
         # A 401 says the token is no longer good (revoked, the server's keys rotated): one new one is worth a try.
         # A 403 insufficient_scope names the scopes wanted: asked for once each, the authorization server decides.
+        if status == 401 and self._tokens is None and not self._endpoint.known:
+            try:
+                await self._endpoint.url(www_authenticate)  # the challenge may name the server's metadata
+            except CredentialsError as exc:
+                log.warning("server %s: %s", self.server, exc)
+                raise
         if status == 403:
             missing = [scope for scope in challenge_scopes(www_authenticate) if scope not in self._scopes]
             if not missing:
@@ -215,7 +273,8 @@ class ClientCredentials:
             # another request renewed it while this one waited (or nothing asks for a new one): keep it
             if fresh and (current is not seen or not force):
                 return current  # type: ignore[return-value]
-            form = {"grant_type": "client_credentials", "resource": self._resource}
+            form = {"grant_type": "client_credentials",
+                    "resource": self._auth.resource or self._endpoint.published_resource or self._resource}
             if self._scopes:
                 form["scope"] = " ".join(self._scopes)
             self._tokens = await self._endpoint.grant(form, "Bastion's client credentials")

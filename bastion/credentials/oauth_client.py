@@ -123,10 +123,44 @@ class AuthorizationCodes:
                                        "auth table")
             found = self._made[(name, user)] = AuthorizationCodeCredentials(
                 name, user, url, auth, store, self.context, log_link=user == self.operator)
-        return found
+        return found if identity is not None else BastionsOwnRequests(found)
 
     async def close(self) -> None:
         await self._loopback.close()
+
+
+class BastionsOwnRequests:
+    """The operator's credentials as Bastion's own connection to a server uses them (the one that lists its tools
+    for the catalog). Its requests are Bastion's, with no client to show a link to: the link went to the log, so a
+    request refused pending that authorization waits for it and is sent once more (``resend_when_authorized``, read
+    by the HTTP transport) instead of failing what it was for. Per-user connections answer with the link instead:
+    their client opens it and asks again."""
+
+    def __init__(self, credentials: AuthorizationCodeCredentials) -> None:
+        self.credentials = credentials
+        self.server, self.user = credentials.server, credentials.user
+
+    async def headers(self) -> Mapping[str, str]:
+        return await self.credentials.headers()
+
+    async def refused(self, status: int, www_authenticate: str | None) -> bool:
+        return await self.credentials.refused(status, www_authenticate)
+
+    async def changed(self) -> None:
+        await self.credentials.changed()
+
+    def pending_link(self) -> str | None:
+        return self.credentials.pending_link()
+
+    async def resend_when_authorized(self) -> bool:
+        """Wait (at most a link's lifetime) for the authorization the refusal asked for; True: send once more."""
+        if self.credentials.pending_link() is None:  # completed already, or refused for good: no waiting
+            return await self.credentials.authorized(within=0.0)
+        authorized = await self.credentials.authorized()
+        if not authorized:
+            log.warning("server %s: %s did not authorize Bastion within %ds; the request is refused", self.server,
+                        self.user, PENDING_LIFETIME)
+        return authorized
 
 
 @dataclass
@@ -233,6 +267,18 @@ class AuthorizationCodeCredentials:
         """The link of the authorization waiting for this user, if any (for an instance that could not start)."""
         flow = self._live_flow()
         return flow.link if flow is not None else None
+
+    async def authorized(self, within: float = PENDING_LIFETIME) -> bool:
+        """Wait at most ``within`` seconds for this user to hold a token (an authorization completed, or one held
+        already); True when one is held."""
+        completed = self._authorized  # taken first: an authorization completing meanwhile replaces it
+        if await self._store.get_async(self.server, self.user) is not None:
+            return True
+        try:
+            await asyncio.wait_for(completed.wait(), within)
+        except asyncio.TimeoutError:
+            return False
+        return await self._store.get_async(self.server, self.user) is not None
 
     # ------------------------------------------------------------------------------------------ refusals
     async def _unauthorized(self, tokens: TokenSet | None, challenge: Challenge) -> bool:

@@ -26,6 +26,9 @@ with backoff. The headers sent are the configuration's and the protocol's, never
 Credentials (``UpstreamCredentials``, bastion/credentials) are asked for their headers before every request, so a
 token refreshed or revoked meanwhile is what goes out next; a 401 or 403 is shown to them (``refused``), and when
 they say new credentials were obtained (a refresh, a step-up of scopes) the request is sent once more, never more.
+On Bastion's own connection (credentials with ``resend_when_authorized``), whose authorization link only the log
+shows, a request refused pending an authorization waits for it and is sent once more when it completes (or is
+given up at its own timeout): the catalog's list that a re-authorization interrupted is not lost.
 When none can be had the request is answered with an error saying what the user must do; with a link to follow it
 is the URL-elicitation-required error (-32042) whose data names the link, so a client that can open it does.
 """
@@ -142,6 +145,7 @@ class HttpTransport:
         self.kind = kind  # "auto" until the server's first answer settles it
         self._static_headers = {"user-agent": f"bastion/{__version__}", **dict(headers)}
         self._credentials = credentials
+        self._awaiting_authorization: set[Any] = set()  # requests held until an authorization completes
         self._receiver: UpstreamReceiver | None = None
         self._notes: deque[str] = deque(maxlen=DIAGNOSTICS_KEPT)
         self._max_bytes = max_message_bytes
@@ -277,9 +281,16 @@ class HttpTransport:
         if method is not None and not is_request and not self._legacy:
             self._notify_modern(method, message.get("params") or {})
             return
+        if method == "notifications/cancelled":  # a request still waiting for an authorization is given up
+            self._give_up_waiting((message.get("params") or {}).get("requestId"))
         self._spawn(self._post(frame, message, method, is_request), request_id if is_request else None)
         if method == "notifications/initialized" and self.kind != "sse":
             self._spawn(self._get_stream())  # the session's own messages (405: the server sends none)
+
+    def _give_up_waiting(self, request_id: Any) -> None:
+        task = self._posts.get(request_id) if request_id in self._awaiting_authorization else None
+        if task is not None:
+            task.cancel()
 
     def _notify_modern(self, method: str, params: Mapping[str, Any]) -> None:
         """The 2026-07-28 wire has no client notifications: a cancellation closes the request's own stream."""
@@ -369,10 +380,16 @@ class HttpTransport:
 
     async def _post(self, frame: bytes, message: dict[str, Any], method: str | None, is_request: bool) -> None:
         try:
-            if self.kind == "sse":
-                await self._post_to_endpoint(frame, message, is_request)
-            else:
-                await self._post_streamable(frame, message, method, is_request)
+            try:
+                await self._post_once(frame, message, method, is_request)
+            except CredentialsError as exc:
+                # Refused pending an authorization that only the log can ask for (Bastion's own connection): the
+                # request waits for it and is sent once more, so what it was for (the catalog's list) is not lost.
+                if not (is_request and method not in _HANDSHAKES
+                        and await self._authorized_after(exc, message.get("id"))):
+                    raise
+                log.info("server %s: authorized; sending %s again", self.name, method)
+                await self._post_once(frame, message, method, is_request)
         except asyncio.CancelledError:
             raise
         except CredentialsError as exc:
@@ -381,6 +398,26 @@ class HttpTransport:
             self._drop(_describe(exc, self.url))
         except ConnectionDropped as exc:
             self._drop(str(exc))
+
+    async def _post_once(self, frame: bytes, message: dict[str, Any], method: str | None, is_request: bool) -> None:
+        if self.kind == "sse":
+            await self._post_to_endpoint(frame, message, is_request)
+        else:
+            await self._post_streamable(frame, message, method, is_request)
+
+    async def _authorized_after(self, exc: CredentialsError, request_id: Any) -> bool:
+        """Whether a request refused with ``exc`` is worth sending again: its credentials hold the requests of
+        nobody but Bastion (``resend_when_authorized``, which logged the link), the refusal names a link, and the
+        authorization completed within the link's lifetime (the request's own timeout may end the wait first: it
+        cancels the request). At most once per request: a second refusal is the answer."""
+        wait = getattr(self._credentials, "resend_when_authorized", None)
+        if exc.link is None or wait is None:
+            return False
+        self._awaiting_authorization.add(request_id)
+        try:
+            return await wait()
+        finally:
+            self._awaiting_authorization.discard(request_id)
 
     async def _post_streamable(self, frame: bytes, message: dict[str, Any], method: str | None,
                                is_request: bool) -> None:

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+from tests.conformance.bastion_client import EXTENSIONS
 from tests.conformance.suite import (
     FIXTURE_SERVER,
     SuiteRun,
@@ -31,10 +32,12 @@ from tests.conformance.suite import (
 UPSTREAMS = ("stdio", "http", "sse")
 CLIENT_DRIVER = Path(__file__).with_name("bastion_client.py")
 # The authorization scenarios run with the mock server's auth table set to authorization_code (bastion_client.py);
-# those the suite marks as extensions (client credentials with the suite's own keys, DPoP, enterprise-managed
-# authorization, workload identity) are flows other than the specification's and are not attempted.
+# of those the suite marks as extensions, the ones Bastion implements run with theirs (client credentials with a
+# secret or a signed assertion, enterprise-managed authorization); DPoP and workload identity federation are flows
+# Bastion does not implement and are not attempted.
 AUTH_PREFIX = "auth/"
 NOT_ATTEMPTED_REASON = "extension"
+ATTEMPTED_EXTENSIONS = frozenset(EXTENSIONS)
 # The suite calls the fixture's tools and prompts by their own names, so Bastion federates it without a prefix.
 FIXTURE_NAME = "fx"
 # Policy on, as users run it, and allowing everything: every request takes the whole policy path (Cedar, the
@@ -141,7 +144,8 @@ class Runs:
 def client_scenarios(revision: str) -> list[str]:
     requirements = requirement_set(revision, "client")
     return [name for name in requirements.scenarios
-            if not (name.startswith(AUTH_PREFIX) and requirements.not_scored.get(name) == NOT_ATTEMPTED_REASON)]
+            if not (name.startswith(AUTH_PREFIX) and requirements.not_scored.get(name) == NOT_ATTEMPTED_REASON
+                    and name not in ATTEMPTED_EXTENSIONS)]
 
 
 def write_bastion_config(place: Path, fixture_entry: dict) -> Path:

@@ -62,7 +62,8 @@ def client_table(runs: Runs) -> list[str]:
     for revision in REQUIREMENT_SETS:
         names += [name for name in client_scenarios(revision) if name not in names]
     lines = [
-        "Client scenarios, Bastion's HTTP upstream as the client (the authorization extensions not attempted):",
+        "Client scenarios, Bastion's HTTP upstream as the client (DPoP and workload identity federation not "
+        "attempted):",
         "",
         "| scenario | " + " | ".join(f"`{revision}`" for revision in REQUIREMENT_SETS) + " |",
         "|---|" + "---|" * len(REQUIREMENT_SETS),

@@ -3,7 +3,9 @@ the suite serves a mock server, ``bastion_client.py`` starts ``bastion run`` fed
 scenario's requests through it, and the mock judges what Bastion sent. As the suite judges a client, a scenario
 with a warning (a SHOULD missed) does not pass. The authorization scenarios run too: the mock server is federated
 with per-user authorization (``auth.type = "authorization_code"``) and the driver follows the links Bastion gives,
-as the person would; the suite's authorization extensions are not attempted (runs.py says why).
+as the person would. Of the suite's authorization extensions, client credentials (with a secret or a signed
+assertion) and enterprise-managed authorization run with their own auth tables; DPoP and workload identity
+federation are not attempted (runs.py).
 
 ``KNOWN_CLIENT_GAPS`` lists the scenarios that fail, each with why; a test asserts each still fails, so an entry is
 removed as soon as its gap closes.
@@ -42,6 +44,14 @@ def test_bastion_as_a_client_passes_the_client_scenarios(runs: Runs, revision: s
     failing = [scenario for scenario in expected
                if not run.result(scenario).passed and (revision, scenario) not in KNOWN_CLIENT_GAPS]
     assert not failing, "\n".join(run.describe(scenario) for scenario in failing) + "\n\n" + run.output[-3000:]
+
+
+@pytest.mark.parametrize("revision", REQUIREMENT_SETS)
+def test_the_implemented_authorization_extensions_are_attempted(revision: str) -> None:
+    attempted = set(client_scenarios(revision))
+    assert {"auth/client-credentials-jwt", "auth/client-credentials-basic",
+            "auth/enterprise-managed-authorization"} <= attempted
+    assert not {"auth/dpop", "auth/dpop-nonce", "auth/wif-jwt-bearer"} & attempted
 
 
 @pytest.mark.parametrize("revision", REQUIREMENT_SETS)
