@@ -151,6 +151,12 @@ class ClientConnection:
             reason = exc.message if isinstance(exc, GatewayError) else repr(exc)
             log.info("client's %s not passed on: %s", message.method, reason)
 
+    async def notifications_passed(self) -> None:
+        """Wait until the client's notifications so far have passed the chain (for a transport that acknowledges a
+        notification once it has)."""
+        if self._notice_tail is not None:
+            await asyncio.wait([self._notice_tail])
+
     def _cancel(self, request_id: Any) -> None:
         task = self._running.get(request_id)
         if task is not None:

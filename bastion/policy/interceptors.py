@@ -644,6 +644,17 @@ class PolicyRuntime:
     interceptors: list[Interceptor]
     audit: AuditTrail
 
+    def record_admission_refusal(self, identity: Identity, method: str, target: str | None, stage: str, rule: str,
+                                 reason: str, outcome: int) -> None:
+        """A request the HTTP frontend refused before it reached the chain (a method's scope, a server's in-flight
+        gate), audited in the same records as a call: who, what, and the stage that refused it."""
+        writer = self.audit.writer
+        if writer is None:
+            return
+        who = identity.record()
+        stages = [(stage, Effect.DENY, rule, reason, None)]
+        writer.write_call((time.time(), who, method, target, None, False, outcome, 0, stages))
+
     def authorize_server_request(self, identity: Identity, server: str, method: str, trust: str = "untrusted") -> Decision:
         """The decision alone (``bastion policy`` and tests); the gateway asks the policy interceptor's hook, which
         audits it."""

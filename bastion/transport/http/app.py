@@ -355,7 +355,19 @@ class HttpFrontend:
             try:
                 self.auth.check_scopes(identity, top.method)
             except AuthFailure as failure:
+                self._audit_refusal(identity, top, "scopes", "http.auth.scopes", failure.reason or failure.error,
+                                    failure.status)
                 raise self._refused(failure, "", top.method or "", top.id) from None
+
+    def _audit_refusal(self, identity: Identity, top: Peeked, stage: str, rule: str, reason: str, outcome: int) -> None:
+        """A refusal at admission is audited as the chain's own refusals are (when the policy keeps an audit)."""
+        policy = self.gateway.policy
+        if policy is None:
+            return
+        params = top.params if isinstance(top.params, dict) else {}
+        target = params.get("name") or params.get("uri")
+        policy.record_admission_refusal(identity, top.method or "", target if isinstance(target, str) else None,
+                                        stage, rule, reason, outcome)
 
     @staticmethod
     def _refused(failure: AuthFailure, peer: str, route: str, request_id: Any = None) -> HttpError:
@@ -470,7 +482,7 @@ class HttpFrontend:
         session.last_seen = time.monotonic()
         return session
 
-    def _gate_request(self, top: Peeked) -> tuple[Callable[[], None], dict[str, Any] | None]:
+    def _gate_request(self, top: Peeked, identity: Identity) -> tuple[Callable[[], None], dict[str, Any] | None]:
         """Take the in-flight slot of the server a request goes to: (release, None), or (no-op, the busy error)
         when that server is full. A request the gateway answers itself (lists, ping) takes none."""
         server = self._target_server(top.method, top.params) if isinstance(top.params, dict) else None
@@ -479,7 +491,10 @@ class HttpFrontend:
         release = self.gate.acquire(server)
         if release is None:
             log.info("refused %s for %s: it has %d requests in flight", top.method, server, self.gate.limit)
-            return _nothing, self.gate.busy_error(server)
+            busy = self.gate.busy_error(server)
+            self._audit_refusal(identity, top, "admission", "http.max_in_flight_per_server",
+                                f"server {server!r} has {self.gate.limit} requests in flight", busy["code"])
+            return _nothing, busy
         return release, None
 
     def _target_server(self, method: str | None, params: dict[str, Any]) -> str | None:
@@ -528,7 +543,7 @@ class HttpFrontend:
             return
         if top.id in session.exchanges:
             raise HttpError(400, -32600, f"request id {top.id!r} is already in flight in this session", top.id)
-        release, busy = self._gate_request(top)
+        release, busy = self._gate_request(top, session.identity)
         if busy is not None:
             await _json(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
                         (*session_header, (b"retry-after", str(self.gate.retry_after).encode())))
@@ -550,7 +565,15 @@ class HttpFrontend:
     async def _modern_post(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
                            identity: Identity, receive: Receive, send: Send) -> None:
         if top.kind == "notification":
-            await _empty(send, 202)  # cancellation travels as a closed stream on HTTP; nothing else needs a reply
+            # It passes the chain like any client's notification (cancellation itself travels as a closed stream on
+            # HTTP), then is acknowledged; a notification has no reply to carry a refusal.
+            connection = ClientConnection(self.gateway, lambda frame: None, identity=identity, era="modern")
+            try:
+                connection.feed(body)
+                await connection.notifications_passed()
+            finally:
+                await connection.closed()
+            await _empty(send, 202)
             return
         params = top.params if isinstance(top.params, dict) else {}
         meta = params.get("_meta")
@@ -562,12 +585,13 @@ class HttpFrontend:
         if mismatch is None and top.method == "tools/call":
             mismatch = self._param_header_mismatch(params, headers)
         if mismatch is not None:
+            self._audit_refusal(identity, top, "admission", "http.header-mismatch", mismatch, -32020)
             raise HttpError(400, -32020, mismatch, top.id)
         if top.method in _REMOVED_IN_MODERN:
             raise HttpError(404, -32601, f"{top.method} does not exist in 2026-07-28 (it has no handshake, sessions or "
                                          "session-wide log level)", top.id)
         self._check_method_scopes(identity, top)
-        release, busy = self._gate_request(top)
+        release, busy = self._gate_request(top, identity)
         if busy is not None:
             await _json(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
                         ((b"retry-after", str(self.gate.retry_after).encode()),))
@@ -738,7 +762,7 @@ class HttpFrontend:
         body, top, _ = await self._message(scope, headers, receive)
         self._check_method_scopes(identity, top)
         if top.kind == "request":
-            release, busy = self._gate_request(top)
+            release, busy = self._gate_request(top, identity)
             if busy is not None:
                 session.stream.push(sse_event(orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
                                               event="message"))
