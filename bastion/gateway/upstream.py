@@ -410,7 +410,9 @@ class Upstream:
         for both eras asks mid-call (``sampling/createMessage``, ``elicitation/create``, ``roots/list``) only on a
         handshake-era connection, and answers a 2026-07-28 one that it has no back-channel. So a handshake-era
         client is served by the server in its own era, over a second connection (a second process, for a local
-        server), started on the first such request; 2026-07-28 clients and the catalog keep the first."""
+        server), started on the first such request; 2026-07-28 clients keep the first, whence the catalog comes (and
+        from the second too, when a list changes there). Two processes of a local server keep two states: what one
+        era's calls change, the other's do not see."""
         twin = self._twin
         if twin is not None and twin.ready.is_set():
             return twin
@@ -577,9 +579,9 @@ class Upstream:
 
 
 class _MirrorListener:
-    """What a server's handshake-era connection (``Upstream._mirror``) tells the gateway: its notifications and its
-    requests to the client, as the server's; not its readiness, nor list changes (the catalog follows the server's
-    first connection)."""
+    """What a server's handshake-era connection (``Upstream._mirror``) tells the gateway: its notifications (list
+    changes included: its lists are then fetched from it, as the calls that changed them went to it) and its
+    requests to the client; not its readiness, as the catalog was fetched from the server's first connection."""
 
     def __init__(self, listener: UpstreamListener) -> None:
         self._listener = listener
@@ -592,8 +594,6 @@ class _MirrorListener:
 
     def upstream_notification(self, upstream: Upstream, method: str, params: dict[str, Any],
                               pending: Pending | None) -> None:
-        if method.startswith("notifications/") and method.endswith("/list_changed"):
-            return
         self._listener.upstream_notification(upstream, method, params, pending)
 
     async def upstream_request(self, upstream: Upstream, method: str, params: dict[str, Any]) -> dict[str, Any]:
