@@ -34,6 +34,27 @@ if [ ! -d node_modules ] || [ package.json -nt node_modules ] || [ package-lock.
     touch node_modules
 fi
 
+# The official Python SDK's conformance "everything" server, which the conformance tests serve directly and behind
+# Bastion: it ships only in the source archive of the SDK release Bastion depends on (pyproject.toml pins mcp), not in
+# its wheel. pip fetches the archive, its digest must be the one below, and only the server's package is kept.
+everything_version=2.3.0
+everything_sha256=8b147a50441cf059dc88c684e0aeed3687f0aa0f39c6cde7b90330effd2b34d8
+everything_dir=.cache/mcp-everything-server
+if [ ! -f "$everything_dir/sha256-$everything_sha256" ]; then
+    echo "setup: the SDK's conformance everything-server (mcp $everything_version source archive)" >&2
+    rm -rf .cache/mcp-sdist "$everything_dir"
+    mkdir -p .cache/mcp-sdist "$everything_dir"
+    .venv/bin/python -m pip download -q --no-deps --no-binary :all: -d .cache/mcp-sdist "mcp==$everything_version" >&2
+    archive=.cache/mcp-sdist/mcp-$everything_version.tar.gz
+    echo "$everything_sha256  $archive" | sha256sum --check --quiet >&2
+    tar -xzf "$archive" -C "$everything_dir" --strip-components=4 \
+        "mcp-$everything_version/examples/servers/everything-server/mcp_everything_server" \
+        "mcp-$everything_version/examples/servers/everything-server/README.md"
+    tar -xzf "$archive" -C "$everything_dir" --strip-components=1 "mcp-$everything_version/LICENSE"
+    rm -rf .cache/mcp-sdist
+    touch "$everything_dir/sha256-$everything_sha256"
+fi
+
 # What the launcher tests install offline (npx and uvx servers of a stock client file, through Bastion's own
 # installs): `npm ci` caches tarballs but not the registry documents a fresh `npm install PKG` resolves with, so
 # one throwaway install per package puts both in ~/.npm; the Python server's wheels go into a wheelhouse.

@@ -132,6 +132,9 @@ class Gateway:
             for name, cfg in enabled.items() if cfg.prefix != ""
         }
         self._refreshes: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Lists a server announced as changed, whose refresh tells the clients even when the catalog comes out the
+        # same (the list may have changed and changed back meanwhile): the server's news, passed on.
+        self._announced: set[tuple[str, str]] = set()
         self._subscriptions: dict[str, set[str]] = {}  # uri -> connection ids
         # 2026-07-28 clients' calls in flight, where a handshake-era server's question to the client waits.
         self.inputs = InputBridge()
@@ -281,7 +284,7 @@ class Gateway:
             named = await self._find(self.catalog.prompt, params.get("name"), "prompt")
             return await self._forward(request, named.server, {**params, "name": named.original})
         if method == "resources/read":
-            return await self._forward(request, self._resource_server(params.get("uri")), params)
+            return await self._forward(request, self._resource_server(params.get("uri"), request.session), params)
         if method in ("resources/subscribe", "resources/unsubscribe"):
             return await self._subscription(request)
         if method == "completion/complete":
@@ -320,10 +323,13 @@ class Gateway:
         await self.wait_ready(report=False)  # the client's start said which servers were missing
         return True
 
-    def _resource_server(self, uri: Any) -> str:
+    def _resource_server(self, uri: Any, session: Session) -> str:
+        """The server whose resource ``uri`` is; an unknown one is refused with the code of the client's era: -32602
+        for 2026-07-28 (SEP-2164), -32002 for the handshake era, whose specification names that code."""
         owner = self.catalog.resource_owner(uri) if isinstance(uri, str) else None
         if owner is None:
-            raise GatewayError(jsonrpc.RESOURCE_NOT_FOUND, f"Resource not found: {uri}", {"uri": uri})
+            code = jsonrpc.INVALID_PARAMS if session.era == "modern" else jsonrpc.RESOURCE_NOT_FOUND
+            raise GatewayError(code, f"Resource not found: {uri}", {"uri": uri})
         return owner
 
     def _instance_maker(self, name: str, config: Any, listener: InstanceListener,
@@ -364,6 +370,7 @@ class Gateway:
             client_capabilities=capabilities,
             encode=_encoder(params),
             keep_raw=raw_results and session.era == "legacy",
+            client_era=session.era,  # a handshake-era client's request reaches a dual-era server in its era
         )
         if type(result) is RawResponse:
             # Only a modern server's result has fields a handshake-era client must not see. A byte search can match
@@ -445,7 +452,7 @@ class Gateway:
 
     async def _subscription(self, request: GatewayRequest) -> dict[str, Any]:
         uri = request.params.get("uri")
-        server = self._resource_server(uri)
+        server = self._resource_server(uri, request.session)
         subscribers = self._subscriptions.setdefault(uri, set())
         if request.method == "resources/subscribe":
             first = not subscribers
@@ -567,7 +574,7 @@ class Gateway:
             return
         if method in _LIST_CHANGED:
             for list_method in _LIST_CHANGED[method]:
-                self._schedule_refresh(upstream, list_method)
+                self._schedule_refresh(upstream, list_method, announced=list_method == _LIST_CHANGED[method][0])
             return
         if method == "notifications/resources/updated":
             uri = params.get("uri")
@@ -649,8 +656,10 @@ class Gateway:
         return self.chain.handle(GatewayRequest(method, params, session, self.catalog, server=server,
                                                 calls_in_flight=calls, direction=TO_CLIENT, deliver=ask))
 
-    def _schedule_refresh(self, upstream: Upstream, list_method: str) -> None:
+    def _schedule_refresh(self, upstream: Upstream, list_method: str, announced: bool = False) -> None:
         key = (upstream.name, list_method)
+        if announced:
+            self._announced.add(key)
         previous = self._refreshes.get(key)
         if previous is not None and not previous.done():
             previous.cancel()
@@ -673,7 +682,9 @@ class Gateway:
         except GatewayError as exc:
             log.warning("server %s: %s failed: %s", upstream.name, list_method, exc.message)
             return
-        if self.catalog.update(upstream.name, kind, items):
+        announced = (upstream.name, list_method) in self._announced
+        self._announced.discard((upstream.name, list_method))
+        if self.catalog.update(upstream.name, kind, items) or announced:
             notification = {"tools": "notifications/tools/list_changed", "prompts": "notifications/prompts/list_changed",
                             "resources": "notifications/resources/list_changed",
                             "resourceTemplates": "notifications/resources/list_changed"}[kind]

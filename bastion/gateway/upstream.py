@@ -101,6 +101,11 @@ class Upstream:
         self._listen_wanted: dict[str, Any] = {}
         self._listen_resources: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on; asked once, not per request
+        # A server found to speak 2026-07-28 that may speak the handshake era too: its connection in that era, for
+        # handshake-era clients (see ``_mirror``), made on their first request; None until then or when refused.
+        self._twin: Upstream | None = None
+        self._twin_start: asyncio.Task[Upstream | None] | None = None
+        self._twin_refused = False
 
     # ------------------------------------------------------------------------- what the session knows
     @property
@@ -152,6 +157,10 @@ class Upstream:
 
     async def close(self) -> None:
         self._closing = True
+        if self._twin_start is not None:
+            self._twin_start.cancel()
+        if self._twin is not None:
+            await self._twin.close()
         if self._supervisor is not None:
             self._supervisor.cancel()
             try:
@@ -356,14 +365,23 @@ class Upstream:
         client_capabilities: Mapping[str, Any] | None = None,
         encode: Callable[[Any, str, Any], bytes] = jsonrpc.request_frame,
         keep_raw: bool = False,
+        client_era: str | None = None,
     ) -> Any:
         """Send a request and return its result; a JSON-RPC error, a crash or a timeout raise GatewayError.
 
         ``client_capabilities`` are the requesting client's, stamped on requests to a modern server (a legacy
         server learned the client's capabilities at the handshake). ``encode`` frames the request
         (``raw_request_frame`` for params holding raw JSON). ``keep_raw`` returns a success as the
-        ``RawResponse`` it arrived in, undecoded, for a caller that only passes it on.
+        ``RawResponse`` it arrived in, undecoded, for a caller that only passes it on. ``client_era`` is the
+        requesting client's: a handshake-era client's request to a server that speaks both eras goes to the
+        server in the handshake era (see ``_mirror``).
         """
+        if client_era == "legacy" and self.session.era == "modern" and self._mirrors():
+            twin = await self._mirror()
+            if twin is not None:
+                return await twin.request(method, params, origin=origin, origin_id=origin_id,
+                                          progress_token=progress_token, log_level=log_level, timeout=timeout,
+                                          encode=encode, keep_raw=keep_raw)
         if not self.ready.is_set():
             raise GatewayError(
                 jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not available: {self.failure or 'starting'}"
@@ -377,6 +395,54 @@ class Upstream:
         if type(answer) is RawResponse:
             return answer
         return answer.result
+
+    # ------------------------------------------------------------------------------------- era mirroring
+    def _mirrors(self) -> bool:
+        """Whether handshake-era clients' requests go to this server in the handshake era: its era was found, not
+        configured, and it is shared (a pooled server's instances are each a caller's own, in one era)."""
+        return self.config.era == "auto" and self.config.scope == "shared" and not self._twin_refused
+
+    async def _mirror(self) -> Upstream | None:
+        """This server's connection in the handshake era, ready; None when it has none (then the request goes to
+        the 2026-07-28 connection, which asks a handshake-era client through ``input_required``).
+
+        A 2026-07-28 connection carries no server-initiated request outside ``input_required``: a server written
+        for both eras asks mid-call (``sampling/createMessage``, ``elicitation/create``, ``roots/list``) only on a
+        handshake-era connection, and answers a 2026-07-28 one that it has no back-channel. So a handshake-era
+        client is served by the server in its own era, over a second connection (a second process, for a local
+        server), started on the first such request; 2026-07-28 clients keep the first, whence the catalog comes (and
+        from the second too, when a list changes there). Two processes of a local server keep two states: what one
+        era's calls change, the other's do not see."""
+        twin = self._twin
+        if twin is not None and twin.ready.is_set():
+            return twin
+        if self._twin_start is None or self._twin_start.done():
+            self._twin_start = asyncio.create_task(self._start_twin(), name=f"upstream:{self.name}:handshake-era")
+        return await asyncio.shield(self._twin_start)
+
+    async def _start_twin(self) -> Upstream | None:
+        twin = self._twin
+        if twin is None:
+            twin = self._twin = Upstream(self.name, self.config.model_copy(update={"era": "legacy"}),
+                                         _MirrorListener(self._listener), self._launch, self._max_bytes, self._writes,
+                                         credentials=self.credentials)
+            twin.client_capabilities = self.client_capabilities
+            twin.start()
+            self.log.info("server %s: speaks 2026-07-28; a handshake-era client's request opens a connection to it "
+                          "in that era", self.name)
+        try:
+            await asyncio.wait_for(twin.ready.wait(), self.config.startup_timeout)
+        except asyncio.TimeoutError:
+            pass
+        if twin.ready.is_set():
+            return twin
+        if twin.session.facts is None:  # it never completed an initialize: it speaks 2026-07-28 only
+            self._twin_refused = True
+            self._twin = None
+            self.log.info("server %s: no handshake-era connection (%s); handshake-era clients are served over its "
+                          "2026-07-28 one", self.name, twin.failure or "no answer")
+            await twin.close()
+        return None  # restarting: this request goes to the 2026-07-28 connection
 
     def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None,
                          client_capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -510,6 +576,28 @@ class Upstream:
             self._relays.pop(message.id, None)
         if self._transport is not None:
             self._send(reply)
+
+
+class _MirrorListener:
+    """What a server's handshake-era connection (``Upstream._mirror``) tells the gateway: its notifications (list
+    changes included: its lists are then fetched from it, as the calls that changed them went to it) and its
+    requests to the client; not its readiness, as the catalog was fetched from the server's first connection."""
+
+    def __init__(self, listener: UpstreamListener) -> None:
+        self._listener = listener
+
+    def upstream_ready(self, upstream: Upstream) -> None:
+        pass
+
+    def upstream_down(self, upstream: Upstream, reason: str) -> None:
+        upstream.log.debug("server %s: its handshake-era connection is down: %s", upstream.name, reason)
+
+    def upstream_notification(self, upstream: Upstream, method: str, params: dict[str, Any],
+                              pending: Pending | None) -> None:
+        self._listener.upstream_notification(upstream, method, params, pending)
+
+    async def upstream_request(self, upstream: Upstream, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._listener.upstream_request(upstream, method, params)
 
 
 def _with_secrets(launch: Launcher, secrets: IdentitySecrets) -> Launcher:

@@ -21,6 +21,11 @@ def _needs(item: pytest.Item) -> list[tuple[str, ...]]:
         return [("client", revision)]
     if module == "test_through_bastion":
         return [("direct", revision), ("bastion", revision, params["upstream"])]
+    if module == "test_everything_server":
+        needs = [("direct", revision, "everything")]
+        if "upstream" in params:
+            needs.append(("bastion", revision, params["upstream"], "everything"))
+        return needs
     return []
 
 

@@ -17,8 +17,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from tests.conformance.bastion_client import EXTENSIONS
+from tests.conformance.everything_server import EVERYTHING_DIR
 from tests.conformance.suite import (
-    FIXTURE_SERVER,
+    SERVERS,
     SuiteRun,
     bastion_over_http,
     fixture_over_http,
@@ -38,6 +39,8 @@ CLIENT_DRIVER = Path(__file__).with_name("bastion_client.py")
 AUTH_PREFIX = "auth/"
 NOT_ATTEMPTED_REASON = "extension"
 ATTEMPTED_EXTENSIONS = frozenset(EXTENSIONS)
+# What a server reads besides its script, which its sandbox must show it: the everything-server's package.
+SERVER_FILES = {"everything": [str(EVERYTHING_DIR)]}
 # The suite calls the fixture's tools and prompts by their own names, so Bastion federates it without a prefix.
 FIXTURE_NAME = "fx"
 # Policy on, as users run it, and allowing everything: every request takes the whole policy path (Cedar, the
@@ -74,19 +77,19 @@ class Runs:
             return self._started[key]
 
     def prefetch(self, needs: Iterable[tuple[str, ...]]) -> None:
-        """Start every run named in ``needs``: ("direct", revision), ("client", revision) or ("bastion", revision,
-        upstream)."""
+        """Start every run named in ``needs``: ("direct", revision[, server]), ("client", revision) or
+        ("bastion", revision, upstream[, server]), ``server`` one of ``SERVERS`` (the fixture when left out)."""
         for need in needs:
             if need[0] == "direct":
-                self._start_direct(need[1])
+                self._start_direct(*need[1:])
             elif need[0] == "client":
                 self._start_client(need[1])
             else:
-                self._start_through_bastion(need[1], need[2])
+                self._start_through_bastion(*need[1:])
 
-    def direct(self, revision: str) -> SuiteRun:
-        """The server scenarios of ``revision`` against the fixture served over Streamable HTTP."""
-        return self._start_direct(revision).result()
+    def direct(self, revision: str, server: str = "fixture") -> SuiteRun:
+        """The server scenarios of ``revision`` against the fixture (or ``server``) served over Streamable HTTP."""
+        return self._start_direct(revision, server).result()
 
     def client(self, revision: str) -> SuiteRun:
         """Every client scenario of ``revision`` but the authorization extensions, each run alone, with Bastion's
@@ -99,18 +102,19 @@ class Runs:
             merged.output += run.output
         return merged
 
-    def through_bastion(self, revision: str, upstream: str) -> SuiteRun:
-        """The server scenarios of ``revision`` against ``bastion serve`` federating the fixture, which Bastion
-        starts itself over stdio (in its default sandbox) or reaches over Streamable HTTP or HTTP+SSE."""
-        return self._start_through_bastion(revision, upstream).result()
+    def through_bastion(self, revision: str, upstream: str, server: str = "fixture") -> SuiteRun:
+        """The server scenarios of ``revision`` against ``bastion serve`` federating the fixture (or ``server``),
+        which Bastion starts itself over stdio (in its default sandbox) or reaches over Streamable HTTP or HTTP+SSE.
+        The fixture runs under a policy that allows everything; the everything-server with the policy off."""
+        return self._start_through_bastion(revision, upstream, server).result()
 
-    def _start_direct(self, revision: str) -> Future:
+    def _start_direct(self, revision: str, server: str = "fixture") -> Future:
         def run() -> SuiteRun:
-            place = self._place("direct", revision)
-            with fixture_over_http(place) as url:
+            place = self._place(_target("direct", server), revision)
+            with fixture_over_http(place, server=server) as url:
                 return run_server_scenarios(url, revision, place / "results")
 
-        return self._start(("direct", revision), run)
+        return self._start(("direct", revision, server), run)
 
     def _start_client(self, revision: str) -> list[Future]:
         command = f"{sys.executable} {CLIENT_DRIVER}"
@@ -122,23 +126,27 @@ class Runs:
         return [self._start(("client", revision, scenario), scenario_run(scenario))
                 for scenario in client_scenarios(revision)]
 
-    def _start_through_bastion(self, revision: str, upstream: str) -> Future:
+    def _start_through_bastion(self, revision: str, upstream: str, server: str = "fixture") -> Future:
         def run() -> SuiteRun:
-            place = self._place(f"bastion-{upstream}", revision)
+            place = self._place(_target(f"bastion-{upstream}", server), revision)
             with ExitStack() as running:
                 if upstream == "http":
-                    entry = {"url": running.enter_context(fixture_over_http(place))}
+                    entry = {"url": running.enter_context(fixture_over_http(place, server=server))}
                 elif upstream == "sse":
-                    entry = {"url": running.enter_context(fixture_over_http(place, transport="sse")),
+                    entry = {"url": running.enter_context(fixture_over_http(place, transport="sse", server=server)),
                              "transport": "sse"}
                 else:
-                    entry = {"command": sys.executable, "args": [str(FIXTURE_SERVER)],
-                             "sandbox": {"writable": [str(place)]}}
-                config = write_bastion_config(place, entry)
+                    entry = {"command": sys.executable, "args": [str(SERVERS[server])],
+                             "sandbox": {"writable": [str(place)], "read_only": SERVER_FILES.get(server, [])}}
+                config = write_bastion_config(place, entry, policy=server == "fixture")
                 url = running.enter_context(bastion_over_http(config, place))
                 return run_server_scenarios(url, revision, place / "results")
 
-        return self._start(("bastion", revision, upstream), run)
+        return self._start(("bastion", revision, upstream, server), run)
+
+
+def _target(target: str, server: str) -> str:
+    return target if server == "fixture" else f"{server}-{target}"
 
 
 def client_scenarios(revision: str) -> list[str]:
@@ -148,16 +156,21 @@ def client_scenarios(revision: str) -> list[str]:
                     and name not in ATTEMPTED_EXTENSIONS)]
 
 
-def write_bastion_config(place: Path, fixture_entry: dict) -> Path:
-    (place / "allow-all.cedar").write_text(ALLOW_ALL)
+def write_bastion_config(place: Path, fixture_entry: dict, *, policy: bool = True) -> Path:
+    """Bastion's configuration federating one server under ``FIXTURE_NAME``; ``policy``: under the allow-all Cedar
+    policy, else with the policy off."""
     server = {**fixture_entry, "prefix": "", "trust": "trusted", "request_timeout": 900}
-    config = {
-        "policy": {"policy_files": ["allow-all.cedar"]},
+    config: dict = {
         "tools": {"exposure": "all"},  # the suite checks the fixture's own tool list
         # far beyond any server here: the suite's first tools/list sees the whole catalog
         "ready_timeout": 120,
         "servers": {FIXTURE_NAME: server},
     }
+    if policy:
+        (place / "allow-all.cedar").write_text(ALLOW_ALL)
+        config["policy"] = {"policy_files": ["allow-all.cedar"]}
+    else:
+        config["policy"] = "off"
     path = place / "bastion.json"
     path.write_text(json.dumps(config, indent=2))
     return path

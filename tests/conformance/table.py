@@ -1,6 +1,7 @@
 """Print the conformance tables of docs/testing.md from a real run of the suite (about two minutes):
 
     .venv/bin/python -m tests.conformance.table > /tmp/conformance.md
+    .venv/bin/python -m tests.conformance.table everything   # the SDK's everything-server's tables alone
 
 Server scenarios of both requirement sets against the fixture directly and through ``bastion serve`` (stdio,
 Streamable HTTP and HTTP+SSE upstreams), then the client scenarios with Bastion's HTTP upstream as the client,
@@ -17,6 +18,7 @@ from pathlib import Path
 from tests.conformance.runs import UPSTREAMS, Runs, client_scenarios
 from tests.conformance.suite import REQUIREMENT_SETS, ScenarioResult, SuiteRun, missing_prerequisites
 from tests.conformance.test_client_scenarios import KNOWN_CLIENT_GAPS
+from tests.conformance.test_everything_server import KNOWN_GAPS as EVERYTHING_GAPS
 from tests.conformance.test_through_bastion import KNOWN_GAPS
 
 UPSTREAM_TITLES = {
@@ -28,7 +30,7 @@ UPSTREAM_TITLES = {
 
 def cell(result: ScenarioResult) -> str:
     if result.passed:
-        return "pass"
+        return "pass" if result.clean else f"pass, {len(result.warnings)} SHOULD missed"
     if not result.ran:
         return "not run"
     if not result.succeeded and not result.failures:
@@ -40,13 +42,15 @@ def scored_note(run: SuiteRun, scenario: str) -> str:
     return "yes" if scenario in run.requirements.scored else f"no ({run.requirements.not_scored[scenario]})"
 
 
-def server_table(runs: Runs, revision: str) -> list[str]:
-    direct = runs.direct(revision)
-    through = {upstream: runs.through_bastion(revision, upstream) for upstream in UPSTREAMS}
+def server_table(runs: Runs, revision: str, server: str = "fixture") -> list[str]:
+    direct = runs.direct(revision, server)
+    through = {upstream: runs.through_bastion(revision, upstream, server) for upstream in UPSTREAMS}
+    title = "fixture" if server == "fixture" else "everything-server"
     lines = [
-        f"Server scenarios, requirement set `{revision}`:",
+        f"Server scenarios, requirement set `{revision}`" + ("" if server == "fixture" else
+                                                              ", the SDK's everything-server") + ":",
         "",
-        "| scenario | scored | fixture directly | " + " | ".join(UPSTREAM_TITLES[u] for u in UPSTREAMS) + " |",
+        f"| scenario | scored | {title} directly | " + " | ".join(UPSTREAM_TITLES[u] for u in UPSTREAMS) + " |",
         "|---|---|---|" + "---|" * len(UPSTREAMS),
     ]
     for scenario in direct.requirements.scenarios:
@@ -85,6 +89,8 @@ def gap_notes() -> list[str]:
     seen: dict[tuple[str, str], list[str]] = {}
     for (revision, upstream, scenario), why in KNOWN_GAPS.items():
         seen.setdefault((scenario, why), []).append(f"{revision}, {upstream} upstream")
+    for (revision, upstream, scenario), why in EVERYTHING_GAPS.items():
+        seen.setdefault((scenario, why), []).append(f"{revision}, everything-server, {upstream} upstream")
     for (revision, scenario), why in KNOWN_CLIENT_GAPS.items():
         seen.setdefault((scenario, why), []).append(f"{revision}, as a client")
     for (scenario, why), where in seen.items():
@@ -96,14 +102,22 @@ def main() -> int:
     if reason := missing_prerequisites():
         print(reason, file=sys.stderr)
         return 1
+    only_everything = sys.argv[1:] == ["everything"]
     with tempfile.TemporaryDirectory(prefix="bastion-conformance-") as folder:
         os.environ.setdefault("XDG_STATE_HOME", str(Path(folder) / "state"))  # the audit trail stays in here
         runs = Runs(Path(folder))
-        runs.prefetch([("direct", r) for r in REQUIREMENT_SETS] + [("client", r) for r in REQUIREMENT_SETS]
-                      + [("bastion", r, u) for r in REQUIREMENT_SETS for u in UPSTREAMS])
+        everything = [("direct", r, "everything") for r in REQUIREMENT_SETS] + \
+            [("bastion", r, u, "everything") for r in REQUIREMENT_SETS for u in UPSTREAMS]
+        if only_everything:
+            runs.prefetch(everything)
+        else:
+            runs.prefetch([("direct", r) for r in REQUIREMENT_SETS] + [("client", r) for r in REQUIREMENT_SETS]
+                          + [("bastion", r, u) for r in REQUIREMENT_SETS for u in UPSTREAMS] + everything)
         try:
-            sections = [server_table(runs, revision) for revision in REQUIREMENT_SETS]
-            sections += [client_table(runs), gap_notes()]
+            sections = [] if only_everything else [server_table(runs, revision) for revision in REQUIREMENT_SETS]
+            sections += [server_table(runs, revision, "everything") for revision in REQUIREMENT_SETS]
+            if not only_everything:
+                sections += [client_table(runs), gap_notes()]
         finally:
             runs.close()
         print("\n\n".join("\n".join(section) for section in sections))
