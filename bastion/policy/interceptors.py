@@ -306,6 +306,11 @@ class PolicyInterceptor:
     same records as a call. Notifications decide nothing here: the policy has no hook for them.
     """
 
+    # A call's result is read only for its outcome ("complete", or a 2026-07-28 server's "input_required", which the
+    # gateway decodes before it gets here): it may stay the server's bytes, so the default configuration keeps the
+    # byte pass-through of results. A call's arguments are read (Cedar, the guards, the schema check, the audit).
+    reads_results = "raw"
+
     def __init__(
         self,
         audit: AuditTrail,
