@@ -29,11 +29,13 @@ from tests.support import FIXTURES, READY_TIMEOUT
 
 pytestmark = pytest.mark.slow
 
-DEADLINE = 240.0
+DEADLINE = 90.0
 HOST = FIXTURES / "recording_gateway.py"
 WATCHED = "test://watched-resource"
 
 TO_SERVER, TO_CLIENT = "to_server", "to_client"
+MODERN_HEADERS = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
+                  "content-type": "application/json"}
 REQUEST, NOTIFICATION, RESULT, ERROR = "request", "notification", "result", "error"
 
 # What every combination produces: (direction, kind, method); a request's answer is recorded as its kind "result" or
@@ -143,7 +145,8 @@ def recorded(record: Path) -> set[tuple[str, str, str]]:
 
 
 @pytest.mark.parametrize("server_era", ["legacy", "modern"])
-@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+# "auto": the client discovers first (server/discover), then speaks 2026-07-28.
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_every_kind_of_message_reaches_a_catch_all_interceptor(tmp_path: Path, transport: str, mode: str,
                                                                      server_era: str) -> None:
@@ -165,7 +168,14 @@ async def test_every_kind_of_message_reaches_a_catch_all_interceptor(tmp_path: P
             client = Client(streamable_http_client(url, http_client=http), **callbacks)
         with anyio.fail_after(DEADLINE):
             async with client:
+                assert client.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
                 await exercise(client, mode, events)
+                if transport == "http" and mode != "legacy":
+                    # A 2026-07-28 client's notification is a POST of its own.
+                    posted = await http.post(url, headers=MODERN_HEADERS, json={
+                        "jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
+                    assert posted.status_code == 202
+                    expected = expected | {(TO_SERVER, NOTIFICATION, "notifications/roots/list_changed")}
                 # The last notifications of the server's may still be on their way through the chain.
                 while not expected <= (seen := recorded(record)):
                     await anyio.sleep(0.05)
