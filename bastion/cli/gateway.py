@@ -92,12 +92,21 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def run_loop(coroutine) -> Any:
-    """Run on uvloop where it is installed: its pipes and callbacks cost a fraction of the stock loop's."""
+    """Run on uvloop where it is installed: its pipes and callbacks cost a fraction of the stock loop's. Tasks start
+    eagerly where the running Python can (3.12+): a request's Task runs up to its first wait in the turn that read
+    it, instead of one turn later."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
+        return asyncio.run(_with_eager_tasks(coroutine))
+    return uvloop.run(_with_eager_tasks(coroutine))
+
+
+async def _with_eager_tasks(coroutine) -> Any:
+    factory = getattr(asyncio, "eager_task_factory", None)
+    if factory is not None:
+        asyncio.get_running_loop().set_task_factory(factory)
+    return await coroutine
 
 
 def _check(args: argparse.Namespace) -> int:

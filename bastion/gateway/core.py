@@ -369,9 +369,15 @@ class Gateway:
             log_level=request.log_level,
             client_capabilities=capabilities,
             encode=_encoder(params),
-            keep_raw=raw_results and session.era == "legacy",
+            # Only a client connection writes a result as the server's bytes; the host API and tests take objects.
+            keep_raw=raw_results and session.era == "legacy" and session.client is not None,
             client_era=session.era,  # a handshake-era client's request reaches a dual-era server in its era
         )
+        tail = self._notice_tail
+        if tail is not None and not tail.done():
+            # The server's notifications that came before its answer (progress, log messages) still pass the chain:
+            # the answer leaves after them, as the server sent it (over HTTP the answer ends the call's stream).
+            await asyncio.wait([tail])
         if type(result) is RawResponse:
             # Only a modern server's result has fields a handshake-era client must not see. A byte search can match
             # inside a string too, which only costs a decode.

@@ -185,8 +185,11 @@ class ClientConnection:
         return True
 
     def _run(self, coroutine: Coroutine[Any, Any, None], request_id: Any) -> None:
-        # A real Task: asyncio.timeout, TaskGroup, anyio and the clients built on them work on a request's path.
-        self._running[request_id] = self._loop.create_task(coroutine)
+        # A real Task: asyncio.timeout, TaskGroup, anyio and the clients built on them work on a request's path. An
+        # eager Task (Python 3.12+) may have answered by the time it is made: it is not kept then.
+        task = self._loop.create_task(coroutine)
+        if not task.done():
+            self._running[request_id] = task
 
     # ---------------------------------------------------------------------------------------- serving
     async def _answer(self, message: Request, reply: Awaitable[jsonrpc.Message | RawResponse | None]) -> None:

@@ -96,12 +96,17 @@ class Chain:
         raw_results = not any(_reads(i, "results") for i in readers)
         routed = (direction, kind) == (TO_SERVER, REQUEST) and method not in ANSWERED_BY_SESSION
         terminal = self._route_request(raw_results) if routed else deliver
+        # entry_at[p] takes a message at position p: the next interceptor on this route from p on (its hook, handed
+        # what follows it), each position with its own step, so that a message passed on there under another method
+        # goes on along that method's route from p, missing none of the interceptors between.
         entry_at: list[Handler] = [terminal] * (count + 1)
         entry_at[count] = self._step(None, terminal, direction, kind, method, count)
+        following: tuple[Hook | None, Handler] = (None, terminal)
         for position in range(count - 1, -1, -1):
             hook = hooks[position]
-            entry_at[position] = entry_at[position + 1] if hook is None else \
-                self._step(hook, entry_at[position + 1], direction, kind, method, position)
+            if hook is not None:
+                following = (hook, entry_at[position + 1])
+            entry_at[position] = self._step(*following, direction, kind, method, position)
         return Route(entry_at[0], tuple(hook for hook in hooks if hook is not None), raw_params, raw_results,
                      tuple(entry_at))
 

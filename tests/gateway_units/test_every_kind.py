@@ -134,6 +134,7 @@ async def exercise(client: Client, mode: str, events: Path) -> None:
             group.start_soon(client.call_tool, "fx__test_slow_cancellable", {"tag": "every-kind"})
             await wait_for_event(events, "slow-started every-kind")
             group.cancel_scope.cancel()
+        await wait_for_event(events, "slow-cancelled every-kind")  # the cancel reached the server
     else:
         async with client.listen(tools_list_changed=True, resource_subscriptions=[WATCHED]):
             await client.call_tool("fx__test_touch_watched_resource", {})

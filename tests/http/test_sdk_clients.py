@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx2
@@ -127,3 +128,34 @@ async def test_the_old_http_sse_transport(bastion_http: Served) -> None:
             assert f"{SERVER}__test_simple_text" in {t.name for t in tools.tools}
             result = await session.call_tool(f"{SERVER}__test_simple_text", {})
             assert result.content[0].text == "This is a simple text response for testing."
+
+
+async def test_a_cancelled_calls_post_ends_with_nothing_and_the_call_stops_upstream(bastion_http: Served) -> None:
+    """A receiver of a cancellation sends no response: the POST of the call a handshake-era client cancelled ends at
+    once, with 202 and no body (or, when its slow answer had become a stream, that stream ends with no response), and
+    the session's end later answers nothing for it."""
+    tag = "http-cancelled"
+    async with httpx2.AsyncClient(timeout=300) as http:
+        headers = await open_legacy_session(http, bastion_http.url, "carol")
+        call = asyncio.ensure_future(http.post(bastion_http.url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 8, "method": "tools/call",
+            "params": {"name": f"{SERVER}__test_slow_cancellable", "arguments": {"tag": tag}}}))
+        deadline = time.monotonic() + 120
+        while f"slow-started {tag}" not in bastion_http.events_seen():
+            assert time.monotonic() < deadline, "the slow call never reached the server"
+            await asyncio.sleep(0.05)
+        cancelled = await http.post(bastion_http.url, headers=headers, json={
+            "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 8}})
+        assert cancelled.status_code == 202
+        answer = await asyncio.wait_for(call, 120)
+        if answer.status_code == 200:  # a slow call's answer had become a stream: it ends with no response in it
+            assert answer.headers["content-type"].startswith("text/event-stream")
+            frames = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: ")]
+            assert [f for f in frames if f.get("id") == 8] == []
+        else:
+            assert answer.status_code == 202 and answer.content == b""
+        while f"slow-cancelled {tag}" not in bastion_http.events_seen():
+            assert time.monotonic() < deadline, "the server's call was never cancelled"
+            await asyncio.sleep(0.05)
+        ended = await http.delete(bastion_http.url, headers=headers)
+        assert ended.status_code in (200, 204)

@@ -18,6 +18,7 @@ import pytest
 from bastion.compose import build_gateway
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.gateway.core import Gateway
+from bastion.protocol.jsonrpc import RawResponse
 from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from bastion.policy.audit import verify
 from bastion.policy.config import PolicyConfig
@@ -110,9 +111,11 @@ def session(identity: Identity = ALICE, era: str = "legacy", client: Any = None,
     return Session(identity, era, version, caps or {}, {"name": "test"}, f"s-{id(client)}", client=client)
 
 
-def call(gateway: Gateway, who: Session, name: str, arguments: Mapping[str, Any], **extra: Any) -> Any:
+async def call(gateway: Gateway, who: Session, name: str, arguments: Mapping[str, Any], **extra: Any) -> Any:
     params = {"name": name, "arguments": dict(arguments), **extra}
-    return gateway.handle(GatewayRequest("tools/call", params, who, gateway.catalog, request_id=1))
+    result = await gateway.handle(GatewayRequest("tools/call", params, who, gateway.catalog, request_id=1))
+    # A client connection's result may pass as the server's bytes (the policy reads only its outcome).
+    return result.decoded().result if type(result) is RawResponse else result
 
 
 async def refusal(awaitable: Any) -> GatewayError:

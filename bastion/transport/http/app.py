@@ -29,7 +29,7 @@ from bastion.protocol.versions import (
     is_modern_first_message,
 )
 from bastion.transport.http.config import HttpConfig
-from bastion.transport.http.exchanges import Exchange, Peeked, ServerGate, peek
+from bastion.transport.http.exchanges import WITHDRAWN, Exchange, Peeked, ServerGate, peek
 from bastion.transport.http.guards import (
     OriginGuard,
     TrustedProxies,
@@ -191,6 +191,13 @@ class LegacySession:
             self._forget_progress(exchange)
             self.feed(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {
                 "requestId": exchange.request_id, "reason": "the client's HTTP connection closed"}}))
+
+    def withdraw(self, request_id: Any) -> None:
+        """The client cancelled one of its requests: its POST is answered with nothing, now."""
+        exchange = self.exchanges.pop(request_id, None) if isinstance(request_id, (str, int)) else None
+        if exchange is not None:
+            self._forget_progress(exchange)
+            exchange.withdraw()
 
     def _close_soon(self) -> None:
         asyncio.get_running_loop().create_task(self._frontend.end_session(self))
@@ -539,6 +546,8 @@ class HttpFrontend:
         session_header = ((b"mcp-session-id", session.id.encode()),)
         if top.kind != "request":
             session.feed(body)
+            if top.method == "notifications/cancelled" and isinstance(top.params, dict):
+                session.withdraw(top.params.get("requestId"))
             await _empty(send, 202, session_header)
             return
         if top.id in session.exchanges:
@@ -626,6 +635,10 @@ class HttpFrontend:
                 return
         if exchange.first.done():
             first, final = exchange.first.result()
+            if final and first == WITHDRAWN:  # the client cancelled it: nothing answers it
+                forget()
+                await _empty(send, 202, headers)
+                return
             if final:
                 forget()
                 status = statuses.get(peek(first).error_code or 0, 200)

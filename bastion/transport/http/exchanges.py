@@ -84,6 +84,9 @@ def _peek_top(top: _Top) -> Peeked:
     return Peeked("invalid")
 
 
+WITHDRAWN = b""  # what a withdrawn exchange's POST is answered: nothing (202)
+
+
 class Exchange:
     """One POST that carries a request: its answer goes back as JSON when nothing comes before it, or as an SSE
     stream when the server has something to say first (progress, logs, a question) and the client accepts one.
@@ -125,6 +128,18 @@ class Exchange:
             self.first.set_result((frame, final))
         else:
             self._backlog.append((frame, final))
+
+    def withdraw(self) -> None:
+        """The client cancelled the request, so nothing answers it (a receiver of a cancellation sends no response):
+        its POST ends at once, with 202 and no body, or its stream ends without an answer."""
+        if self.answered:
+            return
+        self.answered = True
+        self.release()
+        if self.stream is not None:
+            self.stream.finish()
+        elif not self.first.done():
+            self.first.set_result((WITHDRAWN, True))
 
     def attach(self, stream: SseStream, first: bytes | None, retry_ms: int) -> None:
         """Answer on ``stream`` from now on: its priming event when resumable, then ``first`` (None when the
