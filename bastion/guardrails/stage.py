@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from bastion.guardrails.taint import TaintGuard
 
 CALL = "tools/call"
+# Results up to this size are pre-scanned (bastion.guardrails.prescan); larger ones take the full path.
+PRESCAN_MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,11 @@ class CallStage:
         return result
 
     def _clean(self, raw: RawResponse, plan: _Plan) -> bool:
-        """Whether the pre-scan finds ``raw`` clean for every scanner on for its server."""
+        """Whether the pre-scan finds ``raw`` clean for every scanner on for its server. A large result goes to the
+        full path at once: its scans cost far more than the stage's layers, and a finding would have it scanned
+        twice."""
+        if len(raw.result) > PRESCAN_MAX_BYTES:
+            return False
         text = only_text(raw.result)
         if text is None:
             return False
