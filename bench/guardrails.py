@@ -190,6 +190,8 @@ def summary(timings: dict[str, dict[str, list[int]]], cpu: dict[str, dict[str, f
                  "target": f"<= {TARGET_SMALL_US:.0f} µs", "met": added_small_us <= TARGET_SMALL_US},
                 {"name": "added p50, 1 MB result", "value": f"{added_large_ms:.2f} ms",
                  "target": f"<= {TARGET_LARGE_MS:.0f} ms", "met": added_large_ms <= TARGET_LARGE_MS},
+            ],
+            "cpu_targets": [
                 {"name": "added CPU per call, small result", "value": f"{cpu_added['small'] * 1e3:.1f} µs",
                  "target": f"<= {TARGET_CPU_SMALL_US:.0f} µs", "met": cpu_added["small"] * 1e3 <= TARGET_CPU_SMALL_US},
                 {"name": "added CPU per call, 1 MB result", "value": f"{cpu_added['large']:.2f} ms",
@@ -206,7 +208,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"| {path} | {small['p50_ms']:.3f} ms | {small['p90_ms']:.3f} ms | {small['cpu_ms_per_call']:.3f} ms | "
                      f"{large['p50_ms']:.2f} ms | {large['p90_ms']:.2f} ms | {large['cpu_ms_per_call']:.2f} ms |")
     lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
-    for row in report["targets"]:
+    for row in [*report["targets"], *report["cpu_targets"]]:
         lines.append(f"| {row['name']} | {row['value']} | {row['target']} | {'yes' if row['met'] else 'no'} |")
     scanner = report["scanner"]
     lines += ["", f"added CPU per call, guardrails on against off: {report['cpu_added_small_us']:.1f} µs small, "
