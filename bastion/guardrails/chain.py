@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.raw import RawResults
@@ -55,7 +55,7 @@ def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog:
         made = (builder(config, report, catalog) for builder in builders)
         return [interceptor for interceptor in made if interceptor is not None]
 
-    chain = GuardrailChain(built(screen_builders()), built(inner_builders()))
+    chain = GuardrailChain(built(screen_builders()), staged(built(inner_builders())))
     # The guardrails that read a call's result as the server's bytes share one decoder, so that a result is decoded
     # once however many of them read it (bastion.guardrails.raw).
     shared = RawResults()
@@ -63,3 +63,35 @@ def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog:
         if isinstance(getattr(interceptor, "raw_results", None), RawResults):
             interceptor.raw_results = shared  # type: ignore[attr-defined]
     return chain
+
+
+def staged(inner: list[Interceptor]) -> list[Interceptor]:
+    """``inner`` with the guardrails that read a ``tools/call``'s answer (deputy, taint, output injection, scanning)
+    joined, for that method, into one ``CallStage`` where the outermost of them was; each keeps its own layer for
+    every other method. For a call they are consecutive in the chain (no other interceptor sits between them), so
+    the stage sees a call where the first of them did and hands it on where the last of them did."""
+    from bastion.guardrails.deputy import DeputyGuard
+    from bastion.guardrails.injection import OutputGuard
+    from bastion.guardrails.scanning import ScanningInterceptor
+    from bastion.guardrails.stage import CALL, CallStage
+    from bastion.guardrails.taint import TaintGuard
+
+    roles = {DeputyGuard: "deputy", TaintGuard: "taint", OutputGuard: "output", ScanningInterceptor: "scanning"}
+    parts: dict[str, Any] = {}
+    first: int | None = None
+    for index, interceptor in enumerate(inner):
+        role = roles.get(type(interceptor))
+        if role is None or CALL not in interceptor.methods:  # type: ignore[attr-defined]
+            continue
+        if first is None:
+            first = index
+        parts[role] = interceptor
+    if first is None:
+        return inner
+    others = inner[first:]
+    if any(type(each) not in roles and CALL in (getattr(each, "methods", None) or {CALL})
+           for each in others[:max(i for i, each in enumerate(others) if type(each) in roles) + 1]):
+        return inner  # something else reads calls between them: they stay layers of their own
+    for interceptor in parts.values():
+        interceptor.methods = interceptor.methods - {CALL}  # type: ignore[attr-defined]
+    return [*inner[:first], CallStage(**parts), *inner[first:]]

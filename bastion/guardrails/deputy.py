@@ -110,17 +110,21 @@ class DeputyGuard:
         if request.method in _RESULTS and isinstance(result, dict):
             server = _answering_server(request)
             if server is not None and self._mode(server) != "off":
-                self._withhold_foreign_links(request, server, result)
+                self.withhold_foreign_links(request, server, result)
         return result
 
     def _raw(self, request: GatewayRequest, raw: RawResponse) -> Any:
         if not may_hold(raw, b"resource_link"):
             return raw
-        server = _answering_server(request)
+        return self.withhold_in_raw(request, _answering_server(request), raw)
+
+    def withhold_in_raw(self, request: GatewayRequest, server: str | None, raw: RawResponse) -> Any:
+        """``raw`` (``server``'s result, still its bytes) with each link to another server's resource withheld: a
+        decoded tree when there was one, else what ``RawResults.unchanged`` passes on."""
         if server is None or self._mode(server) == "off":
             return raw
         decoded = self.raw_results.decode(raw)
-        if self._withhold_foreign_links(request, server, decoded):
+        if self.withhold_foreign_links(request, server, decoded):
             self.raw_results.changed(raw)
             return decoded
         return self.raw_results.unchanged(raw)
@@ -129,7 +133,7 @@ class DeputyGuard:
         owner = getattr(catalog, "resource_owner", None)
         return owner if callable(owner) else (lambda uri: None)
 
-    def _withhold_foreign_links(self, request: GatewayRequest, server: str, result: dict[str, Any]) -> bool:
+    def withhold_foreign_links(self, request: GatewayRequest, server: str, result: dict[str, Any]) -> bool:
         """Replace each link to another server's resource in ``result``; whether there was one."""
         owner_of = self._owner_of(request.catalog)
         allows = self._config.cross_server.allows

@@ -951,6 +951,13 @@ class SlotVerdict:
     verdict: Verdict
 
 
+def finds_any(data: bytes) -> bool:
+    """Whether any rule's probe, or an invisible character, is found in ``data`` (the UTF-8 of one string of
+    protocol text): when none is, ``scan_text`` of that string is clean without a rule run. The pre-scan's question
+    (``bastion.guardrails.prescan``)."""
+    return len(data) >= 8 and bool(_matcher().hits(data))
+
+
 def scan_slots(slots: list[TextSlot]) -> list[SlotVerdict]:
     """The flagged strings among ``slots``: what reads as instructions, and every part the walk's bounds left
     unread (which fails closed). Decoded payloads that are not text (an image) are not read as text; a string Bastion
@@ -1003,22 +1010,36 @@ class OutputGuard:
         try:
             result = await call_next(request)
         except GatewayError as error:
-            self._check_error(request, error, target, server, mode)
+            self.check_error(request, error, target, server, mode)
             raise
         raw = None
         if type(result) is RawResponse:  # the server's bytes: decoded once for the chain, passed on if unchanged
             raw, result = result, self.raw_results.decode(result)
         if not isinstance(result, dict):
             return result
-        slots = list(text_slots(request.method, result))
-        if sum(len(slot.text) for slot in slots) > _THREAD_THRESHOLD:
+        answer = await self.after_result(request, result, target, server, mode)
+        if answer is None:
+            return self.raw_results.unchanged(raw) if raw is not None else result
+        if raw is not None:
+            self.raw_results.changed(raw)
+        return answer
+
+    async def after_result(self, request: GatewayRequest, result: dict[str, Any], target: str | None,
+                           server: str | None, mode: str, slots: list[TextSlot] | None = None,
+                           size: int | None = None) -> Any:
+        """Scan the decoded ``result`` of ``request`` and mark what is flagged in it, in place; what to answer
+        instead under ``block`` (a tools/call), or ``result`` itself when something was marked; None when nothing was
+        flagged. ``slots`` (and their ``size``): its strings, when the caller walked it already."""
+        if slots is None:
+            slots = list(text_slots(request.method, result))
+        if size is None:
+            size = sum(len(slot.text) for slot in slots)
+        if size > _THREAD_THRESHOLD:
             flagged = await asyncio.to_thread(scan_slots, slots)
         else:
             flagged = scan_slots(slots) if slots else []
         if not flagged:
-            return self.raw_results.unchanged(raw) if raw is not None else result
-        if raw is not None:
-            self.raw_results.changed(raw)
+            return None
         verdict = Verdict(tuple(f for each in flagged for f in each.verdict.findings))
         self._flag(request, server, verdict)
         source = _source(server, target)
@@ -1064,8 +1085,8 @@ class OutputGuard:
             "output_injection", "marked", server, request.method, verdict.kind, ",".join(verdict.rules),
             f"marked as untrusted data: {where}", request.session.session_id, request.session.identity))
 
-    def _check_error(self, request: GatewayRequest, error: GatewayError, target: str | None, server: str | None,
-                     mode: str) -> None:
+    def check_error(self, request: GatewayRequest, error: GatewayError, target: str | None, server: str | None,
+                    mode: str) -> None:
         """A server's error message reaches the model too: a flagged one is marked (or replaced) in place."""
         holder = {"message": error.message, "data": error.data} if error.data is not None else {"message": error.message}
         flagged = scan_slots(list(error_slots(holder)))

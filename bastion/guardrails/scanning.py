@@ -195,6 +195,11 @@ class ContentScanner:
                 for found in self._matcher.find(prefix + data + b'"')
                 if found.start >= shift and found.end <= shift + len(data)]
 
+    def finds_any(self, data: bytes) -> bool:
+        """Whether any detector finds a value in ``data`` (the UTF-8 of one string of protocol text, such as a text
+        block's), read as ``scan`` reads such a string: the pre-scan's question (``bastion.guardrails.prescan``)."""
+        return len(data) >= _SHORTEST_VALUE and bool(self._findings(data, None))
+
     def find_in(self, text: str) -> list[tuple[Detector, str]]:
         """What the detectors find in ``text``, each with the value (for dry runs and tests, never for reports)."""
         data = text.encode("utf-8", "surrogatepass")
@@ -253,6 +258,11 @@ def _spliced(data: bytes, redactions: list[tuple[int, int, str]]) -> bytes:
         position = end
     parts.append(data[position:])
     return b"".join(parts)
+
+
+def slots_size(slots: list[TextSlot]) -> int:
+    """The characters of ``slots``' strings, which decide whether a scan goes to a worker thread."""
+    return sum(len(slot.text) for slot in slots)
 
 
 def all_detectors() -> tuple[Detector, ...]:
@@ -318,6 +328,10 @@ class ScannerInBackground:
         finally:
             self._done.set()
 
+    def ready(self) -> ContentScanner | None:
+        """The scanner when it is built, without waiting; None while it is being built or when it failed."""
+        return self._scanner
+
     async def get(self) -> ContentScanner:
         if not self._done.is_set():
             await asyncio.to_thread(self._done.wait)
@@ -352,6 +366,14 @@ class ScanningPolicy:
 
         return action
 
+    def on_for(self, server: str | None) -> bool:
+        """Whether any kind found in ``server``'s content may be acted on (else every action is "off")."""
+        settings = self._config.scanning
+        own = settings.servers.get(server, {}) if server is not None else {}
+        return (any(self._config.switch(name, server) != "off" for name in ("secrets", "pii"))
+                or any(value != "off" for value in settings.kinds.values())
+                or any(value != "off" for value in own.values()))
+
     def on_anywhere(self) -> bool:
         settings = self._config.scanning
         return (self._config.on_anywhere("secrets") or self._config.on_anywhere("pii")
@@ -380,6 +402,10 @@ class ScanningInterceptor:
         # instead: itself when clean, a redacted copy, or None when withheld), so a list passing again costs a lookup.
         self._definitions: dict[int, tuple[Any, Any]] = {}
 
+    def scans_for(self, server: str | None) -> bool:
+        """Whether anything found in ``server``'s content would be redacted or blocked."""
+        return self._policy.on_for(server)
+
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
         method = request.method
         if method in TOWARD_CLIENT:
@@ -397,21 +423,24 @@ class ScanningInterceptor:
         try:
             result = await call_next(request)
         except GatewayError as error:
-            raise await self._scanned_error(error, request, server, target) from None
+            raise await self.scanned_error(error, request, server, target) from None
         if type(result) is RawResponse:
             decoded = self.raw_results.decode(result)
-            if not await self._scan_result(decoded, request, server, target):
+            if not await self.scan_result(decoded, request, server, target):
                 return self.raw_results.unchanged(result)
             self.raw_results.changed(result)
             return decoded
         if isinstance(result, dict):
-            await self._scan_result(result, request, server, target)
+            await self.scan_result(result, request, server, target)
         return result
 
-    async def _scan_result(self, result: dict[str, Any], request: GatewayRequest, server: str | None,
-                           target: str) -> bool:
-        """Scan ``result`` and redact or block in place; whether anything was found (and so changed)."""
-        hits = await self._scan(list(text_slots(request.method, result)), server)
+    async def scan_result(self, result: dict[str, Any], request: GatewayRequest, server: str | None,
+                           target: str, slots: list[TextSlot] | None = None, size: int | None = None) -> bool:
+        """Scan ``result`` and redact or block in place; whether anything was found (and so changed). ``slots``
+        (and their ``size``): its strings, when the caller walked it already."""
+        if slots is None:
+            slots = list(text_slots(request.method, result))
+        hits = await self._scan(slots, server, size)
         if not hits:
             return False
         self._report_all(hits, request, server, target)
@@ -441,7 +470,7 @@ class ScanningInterceptor:
             del answer["instructions"]
         return answer
 
-    async def _scanned_error(self, error: GatewayError, request: GatewayRequest, server: str | None,
+    async def scanned_error(self, error: GatewayError, request: GatewayRequest, server: str | None,
                              target: str) -> GatewayError:
         shape = error.to_error()
         hits = await self._scan(list(error_slots(shape)), server)
@@ -513,12 +542,13 @@ class ScanningInterceptor:
         self._definitions[id(item)] = (item, served)
         return served
 
-    async def _scan(self, slots: list[TextSlot], server: str | None) -> list[Hit]:
+    async def _scan(self, slots: list[TextSlot], server: str | None, size: int | None = None) -> list[Hit]:
         if not slots:
             return []
         action = self._policy.action_for(server)
         scanner = await self._scanner.get()
-        size = sum(len(slot.text) for slot in slots)
+        if size is None:
+            size = slots_size(slots)
         if size > self._thread_above:
             return await asyncio.to_thread(scanner.scan, slots, action)
         return scanner.scan(slots, action)

@@ -247,13 +247,14 @@ class TaintGuard:
             result = await call_next(request)
         except GatewayError:
             # A server's error message reaches the model as well as its result does.
-            self._note_answer(request, server)
+            self.note_answer(request, server)
             raise
         if not (isinstance(result, dict) and result.get("resultType") == "input_required"):
-            self._note_answer(request, server)
+            self.note_answer(request, server)
         return result
 
-    def _note_answer(self, request: GatewayRequest, server: str | None) -> None:
+    def note_answer(self, request: GatewayRequest, server: str | None) -> None:
+        """Record that ``server``'s answer to ``request`` reached the session, when it taints."""
         if server is None or self._mode(server) == "off":
             return
         if server in taint_sources(request.session):
@@ -267,8 +268,12 @@ class TaintGuard:
 
     async def _hold_if_tainted(self, request: GatewayRequest, name: str | None) -> None:
         entry = request.catalog.tool(name or "")
-        if entry is None:
-            return
+        if entry is not None:
+            await self.hold_if_tainted(request, entry)
+
+    async def hold_if_tainted(self, request: GatewayRequest, entry: ToolEntry) -> None:
+        """Hold a ``tools/call`` of ``entry`` when content of another server tainted the session: ask a person, or
+        refuse (raises the refusal)."""
         known = taint_sources(request.session)
         mode = self._mode(entry.server)
         if not known or mode == "off":
