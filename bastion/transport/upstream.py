@@ -5,7 +5,7 @@ why it ended. It knows nothing of the protocol: the handshake, the era, ids and 
 session and to the ``Upstream`` that supervises it. One transport object is one attempt: when it ends, the
 supervisor opens a new one to restart the server.
 
-    transport = open_transport(name, config, launch=..., max_message_bytes=...)
+    transport = open_transport(name, config, launch=..., max_message_bytes=...)   # launch: how a process starts
     await transport.start(receiver)     # raises StartRefused (never retried) or any other error (retried)
     transport.send(frame)               # never blocks; raises TransportClosed once it has ended
     reason = await transport.ended()    # after the receiver has had the last frames
@@ -22,14 +22,12 @@ import re
 from collections import deque
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol
 
-from bastion.config import ServerConfig
-from bastion.launchers.prepare import prepare
 from bastion.protocol.framing import LineFramer, Oversize
-from bastion.sandbox import spawn
 from bastion.transport.stdio import CoalescingWriter, WriteBatch
 
 if TYPE_CHECKING:
-    from bastion.credentials.base import UpstreamCredentials
+    from bastion.config import ServerConfig
+    from bastion.transport.credentials import UpstreamCredentials
 
 DIAGNOSTICS_KEPT = 20  # a server's last stderr lines, kept to say why it failed
 _STDERR_GRACE = 2.0  # after a stop, how long the last stderr lines may take to arrive
@@ -81,7 +79,9 @@ class UpstreamTransport(Protocol):
         """Stop the process or drop the connection and free what it holds; calling it again does nothing."""
 
 
-Launcher = Callable[[str, ServerConfig], Awaitable["ServerProcess"]]
+# How a local server's process is started: given by the gateway (``bastion.gateway.launch.launch_server``, through
+# the sandbox), so the transport runs no installs and spawns nothing of its own.
+Launcher = Callable[[str, "ServerConfig"], Awaitable["ServerProcess"]]
 
 
 class ServerProcess(Protocol):
@@ -95,15 +95,6 @@ class ServerProcess(Protocol):
     def termination_reason(self) -> str | None: ...
     async def terminate(self, grace: float = 2.0) -> None: ...
     def listen_stdout(self, listener: Callable[[bytes], None]) -> None: ...
-
-
-async def launch_server(name: str, config: ServerConfig) -> ServerProcess:
-    """Every local server starts through the sandbox package, confined unless its configuration says "none".
-
-    A server started by a package launcher (npx, uvx, ...) runs its package installed beforehand, outside the sandbox.
-    """
-    config = await prepare(name, config)
-    return await spawn(name, config.command, config.args, config.env, config.cwd, config.sandbox)
 
 
 def open_transport(name: str, config: ServerConfig, *, launch: Launcher, max_message_bytes: int,
