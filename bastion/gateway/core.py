@@ -24,7 +24,7 @@ from bastion.gateway.launch import launch_server
 from bastion.gateway.pipeline import Chain
 from bastion.gateway.pool import InstanceListener, UpstreamPool
 from bastion.gateway.refresh import CatalogRefresh
-from bastion.gateway.relay import RELAYABLE_CLIENT_CAPABILITIES, Relay, relayable
+from bastion.gateway.relay import RELAYABLE_CLIENT_CAPABILITIES, ConnectedClient, Relay, relayable
 from bastion.gateway.router import Router
 from bastion.gateway.subscriptions import Subscriptions
 from bastion.gateway.upstream import Launcher, Upstream
@@ -32,7 +32,6 @@ from bastion.model import REQUEST, TO_SERVER, Identity, Interceptor
 from bastion.transport.stdio import WriteBatch
 
 if TYPE_CHECKING:
-    from bastion.frontends.connection import ClientConnection
     from bastion.policy.interceptors import PolicyRuntime
 
 log = logging.getLogger("bastion.gateway")
@@ -101,7 +100,7 @@ class Gateway:
         }
         self._tool_index = tool_index
         self.policy = policy
-        self._connections: dict[str, ClientConnection] = {}
+        self._connections: dict[str, ConnectedClient] = {}
         # Connections are told apart by a counter under a random prefix of this gateway's own: unique across runs
         # (audit records name them), at no random draw per connection (a 2026-07-28 HTTP POST is one).
         self._connection_prefix = uuid.uuid4().hex[:16]
@@ -234,10 +233,10 @@ class Gateway:
         """A new client connection's id, never given to another connection of this gateway or of another run."""
         return f"{self._connection_prefix}-{next(self._connection_count)}"
 
-    def attach(self, connection: ClientConnection) -> None:
+    def attach(self, connection: ConnectedClient) -> None:
         self._connections[connection.id] = connection
 
-    def detach(self, connection: ClientConnection) -> None:
+    def detach(self, connection: ConnectedClient) -> None:
         self._connections.pop(connection.id, None)
         self.subscriptions.drop_connection(connection.id)
         for pool in self.pools.values():

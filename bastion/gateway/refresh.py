@@ -26,7 +26,7 @@ _TOLD = {"tools": "notifications/tools/list_changed", "prompts": "notifications/
 class CatalogRefresh:
     def __init__(self, catalog: Catalog, connections: Mapping[str, Any]) -> None:
         self._catalog = catalog
-        self._connections = connections  # connection id -> ClientConnection: who is told of a change
+        self._connections = connections  # connection id -> ConnectedClient: who is told of a change
         self._refreshes: dict[tuple[str, str], asyncio.Task[None]] = {}
         # Lists a server announced as changed, whose refresh tells the clients even when the catalog comes out the
         # same (the list may have changed and changed back meanwhile): the server's news, passed on.

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from bastion.gateway.catalog import Catalog
 from bastion.gateway.pipeline import Chain
 from bastion.gateway.refresh import LIST_CHANGED, CatalogRefresh
 from bastion.gateway.subscriptions import Subscriptions
-from bastion.model import NOTIFICATION, TO_CLIENT, CallInFlight, GatewayError, GatewayRequest, Handler, Identity, Session
+from bastion.model import (
+    NOTIFICATION, TO_CLIENT, CallInFlight, ClientChannel, GatewayError, GatewayRequest, Handler, Identity, Session,
+)
 from bastion.protocol import jsonrpc
 from bastion.protocol.client_session import SELF
 from bastion.protocol.correlation import Pending
 
 if TYPE_CHECKING:
-    from bastion.frontends.connection import ClientConnection
     from bastion.gateway.bridge import InputBridge
     from bastion.gateway.upstream import Upstream
 
@@ -29,13 +30,28 @@ RELAYABLE_CLIENT_CAPABILITIES = ("sampling", "elicitation", "roots")
 INPUT_CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
 
 
+class ConnectedClient(ClientChannel, Protocol):
+    """What the gateway asks of a connected client (``bastion.frontends.connection.ClientConnection`` is one): the
+    frontends drive the gateway, and the gateway knows them only by this."""
+
+    id: str
+    era: str | None
+    session: Session
+
+    def log_message(self, params: dict[str, Any]) -> None:
+        """A server's log message, if the client's log level takes it."""
+
+    def resource_updated(self, params: dict[str, Any]) -> None:
+        """A resource the client subscribed to changed."""
+
+
 def relayable(capabilities: Mapping[str, Any]) -> dict[str, Any]:
     """The client capabilities whose requests Bastion can relay to the client."""
     return {k: v for k, v in capabilities.items() if k in RELAYABLE_CLIENT_CAPABILITIES}
 
 
 class Relay:
-    def __init__(self, chain: Chain, catalog: Catalog, connections: Mapping[str, ClientConnection],
+    def __init__(self, chain: Chain, catalog: Catalog, connections: Mapping[str, ConnectedClient],
                  inputs: InputBridge, subscriptions: Subscriptions, refresh: CatalogRefresh,
                  identity: Callable[[], Identity]) -> None:
         self._chain = chain
