@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from bastion.config import GatewayConfig, ToolsConfig
 from bastion.gateway.core import Gateway, server_catalog
-from bastion.gateway.upstream import Launcher, launch_server
+from bastion.gateway.launch import launch_server
+from bastion.gateway.upstream import Launcher
 from bastion.guardrails.chain import GuardrailChain, build_guardrails
 from bastion.guardrails.report import InterventionLog
 from bastion.model import CatalogView, Interceptor

@@ -9,29 +9,18 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # config imports Finding from here for what it notes while loading
+from bastion.finding import Finding
+from bastion.launchers.findings import installs_its_package, launcher_findings
+
+if TYPE_CHECKING:
     from bastion.config import GatewayConfig, ServerConfig
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: Literal["error", "warning"]
-    where: str  # the key it is about, e.g. "servers.git.command"
-    message: str
-    fix: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def diagnose(config: "GatewayConfig") -> list[Finding]:
     """Every finding about ``config``, errors and warnings, in configuration order."""
-    from bastion.launchers.findings import installs_its_package, launcher_findings  # they import the configuration
-
     findings: list[Finding] = list(config.load_notes)
     for name, server in config.servers.items():
         if server.enabled and server.url is not None:

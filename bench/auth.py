@@ -41,8 +41,8 @@ from bastion.auth.build import HttpAuth, build_http_auth  # noqa: E402
 from bastion.auth.config import AuthConfig  # noqa: E402
 from bastion.compose import build_gateway  # noqa: E402
 from bastion.config import GatewayConfig  # noqa: E402
-from bastion.transport.http.app import HttpFrontend  # noqa: E402
-from bastion.transport.http.config import HttpConfig  # noqa: E402
+from bastion.frontends.http.app import HttpFrontend  # noqa: E402
+from bastion.config import HttpConfig  # noqa: E402
 from tests.auth.resource_server_issuer import RESOURCE, Issuer  # noqa: E402
 
 TARGET_JWT_P50_US = 30.0

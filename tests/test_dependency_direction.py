@@ -1,11 +1,13 @@
 """Which parts of Bastion may import which, read from the source: the pure deciders and the sans-I/O protocol
-never reach up into the gateway, a transport or the sandbox, and the gateway builds neither policy nor search
-(the composition root, bastion/compose.py, does)."""
+never reach up into the gateway, a transport or the sandbox; the gateway builds neither policy nor search (the
+composition root, bastion/compose.py, does); the transports move bytes below the gateway and the frontends sit
+above it; and no two of Bastion's packages import each other, however roundabout the loop."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Iterable
 
 import pytest
 
@@ -28,8 +30,27 @@ FORBIDDEN = {
     # module, which imports their table (the authorization-code flow's loopback listener is a transport's).
     "credentials": ("bastion.gateway", "bastion.sandbox", "bastion.compose", "bastion.cli", "bastion.host",
                     "bastion.launchers", "bastion.policy", "bastion.search", "bastion.config"),
-    # Routing only: the policy runtime, the search exposure and the tool index come from the composition root.
-    "gateway": ("bastion.policy", "bastion.search", "bastion.compose", "bastion.cli", "bastion.host"),
+    # Routing only: the policy runtime, the search exposure and the tool index come from the composition root; the
+    # frontends drive it from above.
+    "gateway": ("bastion.policy", "bastion.search", "bastion.compose", "bastion.cli", "bastion.host",
+                "bastion.frontends"),
+    # Bytes below the gateway: frames, pipes, the upstream HTTP client, a listening socket. How a local server's
+    # process starts (installs, the sandbox) is given to it, and so are credentials, through the interface it defines.
+    "transport": ("bastion.gateway", "bastion.frontends", "bastion.sandbox", "bastion.launchers", "bastion.credentials",
+                  "bastion.config", "bastion.compose", "bastion.cli", "bastion.host", "bastion.policy",
+                  "bastion.search", "bastion.guardrails", "bastion.auth", "bastion.diagnostics"),
+    # Where clients come in: above the gateway, which they drive; the gateway is built for them by the composition
+    # root, and what spawns servers is the gateway's.
+    "frontends": ("bastion.compose", "bastion.cli", "bastion.host", "bastion.sandbox", "bastion.launchers",
+                  "bastion.search", "bastion.credentials", "bastion.diagnostics"),
+}
+
+# Modules that are a layer of their own, with what they must never import.
+FORBIDDEN_MODULES = {
+    # The typed configuration imports the tables of what it configures, never their run time.
+    "config.py": ("bastion.gateway", "bastion.frontends", "bastion.transport", "bastion.sandbox.process",
+                  "bastion.launchers", "bastion.diagnostics", "bastion.compose", "bastion.cli", "bastion.host",
+                  "bastion.credentials.build", "bastion.credentials.oauth_client", "bastion.policy.interceptors"),
 }
 
 
@@ -84,6 +105,72 @@ def test_a_layer_imports_nothing_above_it(area: str) -> None:
         if any(_within(module, layer) for layer in FORBIDDEN[area])
     ]
     assert wrong == [], "imports against the dependency direction (see docs/architecture.md):\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("module", sorted(FORBIDDEN_MODULES))
+def test_a_module_imports_nothing_above_it(module: str) -> None:
+    path = PACKAGE / module
+    wrong = [f"bastion/{module}:{line} imports {imported}" for line, imported in imported_modules(path)
+             if any(_within(imported, layer) for layer in FORBIDDEN_MODULES[module])]
+    assert wrong == [], "imports against the dependency direction (see docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def package_imports() -> dict[tuple[str, str], list[str]]:
+    """Every import from one of Bastion's packages into another (a top-level module, such as bastion/config.py,
+    counts as a package of its own), as (importer, imported) -> where: imports in functions count too."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        for line, module in imported_modules(path):
+            imported = module.split(".")[1] if module.count(".") else None
+            if imported is not None and imported != parts[0]:
+                found.setdefault((parts[0], imported), []).append(f"bastion/{'/'.join(parts)}.py:{line} {module}")
+    return found
+
+
+def loops(edges: Iterable[tuple[str, str]]) -> list[set[str]]:
+    """The sets of packages that reach one another (strongly connected components of more than one)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    reached = {node: reach(node) for node in graph}
+    found: list[set[str]] = []
+    for node in sorted(graph):
+        loop = {other for other in reached[node] if node in reached[other]}
+        if len(loop) > 1 and loop not in found:
+            found.append(loop)
+    return found
+
+
+def test_no_two_packages_import_each_other() -> None:
+    # A loop between packages, however long and through imports inside functions too, means neither can be read,
+    # tested or replaced without the other: each names the imports that close it.
+    imports = package_imports()
+    found = loops(imports)
+    described = [
+        " <-> ".join(sorted(loop)) + ":\n" + "\n".join(
+            f"    {where}" for (a, b), wheres in sorted(imports.items()) if a in loop and b in loop for where in wheres)
+        for loop in found
+    ]
+    assert found == [], "import loops between packages:\n" + "\n".join(described)
+
+
+def test_the_loop_check_sees_a_long_loop() -> None:
+    # The checker itself: a loop of three is one, a chain is none.
+    assert loops([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]) == [{"a", "b", "c"}]
+    assert loops([("a", "b"), ("b", "c")]) == []
 
 
 def test_the_shared_model_imports_nothing_of_bastion() -> None:

@@ -21,7 +21,7 @@ import pytest
 from bastion.compose import build_gateway
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.gateway.core import Gateway
-from bastion.gateway.frontend import ClientConnection
+from bastion.frontends.connection import ClientConnection
 from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import RawResponse

@@ -46,7 +46,7 @@ def _say(message: str) -> None:
 
 
 def _run(command: Any) -> int:
-    from bastion.credentials.base import CredentialsError
+    from bastion.transport.credentials import CredentialsError
     from bastion.credentials.store import TokenStore
 
     try:

@@ -73,7 +73,7 @@ def _load(args: argparse.Namespace) -> GatewayConfig | None:
 
 def _run(args: argparse.Namespace) -> int:
     from bastion.compose import build_gateway
-    from bastion.gateway.serve import serve_stdio
+    from bastion.frontends.stdio import serve_stdio
     from bastion.transport.stdio import protect_stdout
 
     protocol_fd = protect_stdout()
@@ -112,7 +112,8 @@ async def _with_eager_tasks(coroutine) -> Any:
 def _check(args: argparse.Namespace) -> int:
     """Validate a configuration and report what would fail at run time; 0 when usable (warnings allowed), 2 not."""
     from bastion.config import ConfigError, load_config
-    from bastion.diagnostics import Finding, diagnose
+    from bastion.diagnostics import diagnose
+    from bastion.finding import Finding
 
     source = str(Path(args.config).resolve()) if args.config else None
     try:

@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     from bastion.auth.build import build_http_auth
     from bastion.cli.gateway import _load, run_loop, setup_logging
     from bastion.compose import build_gateway
-    from bastion.transport.http.server import is_loopback, serve_http, with_client_ca
+    from bastion.frontends.http.server import is_loopback, serve_http, with_client_ca
 
     setup_logging(args)
     try:

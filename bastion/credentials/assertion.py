@@ -18,7 +18,7 @@ from typing import Callable
 from joserfc import jwt
 from joserfc.jwk import ECKey, OKPKey, RSAKey
 
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 ASSERTION_LIFETIME = 60  # seconds: long enough for one token request, short enough to be useless if seen

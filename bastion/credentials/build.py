@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from bastion.credentials.base import CredentialsError, UpstreamCredentials
+from bastion.transport.credentials import CredentialsError, UpstreamCredentials
 from bastion.credentials.client_credentials import ClientCredentials, TokenEndpoint
 from bastion.credentials.config import UpstreamAuth
 from bastion.credentials.enterprise import EnterpriseManaged, identity_provider_endpoint

@@ -103,7 +103,7 @@ class LoopbackListener:
             if self._callbacks.redirect_uri is None:
                 import uvicorn
 
-                from bastion.transport.http.server import QuietServer, listen
+                from bastion.transport.listener import QuietServer, listen
 
                 sock = listen("127.0.0.1", self._port)
                 self._server = QuietServer(uvicorn.Config(self._callbacks, loop="none", lifespan="off",

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 
 from bastion.credentials.assertion import ASSERTION_TYPE, ClientAssertion
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 from bastion.credentials.config import UpstreamAuth
 from bastion.credentials.discovery import Challenge, discover_authorization_server, discover_resource
 from bastion.credentials.store import TokenSet

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 
 _MAX_DOCUMENT = 64 * 1024  # a metadata document larger than this is not one
 # One auth-param of a challenge: name=token or name="quoted string" (RFC 9110 section 11.2).

@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Callable, Mapping
 
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 from bastion.credentials.client_credentials import (FRESH_TOKEN_SECONDS, TokenEndpoint, challenge_scopes,
                                                     renewal_margin)
 from bastion.credentials.config import IdentityProvider, UpstreamAuth

@@ -40,7 +40,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import httpx2
 
-from bastion.credentials.base import CredentialsError, UpstreamCredentials
+from bastion.transport.credentials import CredentialsError, UpstreamCredentials
 from bastion.credentials.callback import CALLBACK_PATH, PENDING_LIFETIME, CallbackRefused, Callbacks, LoopbackListener
 from bastion.credentials.config import UpstreamAuth
 from bastion.credentials.discovery import (

@@ -8,7 +8,7 @@ noticed before the instance's next call, which then runs in a new process (or is
 
 from __future__ import annotations
 
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 from bastion.credentials.store import TokenStore
 
 

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from bastion.files import exclusive_lock, replace_atomically
 from bastion import paths
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 
 KEY_VARIABLE = "BASTION_CREDENTIALS_KEY"
 STORE_NAME = "credentials.enc"

@@ -17,6 +17,13 @@ from bastion.model import ToolEntry
 log = logging.getLogger("bastion.catalog")
 
 KINDS = ("tools", "prompts", "resources", "resourceTemplates")
+# A client's list method -> (catalog kind, result key, the server capability that says the server has them)
+LISTS = {
+    "tools/list": ("tools", "tools", "tools"),
+    "prompts/list": ("prompts", "prompts", "prompts"),
+    "resources/list": ("resources", "resources", "resources"),
+    "resources/templates/list": ("resourceTemplates", "resourceTemplates", "resources"),
+}
 
 
 @dataclass(frozen=True, slots=True)

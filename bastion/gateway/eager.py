@@ -1,6 +1,6 @@
 """The future an upstream's answer arrives in.
 
-Every client request runs in an asyncio Task of its own (``bastion.gateway.frontend``), so ``asyncio.timeout``,
+Every client request runs in an asyncio Task of its own (``bastion.frontends.connection``), so ``asyncio.timeout``,
 ``TaskGroup``, anyio and the clients built on them work in an interceptor. The Task that forwards a request
 awaits an ``Answer``, which the upstream's data callback settles. A ``RawAnswer`` is the same, for a caller
 that takes a success result as the bytes it arrived in (``RawResponse``) rather than decoded: the pipeline

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from bastion.config import ServerConfig
-from bastion.credentials.base import URL_ELICITATION_REQUIRED, url_elicitation
+from bastion.transport.credentials import URL_ELICITATION_REQUIRED, url_elicitation
 from bastion.model import GatewayError, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Pending

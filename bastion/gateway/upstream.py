@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from bastion import __version__
 from bastion.config import ServerConfig
-from bastion.credentials.base import CredentialsError, UpstreamCredentials
+from bastion.transport.credentials import CredentialsError, UpstreamCredentials
 from bastion.credentials.secrets import IdentitySecrets
 from bastion.gateway.eager import Answer, RawAnswer
 from bastion.model import GatewayError
@@ -39,11 +39,10 @@ from bastion.transport.upstream import (
     StartRefused,
     TransportClosed,
     UpstreamTransport,
-    launch_server,
     open_transport,
 )
 
-__all__ = ["Launcher", "ServerProcess", "StartRefused", "Upstream", "UpstreamListener", "launch_server"]
+__all__ = ["Launcher", "ServerProcess", "StartRefused", "Upstream", "UpstreamListener"]
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
 _MAX_BACKOFF = 30.0

@@ -12,7 +12,7 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from bastion.diagnostics import Finding
+from bastion.finding import Finding
 from bastion.launchers.install import installed_facts, packages_dir
 from bastion.launchers.lock import LockFileError, lock_path, read_lock
 from bastion.launchers.plan import NotALauncher, plan_launch

@@ -6,7 +6,7 @@ Everything here works on bytes and plain objects; nothing reads or writes a tran
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, TypeVar, Union
+from typing import Any, Callable, Literal, Mapping, TypeVar, Union
 
 import msgspec
 import orjson
@@ -279,6 +279,15 @@ def request_frame(request_id: RequestId, method: str, params: dict[str, Any] | N
 def raw_request_frame(request_id: RequestId, method: str, params: dict[str, Any]) -> bytes:
     """``request_frame`` for params whose values may be ``msgspec.Raw`` (written as they are)."""
     return _encode_with_raw({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + b"\n"
+
+
+def request_encoder(params: Mapping[str, Any]) -> Callable[[RequestId, str, Any], bytes]:
+    """How to frame a request with ``params``: as they are, when they still hold the client's raw JSON values
+    (a call whose params nothing in the chain reads), else the ordinary way."""
+    for value in params.values():
+        if type(value) is msgspec.Raw:
+            return raw_request_frame
+    return request_frame
 
 
 def encode(message: Message) -> bytes:

@@ -6,7 +6,7 @@ alone: which era the client speaks (from its first message), the handshake-era l
 per-request envelope, log levels of both eras, ``subscriptions/listen`` streams, which answers are to requests
 Bastion sent the client, and how a result is written for the client's era. It performs no I/O, awaits nothing
 and reads no clock; whatever takes time (waiting for servers, the interceptor chain, the servers themselves) is
-the driver's (``bastion.gateway.frontend``).
+the driver's (``bastion.frontends.connection``).
 """
 
 from __future__ import annotations

@@ -47,10 +47,10 @@ import httpx2
 import orjson
 
 from bastion import __version__
-from bastion.credentials.base import URL_ELICITATION_REQUIRED, CredentialsError, UpstreamCredentials, url_elicitation
+from bastion.transport.credentials import URL_ELICITATION_REQUIRED, CredentialsError, UpstreamCredentials, url_elicitation
 from bastion.protocol import jsonrpc
 from bastion.protocol.versions import META_PROTOCOL_VERSION
-from bastion.transport.upstream import DIAGNOSTICS_KEPT, StartRefused, TransportClosed, UpstreamReceiver
+from bastion.transport.interface import DIAGNOSTICS_KEPT, StartRefused, TransportClosed, UpstreamReceiver
 
 if TYPE_CHECKING:
     from bastion.config import ServerConfig

@@ -1,11 +1,12 @@
-"""How Bastion reaches one upstream server: the transport interface, and its stdio implementation.
+"""How Bastion reaches one upstream server: the transport for its configuration, and the stdio one (the interface
+they share is in transport/interface.py).
 
 An ``UpstreamTransport`` carries JSON-RPC frames (one message each, as bytes) to and from one server and says
 why it ended. It knows nothing of the protocol: the handshake, the era, ids and deadlines belong to the client
 session and to the ``Upstream`` that supervises it. One transport object is one attempt: when it ends, the
 supervisor opens a new one to restart the server.
 
-    transport = open_transport(name, config, launch=..., max_message_bytes=...)
+    transport = open_transport(name, config, launch=..., max_message_bytes=...)   # launch: how a process starts
     await transport.start(receiver)     # raises StartRefused (never retried) or any other error (retried)
     transport.send(frame)               # never blocks; raises TransportClosed once it has ended
     reason = await transport.ended()    # after the receiver has had the last frames
@@ -20,18 +21,24 @@ import asyncio
 import logging
 import re
 from collections import deque
-from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING
 
-from bastion.config import ServerConfig
-from bastion.launchers.prepare import prepare
-from bastion.protocol.framing import LineFramer, Oversize
-from bastion.sandbox import spawn
+from bastion.protocol.framing import LineFramer
+from bastion.transport.interface import (
+    DIAGNOSTICS_KEPT,
+    Launcher,
+    ServerProcess,
+    StartRefused,
+    TransportClosed,
+    UpstreamReceiver,
+    UpstreamTransport,
+)
 from bastion.transport.stdio import CoalescingWriter, WriteBatch
 
 if TYPE_CHECKING:
-    from bastion.credentials.base import UpstreamCredentials
+    from bastion.config import ServerConfig
+    from bastion.transport.credentials import UpstreamCredentials
 
-DIAGNOSTICS_KEPT = 20  # a server's last stderr lines, kept to say why it failed
 _STDERR_GRACE = 2.0  # after a stop, how long the last stderr lines may take to arrive
 # bubblewrap's own words when the server's executable cannot be run inside the sandbox: not there, not executable,
 # or its interpreter (a script's #! line) not there to be mounted.
@@ -40,70 +47,6 @@ _SANDBOX_EXEC_FAILED = re.compile(r"^bwrap: execvp (.+): (No such file or direct
 _SANDBOX_SOURCE_MISSING = re.compile(r"bwrap: Can't find source path (.+): No such file or directory")
 # What a shell wrapper exits with when its command is missing (127) or not executable (126).
 _SHELL_NOT_FOUND = {126: "is not executable", 127: "was not found"}
-
-
-class StartRefused(Exception):
-    """A start that would fail the same way every time (a missing executable): reported once, never retried."""
-
-
-class TransportClosed(ConnectionError):
-    """A frame sent to a transport that is not running (not started yet, ended, or closed)."""
-
-
-class UpstreamReceiver(Protocol):
-    """Who a transport hands the server's frames to."""
-
-    def frames_received(self, frames: Iterable[bytes | Oversize]) -> None:
-        """One chunk of frames as it arrived (an ``Oversize`` stands for a frame over the limit, dropped). Frames
-        written while handling a chunk may be held and sent together when it is done (see ``WriteBatch``)."""
-
-
-class UpstreamTransport(Protocol):
-    async def start(self, receiver: UpstreamReceiver) -> None:
-        """Open the connection or start the process; frames go to ``receiver`` from now on. Raises
-        ``StartRefused`` for a failure a retry cannot mend, any other exception for one it may."""
-
-    def send(self, frame: bytes) -> None:
-        """Send one frame (a JSON-RPC message, without framing), never blocking. Raises ``TransportClosed``."""
-
-    async def ended(self) -> str:
-        """Wait until the transport has ended (the server exited, the connection dropped for good) and say why.
-        Every frame that arrived has been handed to the receiver by then."""
-
-    def refusal(self) -> str | None:
-        """After the end: why restarting cannot help (say, the executable is missing), or None."""
-
-    def diagnostics(self) -> list[str]:
-        """The last lines the server wrote on stderr in this attempt, oldest first (or a remote transport's own
-        notes about what went wrong)."""
-
-    async def close(self) -> None:
-        """Stop the process or drop the connection and free what it holds; calling it again does nothing."""
-
-
-Launcher = Callable[[str, ServerConfig], Awaitable["ServerProcess"]]
-
-
-class ServerProcess(Protocol):
-    """What the stdio transport needs of a started process (``bastion.sandbox.ServerProcess`` is one)."""
-
-    stdin: asyncio.StreamWriter
-    stderr: asyncio.StreamReader
-    pid: int
-
-    async def wait(self) -> int: ...
-    def termination_reason(self) -> str | None: ...
-    async def terminate(self, grace: float = 2.0) -> None: ...
-    def listen_stdout(self, listener: Callable[[bytes], None]) -> None: ...
-
-
-async def launch_server(name: str, config: ServerConfig) -> ServerProcess:
-    """Every local server starts through the sandbox package, confined unless its configuration says "none".
-
-    A server started by a package launcher (npx, uvx, ...) runs its package installed beforehand, outside the sandbox.
-    """
-    config = await prepare(name, config)
-    return await spawn(name, config.command, config.args, config.env, config.cwd, config.sandbox)
 
 
 def open_transport(name: str, config: ServerConfig, *, launch: Launcher, max_message_bytes: int,

@@ -17,7 +17,7 @@ from cryptography.x509.oid import NameOID
 
 from bastion.auth.base import AuthFailure, Credentials
 from bastion.auth.mtls import ClientCertificateMethod, certificate_names, parse_mapping
-from bastion.transport.http.server import verified_certificate
+from bastion.transport.listener import verified_certificate
 
 
 def uri_certificate(authority: trustme.CA, uri: str, common_name: str) -> tuple[bytes, bytes]:
@@ -158,7 +158,7 @@ async def test_every_request_of_a_connection_carries_its_peer_certificate(tmp_pa
     from uvicorn.protocols.http.h11_impl import H11Protocol
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from bastion.transport.http.server import PEER_CERTIFICATE, PeerCertificate, QuietServer, listen
+    from bastion.transport.listener import PEER_CERTIFICATE, PeerCertificate, QuietServer, listen
 
     async def app(scope, receive, send) -> None:  # says which certificate names the request came with
         if scope["type"] != "http":

@@ -15,9 +15,9 @@ from bastion.auth.build import build_http_auth
 from bastion.auth.config import AuthConfig
 from bastion.compose import build_gateway
 from bastion.config import GatewayConfig
-from bastion.transport.http.app import HttpFrontend
-from bastion.transport.http.config import HttpConfig
-from bastion.transport.http.server import listen
+from bastion.frontends.http.app import HttpFrontend
+from bastion.config import HttpConfig
+from bastion.transport.listener import listen
 from tests.auth.resource_server_issuer import RESOURCE, Issuer
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

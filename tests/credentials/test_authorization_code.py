@@ -23,7 +23,7 @@ from bastion.credentials.config import UpstreamAuth
 from bastion.credentials.oauth_client import AuthorizationCodes
 from bastion.credentials.store import STORE_NAME, TokenStore
 from bastion.model import Identity
-from bastion.transport.http.server import QuietServer, listen
+from bastion.transport.listener import QuietServer, listen
 from bastion.transport.http_client import URL_ELICITATION_REQUIRED, HttpTransport
 from tests.fixtures.oauth_server import AuthorizationServer, running
 

@@ -15,7 +15,7 @@ import pytest
 import trustme
 
 from bastion.config import GatewayConfig, ServerConfig
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 from bastion.credentials.client_credentials import ClientCredentials, TokenEndpoint, metadata_urls
 from bastion.credentials.config import UpstreamAuth
 from bastion.host import Host

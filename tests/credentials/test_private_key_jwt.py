@@ -22,7 +22,7 @@ from joserfc.jwk import ECKey, OKPKey, RSAKey
 
 from bastion.config import ConfigError, ServerConfig, load_config
 from bastion.credentials.assertion import ASSERTION_LIFETIME, ClientAssertion
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 from bastion.credentials.client_credentials import TokenEndpoint
 from bastion.credentials.config import UpstreamAuth
 from bastion.credentials.enterprise import EnterpriseManaged, identity_provider_endpoint

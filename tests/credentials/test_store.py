@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bastion.credentials.base import CredentialsError
+from bastion.transport.credentials import CredentialsError
 from bastion.credentials.store import KEY_NAME, STORE_NAME, TokenSet, TokenStore, load_or_create_key, parse_key
 
 SECRET = "at-4f1c9e7d0b2a-very-secret"

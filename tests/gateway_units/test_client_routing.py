@@ -18,7 +18,7 @@ import pytest
 from bastion.compose import build_gateway
 from bastion.config import GatewayConfig
 from bastion.gateway.core import Gateway
-from bastion.gateway.frontend import ClientConnection
+from bastion.frontends.connection import ClientConnection
 from bastion.model import GatewayError, Identity
 from bastion.protocol.jsonrpc import INVALID_REQUEST
 from bastion.protocol.versions import LATEST_MODERN, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION

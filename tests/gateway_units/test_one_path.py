@@ -15,7 +15,7 @@ import pytest
 from bastion.compose import build_gateway
 from bastion.config import GatewayConfig
 from bastion.gateway.core import Gateway
-from bastion.gateway.frontend import ClientConnection
+from bastion.frontends.connection import ClientConnection
 from bastion.gateway.pipeline import passes_raw
 from bastion.model import GatewayError, GatewayRequest, Handler, Identity
 from bastion.protocol import jsonrpc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from bastion.transport.http.guards import (
+from bastion.frontends.http.guards import (
     OriginGuard,
     Peer,
     TrustedProxies,

@@ -8,7 +8,7 @@ import json
 import orjson
 import pytest
 
-from bastion.transport.http.exchanges import Peeked, peek
+from bastion.frontends.http.exchanges import Peeked, peek
 
 FRAMES = [
     b'{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"hi"}]}}',

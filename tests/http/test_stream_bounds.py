@@ -9,8 +9,8 @@ import socket
 
 import uvicorn
 
-from bastion.transport.http.server import QuietServer, listen
-from bastion.transport.http.streams import SseStream, sse_event, wait_disconnect
+from bastion.transport.listener import QuietServer, listen
+from bastion.frontends.http.streams import SseStream, sse_event, wait_disconnect
 
 EVENT = sse_event(b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"' + b"x" * 60000 + b'"}}')
 NOTICE = sse_event(b'{"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"closed: 8 messages waited unread"}}')

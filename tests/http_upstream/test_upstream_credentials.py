@@ -12,8 +12,8 @@ import orjson
 import pytest
 import uvicorn
 
-from bastion.credentials.base import CredentialsError
-from bastion.transport.http.server import QuietServer, listen
+from bastion.transport.credentials import CredentialsError
+from bastion.transport.listener import QuietServer, listen
 from bastion.transport.http_client import URL_ELICITATION_REQUIRED, HttpTransport
 
 CHALLENGE = 'Bearer error="invalid_token", resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource"'

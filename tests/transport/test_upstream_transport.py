@@ -8,9 +8,10 @@ import sys
 import pytest
 
 from bastion.config import ServerConfig
+from bastion.gateway.launch import launch_server
 from bastion.protocol.framing import Oversize
 from bastion.transport.stdio import WriteBatch
-from bastion.transport.upstream import StartRefused, TransportClosed, launch_server, open_transport
+from bastion.transport.upstream import StartRefused, TransportClosed, open_transport
 
 # Echoes each line back upper-cased, says so on stderr, and exits with the status a line "exit N" asks.
 ECHO = r"""

@@ -18,8 +18,7 @@ import orjson
 from bastion.auth.base import AuthFailure, Credentials
 from bastion.auth.build import HttpAuth, build_http_auth
 from bastion.gateway.core import Gateway
-from bastion.gateway.frontend import ClientConnection
-from bastion.gateway.naming import SEPARATOR
+from bastion.frontends.connection import ClientConnection
 from bastion.model import Identity
 from bastion.protocol.versions import (
     LEGACY_VERSIONS,
@@ -28,9 +27,9 @@ from bastion.protocol.versions import (
     is_modern,
     is_modern_first_message,
 )
-from bastion.transport.http.config import HttpConfig
-from bastion.transport.http.exchanges import WITHDRAWN, Exchange, Peeked, ServerGate, peek
-from bastion.transport.http.guards import (
+from bastion.config import HttpConfig
+from bastion.frontends.http.exchanges import WITHDRAWN, Exchange, Peeked, ServerGate, peek
+from bastion.frontends.http.guards import (
     OriginGuard,
     TrustedProxies,
     accepts,
@@ -38,7 +37,7 @@ from bastion.transport.http.guards import (
     modern_header_mismatch,
     param_header_mismatch,
 )
-from bastion.transport.http.streams import ReplayLog, SseStream, priming_event, sse_event, wait_disconnect
+from bastion.frontends.http.streams import ReplayLog, SseStream, priming_event, sse_event, wait_disconnect
 
 log = logging.getLogger("bastion.http")
 
@@ -492,7 +491,7 @@ class HttpFrontend:
     def _gate_request(self, top: Peeked, identity: Identity) -> tuple[Callable[[], None], dict[str, Any] | None]:
         """Take the in-flight slot of the server a request goes to: (release, None), or (no-op, the busy error)
         when that server is full. A request the gateway answers itself (lists, ping) takes none."""
-        server = self._target_server(top.method, top.params) if isinstance(top.params, dict) else None
+        server = self.gateway.server_for(top.method, top.params) if isinstance(top.params, dict) else None
         if server is None:
             return _nothing, None
         release = self.gate.acquire(server)
@@ -504,42 +503,12 @@ class HttpFrontend:
             return _nothing, busy
         return release, None
 
-    def _target_server(self, method: str | None, params: dict[str, Any]) -> str | None:
-        """The one server a request is forwarded to, or None when the gateway answers it (or refuses it) itself."""
-        catalog = self.gateway.catalog
-        if method == "tools/call":
-            name = params.get("name")
-            return self._server_of(name, catalog.tool) if isinstance(name, str) else None
-        if method == "prompts/get":
-            name = params.get("name")
-            return self._server_of(name, catalog.prompt) if isinstance(name, str) else None
-        if method in ("resources/read", "resources/subscribe", "resources/unsubscribe"):
-            uri = params.get("uri")
-            return catalog.resource_owner(uri) if isinstance(uri, str) else None
-        if method == "completion/complete":
-            ref = params.get("ref")
-            if not isinstance(ref, dict):
-                return None
-            if ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str):
-                return self._server_of(ref["name"], catalog.prompt)
-            if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
-                return catalog.template_owner(ref["uri"])
-        return None
-
     def _param_header_mismatch(self, params: dict[str, Any], headers: dict[str, str]) -> str | None:
         name = params.get("name")
         entry = self.gateway.catalog.tool(name) if isinstance(name, str) else None
         if entry is None:
             return None  # the gateway answers an unknown tool
         return param_header_mismatch(entry.definition.get("inputSchema"), params.get("arguments"), headers)
-
-    def _server_of(self, name: str, lookup: Callable[[str], Any]) -> str | None:
-        entry = lookup(name)
-        if entry is not None:
-            return entry.server
-        # A server still starting has no tools in the catalog yet, and its first calls wait for it: they count too.
-        prefix, separator, _ = name.partition(SEPARATOR)
-        return prefix if separator and prefix in self.gateway.config.servers else None
 
     async def _legacy_post(self, session: LegacySession, body: bytes, top: Peeked, headers: dict[str, str],
                            receive: Receive, send: Send) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import msgspec
 import orjson
 
-from bastion.transport.http.streams import SseStream, priming_event, sse_event
+from bastion.frontends.http.streams import SseStream, priming_event, sse_event
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""The interface an upstream HTTP transport asks for credentials through."""
+"""The interface an upstream HTTP transport asks for credentials through, defined by the transport as httpx defines
+its ``Auth``: bastion/credentials implements it, and the transport imports nothing of theirs."""
 
 from __future__ import annotations
 

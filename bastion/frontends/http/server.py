@@ -1,35 +1,27 @@
-"""Running the HTTP frontend: the listening socket, TLS, uvicorn on the running loop, and a clean stop."""
+"""Running the HTTP frontend: its TLS settings, uvicorn on the running loop (bastion/transport/listener.py), and a
+clean stop."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import signal
-import socket
 import ssl
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import uvicorn
 
 from bastion.auth.build import HttpAuth
 from bastion.auth.config import AuthConfig
+from bastion.config import HttpConfig, client_certificate_contradiction
+from bastion.frontends.http.app import HttpFrontend
 from bastion.gateway.core import Gateway
-from bastion.transport.http.app import HttpFrontend
-from bastion.transport.http.config import HttpConfig, client_certificate_contradiction
+from bastion.transport.listener import QuietServer, http_protocol, listen
 
 log = logging.getLogger("bastion.http")
-
-
-class QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling: Bastion ends its streams and sessions first, then stops it."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def is_loopback(host: str) -> bool:
@@ -41,17 +33,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def listen(host: str, port: int) -> socket.socket:
-    host = host.strip("[]")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
 async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int, *, auth: HttpAuth | None = None,
                      callback: Any = None) -> signal.Signals | None:
     """Serve until SIGTERM, SIGINT or SIGHUP; the signal that stopped it."""
@@ -60,7 +41,7 @@ async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: in
     frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host), auth=auth, callback=callback)
     tls = settings.tls_cert is not None
     config = uvicorn.Config(
-        frontend, http=_http_protocol(), loop="none", lifespan="off", proxy_headers=False, server_header=False,
+        frontend, http=http_protocol(), loop="none", lifespan="off", proxy_headers=False, server_header=False,
         access_log=False, log_config=None, timeout_keep_alive=30, timeout_graceful_shutdown=5,
         ssl_certfile=str(settings.tls_cert) if tls else None, ssl_keyfile=str(settings.tls_key) if tls else None,
         **_client_certificates(settings), h11_max_incomplete_event_size=64 * 1024,
@@ -122,40 +103,3 @@ def _client_certificates(settings: HttpConfig) -> dict[str, Any]:
             "ssl_cert_reqs": ssl.CERT_REQUIRED if required else ssl.CERT_OPTIONAL}
 
 
-class PeerCertificate:
-    """Puts the client certificate the TLS handshake verified into every request's ASGI scope, as
-    ``scope["bastion.peer_certificate"]`` (``ssl.getpeercert()`` form), where the frontend reads it for
-    authentication: uvicorn reads no peer certificate of its own. Mixed into uvicorn's HTTP protocol class."""
-
-    app: Any
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # asyncio calls it after the handshake
-        super().connection_made(transport)  # type: ignore[misc]
-        certificate = verified_certificate(transport)
-        if certificate:
-            app = self.app
-
-            async def with_certificate(scope: Any, receive: Any, send: Any) -> None:
-                scope[PEER_CERTIFICATE] = certificate
-                await app(scope, receive, send)
-
-            self.app = with_certificate
-
-
-PEER_CERTIFICATE = "bastion.peer_certificate"
-
-
-def verified_certificate(transport: asyncio.BaseTransport) -> dict[str, Any] | None:
-    """The peer's certificate when the handshake verified one: getpeercert() is empty or None otherwise (no TLS, no
-    certificate, or no verification asked for)."""
-    ssl_object = transport.get_extra_info("ssl_object")
-    return (ssl_object.getpeercert() or None) if ssl_object is not None else None
-
-
-def _http_protocol() -> type[asyncio.Protocol]:
-    try:
-        # measured: about twice the requests per second of h11 here
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as parser
-    except ImportError:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as parser  # type: ignore[assignment]
-    return type("BastionHttpProtocol", (PeerCertificate, parser), {})

@@ -7,7 +7,7 @@ import logging
 import signal
 
 from bastion.gateway.core import Gateway
-from bastion.gateway.frontend import ClientConnection
+from bastion.frontends.connection import ClientConnection
 from bastion.model import Identity
 from bastion.protocol.framing import Oversize
 from bastion.transport.stdio import CoalescingWriter, open_protocol_writer, read_stdin

@@ -1,0 +1,223 @@
+"""The servers' messages toward clients: a server's notification to the client it belongs to (whose call, who
+subscribed, every client), and a server's request (sampling, elicitation, roots) to the client whose call caused
+it, never to another; both through the chain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
+
+from bastion.gateway.catalog import Catalog
+from bastion.gateway.pipeline import Chain
+from bastion.gateway.refresh import LIST_CHANGED, CatalogRefresh
+from bastion.gateway.subscriptions import Subscriptions
+from bastion.model import (
+    NOTIFICATION, TO_CLIENT, CallInFlight, ClientChannel, GatewayError, GatewayRequest, Handler, Identity, Session,
+)
+from bastion.protocol import jsonrpc
+from bastion.protocol.client_session import SELF
+from bastion.protocol.correlation import Pending
+
+if TYPE_CHECKING:
+    from bastion.gateway.bridge import InputBridge
+    from bastion.gateway.upstream import Upstream
+
+log = logging.getLogger("bastion.gateway")
+
+RELAYABLE_CLIENT_CAPABILITIES = ("sampling", "elicitation", "roots")
+# A server's request to a client -> the client capability it needs.
+INPUT_CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
+
+
+class ConnectedClient(ClientChannel, Protocol):
+    """What the gateway asks of a connected client (``bastion.frontends.connection.ClientConnection`` is one): the
+    frontends drive the gateway, and the gateway knows them only by this."""
+
+    id: str
+    era: str | None
+    session: Session
+
+    def log_message(self, params: dict[str, Any]) -> None:
+        """A server's log message, if the client's log level takes it."""
+
+    def resource_updated(self, params: dict[str, Any]) -> None:
+        """A resource the client subscribed to changed."""
+
+
+def relayable(capabilities: Mapping[str, Any]) -> dict[str, Any]:
+    """The client capabilities whose requests Bastion can relay to the client."""
+    return {k: v for k, v in capabilities.items() if k in RELAYABLE_CLIENT_CAPABILITIES}
+
+
+class Relay:
+    def __init__(self, chain: Chain, catalog: Catalog, connections: Mapping[str, ConnectedClient],
+                 inputs: InputBridge, subscriptions: Subscriptions, refresh: CatalogRefresh,
+                 identity: Callable[[], Identity]) -> None:
+        self._chain = chain
+        self._catalog = catalog
+        self._connections = connections
+        self._inputs = inputs  # 2026-07-28 clients' calls in flight, where a server's question waits
+        self._subscriptions = subscriptions
+        self._refresh = refresh
+        self._identity = identity  # Bastion's own session's identity, for a notification no one client's
+        # Server notifications a route has interceptors for pass them one after another, in the server's order; one
+        # whose route is empty is delivered at once, at no cost.
+        self._notice_tail: asyncio.Task[None] | None = None
+        self._notices: set[asyncio.Task[None]] = set()
+
+    def notices_pending(self) -> "asyncio.Task[None] | None":
+        """The last server notification still passing the chain, None when none is: an answer that came after them
+        waits for it, so that it leaves after them, as the server sent it."""
+        tail = self._notice_tail
+        return tail if tail is not None and not tail.done() else None
+
+    def close(self) -> None:
+        for task in list(self._notices):
+            task.cancel()
+
+    # -------------------------------------------------------------------------------------- notifications
+    def notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None) -> None:
+        route = self._chain.route(TO_CLIENT, NOTIFICATION, method)
+        # Whose calls the server works on is read now: by the time an interceptor passes a log message on, the
+        # call it belongs to may have ended.
+        callers = _log_callers(upstream) if method == "notifications/message" else None
+        if route.empty:
+            self._deliver_notification(upstream, method, params, pending, callers)
+            return
+
+        async def deliver(passed: GatewayRequest) -> dict[str, Any]:
+            self._deliver_notification(upstream, passed.method, passed.params, pending, callers)
+            return {}
+
+        request = GatewayRequest(method, params, self._notice_session(pending, callers), self._catalog,
+                                 server=upstream.name, direction=TO_CLIENT, kind=NOTIFICATION, deliver=deliver)
+        # Intercepted notifications run one after another, so they reach clients in the order the server sent them.
+        previous = self._notice_tail
+        self._notice_tail = asyncio.create_task(self._intercept_notification(previous, route.handle, request))
+        self._notices.add(self._notice_tail)
+        self._notice_tail.add_done_callback(self._notices.discard)
+
+    async def _intercept_notification(self, previous: asyncio.Task[None] | None, handle: Handler,
+                                      request: GatewayRequest) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        try:
+            await handle(request)
+        except Exception as exc:  # a notification has no reply to carry a refusal: the interceptor dropped it
+            reason = exc.message if isinstance(exc, GatewayError) else repr(exc)
+            log.info("server %s: %s not forwarded: %s", request.server, request.method, reason)
+
+    def _notice_session(self, pending: Pending | None, callers: set[str] | None) -> Session:
+        """The session of the client a notification belongs to, when one call's client is known; else Bastion's."""
+        origins = {pending.origin} if pending is not None else callers or set()
+        if len(origins) == 1:
+            connection = self._connections.get(next(iter(origins)))
+            if connection is not None:
+                return connection.session
+        return Session(self._identity(), "legacy", "", {})
+
+    def _deliver_notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None,
+                              callers: set[str] | None) -> None:
+        if method == "notifications/progress" and pending is not None:
+            connection = self._connections.get(pending.origin)
+            if connection is not None:
+                connection.notify(method, {**params, "progressToken": pending.origin_progress_token})
+            return
+        if method in LIST_CHANGED:
+            self._refresh.list_changed(upstream, method)
+            return
+        if method == "notifications/resources/updated":
+            for connection_id in self._subscriptions.subscribers(params.get("uri")):
+                connection = self._connections.get(connection_id)
+                if connection is not None:
+                    connection.resource_updated(params)
+            return
+        if method == "notifications/message":
+            logger = params.get("logger")
+            forwarded = {**params, "logger": f"{upstream.name}/{logger}" if logger else upstream.name}
+            forwarded.pop("_meta", None)
+            # A log message names no request: while the server works on calls of some clients it is theirs, else
+            # every client that asked for logs may read it.
+            if callers is None:
+                callers = _log_callers(upstream)
+            targets = [self._connections[o] for o in callers if o in self._connections] if callers else \
+                list(self._connections.values())
+            for connection in targets:
+                connection.log_message(forwarded)
+            return
+        if method == "notifications/subscriptions/acknowledged":
+            return
+        log.debug("server %s sent %s; not forwarded", upstream.name, method)
+
+    # ------------------------------------------------------------------------------------------- requests
+    async def request(self, upstream: Upstream, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """A server asks the client something (sampling, elicitation, roots): relay it to the client whose call
+        caused it, never to another. A 2026-07-28 client's call answers with ``input_required`` for it."""
+        capability = INPUT_CAPABILITY.get(method)
+        if capability is None:
+            raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+        asking = f"{method} from server {upstream.name!r}"
+        inputs = self._inputs
+        callers = [(origin, origin_id) for origin, origin_id in upstream._correlator.origins()
+                   if origin in self._connections or inputs.find(origin, origin_id) is not None]
+        if len({origin for origin, _ in callers}) > 1:
+            raise GatewayError(jsonrpc.INVALID_REQUEST,
+                               f"{asking} came while calls of several clients were in flight on it, and nothing says "
+                               "whose call asked: give a server that asks its client for input scope per_session")
+        bridged = [call for call in (inputs.find(*caller) for caller in callers) if call is not None]
+        if bridged:
+            if len(bridged) > 1:
+                raise GatewayError(jsonrpc.INVALID_REQUEST,
+                                   f"{asking} came while several calls of one 2026-07-28 client were in flight on it, "
+                                   "and nothing says which call asked")
+            [call] = bridged
+            if capability not in call.client_capabilities:
+                raise GatewayError(jsonrpc.INVALID_REQUEST,
+                                   f"{asking}: the client whose call caused it did not declare the {capability!r} capability")
+            session = Session(call.identity, "modern", "", call.client_capabilities, None, str(call.origin[0]))
+            return await self.toward_client(method, params, session, upstream.name,
+                                            lambda asked: inputs.ask(call, asked.method, asked.params),
+                                            _calls_in_flight(upstream, [call.origin]))
+        if callers:
+            connection = self._connections[callers[0][0]]
+        else:
+            # Asked outside any call (roots/list after the handshake, say): only a lone client can be the one meant.
+            connected = list(self._connections.values())
+            if len(connected) != 1:
+                raise GatewayError(jsonrpc.INVALID_REQUEST,
+                                   f"{asking} came outside any client's call while {len(connected)} clients are "
+                                   "connected, so nothing says which client it is for")
+            connection = connected[0]
+        if connection.era != "legacy":
+            raise GatewayError(jsonrpc.INVALID_REQUEST,
+                               f"{asking} came outside any call of its 2026-07-28 client, which can be asked only in "
+                               "the answer to a call")
+        if not connection.supports(capability):
+            raise GatewayError(jsonrpc.METHOD_NOT_FOUND,
+                               f"{asking}: the client whose call caused it did not declare the {capability!r} "
+                               "capability (Bastion offers it to every server, which start before any client connects)")
+        return await self.toward_client(method, params, connection.session, upstream.name,
+                                        lambda asked: connection.request(asked.method, asked.params),
+                                        _calls_in_flight(upstream, [c for c in callers if c[0] == connection.id]))
+
+    def toward_client(self, method: str, params: dict[str, Any], session: Session, server: str,
+                      ask: Handler, calls: tuple[CallInFlight, ...] = ()) -> Awaitable[dict[str, Any]]:
+        """A server's request to a client, through the chain (the policy's decision, the guardrails), then ``ask``;
+        ``calls`` are that client's calls the server is working on."""
+        return self._chain.handle(GatewayRequest(method, params, session, self._catalog, server=server,
+                                                 calls_in_flight=calls, direction=TO_CLIENT, deliver=ask))
+
+
+def _log_callers(upstream: Upstream) -> set[str]:
+    return {origin for origin, _ in upstream._correlator.origins() if origin != SELF}
+
+
+def _calls_in_flight(upstream: Upstream, origins: Sequence[tuple[Any, Any]]) -> tuple[CallInFlight, ...]:
+    """The calls of ``origins`` (connection id, the client's request id) ``upstream`` is still working on."""
+    calls = []
+    for origin, origin_id in origins:
+        pending = upstream._correlator.find_by_origin(origin, origin_id)
+        if pending is not None:
+            calls.append(CallInFlight(pending.method, origin_id))
+    return tuple(calls)
