@@ -157,6 +157,10 @@ class GatewayRequest:
     # Where the chain's last step hands the message (the client a server's request or notification is for, or what a
     # client's notification does); None for a client's request, which the gateway routes to its server.
     deliver: "Handler | None" = field(default=None, repr=False)
+    # A 2026-07-28 client's retry that brings its answers to the questions its call's server asked: it passes the
+    # chain as a request of its own, and its last step resumes the call, which passed the chain already (the policy
+    # checks it again but neither counts it against a rate limit nor asks a person again).
+    continues: bool = False
     # The tool a tools/call names, looked up once for every interceptor and the route (see ``target``).
     _target: tuple[Any, "ToolEntry | None"] | None = field(default=None, init=False, repr=False, compare=False)
 

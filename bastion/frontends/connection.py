@@ -314,7 +314,19 @@ class ClientConnection:
         state = params.get("requestState")
         try:
             if bridge.is_ours(state):
-                call = bridge.resume(state, self.identity, params.get("inputResponses"))
+                # The retry passes the chain too, as a request that continues the call; its last step resumes it.
+                resumed: list[Any] = []
+
+                async def resume(_: GatewayRequest) -> dict[str, Any]:
+                    resumed.append(bridge.resume(state, self.identity, params.get("inputResponses")))
+                    return {}
+
+                answered = await self.gateway.handle(GatewayRequest(
+                    message.method, params, session, self.gateway.catalog, request_id=message.id,
+                    log_level=log_level, continues=True, deliver=resume))
+                if not resumed:  # an interceptor answered it itself
+                    return self.protocol.result(message.id, message.method, answered)
+                call = resumed[0]
             else:
                 request = GatewayRequest(message.method, params, session, self.gateway.catalog,
                                          request_id=message.id, log_level=log_level)

@@ -50,6 +50,8 @@ class Router:
         }
 
     async def route(self, request: GatewayRequest, raw_results: bool = False) -> Any:
+        if request.deliver is not None:  # a retry that continues a call in flight: it resumes that call
+            return await request.deliver(request)
         method = request.method
         params = request.params
         catalog = self._catalog

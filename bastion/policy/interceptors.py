@@ -334,6 +334,9 @@ class PolicyInterceptor:
                 result = await self._server_request(request, trail, call_next)
             else:
                 result = await self._decide_and_call(request, trail, call_next)
+            if request.continues:
+                outcome = "continued"
+                return result
             outcome = result.get("resultType", "complete") if isinstance(result, dict) else "complete"
             return result
         except InputInvalid as invalid:
@@ -369,9 +372,10 @@ class PolicyInterceptor:
         if entry is not None:  # else the route answers "unknown tool": nothing to decide
             self.authorization.check_call(request, entry, trail)
             self.guards.check(request, entry, trail)
-            if self.rate_limits is not None:
+            if self.rate_limits is not None and not request.continues:
                 self.rate_limits.check(request, entry, trail)
-        if trail.approval is None:
+        # A retry that continues a call was approved with that call, if it needed a person.
+        if trail.approval is None or request.continues:
             return call_next(request)
         return self.approval.run(request, trail, call_next, entry)
 

@@ -7,6 +7,7 @@ goes through policy: a tool policy hides is never found, listed or called throug
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any, Callable, Sequence
 
@@ -268,5 +269,9 @@ def _decoded(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _derived(request: GatewayRequest, method: str, params: dict[str, Any]) -> GatewayRequest:
+    """The request as the exposure passes it on: the same call under its real tool (a retry that continues a call
+    still continues it), or the list it reads on the call's way (a request of its own)."""
+    if method == request.method:
+        return dataclasses.replace(request, params=params)
     return GatewayRequest(method, params, request.session, request.catalog, request_id=request.request_id,
                           log_level=request.log_level)

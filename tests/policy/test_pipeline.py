@@ -376,3 +376,30 @@ async def test_a_legacy_prompt_and_the_queue_race_the_first_answer_counts(tmp_pa
     assert (await call(gateway, session(client=prompt), "raw__big", {"size": 1}))["content"][0]["text"] == "x"
     answered = [item for item in queue.all() if item.id != request.id]
     assert [(i.status, i.record.get("why")) for i in answered] == [("approved", "answered in the client")]
+
+
+async def test_a_retry_that_continues_a_call_is_checked_again_but_neither_counted_nor_asked_again(
+        tmp_path: Path, gateway_factory) -> None:
+    config = policy_config(tmp_path, rate_limits=[{"scope": "tool", "match": "raw/big", "rate": 0.001, "burst": 1}])
+    gateway, runtime = await gateway_factory(config, clock=lambda: 100.0)
+    person = Person(ACCEPT)
+    continued: list[str] = []
+
+    async def resume(message: GatewayRequest) -> dict:
+        continued.append(message.params["name"])
+        return {}
+
+    def retry(name: str) -> GatewayRequest:
+        return GatewayRequest("tools/call", {"name": name, "arguments": {"size": 1}}, session(client=person),
+                              gateway.catalog, request_id=2, continues=True, deliver=resume)
+
+    await call(gateway, session(client=person), "raw__big", {"size": 1})  # approved by the person, the one token used
+    assert len(person.asked) == 1
+    assert await gateway.handle(retry("raw__big")) == {}  # neither rate limited nor asked again
+    assert continued == ["raw__big"] and len(person.asked) == 1
+    # A forbid still forbids a retry: the policy checks it again.
+    assert (await refusal(gateway.handle(retry("raw__crash")))).data["rule"] == "no-crash"
+    await runtime.aclose()
+    outcomes = [r["outcome"] for r in map(json.loads, (tmp_path / "audit.jsonl").read_text().splitlines())
+                if r["kind"] == "call"]
+    assert outcomes == ["complete", "continued", -32001]
