@@ -312,13 +312,14 @@ class ClientConnection:
         params = message.params if message.params is not None else {}
         bridge = self.gateway.inputs
         state = params.get("requestState")
+        target = (message.method, params.get("name") if "name" in params else params.get("uri"))
         try:
             if bridge.is_ours(state):
                 # The retry passes the chain too, as a request that continues the call; its last step resumes it.
                 resumed: list[Any] = []
 
                 async def resume(_: GatewayRequest) -> dict[str, Any]:
-                    resumed.append(bridge.resume(state, self.identity, params.get("inputResponses")))
+                    resumed.append(bridge.resume(state, self.identity, params.get("inputResponses"), target))
                     return {}
 
                 answered = await self.gateway.handle(GatewayRequest(
@@ -331,7 +332,8 @@ class ClientConnection:
                 request = GatewayRequest(message.method, params, session, self.gateway.catalog,
                                          request_id=message.id, log_level=log_level)
                 handling = asyncio.ensure_future(self.gateway.handle(request))
-                call = bridge.begin(self.identity, session.client_capabilities, handling, (self.id, message.id))
+                call = bridge.begin(self.identity, session.client_capabilities, handling, (self.id, message.id),
+                                    target)
         except GatewayError as exc:
             return ErrorResponse(message.id, exc.to_error())
         attention = call.wait_for_attention()

@@ -42,6 +42,9 @@ class BridgedCall:
     questions: dict[str, tuple[str, dict[str, Any], asyncio.Future[dict[str, Any]]]] = field(default_factory=dict)
     parked: bool = False  # its input_required went out: the handling outlives the request that started it
     expiry: asyncio.TimerHandle | None = None
+    # What the call is (its method, and the tool, prompt or resource it names): a retry must name the same, so that
+    # what the chain checked of the retry is what it continues.
+    target: tuple[str, Any] | None = None
 
     def open_questions(self) -> dict[str, dict[str, Any]]:
         """The questions still unanswered, as the ``inputRequests`` of an ``input_required`` result."""
@@ -71,8 +74,8 @@ class InputBridge:
         self._keys = itertools.count(1)
 
     def begin(self, identity: Identity, client_capabilities: Mapping[str, Any], handling: asyncio.Task[Any],
-              origin: tuple[Hashable, Any]) -> BridgedCall:
-        call = BridgedCall(identity, client_capabilities, handling, origin)
+              origin: tuple[Hashable, Any], target: tuple[str, Any] | None = None) -> BridgedCall:
+        call = BridgedCall(identity, client_capabilities, handling, origin, target=target)
         self._by_origin[origin] = call
         handling.add_done_callback(lambda _: self._forget(call))
         return call
@@ -84,12 +87,17 @@ class InputBridge:
     def is_ours(token: Any) -> bool:
         return isinstance(token, str) and token.startswith(TOKEN_PREFIX)
 
-    def resume(self, token: str, identity: Identity, responses: Any) -> BridgedCall:
+    def resume(self, token: str, identity: Identity, responses: Any,
+               target: tuple[str, Any] | None = None) -> BridgedCall:
         """The call a retry's ``requestState`` names, with the retry's answers given to its questions."""
         call = self._by_token.get(token)
         if call is None or call.identity != identity:
             raise GatewayError(jsonrpc.INVALID_PARAMS,
                                "requestState names no call waiting for input (it ended, or its wait ran out)")
+        if call.target is not None and target != call.target:
+            raise GatewayError(jsonrpc.INVALID_PARAMS,
+                               "this retry names another call than the one its requestState continues: send the same "
+                               "method and name again, with inputResponses and requestState")
         if not isinstance(responses, dict):
             raise GatewayError(jsonrpc.INVALID_PARAMS, "inputResponses must be an object")
         for key, response in responses.items():

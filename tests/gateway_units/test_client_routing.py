@@ -170,6 +170,9 @@ async def test_request_state_is_bound_to_the_identity_that_made_the_call(gateway
     stolen = {**params, "inputResponses": {key: ANSWER}, "requestState": result["requestState"]}
     refused = await other.call("tools/call", stolen)
     assert "requestState" in refused["error"]["message"]
+    # A retry is checked as the call it names: it must name the call its requestState continues.
+    elsewhere = await caller.call("tools/call", {**stolen, "name": "fx__test_simple_text"})
+    assert "another call" in elsewhere["error"]["message"]
     finished = await caller.call("tools/call", {**stolen})
     assert text(finished) == "LLM response: from {name}"
 
