@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from bastion.gateway.core import SERVER_INFO, Gateway
+from bastion.gateway.pipeline import InOrder
 from bastion.model import NOTIFICATION, TO_SERVER, GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import ErrorResponse, RawResponse, Request, Response, parse_raw_request
@@ -65,7 +66,7 @@ class ClientConnection:
         self._takes_raw_calls = False
         self._servers_waited: asyncio.Future[None] | None = None  # a modern client's first wait for the servers
         # The client's notifications an interceptor looks at pass the chain one after another, in the client's order.
-        self._notice_tail: asyncio.Task[None] | None = None
+        self._notices = InOrder("the client")
         self._max_bytes = gateway.config.max_message_bytes
         self._loop = asyncio.get_running_loop()
         gateway.attach(self)
@@ -137,25 +138,14 @@ class ClientConnection:
 
         message = GatewayRequest(method, dict(params) if params is not None else {}, self.session, self.gateway.catalog,
                                  kind=NOTIFICATION, deliver=deliver)
-        previous = self._notice_tail
-        self._notice_tail = self._loop.create_task(self._intercept_notification(previous, route.handle, message))
-
-    @staticmethod
-    async def _intercept_notification(previous: asyncio.Task[None] | None, handle: Callable[..., Awaitable[Any]],
-                                      message: GatewayRequest) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])
-        try:
-            await handle(message)
-        except Exception as exc:  # a notification has no reply to carry a refusal: the interceptor dropped it
-            reason = exc.message if isinstance(exc, GatewayError) else repr(exc)
-            log.info("client's %s not passed on: %s", message.method, reason)
+        self._notices.pass_on(route.handle, message)
 
     async def notifications_passed(self) -> None:
         """Wait until the client's notifications so far have passed the chain (for a transport that acknowledges a
         notification once it has)."""
-        if self._notice_tail is not None:
-            await asyncio.wait([self._notice_tail])
+        pending = self._notices.pending()
+        if pending is not None:
+            await asyncio.wait([pending])
 
     def _cancel(self, request_id: Any) -> None:
         task = self._running.get(request_id)
@@ -453,8 +443,7 @@ class ClientConnection:
     async def closed(self) -> None:
         """The transport is gone: abort everything this client started and release what it held."""
         self.protocol.connection_lost()
-        if self._notice_tail is not None:
-            self._notice_tail.cancel()
+        self._notices.close()
         running = list(self._running.values())
         if running:
             for task in running:

@@ -16,10 +16,16 @@ notification says).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
-from bastion.model import NOTIFICATION, REQUEST, TO_CLIENT, TO_SERVER, GatewayRequest, Handler, Interceptor
+from bastion.model import (
+    NOTIFICATION, REQUEST, TO_CLIENT, TO_SERVER, GatewayError, GatewayRequest, Handler, Interceptor,
+)
+
+log = logging.getLogger("bastion.gateway")
 
 Hook = Callable[[GatewayRequest, Handler], Awaitable[Any]]
 # A client's requests the client session answers itself (the handshake, discovery, a listen stream): they pass the
@@ -128,6 +134,42 @@ class Chain:
                 return self.route(direction, kind, message.method).entry_at[position](message)
 
         return handle
+
+
+class InOrder:
+    """Notifications of one sender that have interceptors on their route: each passes the chain in a task of its own,
+    one after another, so they keep the sender's order however long an interceptor takes. A notification has no reply
+    to carry a refusal: one an interceptor refuses is dropped, and said in the log."""
+
+    def __init__(self, sender: str) -> None:
+        self._sender = sender  # for the log: "server fx", "the client"
+        self._tail: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+
+    def pass_on(self, handle: Handler, message: GatewayRequest) -> None:
+        task = asyncio.get_running_loop().create_task(self._pass(self._tail, handle, message))
+        self._tail = task
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def pending(self) -> "asyncio.Task[None] | None":
+        """The last one still passing the chain (the others are before it), None when none is."""
+        tail = self._tail
+        return tail if tail is not None and not tail.done() else None
+
+    def close(self) -> None:
+        for task in list(self._running):
+            task.cancel()
+
+    async def _pass(self, previous: "asyncio.Task[None] | None", handle: Handler, message: GatewayRequest) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        try:
+            await handle(message)
+        except Exception as exc:  # noqa: BLE001 - one refused or failing notification must not stop the next
+            reason = exc.message if isinstance(exc, GatewayError) else repr(exc)
+            log.info("%s: %s not passed on: %s", message.server and f"server {message.server}" or self._sender,
+                     message.method, reason)
 
 
 def build_pipeline(interceptors: Sequence[Interceptor], terminal: Handler) -> Handler:

@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from bastion.gateway.catalog import Catalog
-from bastion.gateway.pipeline import Chain
+from bastion.gateway.pipeline import Chain, InOrder
 from bastion.gateway.refresh import LIST_CHANGED, CatalogRefresh
 from bastion.gateway.subscriptions import Subscriptions
 from bastion.model import (
@@ -61,20 +61,17 @@ class Relay:
         self._subscriptions = subscriptions
         self._refresh = refresh
         self._identity = identity  # Bastion's own session's identity, for a notification no one client's
-        # Server notifications a route has interceptors for pass them one after another, in the server's order; one
+        # Server notifications a route has interceptors for pass them one after another, in the servers' order; one
         # whose route is empty is delivered at once, at no cost.
-        self._notice_tail: asyncio.Task[None] | None = None
-        self._notices: set[asyncio.Task[None]] = set()
+        self._notices = InOrder("a server")
 
     def notices_pending(self) -> "asyncio.Task[None] | None":
         """The last server notification still passing the chain, None when none is: an answer that came after them
         waits for it, so that it leaves after them, as the server sent it."""
-        tail = self._notice_tail
-        return tail if tail is not None and not tail.done() else None
+        return self._notices.pending()
 
     def close(self) -> None:
-        for task in list(self._notices):
-            task.cancel()
+        self._notices.close()
 
     # -------------------------------------------------------------------------------------- notifications
     def notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None) -> None:
@@ -92,21 +89,7 @@ class Relay:
 
         request = GatewayRequest(method, params, self._notice_session(pending, callers), self._catalog,
                                  server=upstream.name, direction=TO_CLIENT, kind=NOTIFICATION, deliver=deliver)
-        # Intercepted notifications run one after another, so they reach clients in the order the server sent them.
-        previous = self._notice_tail
-        self._notice_tail = asyncio.create_task(self._intercept_notification(previous, route.handle, request))
-        self._notices.add(self._notice_tail)
-        self._notice_tail.add_done_callback(self._notices.discard)
-
-    async def _intercept_notification(self, previous: asyncio.Task[None] | None, handle: Handler,
-                                      request: GatewayRequest) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])
-        try:
-            await handle(request)
-        except Exception as exc:  # a notification has no reply to carry a refusal: the interceptor dropped it
-            reason = exc.message if isinstance(exc, GatewayError) else repr(exc)
-            log.info("server %s: %s not forwarded: %s", request.server, request.method, reason)
+        self._notices.pass_on(route.handle, request)
 
     def _notice_session(self, pending: Pending | None, callers: set[str] | None) -> Session:
         """The session of the client a notification belongs to, when one call's client is known; else Bastion's."""
