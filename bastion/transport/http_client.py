@@ -1,7 +1,9 @@
 """One remote MCP server over HTTP: Streamable HTTP in both eras, and the older HTTP+SSE transport.
 
 The transport moves frames and nothing else: the upstream session above it sends the same JSON-RPC frames it sends
-a local server and gets the server's frames back, whatever carried them. What HTTP adds is handled here:
+a local server and gets the server's frames back, whatever carried them. What HTTP adds is handled here and in the
+modules beside it (the headers: ``http_headers.py``; reading event streams: ``http_events.py``; HTTP+SSE:
+``http_sse.py``):
 
 - **Streamable HTTP, 2026-07-28**: every request is its own POST carrying ``MCP-Protocol-Version``, ``Mcp-Method``
   and ``Mcp-Name`` (mirrored from the body), and ``Mcp-Param-*`` for the arguments a tool's schema marks
