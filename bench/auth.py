@@ -69,7 +69,7 @@ class Path_:
                 self.samples.append((clock() - began) / 1000)
             return
         assert self.frontend is not None
-        step = self.frontend._authenticate
+        step = self.frontend.admission.authenticate
         inputs = [self.headers(i) for i in range(start, start + count)]
         scopes = [_scope(h) for h in inputs]
         for headers, scope in zip(inputs, scopes):

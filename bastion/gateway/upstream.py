@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
@@ -14,6 +13,8 @@ from bastion.config import ServerConfig
 from bastion.transport.credentials import CredentialsError, UpstreamCredentials
 from bastion.credentials.secrets import IdentitySecrets
 from bastion.gateway.eager import Answer, RawAnswer
+from bastion.gateway.restarts import Backoff, quoted_stderr, wait_before_restart
+from bastion.gateway.twin import MirrorListener, Twin
 from bastion.model import GatewayError
 from bastion.protocol import jsonrpc
 from bastion.protocol.client_session import (
@@ -45,9 +46,6 @@ from bastion.transport.upstream import (
 __all__ = ["Launcher", "ServerProcess", "StartRefused", "Upstream", "UpstreamListener"]
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
-_MAX_BACKOFF = 30.0
-_STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
-_STDERR_QUOTED = 5  # of a failure's last stderr lines, a failure message quotes this many
 
 
 class UpstreamListener(Protocol):
@@ -101,10 +99,8 @@ class Upstream:
         self._listen_resources: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on; asked once, not per request
         # A server found to speak 2026-07-28 that may speak the handshake era too: its connection in that era, for
-        # handshake-era clients (see ``_mirror``), made on their first request; None until then or when refused.
-        self._twin: Upstream | None = None
-        self._twin_start: asyncio.Task[Upstream | None] | None = None
-        self._twin_refused = False
+        # handshake-era clients (bastion/gateway/twin.py), made on their first request.
+        self._twin = Twin(self)
 
     # ------------------------------------------------------------------------- what the session knows
     @property
@@ -156,10 +152,7 @@ class Upstream:
 
     async def close(self) -> None:
         self._closing = True
-        if self._twin_start is not None:
-            self._twin_start.cancel()
-        if self._twin is not None:
-            await self._twin.close()
+        await self._twin.close()
         if self._supervisor is not None:
             self._supervisor.cancel()
             try:
@@ -179,7 +172,7 @@ class Upstream:
             pass
 
     async def _supervise(self) -> None:
-        failures = 0
+        backoff = Backoff(jitter=self.config.url is not None)
         while not self._closing:
             self._started_at = time.monotonic()
             refused = False
@@ -196,7 +189,7 @@ class Upstream:
                 return
             self.ready.clear()
             self.failure = reason
-            if failures >= 1 or refused:
+            if backoff.failures >= 1 or refused:
                 # Waiters give up on a server only after its quick first retry has failed too.
                 self.settled.set()
             self._fail_pending(reason)
@@ -208,27 +201,9 @@ class Upstream:
                     "fix its configuration, then restart Bastion"
                 self.log.warning("server %s: %s; not retried: %s%s", self.name, reason, after, self._quoted_stderr())
                 return
-            if time.monotonic() - self._started_at > _STABLE_AFTER:
-                failures = 0
-            delay = min(_MAX_BACKOFF, 0.5 * (2**failures))
-            if self.config.url is not None:
-                # Every gateway that lost one remote server must not come back to it in the same instant.
-                delay *= random.uniform(0.5, 1.5)
-            failures += 1
+            delay = backoff.next_delay(time.monotonic() - self._started_at)
             self.log.warning("server %s: %s; restarting in %.1fs%s", self.name, reason, delay, self._quoted_stderr())
-            await self._backoff(delay)
-
-    async def _backoff(self, delay: float) -> None:
-        """Wait ``delay`` before the next start, or less when the credentials obtained what the last start lacked
-        (a user followed their authorization link): the server joins as soon as it can."""
-        changed = getattr(self.credentials, "changed", None)
-        if changed is None:
-            await asyncio.sleep(delay)
-            return
-        try:
-            await asyncio.wait_for(changed(), delay)
-        except asyncio.TimeoutError:
-            pass
+            await wait_before_restart(delay, self.credentials)
 
     @property
     def stderr_tail(self) -> list[str]:
@@ -237,12 +212,7 @@ class Upstream:
 
     def _quoted_stderr(self) -> str:
         """The server's last stderr lines of this start, for the message that says why it failed."""
-        if self.config.url is not None:
-            return ""  # a remote server has no stderr; the reason already says what the connection did
-        lines = self.stderr_tail[-_STDERR_QUOTED:]
-        if not lines:
-            return "; it wrote nothing on stderr" if self._spawned else ""
-        return "; its last stderr lines:" + "".join(f"\n    {line}" for line in lines)
+        return quoted_stderr(self.stderr_tail, remote=self.config.url is not None, spawned=self._spawned)
 
     async def _run_once(self) -> str:
         self._spawned = False
@@ -373,10 +343,10 @@ class Upstream:
         (``raw_request_frame`` for params holding raw JSON). ``keep_raw`` returns a success as the
         ``RawResponse`` it arrived in, undecoded, for a caller that only passes it on. ``client_era`` is the
         requesting client's: a handshake-era client's request to a server that speaks both eras goes to the
-        server in the handshake era (see ``_mirror``).
+        server in the handshake era (bastion/gateway/twin.py).
         """
-        if client_era == "legacy" and self.session.era == "modern" and self._mirrors():
-            twin = await self._mirror()
+        if client_era == "legacy" and self.session.era == "modern" and self._twin.wanted():
+            twin = await self._twin.ready()
             if twin is not None:
                 return await twin.request(method, params, origin=origin, origin_id=origin_id,
                                           progress_token=progress_token, log_level=log_level, timeout=timeout,
@@ -396,52 +366,11 @@ class Upstream:
         return answer.result
 
     # ------------------------------------------------------------------------------------- era mirroring
-    def _mirrors(self) -> bool:
-        """Whether handshake-era clients' requests go to this server in the handshake era: its era was found, not
-        configured, and it is shared (a pooled server's instances are each a caller's own, in one era)."""
-        return self.config.era == "auto" and self.config.scope == "shared" and not self._twin_refused
-
-    async def _mirror(self) -> Upstream | None:
-        """This server's connection in the handshake era, ready; None when it has none (then the request goes to
-        the 2026-07-28 connection, which asks a handshake-era client through ``input_required``).
-
-        A 2026-07-28 connection carries no server-initiated request outside ``input_required``: a server written
-        for both eras asks mid-call (``sampling/createMessage``, ``elicitation/create``, ``roots/list``) only on a
-        handshake-era connection, and answers a 2026-07-28 one that it has no back-channel. So a handshake-era
-        client is served by the server in its own era, over a second connection (a second process, for a local
-        server), started on the first such request; 2026-07-28 clients keep the first, whence the catalog comes (and
-        from the second too, when a list changes there). Two processes of a local server keep two states: what one
-        era's calls change, the other's do not see."""
-        twin = self._twin
-        if twin is not None and twin.ready.is_set():
-            return twin
-        if self._twin_start is None or self._twin_start.done():
-            self._twin_start = asyncio.create_task(self._start_twin(), name=f"upstream:{self.name}:handshake-era")
-        return await asyncio.shield(self._twin_start)
-
-    async def _start_twin(self) -> Upstream | None:
-        twin = self._twin
-        if twin is None:
-            twin = self._twin = Upstream(self.name, self.config.model_copy(update={"era": "legacy"}),
-                                         _MirrorListener(self._listener), self._launch, self._max_bytes, self._writes,
-                                         credentials=self.credentials)
-            twin.client_capabilities = self.client_capabilities
-            twin.start()
-            self.log.info("server %s: speaks 2026-07-28; a handshake-era client's request opens a connection to it "
-                          "in that era", self.name)
-        try:
-            await asyncio.wait_for(twin.ready.wait(), self.config.startup_timeout)
-        except asyncio.TimeoutError:
-            pass
-        if twin.ready.is_set():
-            return twin
-        if twin.session.facts is None:  # it never completed an initialize: it speaks 2026-07-28 only
-            self._twin_refused = True
-            self._twin = None
-            self.log.info("server %s: no handshake-era connection (%s); handshake-era clients are served over its "
-                          "2026-07-28 one", self.name, twin.failure or "no answer")
-            await twin.close()
-        return None  # restarting: this request goes to the 2026-07-28 connection
+    def handshake_era_copy(self) -> Upstream:
+        """This server again, in the handshake era: the twin's connection (bastion/gateway/twin.py), which tells the
+        gateway what a twin tells (``MirrorListener``)."""
+        return Upstream(self.name, self.config.model_copy(update={"era": "legacy"}), MirrorListener(self._listener),
+                        self._launch, self._max_bytes, self._writes, credentials=self.credentials)
 
     def _outgoing_params(self, params: dict[str, Any] | None, progress_token: Any, log_level: str | None,
                          client_capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -575,28 +504,6 @@ class Upstream:
             self._relays.pop(message.id, None)
         if self._transport is not None:
             self._send(reply)
-
-
-class _MirrorListener:
-    """What a server's handshake-era connection (``Upstream._mirror``) tells the gateway: its notifications (list
-    changes included: its lists are then fetched from it, as the calls that changed them went to it) and its
-    requests to the client; not its readiness, as the catalog was fetched from the server's first connection."""
-
-    def __init__(self, listener: UpstreamListener) -> None:
-        self._listener = listener
-
-    def upstream_ready(self, upstream: Upstream) -> None:
-        pass
-
-    def upstream_down(self, upstream: Upstream, reason: str) -> None:
-        upstream.log.debug("server %s: its handshake-era connection is down: %s", upstream.name, reason)
-
-    def upstream_notification(self, upstream: Upstream, method: str, params: dict[str, Any],
-                              pending: Pending | None) -> None:
-        self._listener.upstream_notification(upstream, method, params, pending)
-
-    async def upstream_request(self, upstream: Upstream, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        return await self._listener.upstream_request(upstream, method, params)
 
 
 def _with_secrets(launch: Launcher, secrets: IdentitySecrets) -> Launcher:

@@ -1,7 +1,9 @@
 """One remote MCP server over HTTP: Streamable HTTP in both eras, and the older HTTP+SSE transport.
 
 The transport moves frames and nothing else: the upstream session above it sends the same JSON-RPC frames it sends
-a local server and gets the server's frames back, whatever carried them. What HTTP adds is handled here:
+a local server and gets the server's frames back, whatever carried them. What HTTP adds is handled here and in the
+modules beside it (the headers: ``http_headers.py``; reading event streams: ``http_events.py``; HTTP+SSE:
+``http_sse.py``):
 
 - **Streamable HTTP, 2026-07-28**: every request is its own POST carrying ``MCP-Protocol-Version``, ``Mcp-Method``
   and ``Mcp-Name`` (mirrored from the body), and ``Mcp-Param-*`` for the arguments a tool's schema marks
@@ -41,16 +43,35 @@ import logging
 import ssl
 from collections import deque
 from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
-from urllib.parse import urljoin, urlsplit
 
 import httpx2
 import orjson
 
 from bastion import __version__
-from bastion.transport.credentials import URL_ELICITATION_REQUIRED, CredentialsError, UpstreamCredentials, url_elicitation
 from bastion.protocol import jsonrpc
-from bastion.protocol.versions import META_PROTOCOL_VERSION
-from bastion.transport.interface import DIAGNOSTICS_KEPT, StartRefused, TransportClosed, UpstreamReceiver
+from bastion.transport.credentials import URL_ELICITATION_REQUIRED, CredentialsError, UpstreamCredentials, url_elicitation
+from bastion.transport.http_events import (
+    CONNECT_TIMEOUT,
+    REOPEN_DELAY,
+    ConnectionDropped,
+    EventStreams,
+    StreamPosition,
+    describe,
+    is_json,
+    not_a_message,
+    read_limited,
+    shown,
+)
+from bastion.transport.http_headers import (
+    PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
+    encode_header_value,
+    mirrored_headers,
+    param_headers,
+    x_mcp_headers,
+)
+from bastion.transport.http_sse import LegacySse
+from bastion.transport.interface import DIAGNOSTICS_KEPT, StartRefused, UpstreamReceiver
 
 if TYPE_CHECKING:
     from bastion.config import ServerConfig
@@ -60,17 +81,8 @@ log = logging.getLogger("bastion.transport.http")
 for _chatty in ("httpx2", "httpcore2"):
     logging.getLogger(_chatty).setLevel(logging.WARNING)
 
-SESSION_HEADER = "mcp-session-id"
-PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
-METHOD_HEADER = "mcp-method"
-NAME_HEADER = "mcp-name"
-_NAME_PARAMS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
-_CONNECT_TIMEOUT = 10.0
 _CLOSE_TIMEOUT = 2.0  # the DELETE that ends a session: a courtesy, never a reason to hold Bastion's exit
-_REOPEN_DELAY = 0.5  # before a server-message stream that ended is opened again
 _STABLE_STREAM = 5.0  # a listen stream that lived this long is reopened after the shortest delay
-_LONGEST_RETRY = 60.0  # a stream's ``retry:`` is obeyed up to this, so a server cannot park a request for hours
-_RESUMPTIONS = 5  # a request's stream resumed this many times in a row without a new event id has failed
 _LISTEN = "subscriptions/listen"
 _HANDSHAKES = ("initialize", "server/discover")  # requests Bastion sends for itself when a connection starts
 _REFUSED = (401, 403)  # the statuses credentials are shown, to refresh or step up before the one retry
@@ -84,40 +96,12 @@ def _has_http2() -> bool:
     return True
 
 
-class ConnectionDropped(TransportClosed):
-    """The connection to the server is gone; the message says how."""
+# Imported from here by those who use them: the credentials' error code and the header helpers.
+__all__ = ["URL_ELICITATION_REQUIRED", "ConnectionDropped", "HttpTransport", "StreamPosition", "encode_header_value",
+           "param_headers", "x_mcp_headers"]
 
 
-class StreamPosition:
-    """Where an event stream got to: the last event id it named and the reconnection delay its ``retry:`` field
-    asked for, which a resumption sends back as ``Last-Event-ID`` and waits out (2025-11-25 resumability)."""
-
-    __slots__ = ("last_event_id", "retry")
-
-    def __init__(self) -> None:
-        self.last_event_id: str | None = None
-        self.retry: float | None = None  # seconds
-
-    def note(self, event: httpx2.ServerSentEvent) -> None:
-        if event.id and "\0" not in event.id:
-            self.last_event_id = event.id
-        if event.retry is not None and event.retry >= 0:
-            self.retry = min(event.retry / 1000, _LONGEST_RETRY)
-
-    def delay(self) -> float:
-        return _REOPEN_DELAY if self.retry is None else self.retry
-
-
-def encode_header_value(value: str) -> str:
-    """A value that survives an HTTP field as written, or the protocol's ``=?base64?…?=`` form when it would not."""
-    if value.isascii() and value.isprintable() and value == value.strip() and not value.startswith("=?base64?"):
-        return value
-    import base64
-
-    return f"=?base64?{base64.b64encode(value.encode('utf-8')).decode('ascii')}?="
-
-
-class HttpTransport:
+class HttpTransport(EventStreams, LegacySse):
     """Frames to and from one remote server: an ``UpstreamTransport`` (bastion/transport/upstream.py), one attempt.
 
     ``start()`` connects (for HTTP+SSE: opens the stream and waits for its endpoint); ``send(frame)`` never blocks;
@@ -169,7 +153,7 @@ class HttpTransport:
                 self._refused = f"its client_cert {client_cert[0]} cannot be used: {exc}"
         self._client = client or httpx2.AsyncClient(
             http2=_has_http2(), follow_redirects=False, verify=verify,
-            timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=None),
+            timeout=httpx2.Timeout(CONNECT_TIMEOUT, read=None),
             limits=httpx2.Limits(max_connections=100, max_keepalive_connections=20))
         self.session_id: str | None = None
         self.protocol_version: str | None = None  # the legacy version negotiated by initialize
@@ -184,7 +168,7 @@ class HttpTransport:
         self._endpoint_known = asyncio.Event()
         self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._closing = False
-        self._listen_delay = _REOPEN_DELAY
+        self._listen_delay = REOPEN_DELAY
 
     @classmethod
     def for_server(cls, name: str, config: "ServerConfig", *, max_message_bytes: int,
@@ -306,23 +290,8 @@ class HttpTransport:
         if self.protocol_version is not None:
             headers[PROTOCOL_VERSION_HEADER] = self.protocol_version
         if message is not None:
-            params = message.get("params")
-            meta = params.get("_meta") if isinstance(params, dict) else None
-            version = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
-            if isinstance(version, str):  # a modern request: its routing is mirrored in headers
-                method = message["method"]
-                headers[PROTOCOL_VERSION_HEADER] = version
-                headers[METHOD_HEADER] = method
-                key = _NAME_PARAMS.get(method)
-                value = params.get(key) if key is not None else None
-                if isinstance(value, str):
-                    headers[NAME_HEADER] = encode_header_value(value)
-                if method == "tools/call" and isinstance(value, str) and value in self._param_headers:
-                    arguments = params.get("arguments")
-                    headers.update(param_headers(self._param_headers[value],
-                                                 arguments if isinstance(arguments, dict) else {}))
+            mirrored_headers(headers, message, self._param_headers)
         return headers
-
     async def _sent_headers(self, message: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The protocol's headers and the credentials' current ones (asked anew for every request, so a refreshed
         token goes out at once). Raises ``CredentialsError`` when the credentials have none to give."""
@@ -395,7 +364,7 @@ class HttpTransport:
         except CredentialsError as exc:
             self._answer_unauthorized(message.get("id") if is_request else None, exc, method)
         except httpx2.TransportError as exc:
-            self._drop(_describe(exc, self.url))
+            self._drop(describe(exc, self.url))
         except ConnectionDropped as exc:
             self._drop(str(exc))
 
@@ -423,11 +392,11 @@ class HttpTransport:
                                is_request: bool) -> None:
         headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
         listen = method == _LISTEN
-        timeout = httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle) if listen else None
+        timeout = httpx2.Timeout(CONNECT_TIMEOUT, read=self._idle) if listen else None
         response = await self._send_authorized("POST", self.url, message, stream=True, content=frame, headers=headers,
                                                **({"timeout": timeout} if timeout is not None else {}))
         try:
-            if self.kind == "auto" and response.status_code in (404, 405) and not _is_json(response):
+            if self.kind == "auto" and response.status_code in (404, 405) and not is_json(response):
                 # An HTTP+SSE server (2024-11-05) takes no POST here: the specification's fallback is its stream.
                 await response.aclose()
                 self.kind = "sse"
@@ -446,7 +415,7 @@ class HttpTransport:
             # The listen stream ended or went silent: the server's notifications ride it, so it is reopened, at
             # once after a long life and more slowly each time one ends as soon as it opened.
             lasted = asyncio.get_running_loop().time() - opened
-            self._listen_delay = _REOPEN_DELAY if lasted > _STABLE_STREAM else min(30.0, self._listen_delay * 2)
+            self._listen_delay = REOPEN_DELAY if lasted > _STABLE_STREAM else min(30.0, self._listen_delay * 2)
             await asyncio.sleep(self._listen_delay)
             if self.is_open:
                 self._spawn(self._post(frame, message, method, is_request), message.get("id"))
@@ -464,8 +433,8 @@ class HttpTransport:
                                    "but sent no answer")
             return False
         if status >= 400:
-            body = await _read_limited(response, self._max_bytes)
-            if body is not None and _is_json(response) and self._deliver_error_body(body, request_id):
+            body = await read_limited(response, self._max_bytes)
+            if body is not None and is_json(response) and self._deliver_error_body(body, request_id):
                 return False
             hint = " (check the credentials in its headers)" if status in (401, 403) else ""
             self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE if status >= 500 else jsonrpc.INTERNAL_ERROR,
@@ -477,16 +446,16 @@ class HttpTransport:
                 self.session_id = session
         content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
         if content_type == "application/json":
-            body = await _read_limited(response, self._max_bytes)
+            body = await read_limited(response, self._max_bytes)
             if body is None:
                 self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
                                    f"the server's answer is over the limit of {self._max_bytes} bytes")
                 return False
-            problem = _not_a_message(body)
+            problem = not_a_message(body)
             if problem is not None:
                 self._note(f"answered {message.get('method')} with JSON that is not a JSON-RPC message ({problem})")
                 self._answer_error(request_id, jsonrpc.INTERNAL_ERROR,
-                                   f"its answer is not a JSON-RPC message ({problem}): {_shown(body)}")
+                                   f"its answer is not a JSON-RPC message ({problem}): {shown(body)}")
                 return False
             self._deliver(body, request_id)
         elif content_type == "text/event-stream":
@@ -546,244 +515,3 @@ class HttpTransport:
         if request_id is not None:
             self._on_frame(orjson.dumps({"jsonrpc": "2.0", "id": request_id,
                                          "error": {"code": code, "message": f"server {self.name!r}: {message}"}}))
-
-    async def _read_events(self, response: httpx2.Response, request_id: Any, *, ends_with_answer: bool,
-                           position: StreamPosition | None = None) -> bool:
-        """Deliver a stream's messages; a request's stream is done with its answer. True when a request's stream
-        ended cleanly without its answer after naming an event id in ``position``: the caller resumes it."""
-        answered = False
-        resumable = False
-        try:
-            async for event in httpx2.EventSource(response, max_event_size=self._max_bytes):
-                if position is not None:
-                    position.note(event)
-                if event.event not in ("message", "") or not event.data:
-                    continue  # a priming event, or one this protocol does not define
-                data = event.data.encode("utf-8")
-                problem = _not_a_message(data)
-                if problem is not None:
-                    self._note(f"sent an event that is not a JSON-RPC message ({problem}), ignored: {_shown(data)}")
-                    continue
-                if ends_with_answer and _answers(data, request_id):
-                    self._deliver(data, request_id)
-                    answered = True
-                    return False
-                self._on_frame(data)
-            resumable = ends_with_answer and position is not None and position.last_event_id is not None
-            return resumable
-        except httpx2.ReadTimeout:
-            if ends_with_answer:
-                raise
-            return False  # a listen or GET stream silent past the idle timeout: reopened by the caller
-        except httpx2.SSEError as exc:
-            if ends_with_answer:
-                self._answer_error(request_id, jsonrpc.INTERNAL_ERROR, f"its event stream broke: {exc}")
-            return False
-        finally:
-            if ends_with_answer and not answered and not resumable and not self._ended.done() and not self._closing:
-                if not asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE,
-                                       "the server closed the request's stream without answering")
-
-    async def _resume(self, request_id: Any, position: StreamPosition) -> None:
-        """A request's stream closed before its answer: after the stream's retry interval, a GET with
-        ``Last-Event-ID`` asks for what followed, until the answer comes (2025-11-25 resumability)."""
-        fruitless = 0
-        while fruitless < _RESUMPTIONS:
-            await asyncio.sleep(position.delay())
-            if not self.is_open:
-                return
-            resumed_from = position.last_event_id
-            assert resumed_from is not None
-            headers = {"accept": "text/event-stream", "last-event-id": resumed_from}
-            async with self._stream_authorized("GET", self.url, headers=headers,
-                                               timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
-                if response.status_code == 404 and self.session_id is not None:
-                    raise ConnectionDropped("the server ended the session (404 for its Mcp-Session-Id)")
-                content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-                if response.status_code >= 400 or content_type != "text/event-stream":
-                    self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE,
-                                       "the server closed the request's stream without answering and did not resume "
-                                       f"it (HTTP {response.status_code} for a GET with Last-Event-ID)")
-                    return
-                if not await self._read_events(response, request_id, ends_with_answer=True, position=position):
-                    return  # answered, or the failure was said
-            fruitless = 0 if position.last_event_id != resumed_from else fruitless + 1
-        self._answer_error(request_id, jsonrpc.UPSTREAM_UNAVAILABLE,
-                           f"the server closed the request's stream without answering, {_RESUMPTIONS} resumptions in "
-                           "a row")
-
-    # ----------------------------------------------------------------- the server's own messages (legacy)
-    async def _get_stream(self) -> None:
-        """After ``notifications/initialized``: the GET stream on which a session's server sends on its own,
-        reopened after the stream's ``retry:`` interval with ``Last-Event-ID`` when it ends."""
-        await asyncio.sleep(0)  # after the notification's POST has gone out
-        position = StreamPosition()
-        while self.is_open:
-            headers = {"accept": "text/event-stream"}
-            if position.last_event_id is not None:
-                headers["last-event-id"] = position.last_event_id
-            try:
-                async with self._stream_authorized("GET", self.url, headers=headers,
-                                                   timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
-                    if response.status_code == 404 and self.session_id is not None:
-                        self._drop("the server ended the session (404 for its Mcp-Session-Id)")
-                        return
-                    if response.status_code >= 400:
-                        return  # 405: this server has no stream of its own messages
-                    await self._read_events(response, None, ends_with_answer=False, position=position)
-            except httpx2.ReadTimeout:
-                pass  # silent past the idle timeout: a stream a proxy may have dropped unnoticed is opened again
-            except httpx2.TransportError as exc:
-                self._drop(_describe(exc, self.url))
-                return
-            except CredentialsError:
-                return  # no credentials now: the requests that need them say so; this stream is a convenience
-            await asyncio.sleep(position.delay())
-
-    # ------------------------------------------------------------------------------------------ HTTP+SSE
-    async def _open_sse(self) -> None:
-        """Open the event stream and wait for the ``endpoint`` event that says where to POST."""
-        if self._endpoint_known.is_set():
-            return
-        if not any(task for task in self._background if task.get_name() == "sse-stream"):
-            task = asyncio.get_running_loop().create_task(self._sse_stream(), name="sse-stream")
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        waiter = asyncio.ensure_future(self._endpoint_known.wait())
-        done, _ = await asyncio.wait({waiter, self._ended}, timeout=_CONNECT_TIMEOUT,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if not self._endpoint_known.is_set():
-            reason = self._ended.result() if self._ended.done() else (
-                f"its event stream sent no endpoint within {_CONNECT_TIMEOUT:g}s")
-            self._drop(reason)
-            raise ConnectionDropped(reason)
-
-    async def _sse_stream(self) -> None:
-        try:
-            async with self._stream_authorized("GET", self.url, headers={"accept": "text/event-stream"},
-                                               timeout=httpx2.Timeout(_CONNECT_TIMEOUT, read=self._idle)) as response:
-                if response.status_code >= 400:
-                    self._drop(f"{self.url} answered the event stream's GET with HTTP {response.status_code}")
-                    return
-                async for event in httpx2.EventSource(response, max_event_size=self._max_bytes):
-                    if event.event == "endpoint":
-                        endpoint = urljoin(self.url, event.data.strip())
-                        if _origin(endpoint) != _origin(self.url):
-                            self._drop(f"its endpoint {endpoint} is not on {self.url}'s origin; refused")
-                            return
-                        self._endpoint = endpoint
-                        self._endpoint_known.set()
-                    elif event.event in ("message", "") and event.data:
-                        data = event.data.encode("utf-8")
-                        problem = _not_a_message(data)
-                        if problem is None:
-                            self._on_frame(data)
-                        else:
-                            self._note(f"sent an event that is not a JSON-RPC message ({problem}), ignored: "
-                                       f"{_shown(data)}")
-            self._drop("the server closed its event stream")
-        except httpx2.ReadTimeout:
-            self._drop(f"its event stream was silent for {self._idle:g}s")
-        except httpx2.SSEError as exc:
-            self._drop(f"its event stream broke: {exc}")
-        except httpx2.TransportError as exc:
-            self._drop(_describe(exc, self.url))
-        except CredentialsError as exc:
-            self._drop(f"no credentials for its event stream: {exc}")
-
-    async def _post_to_endpoint(self, frame: bytes, message: dict[str, Any], is_request: bool) -> None:
-        await self._open_sse()
-        assert self._endpoint is not None
-        response = await self._send_authorized("POST", self._endpoint, content=frame,
-                                               headers={"content-type": "application/json"})
-        if response.status_code == 404:
-            raise ConnectionDropped("the server no longer knows this connection's session (404)")
-        if response.status_code >= 400 and is_request:
-            if not (_is_json(response) and self._deliver_error_body(response.content, message.get("id"))):
-                self._answer_error(message.get("id"), jsonrpc.INTERNAL_ERROR,
-                                   f"the server refused the message with HTTP {response.status_code}")
-
-
-def x_mcp_headers(schema: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:
-    """The properties of a tool's input schema annotated ``x-mcp-header``, by their path of ``properties`` keys."""
-    found: dict[tuple[str, ...], str] = {}
-    properties = schema.get("properties") if isinstance(schema, dict) else None
-    if isinstance(properties, dict):
-        for key, child in properties.items():
-            if not isinstance(child, dict):
-                continue
-            token = child.get("x-mcp-header")
-            if isinstance(token, str) and token:
-                found[(*path, key)] = token
-            found.update(x_mcp_headers(child, (*path, key)))
-    return found
-
-
-def param_headers(annotated: Mapping[tuple[str, ...], str], arguments: Mapping[str, Any]) -> dict[str, str]:
-    """The ``Mcp-Param-*`` headers a call mirrors from its arguments: each annotated value present (``true`` and
-    ``false`` for booleans), encoded for a header; a value that is absent, null or not a scalar sends none."""
-    headers: dict[str, str] = {}
-    for path, token in annotated.items():
-        value: Any = arguments
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, bool):
-            rendered = "true" if value else "false"
-        elif isinstance(value, (str, int, float)):
-            rendered = str(value)
-        else:
-            continue
-        headers[f"Mcp-Param-{token}"] = encode_header_value(rendered)
-    return headers
-
-
-def _not_a_message(data: bytes) -> str | None:
-    """Why ``data`` is not one JSON-RPC message, or None: a remote's garbage never reaches the session above."""
-    try:
-        message = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        return f"not JSON: {exc}"
-    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-        return "not a JSON-RPC 2.0 object"
-    return None
-
-
-def _shown(data: bytes) -> str:
-    return repr(data[:200].decode("utf-8", "replace"))
-
-
-def _answers(data: bytes, request_id: Any) -> bool:
-    """Whether an event is the answer to ``request_id`` (and not a notification or the server's own request)."""
-    try:
-        message = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(message, dict) and "method" not in message and message.get("id") == request_id
-
-
-def _is_json(response: httpx2.Response) -> bool:
-    return response.headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json"
-
-
-async def _read_limited(response: httpx2.Response, limit: int) -> bytes | None:
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
-
-
-def _origin(url: str) -> tuple[str, str | None, int | None]:
-    parts = urlsplit(url)
-    return parts.scheme, parts.hostname, parts.port
-
-
-def _describe(exc: httpx2.TransportError, url: str) -> str:
-    if isinstance(exc, httpx2.ConnectError):
-        return f"cannot connect to {url}: {exc or type(exc).__name__}"
-    if isinstance(exc, httpx2.TimeoutException):
-        return f"{url} timed out ({type(exc).__name__})"
-    return f"{url}: {type(exc).__name__}: {exc or 'connection reset'}"

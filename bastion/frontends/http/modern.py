@@ -1,0 +1,91 @@
+"""A 2026-07-28 POST on the HTTP frontend: a request (or notification) that is a gateway connection of its own,
+with no session; its envelope and the headers that mirror it checked, its scopes, its server's in-flight slot, and
+its answer as JSON or an SSE stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from bastion.frontends.connection import ClientConnection
+from bastion.frontends.http.admission import Admission
+from bastion.frontends.http.answers import STATUS_FOR_CODE, Answers
+from bastion.frontends.http.exchanges import Exchange, Peeked, peek
+from bastion.frontends.http.guards import accepts, modern_header_mismatch, param_header_mismatch
+from bastion.frontends.http.wire import HttpError, Receive, Send, empty_response, json_response
+from bastion.gateway.core import Gateway
+from bastion.model import Identity
+from bastion.protocol.versions import META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION
+
+# A 2026-07-28 answer's HTTP status follows its error code (a JSON answer; a stream has begun with 200 already).
+MODERN_STATUS_FOR_CODE = {-32700: 400, -32600: 400, -32602: 400, **STATUS_FOR_CODE, -32601: 404}
+ENVELOPE_KEYS = (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES)
+REMOVED_IN_MODERN = frozenset({"initialize", "ping", "logging/setLevel", "resources/subscribe",
+                               "resources/unsubscribe"})
+
+
+class ModernPosts:
+    """The 2026-07-28 POSTs, each its own gateway connection while it runs."""
+
+    def __init__(self, gateway: Gateway, admission: Admission, answers: Answers) -> None:
+        self.gateway = gateway
+        self.admission = admission
+        self.answers = answers
+        self.connections: set[ClientConnection] = set()
+
+    def _param_header_mismatch(self, params: dict[str, Any], headers: dict[str, str]) -> str | None:
+        name = params.get("name")
+        entry = self.gateway.catalog.tool(name) if isinstance(name, str) else None
+        if entry is None:
+            return None  # the gateway answers an unknown tool
+        return param_header_mismatch(entry.definition.get("inputSchema"), params.get("arguments"), headers)
+
+    async def post(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
+                   identity: Identity, receive: Receive, send: Send) -> None:
+        if top.kind == "notification":
+            # It passes the chain like any client's notification (cancellation itself travels as a closed stream on
+            # HTTP), then is acknowledged; a notification has no reply to carry a refusal.
+            connection = ClientConnection(self.gateway, lambda frame: None, identity=identity, era="modern")
+            try:
+                connection.feed(body)
+                await connection.notifications_passed()
+            finally:
+                await connection.closed()
+            await empty_response(send, 202)
+            return
+        params = top.params if isinstance(top.params, dict) else {}
+        meta = params.get("_meta")
+        missing = [key for key in ENVELOPE_KEYS if key not in meta] if isinstance(meta, dict) else list(ENVELOPE_KEYS)
+        if missing:  # the envelope first, then the headers that mirror it (the order of the SDK's checks)
+            raise HttpError(400, -32602, f"params._meta lacks {', '.join(missing)}: every 2026-07-28 request carries "
+                                         "its protocol version and client capabilities", top.id)
+        mismatch = modern_header_mismatch(message, headers, meta.get(META_PROTOCOL_VERSION))
+        if mismatch is None and top.method == "tools/call":
+            mismatch = self._param_header_mismatch(params, headers)
+        if mismatch is not None:
+            self.admission.audit_refusal(identity, top, "admission", "http.header-mismatch", mismatch, -32020)
+            raise HttpError(400, -32020, mismatch, top.id)
+        if top.method in REMOVED_IN_MODERN:
+            raise HttpError(404, -32601, f"{top.method} does not exist in 2026-07-28 (it has no handshake, sessions or "
+                                         "session-wide log level)", top.id)
+        self.admission.check_method_scopes(identity, top)
+        release, busy = self.admission.gate_request(top, identity)
+        if busy is not None:
+            await json_response(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),
+                        ((b"retry-after", str(self.admission.gate.retry_after).encode()),))
+            return
+        exchange = Exchange(top.id, accepts_sse=accepts(headers.get("accept"), "text/event-stream") and
+                            bool(headers.get("accept")), release=release)
+
+        def route(frame: bytes) -> None:
+            exchange.deliver(frame, peek(frame).kind == "response")
+
+        connection = ClientConnection(self.gateway, route, identity=identity, close=lambda: None)
+        self.connections.add(connection)
+        try:
+            connection.feed(body)
+            await self.answers.answer(exchange, receive, send, (), exchange.release, MODERN_STATUS_FOR_CODE)
+        finally:
+            self.connections.discard(connection)
+            await connection.closed()  # a closed stream cancels what the request still runs

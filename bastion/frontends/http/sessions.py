@@ -1,0 +1,199 @@
+"""The HTTP frontend's sessions: a handshake-era client's Streamable HTTP session (its gateway connection, its GET
+stream, the POSTs waiting for their answers and the answer streams it may resume) and an HTTP+SSE client's."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import orjson
+
+from bastion.frontends.connection import ClientConnection
+from bastion.frontends.http.exchanges import Exchange, peek
+from bastion.frontends.http.streams import ReplayLog, SseStream, sse_event
+from bastion.model import Identity
+
+if TYPE_CHECKING:
+    from bastion.frontends.http.app import HttpFrontend
+
+log = logging.getLogger("bastion.http")
+
+# A 2025-11-25 session's streams are resumable (SEP-1699): each begins with a priming event, and a call not answered
+# in time is answered as such a stream, so that a client whose connection drops during a long call can come back for
+# its answer. Older clients cannot read a priming event's empty data.
+RESUMABLE_SINCE = "2025-11-25"
+
+
+class LegacySession:
+    """A 2025-11-25 (or older) client's session: its gateway connection, its GET stream and the POSTs waiting."""
+
+    def __init__(self, frontend: "HttpFrontend", identity: Identity) -> None:
+        self.id = secrets.token_urlsafe(24)
+        self.identity = identity
+        self.exchanges: dict[Any, Exchange] = {}
+        self.progress: dict[Any, Exchange] = {}
+        self.outbox = ReplayLog(frontend.settings.replay_events)
+        self.get_stream: SseStream | None = None
+        self.last_seen = time.monotonic()
+        self.closing = False
+        self._frontend = frontend
+        self._feeding: Exchange | None = None
+        # The calls whose answer stream a GET with Last-Event-ID may resume, by the key their event ids begin with.
+        self.resumable: dict[str, Exchange] = {}
+        self._stream_numbers = itertools.count(1)
+        self.connection = ClientConnection(frontend.gateway, self.route, identity=identity,
+                                           close=self._close_soon)
+
+    def renew(self, identity: Identity) -> None:
+        """The same caller with another credential (a refreshed token, or one stepped up to more scopes): what
+        decides from here on sees its scopes and claims, and a token exchange upstream its token, not the first
+        one's, which may have expired."""
+        self.identity = identity
+        self.connection.identity = identity
+        self.connection.session.identity = identity
+
+    @property
+    def streams_resumable(self) -> bool:
+        return (self._frontend.settings.resume_seconds > 0
+                and self.connection.session.protocol_version >= RESUMABLE_SINCE)
+
+    def resumable_exchange(self, request_id: Any, release: Callable[[], None]) -> Exchange:
+        """An exchange for a client that accepts SSE, whose answer stream it may resume."""
+        key = f"s{next(self._stream_numbers)}"
+        exchange = Exchange(request_id, accepts_sse=True, release=release, stream_key=key,
+                            replay=self._frontend.settings.replay_events)
+        self.resumable[key] = exchange
+        return exchange
+
+    def detach(self, exchange: Exchange) -> None:
+        """The client's stream of this call dropped: keep the call for ``resume_seconds``, for the client to come
+        back with ``Last-Event-ID``; past that, give it up (and cancel it if it still runs)."""
+        if exchange.expiry is not None:
+            exchange.expiry.cancel()
+        exchange.expiry = asyncio.get_running_loop().call_later(
+            self._frontend.settings.resume_seconds, self._expire, exchange)
+
+    def resuming(self, exchange: Exchange) -> None:
+        if exchange.expiry is not None:
+            exchange.expiry.cancel()
+            exchange.expiry = None
+
+    def forget(self, exchange: Exchange) -> None:
+        """Its answer has reached the client, or it was given up: nothing to resume any more."""
+        self.resuming(exchange)
+        if exchange.stream_key is not None and self.resumable.get(exchange.stream_key) is exchange:
+            del self.resumable[exchange.stream_key]
+
+    def _expire(self, exchange: Exchange) -> None:
+        exchange.expiry = None
+        if not exchange.answered:
+            log.info("session %s…: request %r was not resumed within %g s of its stream dropping (http.resume_seconds);"
+                     " it is cancelled", self.id[:8], exchange.request_id, self._frontend.settings.resume_seconds)
+        self.abandon(exchange)
+
+    def feed(self, frame: bytes, exchange: Exchange | None = None) -> None:
+        self.last_seen = time.monotonic()
+        self._feeding = exchange
+        try:
+            self.connection.feed(frame)
+        finally:
+            self._feeding = None
+
+    def route(self, frame: bytes) -> None:
+        """Where one frame from the gateway goes: an answer to the POST that asked, progress to the POST whose
+        request it is about, everything else to the GET stream (or its replay log until one is open)."""
+        top = peek(frame)
+        if top.kind == "response":
+            exchange = self.exchanges.pop(top.id, None) if top.id is not None else self._feeding
+            if exchange is not None:
+                self._forget_progress(exchange)
+                exchange.deliver(frame, True)
+                return
+        elif top.kind == "notification" and top.method == "notifications/progress":
+            token = top.params.get("progressToken") if isinstance(top.params, dict) else None
+            exchange = self.progress.get(token) if token is not None else None
+            if exchange is not None:
+                exchange.deliver(frame, False)
+                return
+        if self.get_stream is None:
+            # A client with no GET stream open still hears a question while its call waits, on that call's stream.
+            streaming = [e for e in self.exchanges.values() if e.accepts_sse]
+            if streaming:
+                streaming[-1].deliver(frame, False)
+                return
+        seq = self.outbox.record(frame)
+        if self.get_stream is not None:
+            self.get_stream.push(sse_event(frame, str(seq)), seq)
+
+    def _forget_progress(self, exchange: Exchange) -> None:
+        for token in [t for t, e in self.progress.items() if e is exchange]:
+            del self.progress[token]
+
+    def abandon(self, exchange: Exchange) -> None:
+        """The client went before its answer: cancel the request so that nothing runs on for nobody."""
+        self.forget(exchange)
+        if exchange.answered:
+            return
+        exchange.answered = True
+        exchange.release()
+        if self.exchanges.get(exchange.request_id) is exchange:
+            del self.exchanges[exchange.request_id]
+            self._forget_progress(exchange)
+            self.feed(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {
+                "requestId": exchange.request_id, "reason": "the client's HTTP connection closed"}}))
+
+    def withdraw(self, request_id: Any) -> None:
+        """The client cancelled one of its requests: its POST is answered with nothing, now."""
+        exchange = self.exchanges.pop(request_id, None) if isinstance(request_id, (str, int)) else None
+        if exchange is not None:
+            self._forget_progress(exchange)
+            exchange.withdraw()
+
+    def _close_soon(self) -> None:
+        asyncio.get_running_loop().create_task(self._frontend.end_session(self))
+
+    async def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        for exchange in list(self.resumable.values()):
+            self.resuming(exchange)
+        self.resumable.clear()
+        await self.connection.closed()
+        ended = orjson.dumps
+        for exchange in list(self.exchanges.values()):
+            exchange.deliver(ended({"jsonrpc": "2.0", "id": exchange.request_id, "error": {
+                "code": -32600, "message": "the session ended before this request was answered"}}), True)
+        self.exchanges.clear()
+        if self.get_stream is not None:
+            self.get_stream.finish()
+
+
+class SseSession:
+    """A client of the old HTTP+SSE transport: one GET /sse stream carries everything the gateway sends."""
+
+    def __init__(self, frontend: "HttpFrontend", identity: Identity, stream: SseStream) -> None:
+        self.id = secrets.token_urlsafe(24)
+        self.identity = identity
+        self.stream = stream
+        self.releases: dict[Any, Callable[[], None]] = {}
+        self.connection = ClientConnection(frontend.gateway, self.route, identity=identity, close=stream.finish)
+
+    def renew(self, identity: Identity) -> None:
+        """As a Streamable HTTP session's: the same caller's newer credential decides from here on."""
+        self.identity = identity
+        self.connection.identity = identity
+        self.connection.session.identity = identity
+
+    def route(self, frame: bytes) -> None:
+        if self.releases:
+            top = peek(frame)
+            if top.kind == "response":
+                release = self.releases.pop(top.id, None)
+                if release is not None:
+                    release()
+        self.stream.push(sse_event(frame, event="message"))

@@ -1,0 +1,127 @@
+"""What the HTTP frontend reads and writes on the wire, below its routes: the ASGI types, the error that answers a
+request before it reaches the gateway, a request's headers and its one JSON-RPC message (size and time bounded),
+and the JSON, empty and lifespan answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from bastion.frontends.http.exchanges import Peeked, peek
+from bastion.frontends.http.guards import is_json_content
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+NO_STORE = (b"cache-control", b"private, no-store")
+
+
+class HttpError(Exception):
+    """A request answered with an HTTP status and a JSON-RPC error, before it reaches the gateway."""
+
+    def __init__(self, status: int, code: int, message: str, request_id: Any = None,
+                 headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.request_id, self.headers = status, code, message, request_id, headers
+
+
+class Gone(Exception):
+    """The client disconnected while sending its request."""
+
+
+async def read_body(headers: dict[str, str], receive: Receive, limit: int, body_timeout: float) -> bytes:
+    """The request's body, refused past ``limit`` bytes (http.max_body_bytes) or ``body_timeout`` seconds."""
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, -32600, f"the request body of {declared} bytes exceeds the limit of {limit} bytes "
+                                     "(http.max_body_bytes)")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(body_timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise Gone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise HttpError(413, -32600, f"the request body exceeds the limit of {limit} bytes "
+                                                 "(http.max_body_bytes)")
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    break
+    except TimeoutError:
+        raise HttpError(408, -32600, f"the request body did not arrive within {body_timeout:g} s "
+                                     "(http.body_timeout)") from None
+    return b"".join(chunks)
+
+
+async def read_message(headers: dict[str, str], receive: Receive, limit: int,
+                       body_timeout: float) -> tuple[bytes, Peeked, dict]:
+    """The request's one JSON-RPC message: its bytes, what it is, and it decoded."""
+    if not is_json_content(headers.get("content-type")):
+        raise HttpError(415, -32600, f"Content-Type {headers.get('content-type', '(none)')!r}: a request body is "
+                                     "one JSON-RPC message as application/json")
+    body = await read_body(headers, receive, limit, body_timeout)
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:
+            message = json.loads(body)  # integers wider than 64 bits, which orjson refuses
+        except ValueError as exc:
+            raise HttpError(400, -32700, f"the body is not JSON: {exc}") from None
+    if isinstance(message, list):
+        raise HttpError(400, -32600, "a batch (a JSON array) is not accepted; send one message per request")
+    top = peek(message)
+    if top.kind == "invalid" or message.get("jsonrpc") != "2.0":
+        raise HttpError(400, -32600, 'not a JSON-RPC 2.0 message: it needs "jsonrpc": "2.0" and a method, or a '
+                                     "result or error", top.id)
+    return body, top, message
+
+
+def headers_of(scope: Scope) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1").strip()  # whitespace around a field value is not part of it (RFC 9110)
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def error_body(request_id: Any, code: int, message: str) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
+async def json_response(send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = (),
+                        cache: str | None = None) -> None:
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"cache-control", cache.encode()) if cache is not None else NO_STORE, *headers]})
+        await send({"type": "http.response.body", "body": body})
+    except OSError:
+        pass
+
+
+async def empty_response(send: Send, status: int, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    try:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-length", b"0"), *headers]})
+        await send({"type": "http.response.body", "body": b""})
+    except OSError:
+        pass
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
