@@ -4,6 +4,7 @@ every request and a session held to its caller, scopes per method, both protocol
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -222,3 +223,49 @@ def test_bastion_check_refuses_a_bad_auth_table_without_echoing_its_secret(tmp_p
     done = subprocess.run([BASTION, "check", str(both)], capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "http.identity_header" in done.stderr
+
+
+async def test_a_refusal_at_admission_is_audited_as_the_chains_refusals_are(tmp_path: Path) -> None:
+    """A method's scope refused before the chain is in the audit trail: a decision record naming the stage and a
+    call record with the status the client got."""
+    (tmp_path / "allow.cedar").write_text("permit (principal, action, resource);\n")
+    audit = tmp_path / "audit.jsonl"
+    call = {"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "fx__test_simple_text",
+                                                                        "arguments": {}}}
+    with IssuerThread() as issuer:
+        config = write_config(tmp_path, issuer)
+        body = json.loads(config.read_text())
+        body["policy"] = {"policy_files": [str(tmp_path / "allow.cedar")], "audit": {"path": str(audit)}}
+        body["http"] = {"max_in_flight_per_server": 1}
+        body["servers"]["fx"]["env"] = {"FIXTURE_EVENTS": str(tmp_path / "events.log")}
+        config.write_text(json.dumps(body))
+        process, url = start(config, tmp_path / "bastion.stderr")
+        try:
+            served = Gateway(url, url[: -len("/mcp")], tmp_path / "bastion.stderr", process, issuer)
+            async with httpx2.AsyncClient(timeout=120) as http:
+                session = await open_session(http, served, issuer.token())
+                refused = await http.post(url, headers={**auth(issuer.token(scope="mcp")), **session}, json=call)
+                assert refused.status_code == 403
+                # One call holds the server's only slot; the next is refused at the gate.
+                tools = auth(issuer.token(scope="mcp mcp:tools"))
+                slow = asyncio.ensure_future(http.post(url, headers={**tools, **session}, json={
+                    "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                    "params": {"name": "fx__test_slow_cancellable", "arguments": {"tag": "gate"}}}))
+                events = tmp_path / "events.log"
+                while "slow-started gate" not in (events.read_text() if events.exists() else ""):
+                    assert not slow.done(), slow.result().text
+                    await asyncio.sleep(0.05)
+                busy = await http.post(url, headers={**tools, **session}, json={**call, "id": 8})
+                assert busy.json()["error"]["code"] == -32000
+                slow.cancel()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)  # the trail is flushed at shutdown
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    [decision] = [r for r in records if r["kind"] == "decision" and r["stages"][0]["stage"] == "scopes"]
+    assert decision["decision"] == "deny" and decision["what"]["method"] == "tools/call"
+    assert decision["rule"] == "http.auth.scopes" and decision["what"]["target"] == "fx__test_simple_text"
+    gated = [r for r in records if r["kind"] == "decision" and r["rule"] == "http.max_in_flight_per_server"]
+    assert len(gated) == 1 and gated[0]["stages"][0]["stage"] == "admission"
+    outcomes = [r["outcome"] for r in records if r["kind"] == "call" and r["what"].get("method") == "tools/call"]
+    assert 403 in outcomes and -32000 in outcomes
