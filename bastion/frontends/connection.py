@@ -355,18 +355,13 @@ class ClientConnection:
         return self.protocol.result(message.id, message.method, {
             "resultType": "input_required", "inputRequests": questions, "requestState": call.token})
 
-    async def _listen(self, event: Listen) -> jsonrpc.Message | None:
+    async def _listen(self, event: Listen) -> jsonrpc.Message:
         waiting = self._servers_wait()
         if waiting is not None:
             await waiting
-        message = GatewayRequest(event.request.method, dict(event.request.params or {}), self.session,
-                                 self.gateway.catalog, request_id=event.request.id,
-                                 deliver=lambda _: self._keep_listening(event))
-        try:
-            await self.gateway.handle(message)
-        except GatewayError as exc:
-            return ErrorResponse(event.request.id, exc.to_error())
-        return None
+        # Its last step keeps the stream open until the client cancels it or leaves: only a refusal, or an
+        # interceptor's own answer, ends it with a response.
+        return await self._answered_by_session(event.request, self.session, lambda _: self._keep_listening(event))
 
     async def _keep_listening(self, event: Listen) -> dict[str, Any]:
         agreed, acknowledged = self.protocol.listen_opened(event, self.gateway.server_capabilities())

@@ -123,7 +123,7 @@ class Gateway:
                            self.refresh, lambda: self.identity)
         self.input_rounds = InputRounds(self.upstreams, self.pools, self.relay.toward_client)
         self.router = Router(config, self.catalog, self.upstreams, self.pools, self.subscriptions,
-                             self.input_rounds, self._catalog_may_grow, self.relay.notices_pending)
+                             self.input_rounds, self._catalog_may_grow, self.relay.notices.pending)
         self.handle = self.chain.handle
         self.takes_raw_params = self.chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
 

@@ -32,8 +32,6 @@ Hook = Callable[[GatewayRequest, Handler], Awaitable[Any]]
 # chain like any other, and its last step hands them back to the session (``message.deliver``) instead of a server.
 ANSWERED_BY_SESSION = frozenset({"initialize", "server/discover", "subscriptions/listen"})
 _HOOKS = {REQUEST: "on_request", NOTIFICATION: "on_notification"}
-DIRECTIONS = (TO_SERVER, TO_CLIENT)
-KINDS = (REQUEST, NOTIFICATION)
 
 
 def hook_for(interceptor: Interceptor, direction: str, kind: str, method: str) -> Hook | None:
@@ -191,10 +189,10 @@ def build_pipeline(interceptors: Sequence[Interceptor], terminal: Handler) -> Ha
 
 def passes_raw(interceptors: Sequence[Interceptor], method: str, part: str) -> bool:
     """Whether ``part`` (``"params"`` or ``"results"``) of a client's ``method`` requests may stay the JSON bytes
-    they came in through this chain: no interceptor on that route reads it. An interceptor says what it does not
-    read with ``reads_params`` and ``reads_results`` (True when absent, so one that declares nothing is given decoded
-    params and results; ``reads_results = "raw"``: it reads a result but takes it as the server's bytes too)."""
-    return not any(_reads(i, part) for i in interceptors if hook_for(i, TO_SERVER, REQUEST, method) is not None)
+    they came in through this chain: what the chain compiled for that route says (``Route.raw_params``,
+    ``Route.raw_results``)."""
+    route = Chain(interceptors, lambda raw_results: deliver).route(TO_SERVER, REQUEST, method)
+    return route.raw_params if part == "params" else route.raw_results
 
 
 def _reads(interceptor: Interceptor, part: str) -> bool:

@@ -63,15 +63,12 @@ class Relay:
         self._identity = identity  # Bastion's own session's identity, for a notification no one client's
         # Server notifications a route has interceptors for pass them one after another, in the servers' order; one
         # whose route is empty is delivered at once, at no cost.
-        self._notices = InOrder("a server")
-
-    def notices_pending(self) -> "asyncio.Task[None] | None":
-        """The last server notification still passing the chain, None when none is: an answer that came after them
-        waits for it, so that it leaves after them, as the server sent it."""
-        return self._notices.pending()
+        # An answer that came after them waits for the last (``notices.pending()``): it leaves after them, as the
+        # server sent it.
+        self.notices = InOrder("a server")
 
     def close(self) -> None:
-        self._notices.close()
+        self.notices.close()
 
     # -------------------------------------------------------------------------------------- notifications
     def notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None) -> None:
@@ -89,7 +86,7 @@ class Relay:
 
         request = GatewayRequest(method, params, self._notice_session(pending, callers), self._catalog,
                                  server=upstream.name, direction=TO_CLIENT, kind=NOTIFICATION, deliver=deliver)
-        self._notices.pass_on(route.handle, request)
+        self.notices.pass_on(route.handle, request)
 
     def _notice_session(self, pending: Pending | None, callers: set[str] | None) -> Session:
         """The session of the client a notification belongs to, when one call's client is known; else Bastion's."""

@@ -34,7 +34,7 @@ class Router:
                  catalog_may_grow: Callable[[], Awaitable[bool]],
                  notices_pending: Callable[[], "asyncio.Task[None] | None"] = lambda: None) -> None:
         self._config = config
-        # The server notifications still passing the chain (``Relay.notices_pending``): an answer leaves after them.
+        # The server notifications still passing the chain (``Relay.notices``): an answer leaves after them.
         self._notices_pending = notices_pending
         self._catalog = catalog
         self._upstreams = upstreams

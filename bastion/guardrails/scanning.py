@@ -486,13 +486,7 @@ class ScanningInterceptor:
 
     async def _scan_toward_client(self, request: GatewayRequest) -> None:
         """A server's sampling or elicitation request: redacted in place, or refused."""
-        if not isinstance(request.params, dict):
-            return
-        hits = await self._scan(list(text_slots(request.method, request.params)), request.server)
-        if not hits:
-            return
-        self._report_all(hits, request, request.server, request.method)
-        blocked = [hit for hit in hits if hit.action == "block"]
+        blocked = await self._scan_params(request)
         if blocked:
             what = "sampling" if request.method == SAMPLING else "elicitation"
             raise GatewayError(BLOCKED, f"Bastion refused this {what} request: " + _blocked_words(blocked, None),
@@ -501,15 +495,19 @@ class ScanningInterceptor:
     async def _scan_notification(self, request: GatewayRequest) -> None:
         """A server's progress or log notification: redacted in place, or dropped (the refusal raised here is the
         gateway's reason not to forward it)."""
-        if not isinstance(request.params, dict):
-            return
-        hits = await self._scan(list(text_slots(request.method, request.params)), request.server)
-        if not hits:
-            return
-        self._report_all(hits, request, request.server, request.method)
-        blocked = [hit for hit in hits if hit.action == "block"]
+        blocked = await self._scan_params(request)
         if blocked:
             raise GatewayError(BLOCKED, f"{request.method} dropped: " + _blocked_words(blocked, request.server))
+
+    async def _scan_params(self, request: GatewayRequest) -> list[Hit]:
+        """A server's message toward a client, redacted in place and reported; the hits that block it."""
+        if not isinstance(request.params, dict):
+            return []
+        hits = await self._scan(list(text_slots(request.method, request.params)), request.server)
+        if not hits:
+            return []
+        self._report_all(hits, request, request.server, request.method)
+        return [hit for hit in hits if hit.action == "block"]
 
     async def _scan_list(self, request: GatewayRequest, result: Any) -> Any:
         """Every field of every definition of a list: a definition with a value found is served as a redacted copy

@@ -181,11 +181,7 @@ class HttpFrontend:
         session = self.sessions.get(session_id)
         if session is None:
             raise HttpError(404, -32600, "unknown or ended session (Mcp-Session-Id); start a new one with initialize")
-        if identity != session.identity:
-            log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
-            raise HttpError(403, -32600, "this session belongs to another caller")
-        if identity is not session.identity:
-            session.renew(identity)
+        _claim(session, session_id, identity)
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in LEGACY_VERSIONS:
             raise HttpError(400, -32600, f"MCP-Protocol-Version {version!r} is not a version of a session "
@@ -290,11 +286,7 @@ class HttpFrontend:
         session = self.sse_sessions.get(session_id)
         if session is None:
             raise HttpError(404, -32600, "unknown or ended session_id; open a new stream with GET /sse")
-        if identity != session.identity:
-            log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
-            raise HttpError(403, -32600, "this session belongs to another caller")
-        if identity is not session.identity:
-            session.renew(identity)
+        _claim(session, session_id, identity)
         body, top, _ = await read_message(headers, receive, self.settings.max_body_bytes,
                                              self.settings.body_timeout)
         self.admission.check_method_scopes(identity, top)
@@ -309,3 +301,13 @@ class HttpFrontend:
                 session.releases[top.id] = release
         session.connection.feed(body)
         await empty_response(send, 202)
+
+
+def _claim(session: LegacySession | SseSession, session_id: str, identity: Identity) -> None:
+    """A request on ``session`` must come from the caller that opened it; the same caller with another credential (a
+    refreshed or stepped-up token) is who the session acts for from here on."""
+    if identity != session.identity:
+        log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
+        raise HttpError(403, -32600, "this session belongs to another caller")
+    if identity is not session.identity:
+        session.renew(identity)
