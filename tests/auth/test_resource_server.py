@@ -226,8 +226,8 @@ def test_bastion_check_refuses_a_bad_auth_table_without_echoing_its_secret(tmp_p
 
 
 async def test_a_refusal_at_admission_is_audited_as_the_chains_refusals_are(tmp_path: Path) -> None:
-    """A method's scope refused before the chain is in the audit trail: a decision record naming the stage and a
-    call record with the status the client got."""
+    """Refusals before the chain (a method's scope, a server's in-flight gate, a 2026-07-28 header contradicting its
+    body) are in the audit trail: a decision record naming the stage and rule, and a call record with the outcome."""
     (tmp_path / "allow.cedar").write_text("permit (principal, action, resource);\n")
     audit = tmp_path / "audit.jsonl"
     call = {"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "fx__test_simple_text",
@@ -258,6 +258,14 @@ async def test_a_refusal_at_admission_is_audited_as_the_chains_refusals_are(tmp_
                 busy = await http.post(url, headers={**tools, **session}, json={**call, "id": 8})
                 assert busy.json()["error"]["code"] == -32000
                 slow.cancel()
+                # A 2026-07-28 POST whose Mcp-Name header contradicts its body is refused before the chain.
+                meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                        "io.modelcontextprotocol/clientCapabilities": {},
+                        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}
+                contradicted = await http.post(url, headers={
+                    **tools, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+                    "mcp-name": "fx__something_else"}, json={**call, "id": 9, "params": {**call["params"], "_meta": meta}})
+                assert contradicted.json()["error"]["code"] == -32020
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(60)  # the trail is flushed at shutdown
@@ -267,5 +275,7 @@ async def test_a_refusal_at_admission_is_audited_as_the_chains_refusals_are(tmp_
     assert decision["rule"] == "http.auth.scopes" and decision["what"]["target"] == "fx__test_simple_text"
     gated = [r for r in records if r["kind"] == "decision" and r["rule"] == "http.max_in_flight_per_server"]
     assert len(gated) == 1 and gated[0]["stages"][0]["stage"] == "admission"
+    mismatched = [r for r in records if r["kind"] == "decision" and r["rule"] == "http.header-mismatch"]
+    assert len(mismatched) == 1 and mismatched[0]["what"]["target"] == "fx__test_simple_text"
     outcomes = [r["outcome"] for r in records if r["kind"] == "call" and r["what"].get("method") == "tools/call"]
-    assert 403 in outcomes and -32000 in outcomes
+    assert 403 in outcomes and -32000 in outcomes and -32020 in outcomes

@@ -98,3 +98,22 @@ def test_no_channel_carries_a_secret_to_the_client(client, tmp_path):
 def test_a_clean_call_passes_unchanged(client):
     answer = client.request(4, "tools/call", {"name": "ch__plain", "arguments": {}}, timeout=TIMEOUT)
     assert answer["result"]["content"] == [{"type": "text", "text": "nothing secret here"}]
+
+
+@pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
+def test_the_servers_instructions_reach_the_client_redacted(tmp_path, era):
+    """The instructions are in Bastion's answer to initialize (or, for 2026-07-28, server/discover), which passes the
+    chain like any other: the scanner redacts them there."""
+    raw = RawClient(_config(tmp_path), log=tmp_path / "stderr.log")
+    try:
+        if era == "2025-11-25":
+            answer = raw.initialize()
+        else:
+            answer = raw.request(0, "server/discover", {"_meta": {
+                "io.modelcontextprotocol/protocolVersion": era, "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {"name": "raw-test", "version": "0"}}}, timeout=60)
+    finally:
+        raw.close()
+    instructions = answer["result"]["instructions"]
+    assert leaky.AWS_KEY not in instructions
+    assert instructions == "[ch] Uploads need the key [redacted: aws-access-key]; ask for it."
