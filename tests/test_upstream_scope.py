@@ -26,6 +26,7 @@ from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import RawResponse
 from tests.support import FIXTURES, pids_with_tag, raw_server
+from tests.fixtures.handed_over import check_handed_over
 
 ALICE = Identity("alice", ("dev",))
 BOB = Identity("bob", ("dev",))
@@ -195,7 +196,8 @@ class Client:
         self.connection = ClientConnection(gateway, self._receive, identity=identity)
         self._ids = iter(range(1, 10_000))
 
-    def _receive(self, frame: bytes) -> None:
+    def _receive(self, frame: bytes, handed: Any) -> None:
+        check_handed_over(frame, handed)
         message = orjson.loads(frame)
         if "id" in message and ("result" in message or "error" in message):
             self.answers[message["id"]] = message

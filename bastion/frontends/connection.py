@@ -1,7 +1,9 @@
 """One client connection to Bastion, whatever the transport: a thin driver of the sans-I/O server session
 (``bastion.protocol.server_session``). The session decides what the client's messages mean; this driver runs
 what takes time (waiting for servers, the gateway's pipeline) and sends what the session says to send. The
-transport feeds it frames and gives it a way to send them."""
+transport feeds it frames and gives it a way to send them; each frame is handed over with the message it is, so
+that a transport routing frames (the HTTP frontend: which POST an answer ends, which a progress message is about)
+never reads one again."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from bastion.gateway.core import SERVER_INFO, Gateway
 from bastion.gateway.pipeline import InOrder
 from bastion.model import NOTIFICATION, TO_SERVER, GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
-from bastion.protocol.jsonrpc import ErrorResponse, RawResponse, Request, Response, parse_raw_request
+from bastion.protocol.jsonrpc import ErrorResponse, Outgoing, RawResponse, Request, Response, parse_raw_request
 from bastion.protocol.lifecycle import State
 from bastion.protocol.server_session import (
     Answered,
@@ -42,7 +44,7 @@ class ClientConnection:
     def __init__(
         self,
         gateway: Gateway,
-        send: Callable[[bytes], None],
+        send: Callable[[bytes, Outgoing], None],
         *,
         identity: Identity,
         close: Callable[[], None] = lambda: None,
@@ -188,7 +190,8 @@ class ClientConnection:
             answer = await reply
             if answer is not None:
                 if type(answer) is RawResponse:  # a result only passed through: the server's bytes, under our id
-                    self._send_frame(answer.reframed(message.id))
+                    frame = answer.reframed(message.id)
+                    self._send_frame(frame, RawResponse(message.id, answer.result, frame))
                 else:
                     self._send(answer)
                 if self._drain is not None:
@@ -423,15 +426,15 @@ class ClientConnection:
     # ------------------------------------------------------------------------------------------ output
     def _send(self, message: jsonrpc.Message) -> None:
         try:
-            self._send_frame(jsonrpc.encode(message))
+            self._send_frame(jsonrpc.encode(message), message)
         except TypeError as exc:  # a value orjson cannot encode (e.g. an oversized integer from a server)
             log.error("could not encode a message for the client: %s", exc)
             if isinstance(message, Response):
                 self._send(ErrorResponse(message.id, jsonrpc.error(jsonrpc.INTERNAL_ERROR, f"unencodable result: {exc}")))
 
-    def _send_frame(self, frame: bytes) -> None:
+    def _send_frame(self, frame: bytes, message: Outgoing) -> None:
         try:
-            self._send_bytes(frame)
+            self._send_bytes(frame, message)
         except (ConnectionError, RuntimeError, OSError) as exc:
             log.info("client connection lost while sending: %s", exc)
 

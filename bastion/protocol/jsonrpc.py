@@ -68,7 +68,7 @@ class RawResponse:
     object tree of a large result). ``decoded()`` gives the ordinary ``Response`` for anything that looks inside.
     """
 
-    id: int
+    id: RequestId
     result: msgspec.Raw  # the exact bytes of the result object
     frame: bytes  # the whole frame it arrived in, for byte searches
 
@@ -104,6 +104,10 @@ class _ResponseShape(msgspec.Struct, gc=False):
 
 
 _decode_response_shape = msgspec.json.Decoder(_ResponseShape).decode
+
+
+# What a session hands its transport with each frame it sends: the message the frame is.
+Outgoing = Union[Message, RawResponse]
 
 
 @dataclass(slots=True)

@@ -82,7 +82,8 @@ class CoalescingWriter:
         self._burst: list[bytes] | None = None
         self._held_by_chunk = False  # a chunk being handled sends the held frames when it is done
 
-    def write(self, frame: bytes) -> None:
+    def write(self, frame: bytes, _message: object = None) -> None:
+        """Send ``frame``; a session hands over the message it is too, which a byte stream has no use for."""
         burst = self._burst
         batch = self._batch
         if burst is not None:

@@ -24,6 +24,7 @@ from bastion.protocol.jsonrpc import INVALID_REQUEST
 from bastion.protocol.versions import LATEST_MODERN, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION
 
 from tests.support import FIXTURES
+from tests.fixtures.handed_over import check_handed_over
 
 DEADLINE = 90.0  # seconds any one wait may take before the test counts as hung
 ANSWER = {"role": "assistant", "content": {"type": "text", "text": "from {name}"}, "model": "m"}
@@ -40,7 +41,8 @@ class Client:
         self.connection = ClientConnection(gateway, self._receive, identity=Identity(name))
         self._ids = iter(range(1, 10_000))
 
-    def _receive(self, frame: bytes) -> None:
+    def _receive(self, frame: bytes, handed: Any) -> None:
+        check_handed_over(frame, handed)
         message = orjson.loads(frame)
         self.frames.append(message)
         self.arrived.set()

@@ -21,6 +21,7 @@ from bastion.model import GatewayError, GatewayRequest, Handler, Identity
 from bastion.protocol import jsonrpc
 
 from tests.support import raw_server, wait_for
+from tests.fixtures.handed_over import check_handed_over
 
 DEADLINE = 60.0
 # Spacing, key order and an integer wider than 64 bits: none of it would survive a decode and re-encode.
@@ -97,7 +98,8 @@ class Client:
         self.arrived = asyncio.Event()
         self.connection = ClientConnection(gateway, self._receive, identity=Identity("local"))
 
-    def _receive(self, frame: bytes) -> None:
+    def _receive(self, frame: bytes, message: Any) -> None:
+        check_handed_over(frame, message)
         self.lines.append(frame.rstrip(b"\n"))
         self.arrived.set()
 

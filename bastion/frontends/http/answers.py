@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import orjson
 
 from bastion.config import HttpConfig
-from bastion.frontends.http.exchanges import WITHDRAWN, Exchange, peek
+from bastion.frontends.http.exchanges import WITHDRAWN, Exchange
 from bastion.frontends.http.streams import SseStream, sse_event, wait_disconnect
 from bastion.frontends.http.wire import NO_STORE, HttpError, Receive, Send, empty_response, json_response
 
@@ -52,7 +52,7 @@ class Answers:
                 return
             if final:
                 forget()
-                status = statuses.get(peek(first).error_code or 0, 200)
+                status = statuses.get(exchange.error_code or 0, 200)
                 await json_response(send, status, first, headers)
                 return
         stream = SseStream(send, limit=self.settings.stream_buffer_messages,

@@ -12,6 +12,7 @@ import msgspec
 import orjson
 
 from bastion.frontends.http.streams import SseStream, priming_event, sse_event
+from bastion.protocol.jsonrpc import ErrorResponse, Outgoing, RawResponse, Response
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,18 @@ def _peek_top(top: _Top) -> Peeked:
     return Peeked("invalid")
 
 
+def answer_to(message: Outgoing) -> tuple[bool, Any, int | None]:
+    """Whether a message the gateway sends is an answer; if so, the id it answers and its error code (None for a
+    result): read from the message the session hands over with its frame, never from the frame."""
+    kind = type(message)
+    if kind is Response or kind is RawResponse:
+        return True, message.id, None  # type: ignore[union-attr]
+    if kind is ErrorResponse:
+        code = message.error.get("code")  # type: ignore[union-attr]
+        return True, message.id, code if type(code) is int else None  # type: ignore[union-attr]
+    return False, None, None
+
+
 WITHDRAWN = b""  # what a withdrawn exchange's POST is answered: nothing (202)
 
 
@@ -102,6 +115,7 @@ class Exchange:
         self.first: asyncio.Future[tuple[bytes, bool]] = asyncio.get_running_loop().create_future()
         self.stream: SseStream | None = None
         self.answered = False
+        self.error_code: int | None = None  # the answer's, once answered with an error
         self.stream_key = stream_key
         self.expiry: asyncio.TimerHandle | None = None  # while its stream is down: when its call is given up
         self._backlog: list[tuple[bytes, bool]] = []
@@ -110,11 +124,12 @@ class Exchange:
         self._sent: collections.deque[tuple[int, bytes]] | None = None  # made with the first event: most answer as JSON
         self._next_event = 1
 
-    def deliver(self, frame: bytes, final: bool) -> None:
+    def deliver(self, frame: bytes, final: bool, error_code: int | None = None) -> None:
         if self.answered:
             return
         if final:
             self.answered = True
+            self.error_code = error_code
             self.release()
         if self.stream is not None:
             # A stream that dropped takes nothing more; a resumable one's events wait in _sent for the client.

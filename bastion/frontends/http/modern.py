@@ -11,11 +11,12 @@ import orjson
 from bastion.frontends.connection import ClientConnection
 from bastion.frontends.http.admission import Admission
 from bastion.frontends.http.answers import STATUS_FOR_CODE, Answers
-from bastion.frontends.http.exchanges import Exchange, Peeked, peek
+from bastion.frontends.http.exchanges import Exchange, Peeked, answer_to
 from bastion.frontends.http.guards import accepts, modern_header_mismatch, param_header_mismatch
 from bastion.frontends.http.wire import HttpError, Receive, Send, empty_response, json_response
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
+from bastion.protocol.jsonrpc import Outgoing
 from bastion.protocol.versions import META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION
 
 # A 2026-07-28 answer's HTTP status follows its error code (a JSON answer; a stream has begun with 200 already).
@@ -46,7 +47,7 @@ class ModernPosts:
         if top.kind == "notification":
             # It passes the chain like any client's notification (cancellation itself travels as a closed stream on
             # HTTP), then is acknowledged; a notification has no reply to carry a refusal.
-            connection = ClientConnection(self.gateway, lambda frame: None, identity=identity, era="modern")
+            connection = ClientConnection(self.gateway, lambda frame, message: None, identity=identity, era="modern")
             try:
                 connection.feed(body)
                 await connection.notifications_passed()
@@ -78,8 +79,9 @@ class ModernPosts:
         exchange = Exchange(top.id, accepts_sse=accepts(headers.get("accept"), "text/event-stream") and
                             bool(headers.get("accept")), release=release)
 
-        def route(frame: bytes) -> None:
-            exchange.deliver(frame, peek(frame).kind == "response")
+        def route(frame: bytes, message: Outgoing) -> None:
+            final, _, error_code = answer_to(message)
+            exchange.deliver(frame, final, error_code)
 
         connection = ClientConnection(self.gateway, route, identity=identity, close=lambda: None)
         self.connections.add(connection)

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import orjson
 
 from bastion.frontends.connection import ClientConnection
-from bastion.frontends.http.exchanges import Exchange, peek
+from bastion.frontends.http.exchanges import Exchange, answer_to
 from bastion.frontends.http.streams import ReplayLog, SseStream, sse_event
 from bastion.model import Identity
+from bastion.protocol.jsonrpc import Notification, Outgoing
 
 if TYPE_CHECKING:
     from bastion.frontends.http.app import HttpFrontend
@@ -103,18 +104,19 @@ class LegacySession:
         finally:
             self._feeding = None
 
-    def route(self, frame: bytes) -> None:
+    def route(self, frame: bytes, message: Outgoing) -> None:
         """Where one frame from the gateway goes: an answer to the POST that asked, progress to the POST whose
         request it is about, everything else to the GET stream (or its replay log until one is open)."""
-        top = peek(frame)
-        if top.kind == "response":
-            exchange = self.exchanges.pop(top.id, None) if top.id is not None else self._feeding
+        is_answer, answered_id, error_code = answer_to(message)
+        if is_answer:
+            exchange = self.exchanges.pop(answered_id, None) if answered_id is not None else self._feeding
             if exchange is not None:
                 self._forget_progress(exchange)
-                exchange.deliver(frame, True)
+                exchange.deliver(frame, True, error_code)
                 return
-        elif top.kind == "notification" and top.method == "notifications/progress":
-            token = top.params.get("progressToken") if isinstance(top.params, dict) else None
+        elif type(message) is Notification and message.method == "notifications/progress":  # type: ignore[union-attr]
+            params = message.params  # type: ignore[union-attr]
+            token = params.get("progressToken") if isinstance(params, dict) else None
             exchange = self.progress.get(token) if token is not None else None
             if exchange is not None:
                 exchange.deliver(frame, False)
@@ -167,7 +169,7 @@ class LegacySession:
         ended = orjson.dumps
         for exchange in list(self.exchanges.values()):
             exchange.deliver(ended({"jsonrpc": "2.0", "id": exchange.request_id, "error": {
-                "code": -32600, "message": "the session ended before this request was answered"}}), True)
+                "code": -32600, "message": "the session ended before this request was answered"}}), True, -32600)
         self.exchanges.clear()
         if self.get_stream is not None:
             self.get_stream.finish()
@@ -189,11 +191,11 @@ class SseSession:
         self.connection.identity = identity
         self.connection.session.identity = identity
 
-    def route(self, frame: bytes) -> None:
+    def route(self, frame: bytes, message: Outgoing) -> None:
         if self.releases:
-            top = peek(frame)
-            if top.kind == "response":
-                release = self.releases.pop(top.id, None)
+            is_answer, answered_id, _ = answer_to(message)
+            if is_answer:
+                release = self.releases.pop(answered_id, None)
                 if release is not None:
                     release()
         self.stream.push(sse_event(frame, event="message"))
