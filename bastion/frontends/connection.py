@@ -84,10 +84,12 @@ class ClientConnection:
         return self._session or self._anonymous_session()
 
     # ------------------------------------------------------------------------------------------ input
-    def feed(self, frame: bytes) -> None:
+    def feed(self, frame: bytes, decoded: dict | None = None) -> None:
+        """One frame from the client; ``decoded``, when the transport has read it already (an HTTP body), is it
+        decoded as the session decodes a frame, which the session then takes instead of reading it again."""
         if self._takes_raw_calls and self.protocol.lifecycle.state is State.ACTIVE and self._raw_call(frame):
             return
-        self._act(self.protocol.receive_frame(frame))
+        self._act(self.protocol.receive_frame(frame, decoded))
 
     def frame_too_large(self, size: int) -> None:
         self._act(self.protocol.frame_too_large(size))

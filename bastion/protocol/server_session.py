@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
 from bastion.protocol import jsonrpc
-from bastion.protocol.jsonrpc import ErrorResponse, InvalidFrame, Message, Notification, Request, Response, parse_frame
+from bastion.protocol.jsonrpc import (
+    ErrorResponse,
+    InvalidFrame,
+    Message,
+    Notification,
+    Request,
+    Response,
+    parse_frame,
+    parse_message,
+)
 from bastion.protocol.lifecycle import Action, ServerLifecycle, State
 from bastion.protocol.versions import (
     DISCOVER,
@@ -180,11 +189,16 @@ class ServerSession:
         self._outgoing_ids = itertools.count(1)
 
     # ---------------------------------------------------------------------------------------- input
-    def receive_frame(self, frame: bytes) -> list[Event]:
-        """One frame as the client sent it (without its newline)."""
+    def receive_frame(self, frame: bytes, decoded: dict | None = None) -> list[Event]:
+        """One frame as the client sent it (without its newline); ``decoded``, when given, is the frame as
+        ``parse_frame`` decodes it (orjson), already done by the transport: it is classified without reading the
+        bytes again."""
         if not frame or frame.isspace():  # a blank line is no message; isspace stops at the first other byte
             return []
-        message = parse_frame(frame, self.max_message_bytes)
+        if decoded is not None and len(frame) <= self.max_message_bytes:
+            message = parse_message(decoded)
+        else:
+            message = parse_frame(frame, self.max_message_bytes)
         if isinstance(message, InvalidFrame):
             events: list[Event] = [] if message.reply is None else [Send(message.reply)]
             events.append(Invalid(message.reason))

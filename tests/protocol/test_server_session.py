@@ -358,6 +358,27 @@ def test_no_frame_sequence_raises_and_every_error_reply_is_an_error_response(fra
                 assert isinstance(event.message, ErrorResponse)
 
 
+@PROPERTY
+@given(st.lists(JSON_OBJECTS | st.sampled_from([
+    frame({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE.params}),
+    frame({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    frame({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    frame({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "t", "arguments": {"a": 1}}}),
+    frame({"jsonrpc": "2.0", "id": "x", "method": "ping", "params": []})]), max_size=12))
+def test_a_frame_the_transport_decoded_is_taken_as_the_session_would_read_it(values: list[Any]) -> None:
+    """An HTTP body is decoded once, by the frontend; the session takes that value and answers exactly as it
+    answers the same bytes, over the size limit included."""
+    read, handed = session(), session()
+    for value in values:
+        data = value if isinstance(value, bytes) else frame(value)
+        decoded = orjson.loads(data)
+        if not isinstance(decoded, dict):
+            continue  # the frontend refuses anything but an object before the session
+        assert handed.receive_frame(data, decoded) == read.receive_frame(data)
+    oversized = frame({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "x" * 10_000}})
+    assert handed.receive_frame(oversized, orjson.loads(oversized)) == read.receive_frame(oversized)
+
+
 MESSAGES = st.one_of(
     st.builds(Request, REQUEST_IDS, st.sampled_from(["initialize", "ping", "tools/call", "tools/list",
                                                     "logging/setLevel", "server/discover", "subscriptions/listen"]),

@@ -62,15 +62,18 @@ async def read_body(headers: dict[str, str], receive: Receive, limit: int, body_
 
 
 async def read_message(headers: dict[str, str], receive: Receive, limit: int,
-                       body_timeout: float) -> tuple[bytes, Peeked, dict]:
-    """The request's one JSON-RPC message: its bytes, what it is, and it decoded."""
+                       body_timeout: float) -> tuple[bytes, Peeked, dict, dict | None]:
+    """The request's one JSON-RPC message: its bytes, what it is, it decoded, and it decoded as a client session
+    reads a frame (None when only the standard library could read it), for the session to take without reading the
+    bytes again."""
     if not is_json_content(headers.get("content-type")):
         raise HttpError(415, -32600, f"Content-Type {headers.get('content-type', '(none)')!r}: a request body is "
                                      "one JSON-RPC message as application/json")
     body = await read_body(headers, receive, limit, body_timeout)
     try:
-        message = orjson.loads(body)
+        message = session_reads = orjson.loads(body)
     except orjson.JSONDecodeError:
+        session_reads = None
         try:
             message = json.loads(body)  # integers wider than 64 bits, which orjson refuses
         except ValueError as exc:
@@ -81,7 +84,7 @@ async def read_message(headers: dict[str, str], receive: Receive, limit: int,
     if top.kind == "invalid" or message.get("jsonrpc") != "2.0":
         raise HttpError(400, -32600, 'not a JSON-RPC 2.0 message: it needs "jsonrpc": "2.0" and a method, or a '
                                      "result or error", top.id)
-    return body, top, message
+    return body, top, message, session_reads
 
 
 def headers_of(scope: Scope) -> dict[str, str]:
