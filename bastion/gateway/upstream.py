@@ -30,7 +30,7 @@ from bastion.protocol.client_session import (
     ServerRequest,
     Unmatched,
 )
-from bastion.protocol.correlation import DuplicateRequestId, Pending
+from bastion.protocol.correlation import Pending
 from bastion.protocol.jsonrpc import ErrorResponse, Notification, RawResponse, Request, Response
 from bastion.protocol.framing import Oversize
 from bastion.transport.stdio import WriteBatch
