@@ -161,6 +161,9 @@ class GatewayRequest:
     # chain as a request of its own, and its last step resumes the call, which passed the chain already (the policy
     # checks it again but neither counts it against a rate limit nor asks a person again).
     continues: bool = False
+    # A server's request Bastion answers itself (the server's ping; a method Bastion relays to no client, answered
+    # -32601): its last step asks no client, so the policy has nothing to authorize (and audits no ping).
+    answered_by_bastion: bool = False
     # The tool a tools/call names, looked up once for every interceptor and the route (see ``target``).
     _target: tuple[Any, "ToolEntry | None"] | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -10,8 +10,8 @@ kind. A request's answer, result or error, comes back through the same intercept
 The chain is compiled once per route, ``(direction, kind, method)``, as Envoy compiles a filter chain per route: an
 interceptor that declares the route is not its own is not on that route's path at all, and what may stay the bytes
 it came in (``passes_raw``) is decided there. The last step of a client's request routes it to its server; the last
-step of every other message hands it to ``message.deliver`` (ask or tell the client, or do what a client's
-notification says).
+step of every other message hands it to ``message.deliver`` (ask or tell the client, do what a client's
+notification says, or answer a server's request Bastion answers itself: its ping, a method relayed to no client).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The servers' messages toward clients: a server's notification to the client it belongs to (whose call, who
 subscribed, every client), and a server's request (sampling, elicitation, roots) to the client whose call caused
-it, never to another; both through the chain."""
+it, never to another; all of them through the chain, a server's ping and a request of a method Bastion relays to no
+client included (Bastion answers those itself, at the chain's last step)."""
 
 from __future__ import annotations
 
@@ -89,12 +90,17 @@ class Relay:
         self.notices.pass_on(route.handle, request)
 
     def _notice_session(self, pending: Pending | None, callers: set[str] | None) -> Session:
-        """The session of the client a notification belongs to, when one call's client is known; else Bastion's."""
+        """The session of the client a notification (or a request no client is asked) belongs to, when one call's
+        client is known; else Bastion's."""
         origins = {pending.origin} if pending is not None else callers or set()
         if len(origins) == 1:
             connection = self._connections.get(next(iter(origins)))
             if connection is not None:
                 return connection.session
+        return self._own_session()
+
+    def _own_session(self) -> Session:
+        """Bastion's own session: for what belongs to no one client."""
         return Session(self._identity(), "legacy", "", {})
 
     def _deliver_notification(self, upstream: Upstream, method: str, params: dict[str, Any], pending: Pending | None,
@@ -133,10 +139,12 @@ class Relay:
     # ------------------------------------------------------------------------------------------- requests
     async def request(self, upstream: Upstream, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """A server asks the client something (sampling, elicitation, roots): relay it to the client whose call
-        caused it, never to another. A 2026-07-28 client's call answers with ``input_required`` for it."""
+        caused it, never to another. A 2026-07-28 client's call answers with ``input_required`` for it. A server's
+        ping, and a request of a method Bastion relays to no client, pass the chain too, and Bastion answers them
+        at its last step (``{}``; -32601)."""
         capability = INPUT_CAPABILITY.get(method)
         if capability is None:
-            raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+            return await self._answered_by_bastion(upstream, method, params)
         asking = f"{method} from server {upstream.name!r}"
         inputs = self._inputs
         callers = [(origin, origin_id) for origin, origin_id in upstream._correlator.origins()
@@ -187,6 +195,30 @@ class Relay:
         ``calls`` are that client's calls the server is working on."""
         return self._chain.handle(GatewayRequest(method, params, session, self._catalog, server=server,
                                                  calls_in_flight=calls, direction=TO_CLIENT, deliver=ask))
+
+    def _answered_by_bastion(self, upstream: Upstream, method: str,
+                             params: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        """A server's request that no client is asked: its ping (the protocol's keep-alive, answered ``{}`` whether
+        no client is connected or several are) or a method Bastion relays to no client (answered -32601). Through
+        the chain all the same, marked ``answered_by_bastion``; its last step answers it. A ping belongs to Bastion's
+        own session; any other request to the session of the client whose calls the server works on, when there is
+        one such client."""
+        if method == "ping":
+            session = self._own_session()
+            answer: Handler = _answer_ping
+        else:
+            session = self._notice_session(None, _log_callers(upstream))
+
+            async def not_relayed(asked: GatewayRequest) -> dict[str, Any]:
+                raise GatewayError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+
+            answer = not_relayed
+        return self._chain.handle(GatewayRequest(method, params, session, self._catalog, server=upstream.name,
+                                                 direction=TO_CLIENT, deliver=answer, answered_by_bastion=True))
+
+
+async def _answer_ping(asked: GatewayRequest) -> dict[str, Any]:
+    return {}
 
 
 def _log_callers(upstream: Upstream) -> set[str]:

@@ -24,7 +24,6 @@ from bastion.protocol.client_session import (
     Exchange,
     Failed,
     Garbage,
-    Reply,
     ServerCancelled,
     ServerNotification,
     ServerRequest,
@@ -478,8 +477,6 @@ class Upstream:
             task = self._relays.pop(event.request_id, None)  # type: ignore[union-attr]
             if task is not None:
                 task.cancel()
-        elif kind is Reply:
-            self._tell(event.frame)  # type: ignore[union-attr]
         elif kind is Unmatched:
             if not event.expected:  # type: ignore[union-attr]
                 self.log.warning("server %s answered unknown request id %r; ignored", self.name, event.id)  # type: ignore[union-attr]
@@ -489,8 +486,11 @@ class Upstream:
                              event.reason, shown)  # type: ignore[union-attr]
 
     def _on_request(self, message: Request) -> None:
+        # An eager Task (Python 3.12+) may have answered by the time it is made (a ping whose route waits on
+        # nothing): it is not kept then, as its own ``finally`` has already run.
         task = asyncio.create_task(self._relay(message))
-        self._relays[message.id] = task
+        if not task.done():
+            self._relays[message.id] = task
 
     async def _relay(self, message: Request) -> None:
         try:

@@ -303,7 +303,9 @@ class PolicyInterceptor:
     A client's ``tools/call`` — the hot path — passes the first three stages as plain calls; other client requests go
     through authorization's gates and list filters, then approval. A server's request to a client (sampling,
     elicitation, roots) is authorized for the server that asks and the client it would reach, and audited in the
-    same records as a call. Notifications decide nothing here: the policy has no hook for them.
+    same records as a call; one Bastion answers itself (``answered_by_bastion``) asks no client and is not
+    authorized: a method relayed to no client is audited with its answer, -32601, and a server's ping passes
+    unrecorded. Notifications decide nothing here: the policy has no hook for them.
     """
 
     # A call's result is read only for its outcome ("complete", or a 2026-07-28 server's "input_required", which the
@@ -326,6 +328,10 @@ class PolicyInterceptor:
         self.approval = approval
 
     async def on_request(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
+        if request.answered_by_bastion and request.method == "ping":
+            # A server's keep-alive, which Bastion answers itself: nothing to decide, and a record per ping would
+            # flood the trail.
+            return await call_next(request)
         trail = Trail()
         started = time.perf_counter_ns()
         outcome: Any = "error"
@@ -356,6 +362,10 @@ class PolicyInterceptor:
                 self.audit.hand_over(request, trail, outcome, time.perf_counter_ns() - started)
 
     def _server_request(self, request: GatewayRequest, trail: Trail, call_next: Handler) -> Awaitable[dict[str, Any]]:
+        if request.answered_by_bastion:
+            # A method Bastion relays to no client: no client is asked, so nothing is authorized; its last step
+            # answers the server -32601, and the call record says so.
+            return call_next(request)
         server = request.server or ""
         decision = authorize_server_request(self.authorization.engine.authorizer, request.session.identity, server,
                                             request.method, _server_trust(request.catalog, server))

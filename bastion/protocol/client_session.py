@@ -217,16 +217,10 @@ class ServerCancelled:
 
 @dataclass(slots=True)
 class ServerRequest:
-    """A request from the server to the client (sampling, elicitation, roots, ...)."""
+    """A request from the server to the client (sampling, elicitation, roots, its ping, ...): the gateway answers
+    it, after the interceptor chain (a ping and a method relayed to no client are answered by Bastion itself)."""
 
     request: Request
-
-
-@dataclass(slots=True)
-class Reply:
-    """Send ``frame`` back at once (the answer to the server's ping); nothing else to do."""
-
-    frame: bytes
 
 
 @dataclass(slots=True)
@@ -242,7 +236,7 @@ class Ignored:
     """A frame with nothing to do: blank, or progress for no request in flight."""
 
 
-Event = Union[Answered, Unmatched, ServerNotification, ServerCancelled, ServerRequest, Reply, Garbage, Ignored]
+Event = Union[Answered, Unmatched, ServerNotification, ServerCancelled, ServerRequest, Garbage, Ignored]
 _IGNORED = Ignored()
 
 
@@ -389,8 +383,6 @@ class ClientSession:
         if kind is Notification:
             return self._notification(message)  # type: ignore[arg-type]
         if kind is Request:
-            if message.method == "ping":  # type: ignore[union-attr]
-                return Reply(jsonrpc.encode(Response(message.id, {})))  # type: ignore[union-attr]
             return ServerRequest(message)  # type: ignore[arg-type]
         assert isinstance(message, InvalidFrame)
         return Garbage(frame, message.reason)

@@ -6,7 +6,9 @@ every kind. The official SDK's client, in each era, drives the SDK fixture serve
 each kind: the handshake and discovery, pings, lists, calls and their results and errors, the client's
 notifications (initialized, roots changed, cancelled), the server's requests to the client (sampling, elicitation,
 as requests of their own or inside a 2026-07-28 result) and their answers, and the server's notifications
-(log messages, progress, a resource updated, a list changed)."""
+(log messages, progress, a resource updated, a list changed). A server's ping and its request of a method Bastion
+relays to no client, which Bastion answers itself, reach it too (``tests/fixtures/raw_server.py`` sends them), and
+are answered as before: ``{}`` and -32601, the policy on or off, with no audit record of a ping."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CreateMessageResult, ElicitResult, ListRootsResult, Root, TextContent
 
-from tests.support import FIXTURES, READY_TIMEOUT
+from tests.support import FIXTURES, READY_TIMEOUT, RawClient, raw_server
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +67,13 @@ MODERN_CLIENT = {
     (TO_SERVER, REQUEST, "server/discover"), (TO_SERVER, RESULT, "server/discover"),
     (TO_SERVER, REQUEST, "subscriptions/listen"),
 }
+
+
+# The raw fixture server's tool that sends the client a request of the method it is given, and answers with the
+# answer it got; read-only from a trusted server, so the default policy lets it be called without a person.
+ASK = {"name": "ask", "description": "Send the client a request", "annotations": {"readOnlyHint": True},
+       "inputSchema": {"type": "object", "properties": {"method": {"type": "string"}}}}
+UNRELAYED = "bastion-test/not-relayed"  # a method Bastion relays to no client
 
 
 async def on_sampling(context: Any, params: Any) -> CreateMessageResult:
@@ -192,3 +201,64 @@ async def test_every_kind_of_message_reaches_a_catch_all_interceptor(tmp_path: P
             process.terminate()
             process.wait(60)
     assert expected <= seen
+
+
+def asking_config(tmp: Path, policy: Any) -> Path:
+    config = tmp / "bastion.json"
+    server = raw_server(trust="trusted", sandbox="none", env={"RAW_SERVER_EXTRA_TOOLS": json.dumps([ASK])})
+    config.write_text(json.dumps({"policy": policy, "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT,
+                                  "servers": {"raw": server}}))
+    return config
+
+
+def answer_to(result: Any) -> dict[str, Any]:
+    """What the server that asked was answered (the ``ask`` tool's result)."""
+    return json.loads(result.content[0].text)
+
+
+async def test_a_servers_ping_and_a_method_relayed_to_no_client_reach_a_catch_all_interceptor(tmp_path: Path) -> None:
+    """Bastion answers both itself (nothing reaches a client), after the chain: the server gets ``{}`` and -32601 as
+    before, and the interceptor that declares nothing sees each on its way in and its answer on its way back."""
+    record = tmp_path / "record.jsonl"
+    config = asking_config(tmp_path, "off")
+    client = Client(StdioServerParameters(command=sys.executable, args=[str(HOST), "stdio", str(config), str(record)]),
+                    mode="legacy")
+    with anyio.fail_after(DEADLINE):
+        async with client:
+            pinged = answer_to(await client.call_tool("raw__ask", {"method": "ping"}))
+            unrelayed = answer_to(await client.call_tool("raw__ask", {"method": UNRELAYED}))
+    assert pinged["result"] == {} and "error" not in pinged
+    assert unrelayed["error"] == {"code": -32601, "message": f"Method not found: {UNRELAYED}"}
+    # The interceptor wrote each line before the server was answered, and the server answered the call after it
+    # got its answer: the record is complete once the call's result is in.
+    seen = [tuple(line) for line in map(json.loads, record.read_text().splitlines())]
+    assert (TO_CLIENT, REQUEST, "ping", "raw") in seen and (TO_CLIENT, RESULT, "ping", "raw") in seen
+    assert (TO_CLIENT, REQUEST, UNRELAYED, "raw") in seen and (TO_CLIENT, ERROR, UNRELAYED, "raw") in seen
+    # The ping came within the call that made the server send it: after the call's way in, before its answer.
+    call, answer = (seen.index((TO_SERVER, kind, "tools/call", None)) for kind in (REQUEST, RESULT))
+    assert call < seen.index((TO_CLIENT, REQUEST, "ping", "raw")) < seen.index((TO_CLIENT, RESULT, "ping", "raw"))
+    assert seen.index((TO_CLIENT, RESULT, "ping", "raw")) < answer
+
+
+def test_with_the_default_policy_a_servers_ping_is_answered_and_never_audited(tmp_path: Path) -> None:
+    """The policy decides nothing about a request no client is asked: a ping is answered ``{}`` with no audit record
+    (keep-alives would flood the trail), and a method relayed to no client is answered -32601, not refused by the
+    policy, with the call record of that answer."""
+    audit = tmp_path / "audit.jsonl"
+    client = RawClient(asking_config(tmp_path, {"audit": {"path": str(audit)}}))  # no policy files: the default
+    try:
+        client.initialize()
+        pinged = client.request(1, "tools/call", {"name": "raw__ask", "arguments": {"method": "ping"}}, timeout=60)
+        unrelayed = client.request(2, "tools/call", {"name": "raw__ask", "arguments": {"method": UNRELAYED}})
+    finally:
+        code, stderr = client.close()  # the trail is flushed when Bastion exits
+    assert code == 0, stderr
+    assert json.loads(pinged["result"]["content"][0]["text"])["result"] == {}
+    assert json.loads(unrelayed["result"]["content"][0]["text"])["error"]["code"] == -32601
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_method.setdefault(r.get("what", {}).get("method"), []).append(r)
+    assert [r["outcome"] for r in by_method["tools/call"] if r["kind"] == "call"] == ["complete", "complete"]
+    assert "ping" not in by_method
+    assert [(r["kind"], r["outcome"], r["what"]["target"]) for r in by_method[UNRELAYED]] == [("call", -32601, "raw")]

@@ -18,8 +18,9 @@ import pytest
 from bastion.compose import build_gateway
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.gateway.core import Gateway
+from bastion.gateway.pipeline import build_pipeline, deliver
 from bastion.protocol.jsonrpc import RawResponse
-from bastion.model import GatewayError, GatewayRequest, Identity, Session
+from bastion.model import TO_CLIENT, GatewayError, GatewayRequest, Identity, Session
 from bastion.policy.audit import verify
 from bastion.policy.config import PolicyConfig
 from bastion.policy.interceptors import build_policy_runtime
@@ -307,6 +308,41 @@ async def test_server_request_hook(tmp_path: Path, gateway_factory) -> None:
     # Sampling is the sampling guardrail's to hold to budgets; the default policy lets every server ask.
     assert runtime.authorize_server_request(ALICE, "raw", "sampling/createMessage").allowed
     assert not runtime.authorize_server_request(ALICE, "raw", "tools/call").allowed
+
+
+async def test_a_servers_request_bastion_answers_itself_is_not_authorized_and_its_ping_is_not_audited(
+        tmp_path: Path, gateway_factory) -> None:
+    gateway, runtime = await gateway_factory(policy_config(tmp_path))  # this policy permits no server request
+    handle = build_pipeline(runtime.interceptors, deliver)
+    reached: list[str] = []
+
+    async def pong(_: GatewayRequest) -> dict[str, Any]:
+        return {}
+
+    async def not_found(asked: GatewayRequest) -> dict[str, Any]:
+        raise GatewayError(-32601, f"Method not found: {asked.method}")
+
+    async def client(asked: GatewayRequest) -> dict[str, Any]:
+        reached.append(asked.method)
+        return {}
+
+    def asked(method: str, answer: Any, **marks: Any) -> GatewayRequest:
+        return GatewayRequest(method, {}, session(), gateway.catalog, server="raw", direction=TO_CLIENT,
+                              deliver=answer, **marks)
+
+    assert await handle(asked("ping", pong, answered_by_bastion=True)) == {}
+    assert (await refusal(handle(asked("x/unknown", not_found, answered_by_bastion=True)))).code == -32601
+    # Unmarked, the same methods would be on their way to a client (a 2026-07-28 server's input_required may carry
+    # any method): the policy refuses them as before, and no client is asked.
+    assert (await refusal(handle(asked("ping", client)))).code == -32600
+    assert (await refusal(handle(asked("x/unknown", client)))).code == -32600
+    assert reached == []
+    await runtime.aclose()
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    recorded = [(r["kind"], r["what"]["method"], r.get("outcome", r.get("decision"))) for r in records if "what" in r]
+    assert recorded == [("call", "x/unknown", -32601),
+                        ("decision", "ping", "deny"), ("call", "ping", -32600),
+                        ("decision", "x/unknown", "deny"), ("call", "x/unknown", -32600)]
 
 
 async def test_approval_without_a_way_to_ask_is_refused_with_the_audit_off(tmp_path: Path) -> None:

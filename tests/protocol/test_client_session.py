@@ -19,7 +19,6 @@ from bastion.protocol.client_session import (
     Handshake,
     Ignored,
     Ready,
-    Reply,
     ServerCancelled,
     ServerFacts,
     ServerNotification,
@@ -27,7 +26,7 @@ from bastion.protocol.client_session import (
     Unmatched,
 )
 from bastion.protocol.correlation import DuplicateRequestId
-from bastion.protocol.jsonrpc import ErrorResponse, RawResponse, Response, error, raw_request_frame
+from bastion.protocol.jsonrpc import ErrorResponse, RawResponse, Request, Response, error, raw_request_frame
 from bastion.protocol.versions import (
     LATEST_LEGACY,
     LATEST_MODERN,
@@ -346,10 +345,10 @@ class TestReceive:
     def test_the_servers_cancellation_of_its_own_request(self):
         assert session().receive(frame(method="notifications/cancelled", params={"requestId": 4})) == ServerCancelled(4)
 
-    def test_ping_is_answered_at_once(self):
+    def test_a_ping_is_a_server_request_like_any_other(self):
+        # The gateway answers it, after the interceptor chain: the session writes no answer of its own.
         event = session().receive(frame(id="p1", method="ping"))
-        assert isinstance(event, Reply)
-        assert orjson.loads(event.frame) == {"jsonrpc": "2.0", "id": "p1", "result": {}}
+        assert event == ServerRequest(Request("p1", "ping", None))
 
     def test_server_requests_go_to_the_gateway(self):
         event = session().receive(frame(id=3, method="sampling/createMessage", params={"messages": []}))
@@ -446,5 +445,5 @@ def test_any_bytes_are_read_into_an_event_never_an_exception(data):
     s = session()
     s.begin("tools/call", {}, origin="a", origin_id=1)
     event = s.receive(data)
-    assert isinstance(event, (Answered, Unmatched, ServerNotification, ServerCancelled, ServerRequest, Reply,
-                              Garbage, Ignored))
+    assert isinstance(event, (Answered, Unmatched, ServerNotification, ServerCancelled, ServerRequest, Garbage,
+                              Ignored))
