@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.raw import RawResults
@@ -15,7 +15,7 @@ from bastion.model import CatalogView, Interceptor
 # tool that would be refused as changed or poisoned. The taint a 2026-07-28 caller's earlier requests left is recalled
 # there too, so that the policy sees it as a session's own. The others sit inside the policy and see only what it
 # permits; the scanners of results sit innermost, so a result is redacted before it is marked and before taint is
-# recorded from it.
+# recorded from it. For a tools/call each group is one stage (``screened``, ``staged``).
 Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Interceptor | None"]
 
 
@@ -55,7 +55,7 @@ def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog:
         made = (builder(config, report, catalog) for builder in builders)
         return [interceptor for interceptor in made if interceptor is not None]
 
-    chain = GuardrailChain(built(screen_builders()), staged(built(inner_builders())))
+    chain = GuardrailChain(screened(built(screen_builders())), staged(built(inner_builders())))
     # The guardrails that read a call's result as the server's bytes share one decoder, so that a result is decoded
     # once however many of them read it (bastion.guardrails.raw).
     shared = RawResults()
@@ -65,33 +65,84 @@ def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog:
     return chain
 
 
+def screened(screens: list[Interceptor]) -> list[Interceptor]:
+    """``screens`` with the guardrails that screen a ``tools/call`` before the policy (pinning, the metadata scan's
+    refusal of withheld tools, taint recall) joined, for that method, into one ``ScreenStage`` where the outermost of
+    them was; each keeps its own layer for every other method."""
+    from bastion.guardrails.injection import MetadataGuard
+    from bastion.guardrails.pinning import PinningGuard
+    from bastion.guardrails.stage import ScreenStage
+    from bastion.guardrails.taint import TaintRecall
+
+    return _joined(screens, {PinningGuard: "pinning", MetadataGuard: "metadata", TaintRecall: "recall"}, ScreenStage)
+
+
 def staged(inner: list[Interceptor]) -> list[Interceptor]:
     """``inner`` with the guardrails that read a ``tools/call``'s answer (deputy, taint, output injection, scanning)
     joined, for that method, into one ``CallStage`` where the outermost of them was; each keeps its own layer for
-    every other method. For a call they are consecutive in the chain (no other interceptor sits between them), so
-    the stage sees a call where the first of them did and hands it on where the last of them did."""
+    every other method."""
     from bastion.guardrails.deputy import DeputyGuard
     from bastion.guardrails.injection import OutputGuard
     from bastion.guardrails.scanning import ScanningInterceptor
-    from bastion.guardrails.stage import CALL, CallStage
+    from bastion.guardrails.stage import CallStage
     from bastion.guardrails.taint import TaintGuard
 
     roles = {DeputyGuard: "deputy", TaintGuard: "taint", OutputGuard: "output", ScanningInterceptor: "scanning"}
+    return _joined(inner, roles, CallStage)
+
+
+def _joined(interceptors: list[Interceptor], roles: dict[type, str], stage: Callable[..., Interceptor],
+            ) -> list[Interceptor]:
+    """``interceptors`` with those of ``roles`` that look at ``tools/call`` joined, for that method, into one
+    ``stage`` (built with each by its role) where the outermost of them was, and ``tools/call`` taken off their own
+    routes. For a call they are consecutive in the chain (no other interceptor sits between them), so the stage sees
+    a call where the first of them did and hands it on where the last of them did."""
+    from bastion.guardrails.stage import CALL
+
     parts: dict[str, Any] = {}
     first: int | None = None
-    for index, interceptor in enumerate(inner):
+    for index, interceptor in enumerate(interceptors):
         role = roles.get(type(interceptor))
-        if role is None or CALL not in interceptor.methods:  # type: ignore[attr-defined]
+        if role is None or not _on_calls(interceptor):
             continue
         if first is None:
             first = index
         parts[role] = interceptor
     if first is None:
-        return inner
-    others = inner[first:]
-    if any(type(each) not in roles and CALL in (getattr(each, "methods", None) or {CALL})
+        return interceptors
+    others = interceptors[first:]
+    if any(type(each) not in roles and _on_calls(each)
            for each in others[:max(i for i, each in enumerate(others) if type(each) in roles) + 1]):
-        return inner  # something else reads calls between them: they stay layers of their own
+        return interceptors  # something else reads calls between them: they stay layers of their own
     for interceptor in parts.values():
-        interceptor.methods = interceptor.methods - {CALL}  # type: ignore[attr-defined]
-    return [*inner[:first], CallStage(**parts), *inner[first:]]
+        methods = getattr(interceptor, "methods", None)
+        without = EveryMethodBut(frozenset({CALL})) if methods is None else methods - {CALL}
+        interceptor.methods = without  # type: ignore[attr-defined]
+    return [*interceptors[:first], stage(**parts), *interceptors[first:]]
+
+
+def _on_calls(interceptor: Interceptor) -> bool:
+    """Whether ``tools/call`` is among the methods ``interceptor`` looks at (every method, when it names none)."""
+    from bastion.guardrails.stage import CALL
+
+    methods = getattr(interceptor, "methods", None)
+    return methods is None or CALL in methods
+
+
+class EveryMethodBut:
+    """The ``methods`` of an interceptor that looks at every method but a few (the chain asks ``method in
+    methods``): what one that named no methods looks at once a stage takes a method off its route."""
+
+    __slots__ = ("excluded",)
+
+    def __init__(self, excluded: frozenset[str]) -> None:
+        self.excluded = excluded
+
+    def __contains__(self, method: object) -> bool:
+        return method not in self.excluded
+
+    def __sub__(self, other: Iterable[str]) -> "EveryMethodBut":
+        return EveryMethodBut(self.excluded | frozenset(other))
+
+    def __repr__(self) -> str:
+        return f"EveryMethodBut({set(self.excluded)!r})"

@@ -745,7 +745,8 @@ class MetadataGuard:
     """Scans the definitions of every list as it passes; withholds or sanitises the poisoned ones."""
 
     # A tools/call is refused here when its tool's definition is withheld (``WithheldToolGate`` decides), in this
-    # same layer of the chain: a layer costs every call more than the lookup does.
+    # same layer of the chain: a layer costs every call more than the lookup does. (The chain ``build_guardrails``
+    # builds asks the gate from its screen stage instead: ``bastion.guardrails.stage.ScreenStage``.)
     # ``initialize`` and ``server/discover``: the instructions in Bastion's answer are the servers' own words.
     methods = frozenset(LIST_KINDS) | {"prompts/get", "tools/call", *INSTRUCTED}
     reads_params = False
@@ -887,8 +888,9 @@ def _tell(request: GatewayRequest, sentences: list[str]) -> None:
 class WithheldToolGate:
     """Refuses a call to a tool whose definition the metadata scan withholds, even when the client never listed it.
 
-    ``MetadataGuard`` asks it at every call (``refuse_if_withheld``), in its own layer of the chain; it is an
-    interceptor of its own too, for a chain that has the refusal without the list scan."""
+    ``MetadataGuard`` asks it at every call (``refuse_if_withheld``), in its own layer of the chain, and the screen
+    stage asks it (``refusal``) where the chain joins the screens of a call; it is an interceptor of its own too,
+    for a chain that has the refusal without the list scan."""
 
     methods = frozenset({"tools/call"})
     reads_params = False
@@ -899,8 +901,8 @@ class WithheldToolGate:
         self._config = config
         self._catalog = catalog
         self._mode = Switch(config, "metadata_injection")
-        # The refusal of each tool entry, for the catalog it was decided in (a tool of another server named in a
-        # description counts): a call costs a lookup, not a hash of its definition.
+        # The refusal of each tool entry (None: none), for the catalog it was decided in (a tool of another server
+        # named in a description counts): a call costs a lookup, not a hash of its definition or its server's switch.
         self._decided: tuple[Any, dict[str, tuple[ToolEntry, str | None]]] = ((), {})
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
@@ -910,32 +912,38 @@ class WithheldToolGate:
 
     def refuse_if_withheld(self, request: GatewayRequest) -> None:
         """Raise the refusal of a ``tools/call`` whose tool's definition the metadata scan withholds."""
-        name = _call_name(request.params)
-        entry = self._catalog.tool(name) if name is not None else None
-        if entry is not None and self._mode(entry.server) != "off":
-            refusal = self._refusal(name, entry)
-            if refusal is not None:
-                raise GatewayError(-32602, refusal, {"guardrail": "metadata_injection"})
+        refusal = self.refusal(_call_name(request.params))
+        if refusal is not None:
+            raise refusal
 
-    def _refusal(self, name: str, entry: ToolEntry) -> str | None:
+    def refusal(self, name: str | None) -> GatewayError | None:
+        """The refusal of a ``tools/call`` of ``name`` (its name as ``_call_name`` reads it), None when its tool is
+        not withheld."""
+        entry = self._catalog.tool(name) if name is not None else None
+        if entry is None:
+            return None
         tools = self._catalog.tools()
         seen, decided = self._decided
         if seen is not tools:  # the catalog gives a new sequence whenever it changes
             decided = {}
             self._decided = (tools, decided)
-        known = decided.get(name)
+        known = decided.get(name)  # type: ignore[arg-type]
         if known is not None and known[0] is entry:
-            return known[1]
+            why = known[1]
+        else:  # the server's switch is decided with it: it does not change under a running chain
+            why = self._refusal(name, entry) if self._mode(entry.server) != "off" else None  # type: ignore[arg-type]
+            decided[name] = (entry, why)  # type: ignore[index]
+        return None if why is None else GatewayError(-32602, why, {"guardrail": "metadata_injection"})
+
+    def _refusal(self, name: str, entry: ToolEntry) -> str | None:
         mode = self._mode(entry.server)
         verdict = self._guard.verdict(entry.definition, entry.server)
-        refusal = None
         if verdict.flagged and (mode == "withhold" or self._guard.verdict(
                 sanitize_definition(entry.definition), entry.server).flagged):
-            refusal = (f"Bastion withheld tool {name!r} of server {entry.server!r}: its definition carries "
-                       f"{verdict.reason()}, which reads as instructions to the model. A person can review the "
-                       f"server and set metadata_injection = \"off\" under [guardrails.servers.{entry.server}].")
-        decided[name] = (entry, refusal)
-        return refusal
+            return (f"Bastion withheld tool {name!r} of server {entry.server!r}: its definition carries "
+                    f"{verdict.reason()}, which reads as instructions to the model. A person can review the "
+                    f"server and set metadata_injection = \"off\" under [guardrails.servers.{entry.server}].")
+        return None
 
 
 OUTPUT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get", "completion/complete"})

@@ -157,14 +157,8 @@ class PinningGuard:
         method = request.method
         if method == "tools/call":
             name = _call_name(request.params)
-            catalog = request.catalog
-            if self._judged(catalog) and name not in self._withheld_tools:  # nearly every call: one lookup
-                return await call_next(request)
-            entry = catalog.tool(name) if name is not None else None
-            if entry is not None and self._enforced(entry.server):
-                withheld = await self._withheld_tool(catalog, name)
-                if withheld is not None:
-                    self._refuse(request, withheld)
+            if not self.passes_call(request.catalog, name):
+                await self.check_call(request, name)
             return await call_next(request)
         # A list waits until what it pinned is in the pins file (a one-shot `bastion tools` exits right after); a call
         # never waits for the disk.
@@ -192,11 +186,24 @@ class PinningGuard:
                 self._refuse(request, withheld)
         return await call_next(request)
 
-    def _judged(self, catalog: CatalogView) -> bool:
-        """Whether every verdict on ``catalog`` is at hand: nothing of it or of the book changed since."""
+    def passes_call(self, catalog: CatalogView, name: str | None) -> bool:
+        """Whether a ``tools/call`` of ``name`` passes with nothing to wait for: every verdict on ``catalog`` is at
+        hand and none withholds ``name`` (nearly every call: identity checks and one lookup). When it does not,
+        ``check_call`` decides."""
         return (catalog.tools() is self._tools_from and self._tools_book is self._book
-                and self._others_book is self._book and getattr(catalog, "version", None) == self._others_from
-                and self._others_from is not None)
+                and self._others_book is self._book and self._others_from is not None
+                and getattr(catalog, "version", None) == self._others_from and name not in self._withheld_tools)
+
+    async def check_call(self, request: GatewayRequest, name: str | None) -> None:
+        """Refuse a ``tools/call`` of ``name`` whose tool is withheld (raises the refusal): judged again first when
+        the catalog or the book changed, and the pins file read again when it is withheld (a person may have
+        accepted it meanwhile)."""
+        catalog = request.catalog
+        entry = catalog.tool(name) if name is not None else None
+        if entry is not None and self._enforced(entry.server):
+            withheld = await self._withheld_tool(catalog, name)  # type: ignore[arg-type]
+            if withheld is not None:
+                self._refuse(request, withheld)
 
     def _enforced(self, server: str) -> bool:
         return self._config.switch("pinning", server) == "enforce"

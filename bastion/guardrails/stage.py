@@ -1,11 +1,21 @@
-"""The guardrails that read a ``tools/call``'s answer, as one stage of the chain.
+"""The guardrails of a ``tools/call``, as two stages of the chain: ``ScreenStage`` before the policy, ``CallStage``
+inside it.
+
+Pinning, the metadata scan's refusal of withheld tools and taint recall screen a call before the policy does, in
+that order outermost first; as interceptors of their own, each was a layer of the chain, a step and a coroutine
+created and resumed for every call, and each read the call's name and looked its tool up. ``ScreenStage`` is one
+step for ``tools/call`` that asks each of them in the same order, with nothing to create when none has anything to
+wait for: a plain function that hands back the next step's coroutine (the refusals are raised from a coroutine, as
+they were).
 
 Confused-deputy links, taint, output injection and secret and personal-data scanning each see a call's answer, in
 that order outermost first; as interceptors of their own, each was a coroutine created and resumed for every call,
 each decoded (or asked the shared decoder for) the result and walked its strings. ``CallStage`` is one interceptor
 for ``tools/call`` that calls each one's plain before and after functions in the same order, around one
-``call_next``, with one decode and one list of text slots; every other method still goes to the guardrails' own
-interceptors (the chain takes ``tools/call`` off their routes: ``bastion.guardrails.chain``).
+``call_next``, with one decode and one list of text slots.
+
+Either way every other method still goes to the guardrails' own interceptors (the chain takes ``tools/call`` off
+their routes: ``bastion.guardrails.chain``).
 
 Before any of that, a result that came as the server's bytes is offered to the pre-scan
 (``bastion.guardrails.prescan``): one text, nothing that could hide a value, and no detector finding anything in
@@ -16,29 +26,82 @@ worked out once per server (``_Plan``): a running chain's configuration does not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, NoReturn
 
 import msgspec
 
 from bastion.guardrails.content import text_slots
 from bastion.guardrails.injection import _call_name as call_name
 from bastion.guardrails.injection import finds_any as injection_found
+from bastion.guardrails.pinning import _call_name as pinned_name
 from bastion.guardrails.prescan import only_text
 from bastion.guardrails.raw import RawResults, may_hold
 from bastion.guardrails.scanning import slots_size
-from bastion.model import TAINTED_BY, GatewayError, GatewayRequest, Handler, ToolEntry
+from bastion.model import REQUEST, TAINTED_BY, GatewayError, GatewayRequest, Handler, ToolEntry
 from bastion.protocol import jsonrpc
 from bastion.protocol.jsonrpc import RawResponse
 
 if TYPE_CHECKING:
     from bastion.guardrails.deputy import DeputyGuard
-    from bastion.guardrails.injection import OutputGuard
+    from bastion.guardrails.injection import MetadataGuard, OutputGuard
+    from bastion.guardrails.pinning import PinningGuard
     from bastion.guardrails.scanning import ScanningInterceptor
-    from bastion.guardrails.taint import TaintGuard
+    from bastion.guardrails.taint import TaintGuard, TaintRecall
 
 CALL = "tools/call"
 # Results up to this size are pre-scanned (bastion.guardrails.prescan); larger ones take the full path.
 PRESCAN_MAX_BYTES = 64 * 1024
+
+
+class ScreenStage:
+    """Pinning, the metadata scan's refusal and taint recall of a ``tools/call``, outermost first, in one step."""
+
+    methods = frozenset({CALL})
+    # Only the tool's name, which each guardrail reads from the client's JSON too when the params were left so.
+    reads_params = False
+    reads_results = False
+
+    def __init__(self, *, pinning: PinningGuard | None = None, metadata: MetadataGuard | None = None,
+                 recall: TaintRecall | None = None) -> None:
+        self._pinning = pinning
+        self._gate = metadata._gate if metadata is not None else None  # the refusal of calls to withheld tools
+        self._recall = recall
+
+    def __call__(self, request: GatewayRequest, call_next: Handler) -> Awaitable[Any]:
+        # A plain function that hands back the next step's coroutine: one of its own only where a guardrail waits
+        # (pinning judging a changed catalog, the pins file read again), refuses, or keeps something for after the
+        # answer (a 2026-07-28 caller's taint).
+        if request.method != CALL:  # ``methods`` says what to look at; a chain built by hand passes everything
+            return call_next(request)
+        name = request.params.get("name")
+        pinning = self._pinning
+        if pinning is not None:
+            pinned = name if type(name) is str else pinned_name(request.params)
+            if not pinning.passes_call(request.catalog, pinned):
+                return self._checked(request, call_next, pinned)
+        return self._past_pinning(request, call_next, name)
+
+    async def _checked(self, request: GatewayRequest, call_next: Handler, name: str | None) -> Any:
+        """Pinning's decision that may wait (and refuse), then the rest of the stage, as its own layer had it."""
+        await self._pinning.check_call(request, name)  # type: ignore[union-attr]
+        return await self._past_pinning(request, call_next, request.params.get("name"))
+
+    def _past_pinning(self, request: GatewayRequest, call_next: Handler, name: Any) -> Awaitable[Any]:
+        gate = self._gate
+        if gate is not None:
+            refusal = gate.refusal(name if type(name) is str else call_name(request.params))
+            if refusal is not None:
+                return _raise(refusal)
+        recall = self._recall
+        # Taint recall's own hook, on its own route: a client's requests.
+        if recall is not None and request.kind == REQUEST and request.direction in recall.directions:
+            return recall.on_request(request, call_next)
+        return call_next(request)
+
+
+async def _raise(error: GatewayError) -> NoReturn:
+    """A refusal decided in a plain function, raised where its layer raised it: when the step's answer is awaited."""
+    raise error
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
 
@@ -198,10 +198,14 @@ class TaintRecall:
     def __init__(self, memory: TaintMemory) -> None:
         self._memory = memory
 
-    async def on_request(self, request: GatewayRequest, call_next: Handler) -> Any:
+    def on_request(self, request: GatewayRequest, call_next: Handler) -> Awaitable[Any]:
+        # A plain function: a handshake-era session's request (nearly every one over stdio) costs no coroutine here.
+        if request.session.era != "modern":
+            return call_next(request)
+        return self._recalled(request, call_next)
+
+    async def _recalled(self, request: GatewayRequest, call_next: Handler) -> Any:
         session = request.session
-        if session.era != "modern":
-            return await call_next(request)
         recalled = self._memory.recall(session.identity)
         if recalled:
             session.facts[TAINTED_BY] = {**recalled, **taint_sources(session)}

@@ -412,7 +412,9 @@ class CedarAuthorizer:
             json.dumps({"staticPolicies": merged, "templates": {}, "templateLinks": []})
         )
         self._context_used = _context_attributes(merged)
-        self._reads_arguments = self._reads("arguments")
+        # Whether some policy's decision can depend on a call's arguments (then decisions vary per call): read at
+        # every call, so an attribute, not a property.
+        self.reads_arguments = self._reads("arguments")
         self._reads_session = self._reads("session")
         self._principal_read = _principal_attributes(merged, PRINCIPAL_ATTRIBUTES + self.claim_attributes)
         self._cache: OrderedDict[tuple[Any, ...], Decision] = OrderedDict()
@@ -424,11 +426,6 @@ class CedarAuthorizer:
         paths = list(paths)
         return CedarAuthorizer(load_policy_sources(paths, include_default or not paths),
                                claim_attributes=claim_attributes)
-
-    @property
-    def reads_arguments(self) -> bool:
-        """Whether some policy's decision can depend on a call's arguments (then decisions vary per call)."""
-        return self._reads_arguments
 
     def _reads(self, attribute: str) -> bool:
         return self._context_used is None or attribute in self._context_used
@@ -442,7 +439,7 @@ class CedarAuthorizer:
         session: SessionFacts | None = None,
     ) -> Decision:
         session = session or _NO_SESSION
-        tags = argument_tags(arguments) if self._reads_arguments else None
+        tags = argument_tags(arguments) if self.reads_arguments else None
         read = self._principal_read
         key = (
             identity.name,

@@ -48,10 +48,9 @@ CLIENT_CONFIG_RULE = "approval:client-config"
 _APPROVED_BY_CLIENT_CONFIG = Decision.allow(
     CLIENT_CONFIG_RULE, "approved in advance by the client's configuration (autoApprove/alwaysAllow)")
 ARGUMENT_REFUSED = -32602
-_SESSION_FACTS = "bastion.policy.session"
+_SESSION_FACTS = "bastion.policy.session"  # (the taint record they were built from, the session's facts)
 _REMEMBERED = "bastion.policy.approved_tools"
 _WHO = "bastion.policy.audit_who"
-_SESSION_TAINT = "bastion.policy.session_taint"  # the taint record session facts were built from
 _SERVER_REQUEST_REFUSED = -32600  # what the server that asked is answered
 
 
@@ -77,15 +76,15 @@ def principal_key(identity: Identity) -> str:
 
 
 def session_facts(session: Session) -> SessionFacts:
-    facts = session.facts.get(_SESSION_FACTS)
+    kept = session.facts.get(_SESSION_FACTS)
     tainted = session.facts.get(TAINTED_BY)
     # The taint guardrail replaces its record when it grows, so an unchanged one is the same object.
-    if facts is None or session.facts.get(_SESSION_TAINT) is not tainted:
-        client = (session.client_info or {}).get("name", "") if session.client_info else ""
-        facts = SessionFacts(session.era, session.protocol_version, session.session_id, str(client),
-                             tuple(sorted(tainted or ())))
-        session.facts[_SESSION_FACTS] = facts
-        session.facts[_SESSION_TAINT] = tainted
+    if kept is not None and kept[0] is tainted:
+        return kept[1]  # type: ignore[no-any-return]
+    client = (session.client_info or {}).get("name", "") if session.client_info else ""
+    facts = SessionFacts(session.era, session.protocol_version, session.session_id, str(client),
+                         tuple(sorted(tainted or ())))
+    session.facts[_SESSION_FACTS] = (tainted, facts)
     return facts
 
 
@@ -109,10 +108,6 @@ class InputInvalid(GatewayError):
 
     def tool_result(self) -> dict[str, Any]:
         return {"content": [{"type": "text", "text": self.message}], "isError": True}
-
-
-def _tool_entry(request: GatewayRequest) -> ToolEntry | None:
-    return request.target
 
 
 def _lookup(catalog: Any, kind: str, key: str) -> Any:
@@ -378,7 +373,7 @@ class PolicyInterceptor:
     def _decide_and_call(self, request: GatewayRequest, trail: Trail, call_next: Handler) -> Awaitable[dict[str, Any]]:
         if request.method != "tools/call":
             return self.authorization.handle(request, trail, partial(self.approval.run, trail=trail, call_next=call_next))
-        entry = _tool_entry(request)
+        entry = request.target
         if entry is not None:  # else the route answers "unknown tool": nothing to decide
             self.authorization.check_call(request, entry, trail)
             self.guards.check(request, entry, trail)
@@ -413,20 +408,27 @@ class ApprovalStage:
         # Calls a person approved, so the retries of a multi-round-trip call are not asked again.
         self._grants: dict[tuple[str, str, str], float] = {}
 
-    async def run(
+    def run(
         self, request: GatewayRequest, trail: Trail, call_next: Handler, entry: ToolEntry | None = None
-    ) -> dict[str, Any]:
-        """Pass the request on when no policy asked for approval; otherwise ask, then pass it on or refuse."""
+    ) -> Awaitable[dict[str, Any]]:
+        """Pass the request on when no policy asked for approval, or when the client's configuration approves the
+        tool in advance; otherwise ask, then pass it on or refuse. A plain function: a call the client's
+        configuration approves in advance costs no coroutine here."""
         if trail.approval is None:
-            return await call_next(request)
+            return call_next(request)
+        if entry is not None and entry.original_name in self._pre_approved.get(entry.server, ()):
+            trail.add("approval", _APPROVED_BY_CLIENT_CONFIG)
+            return call_next(request)
+        return self._ask(request, trail, call_next, entry)
+
+    async def _ask(
+        self, request: GatewayRequest, trail: Trail, call_next: Handler, entry: ToolEntry | None
+    ) -> dict[str, Any]:
         session = request.session
         name = str(request.params.get("name") or request.params.get("uri") or "")
         server = entry.server if entry else ""
         label = entry.original_name if entry else name  # the server's own name for it, shown to the person
         arguments = request.params.get("arguments")
-        if entry is not None and entry.original_name in self._pre_approved.get(entry.server, ()):
-            trail.add("approval", _APPROVED_BY_CLIENT_CONFIG)
-            return await call_next(request)
         if name in session.facts.get(_REMEMBERED, ()):
             trail.add("approval", Decision.allow("approval:remembered", "approved earlier in this session"))
             return await call_next(request)
