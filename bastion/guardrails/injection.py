@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import hyperscan
+import msgspec
 import orjson
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
@@ -41,7 +42,7 @@ from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
 from bastion.paths import cache_dir
-from bastion.protocol.jsonrpc import RawResponse
+from bastion.protocol.jsonrpc import RawResponse, raw_string
 
 FLAG_SCORE = 2
 STRONG = 2
@@ -734,11 +735,9 @@ def _call_name(params: Any) -> str | None:
     name = params.get("name") if isinstance(params, dict) else None
     if name is None or isinstance(name, str):
         return name
-    try:  # params the frontend left as the client's bytes: only the name is decoded
-        decoded = orjson.loads(bytes(name))
-    except (TypeError, ValueError):
-        return None
-    return decoded if isinstance(decoded, str) else None
+    # Params the frontend left as the client's bytes: only the name is decoded. Anything else a client sent as a
+    # name (a number, an object) is no tool's name; never ``bytes()`` of it (an integer would allocate that many).
+    return raw_string(name) if type(name) is msgspec.Raw else None
 
 
 class MetadataGuard:

@@ -190,6 +190,16 @@ async def test_a_name_left_as_the_clients_bytes_is_read_alike(tmp_path: Path) ->
     assert (await alike(pair, legacy, None))["content"]
 
 
+async def test_a_name_that_is_a_huge_number_is_no_name_and_costs_nothing(tmp_path: Path) -> None:
+    """A client's ``"name": 10000000000000000`` once made the metadata check allocate that many bytes."""
+    pair = both(tmp_path)
+    for screens in pair:
+        screens.offer("ops", [ADD, NOTE])
+    for name in (10**16, 10**9, -1, 1.5, [1], {"a": 1}, True):
+        assert (await alike(pair, legacy, name))["content"]  # not a name: the router answers it as unknown
+        assert (await alike(pair, modern, name))["content"]
+
+
 async def test_a_callers_earlier_taint_is_recalled_and_kept_alike(tmp_path: Path) -> None:
     pair = both(tmp_path)
     for screens in pair:
