@@ -5,7 +5,9 @@ One gateway process keeps them in its memory (``MemoryState``), shared by all of
 given an implementation backed by one store they all reach (a key-value server's atomic set-if-absent with an
 expiry, say), so that what one replica recorded the others see; nothing that uses it changes.
 
-Imports nothing of Bastion.
+Kept here now: which approvals (``requestState``) were used, so that one approval runs one call, and with
+``policy.approval.reuse_seconds``, which calls a person approved within that window (bastion/policy/approval.py,
+bastion/policy/interceptors.py). Imports nothing of Bastion.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The shared state's contract, on the in-memory implementation: a claim is one atomic check-and-set, good until it
-expires."""
+expires; and an approval's state, issued by one gateway and redeemed by another that shares the signing key and the
+state (replicas), runs once across them."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 
+from bastion.policy.approval import ALREADY_USED, ApprovalSigner
 from bastion.shared_state import MemoryState
 
 
@@ -37,3 +40,18 @@ async def test_expired_records_are_swept_as_the_table_grows() -> None:
     for n in range(1000):
         assert await state.claim(f"new-{n}", 1)
     assert len(state._until) <= 1000  # the old ones went with a sweep; only live records are kept
+
+
+async def test_replicas_sharing_the_key_and_the_state_run_a_state_once_between_them() -> None:
+    secret, shared = secrets.token_bytes(32), MemoryState()
+    first, second = ApprovalSigner(secret, 120, shared), ApprovalSigner(secret, 120, shared)
+    state = first.issue("alice", "fs__write", "digest")
+    outcomes = await asyncio.gather(*(signer.redeem(state, "alice", "fs__write", "digest")
+                                      for signer in (first, second, second, first)))
+    assert [o.problem for o in outcomes].count(None) == 1
+    assert [o.problem for o in outcomes if o.problem is not None] == [ALREADY_USED] * 3
+    # A state of another call, or for another caller, is refused before it is used up.
+    other = first.issue("alice", "fs__write", "digest")
+    assert (await second.redeem(other, "bob", "fs__write", "digest")).problem == \
+        "the approval was given for a different call"
+    assert (await second.redeem(other, "alice", "fs__write", "digest")).problem is None
