@@ -2,7 +2,10 @@
 
 Modern clients are answered with an ``input_required`` result whose ``requestState`` is HMAC-signed and
 bound to the identity, tool and a digest of the arguments, so a client cannot forge an approval or reuse
-one for different arguments; each state is accepted once. The local queue is a directory of JSON files:
+one for different arguments. Each state is accepted once: redeeming it claims its nonce in the gateway's
+``SharedState`` (bastion/shared_state.py), an atomic check-and-set, so of any number of requests carrying one
+state — one after another, at once, on other connections, or on other replicas sharing the state — one runs
+the call. The local queue is a directory of JSON files:
 the gateway writes ``ID.json`` with status ``pending`` and polls it; ``bastion approve ID`` / ``deny ID``
 rewrite the status atomically. A request ends approved, denied, expired (its timeout passed) or withdrawn
 (the client cancelled the call or went away); one whose gateway process is gone reads as orphaned.
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import orjson
+
+from bastion.shared_state import SharedState
 
 STATE_PREFIX = "bastion-approval."
 APPROVAL_KEY = "approval"
@@ -56,24 +61,53 @@ def load_secret(path: str | None) -> bytes:
     return bytes.fromhex(file.read_text().strip())
 
 
-class ApprovalSigner:
-    """Issues and checks the ``requestState`` of an approval round trip."""
+USED_KEY = "approval-used:"  # a used state's record in the shared state, by its nonce
+# A used state is remembered this much past its expiry, for replicas whose clocks disagree about when that is.
+CLOCK_ALLOWANCE_SECONDS = 60.0
+# Why a state that was redeemed already is refused (the refusal says "Call to 'X' was not approved: " first).
+ALREADY_USED = ("this approval was already used (one approval runs one call); send the call again without "
+                "requestState to ask again")
 
-    def __init__(self, secret: bytes, ttl_seconds: float, clock: Callable[[], float] = time.time) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Redeemed:
+    """What a ``requestState`` of Bastion's was good for: nothing (``problem`` says why), the approval of one call, or
+    the next round of a call a person approved already, whose server asked for input (``server_state``: the state
+    that server gave that round, None if it gave none)."""
+
+    problem: str | None
+    continuing: bool = False
+    server_state: Any = None
+
+
+class ApprovalSigner:
+    """Issues and redeems the ``requestState`` of an approval round trip, each good once."""
+
+    def __init__(self, secret: bytes, ttl_seconds: float, used: SharedState,
+                 clock: Callable[[], float] = time.time) -> None:
         self._secret = secret
         self._ttl = ttl_seconds
-        self._clock = clock
-        self._used: dict[str, float] = {}
+        self._used = used
+        self._clock = clock  # the wall clock: a state issued by one replica may be redeemed by another
 
-    def issue(self, identity: str, tool: str, digest: str) -> str:
-        payload = {"i": identity, "t": tool, "a": digest, "e": self._clock() + self._ttl, "n": secrets.token_hex(8)}
+    def issue(self, identity: str, tool: str, digest: str, *, continuing: bool = False,
+              server_state: Any = None) -> str:
+        """A state asking a person to approve this call, or with ``continuing`` one for the next round of a call a
+        person approved, carrying the state its server gave that round (if any)."""
+        payload: dict[str, Any] = {"i": identity, "t": tool, "a": digest, "e": self._clock() + self._ttl,
+                                   "n": secrets.token_hex(16)}
+        if continuing:
+            payload["c"] = 1
+            if server_state is not None:
+                payload["s"] = server_state
         body = _b64(orjson.dumps(payload))
         return STATE_PREFIX + body + "." + _b64(hmac.new(self._secret, body.encode(), hashlib.sha256).digest())
 
-    def check(self, state: str, identity: str, tool: str, digest: str) -> str | None:
-        """None when ``state`` is a genuine, fresh, unused approval for exactly this call; else why not."""
+    def verify(self, state: str, identity: str, tool: str, digest: str) -> tuple[str | None, dict[str, Any]]:
+        """(None, its payload) when ``state`` is genuine, fresh and for exactly this call; else (why not, {}). Whether
+        it was used is for ``redeem`` to say."""
         if not state.startswith(STATE_PREFIX):
-            return "the approval state is not Bastion's"
+            return "the approval state is not Bastion's", {}
         body, _, signature = state[len(STATE_PREFIX) :].partition(".")
         expected = hmac.new(self._secret, body.encode(), hashlib.sha256).digest()
         try:
@@ -81,18 +115,24 @@ class ApprovalSigner:
             payload = orjson.loads(_unb64(body)) if genuine else None
         except (ValueError, orjson.JSONDecodeError):
             genuine, payload = False, None
-        if not genuine or not isinstance(payload, dict):
-            return "the approval state is forged or damaged"
-        now = self._clock()
-        if payload.get("e", 0) < now:
-            return "the approval expired"
+        if not genuine or not isinstance(payload, dict) or not isinstance(payload.get("n"), str):
+            return "the approval state is forged or damaged", {}
+        if payload.get("e", 0) < self._clock():
+            return "the approval expired", {}
         if (payload.get("i"), payload.get("t"), payload.get("a")) != (identity, tool, digest):
-            return "the approval was given for a different call"
-        self._used = {n: e for n, e in self._used.items() if e >= now}
-        if payload["n"] in self._used:
-            return "the approval was already used"
-        self._used[payload["n"]] = payload["e"]
-        return None
+            return "the approval was given for a different call", {}
+        return None, payload
+
+    async def redeem(self, state: str, identity: str, tool: str, digest: str) -> Redeemed:
+        """Use ``state`` for this call: checked, then its nonce claimed in the shared state, so that it is used once
+        however many requests bring it, whenever and wherever they come."""
+        problem, payload = self.verify(state, identity, tool, digest)
+        if problem is not None:
+            return Redeemed(problem)
+        lives = float(payload["e"]) - self._clock()
+        if not await self._used.claim(USED_KEY + payload["n"], lives + CLOCK_ALLOWANCE_SECONDS):
+            return Redeemed(ALREADY_USED)
+        return Redeemed(None, continuing=bool(payload.get("c")), server_state=payload.get("s"))
 
 
 def approval_elicitation(

@@ -90,6 +90,10 @@ GuardConfig = Annotated[
 ]
 
 
+# An approval is a decision about a call now: a window that lets the identical call through again stays short.
+MAX_REUSE_SECONDS = 3600.0
+
+
 class ApprovalConfig(_Strict):
     fallback: Literal["refuse", "queue"] = Field(
         default="refuse",
@@ -98,6 +102,11 @@ class ApprovalConfig(_Strict):
     timeout_seconds: float = Field(default=120.0, gt=0, description="unanswered approvals are denied after this")
     remember: Literal["never", "session"] = Field(
         default="never", description="session: one approval covers later calls of that tool in the session"
+    )
+    reuse_seconds: float = Field(
+        default=0.0, ge=0, le=MAX_REUSE_SECONDS, allow_inf_nan=False,
+        description="after a person approves a call, the identical call (same caller, tool and arguments) runs "
+        "without asking again for this many seconds; 0, the default: every call is asked about",
     )
     # Defaults are worked out when a configuration is built, so they follow XDG_STATE_HOME as it is then.
     queue_dir: str = Field(default_factory=lambda: str(state_dir() / "approvals"))

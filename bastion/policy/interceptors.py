@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from bastion.policy.approval import (
     WITHDRAWN,
     ApprovalQueue,
     ApprovalSigner,
+    Redeemed,
     approval_elicitation,
     approve_command,
     arguments_digest,
@@ -38,6 +40,7 @@ from bastion.policy.config import ApprovalConfig, PolicyConfig, PolicyStartError
 from bastion.policy.decision import Decision, Effect
 from bastion.policy.engine import SCHEMA_RULE, PolicyEngine
 from bastion.policy.ratelimit import RATE_LIMITED, RateLimiter
+from bastion.shared_state import MemoryState, SharedState
 
 log = logging.getLogger("bastion.approval")
 refusals = logging.getLogger("bastion.policy")
@@ -52,6 +55,8 @@ _SESSION_FACTS = "bastion.policy.session"  # (the taint record they were built f
 _REMEMBERED = "bastion.policy.approved_tools"
 _WHO = "bastion.policy.audit_who"
 _SERVER_REQUEST_REFUSED = -32600  # what the server that asked is answered
+REUSED_RULE = "approval:reused"  # the audit trail's rule for a call let through by policy.approval.reuse_seconds
+_REUSE_KEY = "approval-reuse:"  # a call a person approved, in the shared state, for policy.approval.reuse_seconds
 
 
 @dataclass(slots=True)
@@ -96,6 +101,11 @@ def taint_note(session: Session, server: str) -> str:
         return ""
     return ("This session has read content that could steer the model: "
             + "; ".join(source.describe() for source in sources) + ".")
+
+
+def _reuse_key(key: tuple[str, str, str]) -> str:
+    """The shared state's key for a call a person approved (caller, tool, arguments digest), of one fixed size."""
+    return _REUSE_KEY + hashlib.sha256("\x1e".join(key).encode()).hexdigest()
 
 
 def _refusal(code: int, message: str, decision: Decision) -> GatewayError:
@@ -388,6 +398,14 @@ class PolicyInterceptor:
 class ApprovalStage:
     """Asks a person before calls a policy marked ``@approval("required")``.
 
+    One approval is one execution: a person's yes runs the call it was asked about once. A 2026-07-28 approval
+    (``requestState``) is redeemed once, in the gateway's shared state, whatever the connection or replica it comes
+    to; a handshake-era prompt's answer and a queue request each settle the one call that asked. When that call's
+    server (of the 2026-07-28 era) asks for input of its own, the rounds that follow continue the approved call:
+    the server's state travels inside one of Bastion's, each good for its next round once. The identical call sent
+    again is asked about again, unless ``policy.approval.reuse_seconds`` opts in to letting it through for a while
+    (or ``remember = "session"`` for the rest of a handshake-era session).
+
     Whatever the route, a call that waits for a person says so at once: the client gets a progress
     notification (when the call carries a progress token) or a warning log message naming the approval
     request and the command that settles it, and the gateway logs the same at WARNING.
@@ -399,14 +417,16 @@ class ApprovalStage:
         signer: ApprovalSigner,
         queue: ApprovalQueue | None,
         pre_approved: Mapping[str, Iterable[str]] | None = None,
+        state: SharedState | None = None,
     ) -> None:
         self.settings = config.approval
         self.signer = signer
         self.queue = queue
         # Tools a user already approves in their client (autoApprove / alwaysAllow), by server.
         self._pre_approved = {server: frozenset(names) for server, names in (pre_approved or {}).items() if names}
-        # Calls a person approved, so the retries of a multi-round-trip call are not asked again.
-        self._grants: dict[tuple[str, str, str], float] = {}
+        # Where calls a person approved are kept for policy.approval.reuse_seconds (nothing when it is 0).
+        self._state = state if state is not None else MemoryState()
+        self._reuse = self.settings.reuse_seconds
 
     def run(
         self, request: GatewayRequest, trail: Trail, call_next: Handler, entry: ToolEntry | None = None
@@ -434,17 +454,16 @@ class ApprovalStage:
             return await call_next(request)
         # Hashed only past the checks above, which pass most calls (those the client's configuration approves).
         key = (principal_key(session.identity), name, arguments_digest(arguments))
-        if session.era == "modern" and self._grants.get(key, 0.0) > time.monotonic():
-            trail.add("approval", Decision.allow("approval:granted", "approved moments ago"))
-            return await call_next(request)
 
         state = request.params.get("requestState")
         if session.era == "modern" and isinstance(state, str) and state.startswith(STATE_PREFIX):
-            problem = self.signer.check(state, *key)
-            answer = (request.params.get("inputResponses") or {}).get(APPROVAL_KEY)
-            if problem is None and not elicitation_approves(answer):
-                problem = "the person declined"
-            return await self._settle(request, call_next, trail, key, name, problem, strip=True)
+            # A state is good once, reuse window or not: a replay is refused, never run.
+            return await self._redeem(request, call_next, trail, key, name, state)
+        if self._reuse and await self._state.recorded(_reuse_key(key)):
+            trail.add("approval", Decision.allow(
+                REUSED_RULE, f"a person approved the identical call less than {self._reuse:g} s ago "
+                             "(policy.approval.reuse_seconds)"))
+            return await call_next(request)
         if session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
             trail.add("approval", Decision(Effect.APPROVAL, trail.approval.rule, "asked the person (input_required)"))
             params = approval_elicitation(server, label, arguments, self.settings.show_argument_values, True,
@@ -467,6 +486,30 @@ class ApprovalStage:
             decision,
         )
 
+    async def _redeem(
+        self, request: GatewayRequest, call_next: Handler, trail: Trail, key: tuple[str, str, str], name: str,
+        state: str,
+    ) -> dict[str, Any]:
+        """A retry bringing one of Bastion's states: the person's answer to the approval it asked for, or the next
+        round of a call approved already. Either way the state is used up here, before anything runs."""
+        redeemed: Redeemed = await self.signer.redeem(state, *key)
+        responses = request.params.get("inputResponses")
+        # Neither Bastion's state nor its question goes to the server; a continued round's answers are the server's.
+        params = {k: v for k, v in request.params.items() if k != "requestState"}
+        if redeemed.problem is not None or not redeemed.continuing:
+            answer = responses.get(APPROVAL_KEY) if isinstance(responses, Mapping) else None
+            problem = redeemed.problem
+            if problem is None and not elicitation_approves(answer):
+                problem = "the person declined"
+            params.pop("inputResponses", None)
+            return await self._settle(dataclasses.replace(request, params=params), call_next, trail, key, name,
+                                      problem)
+        if redeemed.server_state is not None:
+            params["requestState"] = redeemed.server_state
+        rule = trail.approval.rule if trail.approval else "approval"
+        trail.add("approval", Decision.allow(rule, "the next round of a call a person approved"))
+        return await self._run_approved(dataclasses.replace(request, params=params), call_next, key)
+
     async def _settle(
         self,
         request: GatewayRequest,
@@ -475,7 +518,6 @@ class ApprovalStage:
         key: tuple[str, str, str],
         name: str,
         problem: str | None,
-        strip: bool = False,
     ) -> dict[str, Any]:
         rule = trail.approval.rule if trail.approval else "approval"
         if problem is not None:
@@ -483,16 +525,23 @@ class ApprovalStage:
             trail.add("approval", decision)
             raise _refusal(POLICY_DENIED, f"Call to '{name}' was not approved: {problem}", decision)
         trail.add("approval", Decision.allow(rule, "approved by a person"))
-        if strip:
-            # A modern server may itself answer input_required; its retries carry its state, not ours.
-            self._grants = {k: exp for k, exp in self._grants.items() if exp > time.monotonic()}
-            self._grants[key] = time.monotonic() + self.settings.timeout_seconds
+        if self._reuse:
+            await self._state.claim(_reuse_key(key), self._reuse)
         if self.settings.remember == "session":
             request.session.facts.setdefault(_REMEMBERED, set()).add(name)
-        if strip:
-            params = {k: v for k, v in request.params.items() if k not in ("requestState", "inputResponses")}
-            request = dataclasses.replace(request, params=params)
-        return await call_next(dataclasses.replace(request, person_approved=True))
+        return await self._run_approved(request, call_next, key)
+
+    async def _run_approved(self, request: GatewayRequest, call_next: Handler,
+                            key: tuple[str, str, str]) -> dict[str, Any]:
+        """Run the call a person approved. If its server (of the 2026-07-28 era) answers ``input_required``, the
+        state it gave goes inside one of Bastion's, bound to the call and good for its next round once, so that the
+        client's retry continues this call without asking the person again."""
+        result = await call_next(dataclasses.replace(request, person_approved=True))
+        if isinstance(result, dict) and result.get("resultType") == "input_required" \
+                and request.session.era == "modern":
+            state = self.signer.issue(*key, continuing=True, server_state=result.get("requestState"))
+            result = {**result, "requestState": state}
+        return result
 
     async def _wait_for_person(
         self, request: GatewayRequest, trail: Trail, server: str, label: str, arguments: Any, ask_client: bool
@@ -703,20 +752,25 @@ def build_policy_runtime(
     pinned: Callable[[ToolEntry], bool] | None = None,
     pre_approved: Mapping[str, Iterable[str]] | None = None,
     claim_attributes: Iterable[str] = (),
+    shared_state: SharedState | None = None,
 ) -> PolicyRuntime:
     """The policy interceptor and its parts; ``pre_approved`` maps a server to the tools (its own names) a user
     already approves in their client, which the approval stage lets through without asking; ``claim_attributes``
-    are the principal attributes ``auth.claims.attributes`` names."""
+    are the principal attributes ``auth.claims.attributes`` names; ``shared_state`` is where used approvals (and
+    calls approved within ``policy.approval.reuse_seconds``) are kept: this process's memory unless given one that
+    replicas share (``clock``, the monotonic clock, times the memory's records and the rate limits)."""
     engine = engine or PolicyEngine(config, pinned=pinned, claim_attributes=claim_attributes)
     writer = audit_writer
     if writer is None and config.audit.enabled:
         key = _secret(config.audit.key_file, "audit.key_file") if config.audit.key_file else None
         writer = AuditWriter(config.audit.path, config.audit.rotate_bytes, key)
     audit = AuditTrail(writer, config.audit.arguments == "values")
-    signer = ApprovalSigner(_secret(config.approval.secret_file, "approval.secret_file"), config.approval.timeout_seconds)
+    state = shared_state if shared_state is not None else MemoryState(clock)
+    secret = _secret(config.approval.secret_file, "approval.secret_file")
+    signer = ApprovalSigner(secret, config.approval.timeout_seconds, state)
     queue = ApprovalQueue(config.approval.queue_dir) if config.approval.fallback == "queue" else None
     limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
-    approval = ApprovalStage(config, signer, queue, pre_approved)
+    approval = ApprovalStage(config, signer, queue, pre_approved, state)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
     return PolicyRuntime(engine, [policy], audit)
 
