@@ -45,7 +45,9 @@ class PathGuardConfig(_GuardBase):
     kind: Literal["path"]
     roots: list[str] = Field(min_length=1, description="directories the path must stay inside")
     base: str | None = Field(default=None, description="directory relative paths start from; default: first root")
-    resolve_symlinks: bool = True
+    resolve_symlinks: bool = Field(
+        default=True, description="resolve the path on the file system as the kernel does (links, '..' after a link) "
+                                  "and require it inside the resolved roots; false: by its names alone")
     allow_hidden: bool = Field(default=False, description="admit names starting with a dot (.env, .git, .ssh)")
     allow_backslash: bool = False
     allow_percent: bool = Field(

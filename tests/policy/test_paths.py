@@ -17,7 +17,7 @@ from tests.policy.payloads import ATTACKS, traversal_payloads
 @pytest.fixture()
 def tree(tmp_path: Path) -> Path:
     data = tmp_path / "data"
-    (data / "docs").mkdir(parents=True)
+    (data / "docs" / "sub").mkdir(parents=True)
     (tmp_path / "data-evil").mkdir()
     (tmp_path / "data-evil" / "loot.txt").write_text("x")
     (tmp_path / "secret.txt").write_text("s")
@@ -57,7 +57,7 @@ BENIGN = [
     "./docs/./report.txt",
     "docs//report.txt",
     "docs/report.txt/",
-    "docs/sub/../report.txt",
+    "docs/sub/../report.txt",  # docs/sub exists: the kernel climbs back out of it
     "",
 ]
 
@@ -95,7 +95,6 @@ def test_symlink_inside_root_pointing_out_is_refused(tree: Path) -> None:
 
 def test_symlink_deeper_down_pointing_out_is_refused(tree: Path) -> None:
     deep = tree / "data" / "docs" / "sub"
-    deep.mkdir()
     (deep / "out").symlink_to(tree / "data-evil", target_is_directory=True)
     rules = PathRules.build([str(tree / "data")])
     for value in ("docs/sub/out/loot.txt", "docs/sub/out", "docs/sub/out/new/deeper.txt", str(deep / "out" / "x")):
@@ -116,9 +115,9 @@ def test_symlink_loop_is_not_a_way_out(tree: Path) -> None:
     os.symlink("loop-b", data / "loop-a")
     os.symlink("loop-a", data / "loop-b")
     rules = PathRules.build([str(data)])
-    # realpath gives up on loops and returns a path inside; the server cannot open it either.
-    verdict = check_path("loop-a/x", rules)
-    assert verdict.ok or "symbolic link" in (verdict.reason or "")
+    # The kernel fails with ELOOP; the guard refuses rather than guess where the loop would lead.
+    for value in ("loop-a", "loop-a/x", "loop-b/../x"):
+        assert check_path(value, rules).reason == "the path goes through more than 40 symbolic links (a loop)", value
 
 
 def test_tilde_is_expanded_like_a_shell_would(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,8 +2,9 @@
 
 Every reading of the value is checked (as written, decoded, with backslashes as separators, with the
 Tomcat ``;param`` and Windows trailing-dot quirks applied), so a value is admitted only when no
-interpretation leaves the allowed roots. The literal reading is then resolved on the real file system so a
-symbolic link inside a root cannot lead out of it.
+interpretation leaves the allowed roots. Each reading is then resolved on the real file system the way the
+kernel resolves it, component by component (a ".." after a symbolic link climbs from the link's target, not
+from the name as written), so a symbolic link inside a root cannot lead out of it.
 
 Before any reading, the marks of an encoding are refused outright rather than decoded one scheme at a time:
 every percent sign, every ``%u`` escape, lone surrogates (what a lax decoder turns into overlong UTF-8) and
@@ -18,7 +19,7 @@ import os
 import posixpath
 import re
 import unicodedata
-from stat import S_ISLNK
+from stat import S_ISDIR, S_ISLNK
 from dataclasses import dataclass, field
 
 from bastion.policy.decision import PASS, GuardResult, refuse
@@ -41,6 +42,10 @@ _PATH_MAX = 4096
 _NAME_MAX = 255
 _OUTSIDE = "the path is outside the allowed directories"
 _THROUGH_A_LINK = "the path leads outside the allowed directories through a symbolic link"
+_LINK_LOOP = "the path goes through more than 40 symbolic links (a loop)"
+_UP_FROM_MISSING = "the path has '..' after a name that does not exist or is not a directory"
+# The kernel's MAXSYMLINKS: one lookup that meets a 41st symbolic link fails with ELOOP.
+_MAX_LINKS = 40
 # In printable ASCII, these mark an encoding, an escape or a spelling that only some servers treat as
 # traversal: percent and backslash escapes, Tomcat ";" parameters, "~" homes, ":" drives and URLs, hex
 # literals, dot runs, and dots or spaces that end a name (Windows drops them).
@@ -70,7 +75,7 @@ class PathRules:
     allow_percent: bool = False
     allow_lookalikes: bool = False
     # Where each plain value lands (or why it is refused): a pure function of the value and the rules.
-    _placements: dict[str, "tuple[str, str] | GuardResult"] = field(
+    _placements: dict[str, "_Placed | GuardResult"] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -88,7 +93,8 @@ class PathRules:
         if not lexical:
             raise ValueError("a path guard needs at least one root")
         base_dir = posixpath.normpath(os.path.abspath(os.path.expanduser(base))) if base else lexical[0]
-        resolved = tuple(os.path.realpath(r) for r in lexical)
+        # Resolved as the paths checked against them are; a root the kernel cannot resolve (a loop) stays as written.
+        resolved = tuple(real if isinstance(real := _kernel_walk(r), str) else r for r in lexical)
         linkless = frozenset(r for r, real in zip(lexical, resolved) if r == real)
         return PathRules(lexical, base_dir, resolved, resolve_symlinks, allow_hidden, allow_backslash, linkless,
                          allow_percent=allow_percent, allow_lookalikes=allow_lookalikes)
@@ -102,11 +108,27 @@ def _root_of(path: str, roots: tuple[str, ...]) -> str | None:
     return None
 
 
-def _absolute(path: str, base: str) -> str:
+# Where a value lands: its normal absolute path, the root that holds it, and the path as written (made
+# absolute) when that has a ".." component, which the kernel resolves differently when a link precedes it.
+_Placed = tuple[str, str, "str | None"]
+
+
+def _joined(path: str, base: str) -> str:
+    """``path`` made absolute the way the server would: "~" expanded, a relative path taken from ``base``."""
     if path.startswith("~"):
-        expanded = os.path.expanduser(path)
-        path = expanded
-    joined = path if path.startswith("/") else base + "/" + path
+        path = os.path.expanduser(path)
+    return path if path.startswith("/") else base + "/" + path
+
+
+def _climbs(joined: str) -> bool:
+    return ".." in joined and ".." in joined.split("/")
+
+
+def _absolute(path: str, base: str) -> str:
+    return _normal(_joined(path, base))
+
+
+def _normal(joined: str) -> str:
     if "//" not in joined and "/." not in joined and not joined.endswith("/"):
         # No empty, "." or ".." component and no trailing slash: normpath would return it unchanged.
         return joined
@@ -175,9 +197,7 @@ def _check_plain(value: str, rules: PathRules) -> GuardResult:
         placements[value] = placed
     if type(placed) is GuardResult:
         return placed
-    if rules.resolve_symlinks and not _resolves_inside(placed[0], placed[1], rules):
-        return refuse(_THROUGH_A_LINK)
-    return PASS
+    return _resolved_inside(placed, rules) if rules.resolve_symlinks else PASS
 
 
 def _check_readings(value: str, rules: PathRules) -> GuardResult:
@@ -189,7 +209,7 @@ def _check_readings(value: str, rules: PathRules) -> GuardResult:
         return marked
     if _encoded_syntax(value):
         return refuse("the path contains encoded path syntax")
-    every: list[tuple[str, str]] = []
+    every: list[_Placed] = []
     for reading in _readings(value):
         if not rules.allow_backslash and "\\" in reading:
             return refuse("the path contains a backslash")
@@ -200,9 +220,10 @@ def _check_readings(value: str, rules: PathRules) -> GuardResult:
             return placed
         every.append(placed)
     if rules.resolve_symlinks:
-        for absolute, root in every:
-            if not _resolves_inside(absolute, root, rules):
-                return refuse(_THROUGH_A_LINK)
+        for placed in every:
+            verdict = _resolved_inside(placed, rules)
+            if verdict is not PASS:
+                return verdict
     return PASS
 
 
@@ -259,27 +280,42 @@ def _plain(value: str) -> bool:
     )
 
 
-def _place(reading: str, rules: PathRules) -> tuple[str, str] | GuardResult:
-    """The absolute path ``reading`` names and the root it lies in, or why it is refused."""
-    absolute = _absolute(reading, rules.base)
+def _place(reading: str, rules: PathRules) -> _Placed | GuardResult:
+    """Where ``reading`` lands lexically and the root it lies in, or why it is refused."""
+    joined = _joined(reading, rules.base)
+    absolute = _normal(joined)
     root = _root_of(absolute, rules.roots)
     if root is None:
         return refuse(_OUTSIDE)
     if not rules.allow_hidden and _hidden(absolute, root):
         return refuse("the path names a hidden file or directory")
-    return absolute, root
+    return absolute, root, (joined if _climbs(joined) else None)
 
 
-def _resolves_inside(absolute: str, root: str, rules: PathRules) -> bool:
+def _resolved_inside(placed: _Placed, rules: PathRules) -> GuardResult:
+    """Whether the kernel's resolution of the path keeps it inside the resolved roots.
+
+    Both spellings are resolved: the normal one (a server may normalise before it opens) and, when it has a
+    ".." component, the one as written (a server may pass it to the kernel unchanged). Without "..", the two
+    walk the same components.
+    """
+    absolute, root, joined = placed
+    verdict = _resolves_inside(absolute, root, rules)
+    if verdict is PASS and joined is not None:
+        verdict = _lands_inside(joined, rules)
+    return verdict
+
+
+def _resolves_inside(absolute: str, root: str, rules: PathRules) -> GuardResult:
     """Walk the components below the root with lstat; only a symbolic link needs a full resolution.
 
-    Much cheaper than ``realpath`` for every call: the root itself was resolved once, at start, and a
-    component that does not exist yet cannot be a link (the server would create a plain entry).
-    ``absolute`` is normal (no empty, "." or ".." component), so each prefix ending before a "/" is a
-    component's path.
+    Much cheaper than resolving every call: the root itself was resolved once, at start, and a component
+    that does not exist yet cannot be a link (the server would create a plain entry). ``absolute`` is
+    normal (no empty, "." or ".." component), so each prefix ending before a "/" is a component's path, and
+    with no link on it the kernel lands where the path says.
     """
     if symlink_free is not None and root in rules.linkless_roots and symlink_free(absolute) is NO_LINK:
-        return True
+        return PASS
     end, size = (len(root) if root != "/" else 0), len(absolute)
     while end < size:
         end = absolute.find("/", end + 1)
@@ -288,7 +324,67 @@ def _resolves_inside(absolute: str, root: str, rules: PathRules) -> bool:
         try:
             mode = os.lstat(absolute[:end]).st_mode
         except OSError:
-            return True
+            return PASS
         if S_ISLNK(mode):
-            return _root_of(os.path.realpath(absolute), rules.resolved_roots) is not None
-    return True
+            return _lands_inside(absolute, rules)
+    return PASS
+
+
+def _lands_inside(path: str, rules: PathRules) -> GuardResult:
+    landed = _kernel_walk(path)
+    if type(landed) is GuardResult:
+        return landed
+    return PASS if _root_of(landed, rules.resolved_roots) is not None else refuse(_THROUGH_A_LINK)
+
+
+def _kernel_walk(path: str) -> str | GuardResult:
+    """Where the kernel's lookup of the absolute ``path`` lands, or why the path is refused.
+
+    Component by component, as Linux walks a path: an empty name and "." stay where they are; ".." goes to
+    the parent of the directory reached so far (which is real: no link, existing), and never above "/"; a
+    symbolic link is replaced by its target, read from "/" when the target is absolute and from the link's
+    own directory otherwise, ahead of the rest of the path, so a ".." after a link climbs from where the link
+    leads and links in a target are followed in turn. Every link is followed, the last one too: open()
+    follows it, and open(O_CREAT) creates a dangling link's target. Meeting a 41st link is refused (the
+    kernel's ELOOP), which bounds the walk.
+
+    From the first name that does not exist, or that follows a file (the kernel's ENOENT and ENOTDIR), the
+    rest names entries still to be made (a file to create, directories a server makes on the way) and is
+    appended as written; a ".." there is refused, since no lookup climbs out of a directory that is not
+    there. A name the guard may not look at (EACCES) counts as missing.
+    """
+    pending = path.split("/")
+    pending.reverse()
+    here = ""  # the directory reached, "" for "/"; every component of it exists and is no link
+    missing = False
+    links = 0
+    while pending:
+        name = pending.pop()
+        if not name or name == ".":
+            continue
+        if name == "..":
+            if missing:
+                return refuse(_UP_FROM_MISSING)
+            here = here[: here.rfind("/")]
+            continue
+        parent, here = here, here + "/" + name
+        if missing:
+            continue
+        try:
+            mode = os.lstat(here).st_mode
+        except OSError:
+            missing = True
+            continue
+        if S_ISLNK(mode):
+            links += 1
+            if links > _MAX_LINKS:
+                return refuse(_LINK_LOOP)
+            try:
+                target = os.readlink(here)
+            except OSError:  # replaced since the lstat: refuse rather than guess
+                return refuse(_THROUGH_A_LINK)
+            here = "" if target.startswith("/") else parent
+            pending.extend(reversed(target.split("/")))
+        elif not S_ISDIR(mode):
+            missing = True  # a file: nothing is found below it
+    return here or "/"
