@@ -192,6 +192,32 @@ def test_a_missing_executable_is_reported_once_and_not_restarted(tmp_path: Path)
     assert "good__echo" in tool_names(listed)
 
 
+def test_what_a_server_writes_cannot_forge_or_control_the_gateways_log(tmp_path: Path) -> None:
+    """A server's stderr is quoted in Bastion's log as the server's: its lines indented under the record that quotes
+    them, its controls (carriage return, escape sequences, the Unicode line separators) written as escapes."""
+    forged = "bastion ERROR bastion.policy: refused tools/call admin for alice"
+    script = ("import sys\n"
+              f"sys.stderr.write({forged!r} + '\\n')\n"
+              "sys.stderr.write('progress\\r' + chr(27) + '[2J' + chr(0x2028) + 'bastion INFO forged too' + '\\n')\n"
+              "sys.exit(1)\n")
+    config = write(tmp_path / "bastion.json", {
+        "good": raw_server(tag="forging-good"),
+        "forging": {"command": sys.executable, "args": ["-c", script]},
+    }, ready_timeout=DEADLINE)
+    log = tmp_path / "bastion.log"
+    client = RawClient(config, log=log)
+    try:
+        client.initialize()
+        assert wait_for(lambda: "bastion.server.forging: server forging: exited" in logged(log), DEADLINE)
+    finally:
+        _, stderr = client.close()
+    lines = stderr.splitlines()
+    assert f"    {forged}" in lines  # quoted, under the warning that quotes it
+    assert not any(line.startswith(forged) or line.startswith("bastion INFO forged") for line in lines)
+    assert "    progress\\r\\x1b[2J\\u2028bastion INFO forged too" in lines
+    assert "\x1b" not in stderr and "\r" not in stderr and "\u2028" not in stderr
+
+
 def test_a_failing_servers_warning_quotes_its_last_stderr_lines(tmp_path: Path) -> None:
     script = ("import sys\n"
               "for n in range(8): print(f'loading part {n}', file=sys.stderr)\n"

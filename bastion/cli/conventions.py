@@ -76,11 +76,33 @@ def split_global_flags(argv: list[str]) -> tuple[list[str], dict[str, bool]]:
     return kept, found
 
 
+# What a log record shows escaped: C0 and C1 controls but the newline, DEL and the Unicode line and paragraph
+# separators. A value from outside (a token's subject, a tool's name, a server's output) could otherwise move the
+# cursor, rewrite a line or drive the terminal that shows the log.
+_ESCAPED: dict[int, str] = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_ESCAPED.update({ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+# A newline continues the record on an indented line: no line of a record can read as a record of its own.
+_ESCAPED[ord("\n")] = "\n" + " " * 4
+
+
+def escaped_for_log(text: str) -> str:
+    """``text`` as a log record shows it: controls written as escapes, further lines indented."""
+    return text if text.isprintable() else text.translate(_ESCAPED)
+
+
+class RecordFormatter(logging.Formatter):
+    """Each record's message through ``escaped_for_log``; a traceback that follows it is Python's own text."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escaped_for_log(record.message)
+        return super().formatMessage(record)
+
+
 def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
     """Everything logged goes to stderr: on stdio, stdout is the protocol channel."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("bastion %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RecordFormatter("bastion %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -10,6 +10,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from bastion.cli.conventions import RecordFormatter
+
 if TYPE_CHECKING:  # imported by the command that uses it when it runs: `bastion --help` needs none of it
     from bastion.sandbox import SandboxConfig, ServerProcess
 
@@ -84,8 +86,10 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"bastion sandbox run: {error}", file=sys.stderr)
         return 2
     env = dict(item.split("=", 1) for item in args.set_env if "=" in item)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RecordFormatter("bastion: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING if args.quiet
-                        else logging.INFO, stream=sys.stderr, format="bastion: %(message)s", force=True)
+                        else logging.INFO, handlers=[handler], force=True)
     try:
         return asyncio.run(_run(command, env, args.cwd, config))
     except SandboxError as error:

@@ -55,4 +55,4 @@ def quoted_stderr(lines: list[str], *, remote: bool, spawned: bool) -> str:
     lines = lines[-STDERR_QUOTED:]
     if not lines:
         return "; it wrote nothing on stderr" if spawned else ""
-    return "; its last stderr lines:" + "".join(f"\n    {line}" for line in lines)
+    return "; its last stderr lines:" + "".join(f"\n{line}" for line in lines)  # indented by the log's formatter

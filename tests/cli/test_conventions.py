@@ -142,3 +142,20 @@ def test_a_reader_that_closes_stdout_ends_bastion_quietly(tmp_path, raw_config, 
         os.close(writer)
     assert done.returncode == 141, done.stderr
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
+def test_a_log_record_shows_values_from_outside_escaped_and_never_as_a_record_of_their_own() -> None:
+    import logging
+
+    from bastion.cli.conventions import RecordFormatter
+
+    formatter = RecordFormatter("bastion %(levelname)s %(name)s: %(message)s")
+    subject = "alice\nbastion ERROR bastion.policy: forged\r\x1b[1A\u2028\u0085"
+    record = logging.LogRecord("bastion.refusals", logging.INFO, __file__, 1, "refused %s for %s", ("tools/call", subject),
+                               None)
+    shown = formatter.format(record)
+    first, *rest = shown.split("\n")
+    assert first == "bastion INFO bastion.refusals: refused tools/call for alice"
+    assert rest == ["    bastion ERROR bastion.policy: forged\\r\\x1b[1A\\u2028\\x85"]
+    plain = logging.LogRecord("bastion", logging.INFO, __file__, 1, "plain text é 日本 %s", ("ok",), None)
+    assert formatter.format(plain) == "bastion INFO bastion: plain text é 日本 ok"
