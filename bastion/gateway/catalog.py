@@ -154,6 +154,31 @@ class Catalog:
     def prompt(self, exposed_name: str) -> Named | None:
         return self._prompts.get(exposed_name)
 
+    def prompt_definition(self, exposed_name: str) -> tuple[str, dict[str, Any]] | None:
+        """The server and definition of the prompt a client gets under ``exposed_name``, listed or not."""
+        named = self._prompts.get(exposed_name)
+        if named is None:
+            return None
+        for prompt in self._items[named.server].prompts:
+            if prompt["name"] == named.original:
+                return named.server, prompt
+        return None
+
+    def resource_definition(self, uri: str) -> tuple[str, str, dict[str, Any]] | None:
+        """What a read of ``uri`` is answered from, listed or not: the server, the kind (``resources`` or
+        ``resourceTemplates``) and the definition of the resource it names or the template it matches."""
+        owner = self._resource_owner.get(uri)
+        if owner is not None:
+            for resource in self._items[owner].resources:
+                if resource["uri"] == uri:
+                    return owner, "resources", resource
+        for pattern, template, server in self._template_owners:
+            if pattern.fullmatch(uri):
+                for definition in self._items[server].resourceTemplates:
+                    if definition["uriTemplate"] == template:
+                        return server, "resourceTemplates", definition
+        return None
+
     def server_trust(self, server: str) -> str | None:
         """The configured trust level of ``server``; None for a name that is no server of this catalog."""
         facts = self._servers.get(server)

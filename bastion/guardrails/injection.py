@@ -747,7 +747,7 @@ class MetadataGuard:
     # same layer of the chain: a layer costs every call more than the lookup does. (The chain ``build_guardrails``
     # builds asks the gate from its screen stage instead: ``bastion.guardrails.stage.ScreenStage``.)
     # ``initialize`` and ``server/discover``: the instructions in Bastion's answer are the servers' own words.
-    methods = frozenset(LIST_KINDS) | {"prompts/get", "tools/call", *INSTRUCTED}
+    methods = frozenset(LIST_KINDS) | {"prompts/get", "resources/read", "tools/call", *INSTRUCTED}
     reads_params = False
     # Of the methods above it reads only the lists' results, which the gateway builds as objects; a call's result it
     # never reads, so declaring it keeps that result the server's bytes.
@@ -760,7 +760,6 @@ class MetadataGuard:
         self._gate = WithheldToolGate(self, config, catalog)
         self._cache = _DefinitionCache()
         self._others: tuple[Any, dict[str | None, frozenset[str]]] = ((), {})
-        self._withheld_prompts: dict[str, str] = {}  # exposed prompt name -> why, for prompts/get
         self._reported: set[tuple[bytes, str]] = set()  # report a definition once, not at every listing
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
@@ -771,13 +770,8 @@ class MetadataGuard:
             return await call_next(request)
         if request.method in INSTRUCTED:
             return self._screened_instructions(await call_next(request))
-        if request.method == "prompts/get":
-            name = _call_name(request.params)
-            why = self._withheld_prompts.get(name) if name is not None else None
-            if why is not None:
-                raise GatewayError(-32602, f"Bastion withheld prompt {name!r}: its definition {why}. A person can "
-                                   "turn this off for its server with metadata_injection = \"off\" under "
-                                   "[guardrails.servers.NAME].", {"guardrail": "metadata_injection"})
+        if request.method == "prompts/get" or request.method == "resources/read":
+            self._refuse_if_withheld(request)
             return await call_next(request)
         result = await call_next(request)
         key, label = LIST_KINDS[request.method]
@@ -835,11 +829,48 @@ class MetadataGuard:
         self._once(item, "withheld", Intervention(
             "metadata_injection", "withheld", server, name, verdict.kind, ",".join(verdict.rules),
             f"{label} withheld from the list: its definition carries {verdict.reason()}"))
-        if kind == "prompts":
-            self._withheld_prompts[name] = f"carries {verdict.reason()}"
         withheld.append(f"{label} {name!r} of server {server!r} is withheld: its definition carries "
                         f"{verdict.reason()}, which reads as instructions to the model")
         return None
+
+    def _refuse_if_withheld(self, request: GatewayRequest) -> None:
+        """Refuse a ``prompts/get`` or ``resources/read`` of what a list would withhold, decided from the catalog's
+        definition, whether or not the client ever listed it (a template's, for a read of a URI it matches)."""
+        params = request.params if isinstance(request.params, dict) else {}
+        if request.method == "prompts/get":
+            name = _call_name(params)
+            finder = getattr(self._catalog, "prompt_definition", None)
+            found = finder(name) if finder is not None and name is not None else None
+            what, kind = f"prompt {name!r}", "prompts"
+            if found is None:
+                return
+            server, definition = found
+        else:
+            uri = params.get("uri")
+            finder = getattr(self._catalog, "resource_definition", None)
+            found = finder(uri) if finder is not None and isinstance(uri, str) else None
+            if found is None:
+                return
+            server, kind, definition = found
+            what = f"resource {uri!r}" if kind == "resources" else \
+                f"resource {uri!r} (of template {definition.get('uriTemplate')!r})"
+        why = self._withheld_because(definition, server)
+        if why is not None:
+            raise GatewayError(-32602, f"Bastion withheld {what} of server {server!r}: its definition carries {why}. "
+                               "A person can turn this off for its server with metadata_injection = \"off\" under "
+                               "[guardrails.servers.NAME].", {"guardrail": "metadata_injection"})
+
+    def _withheld_because(self, definition: Mapping[str, Any], server: str | None) -> str | None:
+        """Why a list would withhold ``definition`` (what it carries), None when it would pass it, sanitised or not."""
+        mode = self._config.switch("metadata_injection", server)
+        if mode == "off":
+            return None
+        verdict = self.verdict(definition, server)
+        if not verdict.flagged:
+            return None
+        if mode == "sanitize" and not self.verdict(sanitize_definition(definition), server).flagged:
+            return None
+        return verdict.reason()
 
     def verdict(self, definition: Mapping[str, Any], server: str | None) -> Verdict:
         return shadowing_of(self._cache.verdict(definition), self._other_tools(server))

@@ -118,7 +118,8 @@ class _Offered:
 class PinningGuard:
     """Slot 1 of the guardrails: it sees a request first, so nothing inside it lists or calls a withheld one."""
 
-    methods = frozenset({"tools/list", "prompts/list", "resources/templates/list", "tools/call", "prompts/get"})
+    methods = frozenset({"tools/list", "prompts/list", "resources/templates/list", "tools/call", "prompts/get",
+                         "resources/read"})
     reads_params = False  # of a tools/call it reads only the name, which it decodes itself when left as bytes
     # Of the methods above it reads only the lists' results, which the gateway builds as objects and never passes
     # as a server's bytes; a tools/call's result it never reads, so declaring it keeps that result raw.
@@ -184,6 +185,16 @@ class PinningGuard:
                 withheld = (await self._other_withholdings(request.catalog))[0].get(name)
             if withheld is not None:
                 self._refuse(request, withheld)
+        elif method == "resources/read":
+            # A URI read through a withheld template is refused as the template is: the client need never have
+            # listed the templates.
+            template = _template_read(request.catalog, request.params)
+            if template is not None:
+                withheld = (await self._other_withholdings(request.catalog))[1].get(template)
+                if withheld is not None and await self._reread():
+                    withheld = (await self._other_withholdings(request.catalog))[1].get(template)
+                if withheld is not None:
+                    self._refuse(request, withheld)
         return await call_next(request)
 
     def passes_call(self, catalog: CatalogView, name: str | None) -> bool:
@@ -491,3 +502,13 @@ def _tell(request: GatewayRequest, withheld: list[Withheld]) -> None:
         told.add(mark)
         client.notify("notifications/message", {"level": "warning", "logger": "bastion.pinning",
                                                 "data": {"message": item.sentence(), **item.data()}})
+
+
+def _template_read(catalog: CatalogView, params: Any) -> str | None:
+    """The uriTemplate a ``resources/read`` is answered through, None for a listed resource or an unknown URI."""
+    uri = params.get("uri") if isinstance(params, dict) else None
+    finder = getattr(catalog, "resource_definition", None)
+    found = finder(uri) if finder is not None and isinstance(uri, str) else None
+    if found is None or found[1] != "resourceTemplates":
+        return None
+    return found[2].get("uriTemplate")

@@ -101,6 +101,26 @@ def test_poisoned_prompts_are_withheld_and_refused(client):
     assert "withheld prompt 'inj__summarize'" in refused["error"]["message"]
 
 
+def test_what_a_list_withholds_is_refused_by_name_or_uri_without_any_listing(client):
+    """A client that never lists (or lists elsewhere) cannot get a withheld prompt, or read a withheld resource or a URI
+    of a withheld template: the decision is the catalog's definition's, not what this client was shown."""
+    raw = client()
+    refused = raw.request(2, "prompts/get", {"name": "inj__summarize", "arguments": {"text": "x"}}, timeout=120)
+    assert "withheld prompt 'inj__summarize'" in refused["error"]["message"]
+    resource = raw.request(3, "resources/read", {"uri": "note://policy"}, timeout=120)
+    assert resource["error"]["code"] == -32602
+    assert "withheld resource 'note://policy'" in resource["error"]["message"]
+    template = raw.request(4, "resources/read", {"uri": "ticket://7"}, timeout=120)
+    assert "withheld resource 'ticket://7' (of template 'ticket://{number}')" in template["error"]["message"]
+    assert raw.request(5, "resources/read", {"uri": "note://plain"}, timeout=120)["result"]["contents"]
+    listed = raw.request(6, "resources/list", {}, timeout=120)["result"]["resources"]
+    assert "note://policy" not in {r["uri"] for r in listed} and "note://plain" in {r["uri"] for r in listed}
+    templates = raw.request(7, "resources/templates/list", {}, timeout=120)["result"]["resourceTemplates"]
+    assert "ticket://{number}" not in {t["uriTemplate"] for t in templates}
+    off = client({"servers": {"inj": {"metadata_injection": "off"}}})
+    assert off.request(8, "resources/read", {"uri": "note://policy"}, timeout=120)["result"]["contents"]
+
+
 def test_results_that_carry_instructions_are_marked_and_benign_ones_pass_unchanged(client):
     raw = client()
     marked = raw.request(2, "tools/call", {"name": "inj__hotel_reviews", "arguments": {"hotel": "x"}}, timeout=120)

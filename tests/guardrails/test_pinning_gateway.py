@@ -153,6 +153,10 @@ def test_a_rug_pull_across_restarts_is_withheld_until_a_person_accepts_it(tmp_pa
         message = renamed["error"]["message"]
         assert "tool 'rug__sum' of server 'rug' is withheld: it carries the same definition as tool 'add'" in message
         assert "a new name does not dodge a pin" in message and "and besides" not in message
+        # A URI of the changed template is refused as the template is, with no listing before it.
+        read = third.request(4, "resources/read", {"uri": "notes://1"})
+        assert read["error"]["code"] == -32602
+        assert "'notes://{id}' of server 'rug' is withheld" in read["error"]["message"], read
         assert names(third, 3, "resources/templates/list", "resourceTemplates") == set()
     finally:
         third.close()

@@ -111,7 +111,7 @@ def test_the_screens_are_one_stage_for_a_call_and_their_own_layers_for_every_oth
     assert chain.route(TO_SERVER, NOTIFICATION, "tools/call").hooks == (stage,)
     assert chain.route(TO_SERVER, REQUEST, "tools/list").hooks == (pinning, metadata, recall.on_request)
     assert chain.route(TO_SERVER, REQUEST, "prompts/get").hooks == (pinning, metadata, recall.on_request)
-    assert chain.route(TO_SERVER, REQUEST, "resources/read").hooks == (recall.on_request,)
+    assert chain.route(TO_SERVER, REQUEST, "resources/read").hooks == (pinning, metadata, recall.on_request)
     assert chain.route(TO_SERVER, REQUEST, "some/new_method").hooks == (recall.on_request,)
     # Recall named no methods (it looks at every one): now every one but a call.
     assert isinstance(recall.methods, EveryMethodBut)
