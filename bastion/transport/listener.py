@@ -98,19 +98,23 @@ def address_key(host: str) -> str:
 class ConnectionBounds:
     """What one listener allows its connections: how many are open at once, in all and from one address (an
     IPv6 peer: its /64), and how long a connection has until the request line and headers of its next request
-    are complete. Shared by every connection of the listener (one event loop: plain counters)."""
+    are complete, and how large they may grow before they are. Shared by every connection of the listener (one
+    event loop: plain counters)."""
 
     def __init__(self, *, header_timeout: float, max_connections: int, max_per_address: int,
-                 late_answer: bytes, full_answer: bytes, address_full_answer: bytes,
-                 exempt: Callable[[str], bool] | None = None) -> None:
+                 max_header_bytes: int, late_answer: bytes, too_large_answer: bytes, full_answer: bytes,
+                 address_full_answer: bytes, exempt: Callable[[str], bool] | None = None) -> None:
         """``late_answer`` is written to a connection whose request is incomplete at the timeout,
+        ``too_large_answer`` to one whose request line and headers pass ``max_header_bytes`` unfinished,
         ``full_answer`` to one past ``max_connections`` and ``address_full_answer`` to one past
         ``max_per_address``, each a whole response (``raw_response``); ``exempt`` says which peers (trusted
         proxies, whose connections carry many clients) the per-address bound does not apply to."""
         self.header_timeout = header_timeout
         self.max_connections = max_connections
         self.max_per_address = max_per_address
+        self.max_header_bytes = max_header_bytes
         self.late_answer = late_answer
+        self.too_large_answer = too_large_answer
         self.full_answer = full_answer
         self.address_full_answer = address_full_answer
         self.exempt = exempt
@@ -160,9 +164,10 @@ class ConnectionBounds:
 class BoundedConnection:
     """A connection within its listener's ``ConnectionBounds``: refused at once past a bound, and closed when the
     request line and headers of a request are not complete ``header_timeout`` seconds after the connection
-    opened or its previous response ended (408 when part of a request came, just closed when nothing did, as an
-    idle keep-alive connection is). One timer per request, armed when the connection waits for a request and
-    cancelled when httptools has read the headers. Mixed into uvicorn's httptools protocol class."""
+    opened or its previous response ended (408 when any byte came since, just closed when none did, as an idle
+    keep-alive connection is), or when they pass ``max_header_bytes`` unfinished (431). One timer per request,
+    armed when the connection waits for a request and cancelled when httptools has read the headers. Mixed into
+    uvicorn's httptools protocol class."""
 
     bounds: ConnectionBounds
     loop: asyncio.AbstractEventLoop
@@ -170,7 +175,7 @@ class BoundedConnection:
     pipeline: Any
     _key: str | None = None  # None: never admitted
     _header_timer: asyncio.TimerHandle | None = None
-    _begun = False  # a request has begun and its headers are not complete
+    _header_bytes = 0  # received since the connection began waiting for a request
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         key = self.bounds.admit(transport)
@@ -191,15 +196,21 @@ class BoundedConnection:
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
-        if self._key is not None:  # a refused connection's bytes (TLS can hand some over after the close) are dropped
-            super().data_received(data)  # type: ignore[misc]
-
-    def on_message_begin(self) -> None:
-        self._begun = True
-        super().on_message_begin()  # type: ignore[misc]
+        if self._header_timer is None:  # a request's body, or a refused connection's bytes (TLS can hand some over
+            if self._key is not None:   # after the close), which are dropped
+                super().data_received(data)  # type: ignore[misc]
+            return
+        # Waiting for a request's line and headers: every byte since is theirs until httptools has read them.
+        self._header_bytes += len(data)
+        super().data_received(data)  # type: ignore[misc]
+        if self._header_timer is not None and self._header_bytes > self.bounds.max_header_bytes:
+            self._header_timer.cancel()
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.write(self.bounds.too_large_answer)
+                self.transport.close()
 
     def on_headers_complete(self) -> None:
-        self._begun = False
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
@@ -213,13 +224,14 @@ class BoundedConnection:
             self._await_headers()
 
     def _await_headers(self) -> None:
+        self._header_bytes = 0
         self._header_timer = self.loop.call_later(self.bounds.header_timeout, self._headers_late)
 
     def _headers_late(self) -> None:
         self._header_timer = None
         if self.transport.is_closing():
             return
-        if self._begun:
+        if self._header_bytes:  # something came: a request begun (or blank lines), answered; nothing: just closed
             self.transport.write(self.bounds.late_answer)
         self.transport.close()
 

@@ -120,14 +120,17 @@ def test_headers_sent_in_part_are_answered_408_and_closed(quick_timeout: Served)
     assert body["error"]["code"] == -32600 and "http.header_timeout" in body["error"]["message"]
 
 
-@pytest.mark.parametrize("sent", [b"", b"\r\n"], ids=["nothing", "blank-lines"])
-def test_a_connection_that_never_begins_a_request_is_closed_without_an_answer(quick_timeout: Served,
-                                                                               sent: bytes) -> None:
-    """Nothing of a request: closed as an idle connection is, without a response no request asked for (blank
-    lines before a request are skipped by the parser, and do not keep the connection either)."""
+def test_a_connection_that_sends_nothing_is_closed_without_an_answer(quick_timeout: Served) -> None:
+    """Closed as an idle connection is, without a response no request asked for."""
     with connect(quick_timeout) as sock:
-        sock.sendall(sent)
         assert until_closed(sock) == b""
+
+
+def test_blank_lines_do_not_keep_a_connection(quick_timeout: Served) -> None:
+    """The parser skips blank lines before a request without beginning one; they are bytes all the same."""
+    with connect(quick_timeout) as sock:
+        sock.sendall(b"\r\n\r\n")
+        assert until_closed(sock).startswith(b"HTTP/1.1 408 ")
 
 
 def test_an_idle_keep_alive_connection_is_closed(quick_timeout: Served) -> None:
@@ -185,6 +188,25 @@ def test_the_body_timeout_still_answers_a_stalled_body(quick_timeout: Served) ->
             assert chunk, answer
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408 ") and b"http.header_timeout" not in answer
+
+
+def padding(size: int) -> bytes:
+    """Header lines of about ``size`` bytes, each its own field."""
+    return b"".join(b"X-Pad-%05d: %s\r\n" % (index, b"p" * 100) for index in range(size // 115))
+
+
+def test_headers_that_grow_past_64_kib_unfinished_are_answered_431_at_once(quick_timeout: Served) -> None:
+    """Not left to the header timeout (which would answer 408): the size is what refuses them."""
+    with connect(quick_timeout) as sock:
+        sock.sendall(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n" + padding(70 * 1024))
+        answer = until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
+def test_headers_below_64_kib_are_read(quick_timeout: Served) -> None:
+    with connect(quick_timeout) as sock:
+        sock.sendall(b"GET /nothing-here HTTP/1.1\r\nHost: 127.0.0.1\r\n" + padding(60 * 1024) + b"\r\n")
+        assert one_answer(sock)[0].startswith("HTTP/1.1 404 ")
 
 
 # The connection bounds

@@ -82,6 +82,10 @@ async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: in
     return stopped_by[0] if stopped_by else None
 
 
+# The request line and headers of one request, at most: uvicorn's httptools parser has no bound of its own. A request
+# whose headers end within the read that passes it is still read (a read is at most 256 KiB).
+MAX_HEADER_BYTES = 64 * 1024
+
 # Open files kept for everything but client connections (servers' pipes, remote servers' connections, logs, the
 # audit trail, the listening socket): at most this many, and a quarter of a small limit.
 FILES_KEPT = 1024
@@ -119,7 +123,9 @@ def connection_bounds(settings: HttpConfig) -> ConnectionBounds:
     proxies = TrustedProxies(settings.trusted_proxies)
     return ConnectionBounds(
         header_timeout=settings.header_timeout, max_connections=total, max_per_address=per_address,
-        late_answer=raw_response(408, "Request Timeout", late, b"application/json"),
+        max_header_bytes=MAX_HEADER_BYTES, late_answer=raw_response(408, "Request Timeout", late, b"application/json"),
+        too_large_answer=raw_response(431, "Request Header Fields Too Large", error_body(
+            None, -32600, f"the request line and headers exceed {MAX_HEADER_BYTES} bytes"), b"application/json"),
         full_answer=full(f"{total} connections are open, the most this gateway takes (http.max_connections)"),
         address_full_answer=full(f"{per_address} connections from this address are open, the most this gateway "
                                  f"takes from one (http.max_connections_per_address)"),
