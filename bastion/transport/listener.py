@@ -236,12 +236,21 @@ class BoundedConnection:
         self.transport.close()
 
 
+class NoWebSocket:
+    """With uvicorn's ``ws="none"`` an upgrade request is answered as the plain HTTP request it also is; uvicorn
+    would log two warnings for each (one advising to install a WebSocket library), from any client that asks."""
+
+    def _unsupported_upgrade_warning(self) -> None:
+        pass
+
+
 def http_protocol(bounds: ConnectionBounds) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol (measured: about twice the requests per second of h11 here) with the client
     certificate in the scope and ``bounds`` kept; httptools is required, since the header timeout needs its
     callbacks. Used with uvicorn's ``ws="none"``: a connection handed to a WebSocket protocol would leave the
     bounds without ever being released."""
-    return type("BastionHttpProtocol", (BoundedConnection, PeerCertificate, HttpToolsProtocol), {"bounds": bounds})
+    return type("BastionHttpProtocol", (BoundedConnection, NoWebSocket, PeerCertificate, HttpToolsProtocol),
+                {"bounds": bounds})
 
 
 def raise_file_limit(wanted: int) -> int:

@@ -209,6 +209,16 @@ def test_headers_below_64_kib_are_read(quick_timeout: Served) -> None:
         assert one_answer(sock)[0].startswith("HTTP/1.1 404 ")
 
 
+def test_a_websocket_upgrade_is_answered_as_plain_http(quick_timeout: Served) -> None:
+    """Bastion serves no WebSocket: a connection is never handed to a protocol that would leave the bounds."""
+    with connect(quick_timeout) as sock:
+        sock.sendall(b"GET /nothing-here HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     b"Sec-WebSocket-Version: 13\r\n\r\n")
+        assert one_answer(sock)[0].startswith("HTTP/1.1 404 ")
+    assert "WebSocket" not in quick_timeout.stderr.read_text()
+
+
 # The connection bounds
 
 def test_past_the_per_address_bound_a_connection_is_refused_and_others_are_served(bounded: Served) -> None:
