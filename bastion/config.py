@@ -206,10 +206,21 @@ class HttpConfig(BaseModel):
                                         "API key then decides); an invalid certificate is refused either way")
     max_body_bytes: int = Field(default=4 * MIB, ge=1024, description="larger request bodies are answered with 413")
     body_timeout: float = Field(default=30.0, gt=0, description="seconds a client may take to send one request body")
+    header_timeout: float = Field(
+        default=10.0, gt=0, description="seconds a connection has, from its start or its previous response's end, "
+                                        "until a request's line and headers are complete: a late request gets 408, "
+                                        "an idle connection is closed")
+    max_connections: int = Field(
+        default=4096, ge=2, description="client connections open at once; past it a new one is answered 503 and "
+                                        "closed (lowered to fit the open-file limit if that is short)")
+    max_connections_per_address: int = Field(
+        default=256, ge=1, description="client connections open at once from one address (an IPv6 one: its /64), "
+                                       "below max_connections; trusted_proxies are exempt")
     max_in_flight_per_server: int = Field(
         default=64, ge=1, description="requests (tools/call, prompts/get, resources/read, ...) one server may have in "
                                   "flight from all clients together")
-    retry_after_seconds: int = Field(default=1, ge=0, description="what a refusal for a full server tells the client")
+    retry_after_seconds: int = Field(
+        default=1, ge=0, description="what a refusal for a full server or too many connections tells the client")
     max_sessions: int = Field(default=10000, ge=1, description="open handshake-era sessions at most")
     session_idle_timeout: float = Field(default=3600.0, gt=0, description="seconds after which a quiet session ends")
     heartbeat_seconds: float = Field(default=15.0, gt=0, description="an SSE comment after this long without events")
@@ -241,6 +252,13 @@ class HttpConfig(BaseModel):
         if value is not None and (not value or not all(c.isalnum() or c in "-_" for c in value)):
             raise ValueError(f"{value!r} is not a header name (letters, digits, '-')")
         return value
+
+    @model_validator(mode="after")
+    def _one_address_never_takes_all(self) -> "HttpConfig":
+        if self.max_connections_per_address >= self.max_connections:
+            raise ValueError(f"max_connections_per_address ({self.max_connections_per_address}) must be below "
+                             f"max_connections ({self.max_connections}), or one address can take every connection")
+        return self
 
 
 def client_certificate_contradiction(http: HttpConfig, auth: AuthConfig | None) -> str | None:
