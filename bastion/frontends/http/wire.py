@@ -89,10 +89,15 @@ async def read_message(headers: dict[str, str], receive: Receive, limit: int,
 
 def headers_of(scope: Scope) -> dict[str, str]:
     headers: dict[str, str] = {}
+    repeated: dict[str, list[str]] = {}
     for raw_name, raw_value in scope.get("headers", ()):
         name = raw_name.decode("latin-1").lower()
         value = raw_value.decode("latin-1").strip()  # whitespace around a field value is not part of it (RFC 9110)
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        if name in headers:
+            repeated.setdefault(name, [headers[name]]).append(value)
+        headers[name] = value
+    for name, values in repeated.items():  # joined once: a field repeated n times costs n, not n squared
+        headers[name] = ", ".join(values)
     return headers
 
 
