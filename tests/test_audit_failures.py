@@ -4,9 +4,11 @@ A full disk is a tmpfs of a few hundred KiB mounted for the test (this needs roo
 where mounting is not allowed), filled by a file of its own and freed by deleting it. Through ``bastion run``,
 with the disk full before the trail's first byte (so no record fits anywhere until it is freed):
 
-- calls go on while the disk is full; once it is freed the trail
+- ``policy.audit.on_failure = "continue"``: calls go on while the disk is full; once it is freed the trail
   resumes by itself, its first record a ``gap`` record counting exactly the records that are missing, and the
   calls after it are recorded; ``bastion audit verify`` says "intact" and lists the gap;
+- ``"refuse"``: while the trail cannot be written, calls are refused with an error naming the setting and none
+  reaches the server (its log of calls says so); once the disk is freed, calls run and are recorded again;
 - a gateway killed with SIGKILL: the next start records the discontinuity, and ``audit verify`` names it.
 
 And through the audit writer: a disk that fills mid-trail (the record that found it full written in part, then
@@ -89,14 +91,14 @@ def records(path: Path) -> list[dict[str, Any]]:
     return found
 
 
-def configure(tmp_path: Path, audit: Path) -> Path:
+def configure(tmp_path: Path, audit: Path, **settings: Any) -> Path:
     entry = raw_server(tmp_path / "marks")
     entry["env"]["RAW_SERVER_MARK_CALLS"] = "1"
     (tmp_path / "all.cedar").write_text(PERMIT_ALL)
     config = tmp_path / "bastion.json"
     config.write_text(json.dumps({
         "servers": {"raw": entry}, "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
-        "policy": {"policy_files": ["all.cedar"], "audit": {"path": str(audit), "arguments": "values"}},
+        "policy": {"policy_files": ["all.cedar"], "audit": {"path": str(audit), "arguments": "values", **settings}},
     }))
     return config
 
@@ -152,7 +154,7 @@ def test_a_full_disk_leaves_a_counted_gap_and_the_trail_resumes_when_space_retur
     client = RawClient(config, log=log)
     try:
         client.initialize()
-        for n in range(3):  # they run, unrecorded for now
+        for n in range(3):  # "continue", the default: they run, unrecorded for now
             assert echo(client, 10 + n, f"unrecorded-{n}")["result"]["content"][0]["text"] == f"unrecorded-{n}"
         assert wait_for(lambda: logged(log, FAILING), SETTLE_SECONDS), log.read_text()
         assert records(audit) == []
@@ -188,6 +190,44 @@ def test_a_full_disk_leaves_a_counted_gap_and_the_trail_resumes_when_space_retur
     said = verify_text(audit)
     assert f"note: gap at seq 0 ({when(gap['to'])}): {gap['lost']} audit record(s) could not be written between" in said
     assert "No space left on device" in said and "1 discontinuity" in said and said.rstrip().endswith(": intact")
+
+
+def test_with_on_failure_refuse_calls_are_refused_while_the_trail_cannot_be_written(
+        tmp_path: Path, small_disk: Path) -> None:
+    audit = small_disk / "trail" / "audit.jsonl"
+    log = tmp_path / "bastion.stderr"
+    config = configure(tmp_path, audit, on_failure="refuse")
+    filler = fill(small_disk)
+    client = RawClient(config, log=log)
+    try:
+        client.initialize()  # the handshake is answered: its record is the first that cannot be written
+        assert wait_for(lambda: logged(log, FAILING), SETTLE_SECONDS), log.read_text()
+        tools = client.request(1, "tools/list", {}, timeout=30)  # and so are lists: a client still learns its tools
+        assert "raw__echo" in [tool["name"] for tool in tools["result"]["tools"]], tools
+        for n in range(3):
+            refused = echo(client, 10 + n, f"refused-{n}")
+            error = refused["error"]
+            assert error["code"] == -32001 and error["data"]["rule"] == "policy.audit.on_failure", refused
+            assert 'policy.audit.on_failure = "refuse"' in error["message"]
+            assert "No space left on device" in error["message"]
+        assert calls_reached(tmp_path) == []  # none of them reached the server
+        filler.unlink()
+        assert wait_for(lambda: logged(log, RESUMED), SETTLE_SECONDS), log.read_text()
+        assert echo(client, 20, "after")["result"]["content"][0]["text"] == "after"
+        assert wait_for(lambda: recorded(audit, "after"), SETTLE_SECONDS)
+    finally:
+        code, stderr = client.close()
+    assert code == 0, stderr
+    assert calls_reached(tmp_path) == ["after"]
+    trail = records(audit)
+    # Missing: the handshake's record, and of the list's and the refusals' (a decision and a call record each),
+    # those the sealer was given before the disk was freed.
+    assert trail[0]["kind"] == "gap" and trail[0]["lost"] >= 1
+    assert trail[0]["lost"] + len(decisions_and_calls(trail)) == 1 + 1 + 2 * 3 + 2
+    refusals = [r for r in trail if r["kind"] == "decision" and r["decision"] == "deny"]
+    assert all(r["rule"] == "policy.audit.on_failure" for r in refusals)
+    report = verify_json(audit)
+    assert report["status"] == "intact" and report["discontinuities"] == 1
 
 
 def test_a_disk_that_fills_mid_trail_has_its_cut_line_removed_and_the_gap_counted(small_disk: Path) -> None:
@@ -280,3 +320,10 @@ def test_a_killed_gateway_leaves_a_discontinuity_the_next_start_records(tmp_path
     report = verify_json(audit)
     assert report["status"] == "intact" and report["discontinuities"] == 1
     assert report["chains"][0]["discontinuities"][0]["kind"] == "discontinuity"
+
+
+def test_on_failure_is_checked_with_the_key_and_the_fix(tmp_path: Path) -> None:
+    config = configure(tmp_path, tmp_path / "audit.jsonl", on_failure="deny")
+    done = subprocess.run([BASTION, "check", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "policy.audit.on_failure" in done.stderr and '"continue"' in done.stderr and '"refuse"' in done.stderr
