@@ -169,6 +169,10 @@ def _audit_lines(trail: Any) -> list[str]:
     def status(ok: bool) -> str:
         return "intact" if ok else "NOT intact"
 
+    missing = trail.discontinuities
+    if missing:
+        lines.append(f"{missing} {'discontinuity' if missing == 1 else 'discontinuities'} (the gap and discontinuity "
+                     f"notes above): the trail itself records that records are missing there; that is not tampering")
     if len(trail.chains) == 1 and not trail.problems:
         report = trail.chains[0].report
         return lines + [f"{report.records} records in {len(report.files)} file(s), "

@@ -44,14 +44,21 @@ from bastion.policy.audit_chains import (
 )
 from bastion.policy.config import PolicyStartError
 from bastion.policy.audit_sealer import (
+    CONTINUE,
+    DISCONTINUITY_KIND,
+    FAILING,
+    GAP_KIND,
     GENESIS,
     KEY_PREFIX,
+    RESUMED,
     call_records,
     record_hash,
+    records_in,
     rotated_name,
     sealed_line,
     shape_of,
     trail_files,
+    when,
 )
 
 __all__ = [
@@ -80,7 +87,8 @@ class AuditStartError(PolicyStartError, RuntimeError):
 _CLOSE = object()
 _ONE_LINE = orjson.OPT_APPEND_NEWLINE
 _DRAIN_SECONDS = 0.05
-_RESTART_AFTER_SECONDS = 10.0  # a replacement sealer that dies sooner than this is not replaced again
+_RESTART_FIRST_SECONDS = 0.1  # a sealer that cannot be started is tried again after this, then twice as long ...
+_RESTART_MAX_SECONDS = 5.0  # ... up to this: never given up
 _WAKE_AT = 4096
 _READY_SECONDS = 30.0
 MAX_PENDING = 100_000  # lines queued for the sealer; beyond this, records are counted and dropped
@@ -96,8 +104,37 @@ class _Gap:
         self.closed = False
 
 
-def _gap_record(reason: str) -> bytes:
-    return orjson.dumps({"kind": "gap", "ts": time.time(), "reason": reason}, option=_ONE_LINE)
+def _gap_record(reason: str, **facts: Any) -> bytes:
+    return orjson.dumps({"kind": GAP_KIND, **facts, "ts": time.time(), "reason": reason}, option=_ONE_LINE)
+
+
+class _Outage:
+    """No sealer runs (the last one exited, and none could be started yet): since when, and what was dropped."""
+
+    def __init__(self, status: int | None) -> None:
+        self.status = status
+        self.since = time.time()
+        self.dropped = 0  # records handed over meanwhile, which no sealer took
+        self.attempts = 0
+        self.pause = _RESTART_FIRST_SECONDS
+        self.retry_at = 0.0  # the first replacement is started at once
+
+    def drop(self, data: bytes) -> None:
+        self.dropped += sum(records_in(line)[0] for line in data.split(b"\n") if line)
+
+    def again_later(self) -> None:
+        self.attempts += 1
+        self.retry_at = time.monotonic() + self.pause
+        self.pause = min(self.pause * 2, _RESTART_MAX_SECONDS)
+
+    def gap_line(self) -> bytes:
+        reason = f"the audit sealer exited with status {self.status}; records it had not yet written are missing"
+        if self.dropped:
+            reason += f", and {self.dropped} record(s) handed over while no sealer ran"
+        now = time.time()
+        reason += f" (between {when(self.since)} and {when(now)})"
+        return _gap_record(reason, cause="sealer_exited", lost=None, dropped=self.dropped, to=now,
+                           **{"from": self.since})
 
 
 class AuditWriter:
@@ -108,10 +145,13 @@ class AuditWriter:
     order is the order of decisions, and the sealer chains in that order.
 
     A sealer that dies is started again, and its successor first seals a ``gap`` record: the lines the
-    dead one had taken but not yet written are lost, and the trail says so rather than hiding it. A sealer
-    that falls behind (a stalled disk) makes the queue hold at most ``max_pending`` lines: the gateway's
-    memory stays bounded, and the records dropped meanwhile are counted in a ``gap`` record where they
-    would have been.
+    dead one had taken but not yet written are lost, and the trail says so rather than hiding it. One that
+    cannot be started is tried again after a pause that doubles up to ``_RESTART_MAX_SECONDS``, never given
+    up; the records handed over meanwhile are counted in that gap record. A sealer that cannot write the
+    trail (a full disk) says so and keeps taking records (see ``audit_sealer``); ``failure`` says why the
+    trail is not being written, or is None while it is. A sealer that falls behind (a stalled disk) makes
+    the queue hold at most ``max_pending`` lines: the gateway's memory stays bounded, and the records
+    dropped meanwhile are counted in a ``gap`` record where they would have been.
     """
 
     def __init__(
@@ -137,8 +177,9 @@ class AuditWriter:
         self._rotate_bytes = rotate_bytes
         self._key = key
         self._closed = False  # no more records accepted
-        self._sealer_lost = False  # no sealer, and none could be started: records are dropped
-        self._replaced_at: float | None = None
+        # Why the trail is not being written now (None while it is): read by the gateway before each call.
+        self.failure: str | None = None
+        self._outage: _Outage | None = None  # no sealer runs
         try:
             self._start_sealer()
         except BaseException:
@@ -158,11 +199,16 @@ class AuditWriter:
         self._thread = threading.Thread(target=self._run, name="bastion-audit", daemon=True)
         self._thread.start()
 
-    def _start_sealer(self) -> None:
-        """Start a sealer and wait until it holds the chain head; raises AuditStartError when it cannot."""
+    def _start_sealer(self, continuing: bool = False) -> None:
+        """Start a sealer and wait until it holds the chain head; raises AuditStartError when it cannot.
+
+        ``continuing``: it takes over from a sealer of this process that exited (which the gap record this
+        process sends says), so it does not record the chain's unfinished end as a discontinuity of its own.
+        """
+        command = [sys.executable, "-P", audit_sealer.__file__, str(self.chain_path), str(self._rotate_bytes)]
         self._process = subprocess.Popen(
             # -P: the sealer's own directory (bastion/policy) must not shadow the modules it imports.
-            [sys.executable, "-P", audit_sealer.__file__, str(self.chain_path), str(self._rotate_bytes)],
+            command + [CONTINUE] if continuing else command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -175,19 +221,41 @@ class AuditWriter:
         key_line = KEY_PREFIX + (self._key.hex().encode() if self._key else b"") + b"\n"
         if self._send(key_line) != len(key_line):
             self._process.wait()
+            self._process.stdout.close()  # type: ignore[union-attr]
+            self._process.stdin.close()  # type: ignore[union-attr]
             raise AuditStartError(f"the audit sealer for {self.chain_path} exited at start (see its error output above)")
         self._await_ready()
 
     def _await_ready(self) -> None:
         """Wait until the sealer holds the trail's chain head: a trail that cannot be sealed stops the start."""
-        answer = self._process.stdout  # type: ignore[union-attr]
-        ready, _, _ = select.select([answer], [], [], _READY_SECONDS)
-        line = answer.readline() if ready else b""
-        answer.close()
+        process = self._process
+        answers = process.stdout  # type: ignore[union-attr]
+        ready, _, _ = select.select([answers], [], [], _READY_SECONDS)
+        line = answers.readline() if ready else b""
         if line != audit_sealer.READY:
-            self._process.kill()
-            self._process.wait()
+            answers.close()
+            process.kill()
+            process.wait()
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # type: ignore[union-attr]
             raise AuditStartError(f"the audit sealer for {self.chain_path} did not start (see its error output above)")
+        self.failure = None
+        # What it says from now on: that the trail cannot be written, or that it can again.
+        threading.Thread(target=self._listen, args=(process, answers), name="bastion-audit-status", daemon=True).start()
+
+    def _listen(self, process: subprocess.Popen[bytes], answers: Any) -> None:
+        with answers:
+            for line in answers:
+                if process is not self._process:
+                    continue  # a sealer already replaced: what it says no longer stands
+                said = line.rstrip(b"\n").decode(errors="replace")
+                if line.startswith(FAILING):
+                    self.failure = f"the audit trail cannot be written ({said[len(FAILING):]})"
+                    log.error("%s: %s: records are counted, not written, and the trail is tried again until it can "
+                              "be written; then a gap record says how many are missing", self.chain_path, self.failure)
+                elif line.startswith(RESUMED):
+                    self.failure = None
+                    log.warning("%s: the audit trail is written again: %s", self.chain_path, said[len(RESUMED):])
 
     def write(self, record: dict[str, Any]) -> None:
         """Queue ``record`` (stamped now unless it has a ``ts``); never blocks on I/O."""
@@ -228,7 +296,8 @@ class AuditWriter:
             gap.closed = True
             dropped = gap.dropped
         log.error("%d audit record(s) dropped: the audit sealer fell behind", dropped)
-        return _gap_record(f"{dropped} record(s) dropped here: the audit sealer fell behind")
+        return _gap_record(f"{dropped} record(s) dropped here: the audit sealer fell behind", cause="fell_behind",
+                           dropped=dropped)
 
     def _run(self) -> None:
         pending = self._pending
@@ -243,8 +312,12 @@ class AuditWriter:
                     closing = True
                     break
                 lines.append(self._gap_line(item) if type(item) is _Gap else item)
+            if closing and self._outage is not None:
+                self._outage.retry_at = 0.0  # one more try at the end, whatever the pause
             if lines:
                 self._deliver(b"".join(lines))
+            elif self._outage is not None:
+                self._restart()
             if closing:
                 self._finish()
                 return
@@ -262,42 +335,58 @@ class AuditWriter:
 
     def _deliver(self, data: bytes) -> None:
         """Send whole lines to the sealer, starting a new one (after a ``gap`` record) if it has died."""
-        while not self._sealer_lost:
+        while True:
+            if self._outage is not None and not self._restart():
+                self._outage.drop(data)  # no sealer: counted, for the gap record its successor seals
+                return
             sent = self._send(data)
             if sent == len(data):
                 return
             # Lines the pipe took whole were the dead sealer's; the rest go to its successor.
             data = data[data.rfind(b"\n", 0, sent) + 1 :]
-            self._replace_sealer()
+            self._sealer_exited()
 
-    def _replace_sealer(self) -> None:
+    def _sealer_exited(self) -> None:
         status = self._process.wait()
         with contextlib.suppress(OSError):
             self._process.stdin.close()  # type: ignore[union-attr]  # the dead sealer's end of the pipe
-        now = time.monotonic()
-        if self._replaced_at is not None and now - self._replaced_at < _RESTART_AFTER_SECONDS:
-            log.error("the audit sealer exited with status %s soon after a restart: audit records are being lost",
-                      status)
-            self._closed = self._sealer_lost = True
-            return
-        self._replaced_at = now
+        self._outage = _Outage(status)
+        self.failure = f"the audit sealer exited with status {status}"
         log.error("the audit sealer exited with status %s; starting another", status)
+
+    def _restart(self) -> bool:
+        """Start a sealer in place of the one that exited, once the pause is over; True when one runs."""
+        outage = self._outage
+        assert outage is not None
+        if time.monotonic() < outage.retry_at:
+            return False
         try:
-            self._start_sealer()
+            self._start_sealer(continuing=True)
         except (OSError, AuditStartError) as error:
-            log.error("the audit sealer could not be started again (%s): audit records are being lost", error)
-            self._closed = self._sealer_lost = True
-            return
+            if not outage.attempts:
+                log.error("the audit sealer could not be started again (%s): records are counted, not written, and "
+                          "another is tried every %.0f s at most", error, _RESTART_MAX_SECONDS)
+            outage.again_later()
+            self.failure = f"the audit sealer could not be started ({error})"
+            return False
+        self._outage = None
+        if outage.attempts:
+            log.warning("an audit sealer runs again after %d failed start(s); the trail continues", outage.attempts)
         # If this one dies too, the next delivery finds out.
-        missing = f"the audit sealer exited with status {status}; records it had not yet written are missing"
-        self._send(_gap_record(missing))
+        self._send(outage.gap_line())
+        return True
 
     def _finish(self) -> None:
+        if self._outage is not None:
+            log.error("no audit sealer could be started to close the trail: %d record(s) since %s are missing; the "
+                      "next start records the discontinuity", self._outage.dropped, when(self._outage.since))
+            self._chain.release()
+            return
         self._process.stdin.close()  # type: ignore[union-attr]
         status = self._process.wait()
         self._chain.release()
         if status != 0:
-            log.error("the audit sealer exited with status %s", status)
+            log.error("the audit sealer exited with status %s: the trail's last records may be missing", status)
 
     def close(self) -> None:
         """Seal a shutdown record and everything before it, and wait until it is on disk."""
@@ -325,6 +414,8 @@ class AuditReport:
     warnings: list[str] = field(default_factory=list)
     first_record: dict[str, Any] | None = None  # the earliest record found, whose seq may not be 0
     last_kind: str | None = None
+    # Where records are missing and the chain says so (gap and discontinuity records): not tampering.
+    discontinuities: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -379,10 +470,36 @@ def verify(paths: Iterable[str | os.PathLike[str]], key: bytes | None = None) ->
             prev_hash = record.get("hash")
             report.records += 1
             report.last_seq = record["seq"]
+            if record.get("kind") in _DISCONTINUITY_KINDS:
+                report.discontinuities.append(_discontinuity(name, record))
     report.last_kind = records_last_kind(loaded)
+    report.warnings.extend(_discontinuity_note(found) for found in report.discontinuities)
     if report.records and report.last_kind != "shutdown":
         report.warnings.append(UNFINISHED)
     return report
+
+
+_DISCONTINUITY_KINDS = (GAP_KIND, DISCONTINUITY_KIND)
+
+
+def _discontinuity(file: str, record: dict[str, Any]) -> dict[str, Any]:
+    """A gap or discontinuity record as the report lists it (older gap records carry only a reason)."""
+    return {
+        "file": file,
+        "seq": record.get("seq"),
+        "kind": record.get("kind"),
+        "cause": record.get("cause"),
+        "lost": record.get("lost"),
+        "from": record.get("from"),
+        "to": record.get("to", record.get("ts")),
+        "reason": str(record.get("reason", "")),
+    }
+
+
+def _discontinuity_note(found: dict[str, Any]) -> str:
+    at = found["to"]
+    stamp = f" ({when(at)})" if type(at) in (int, float) else ""
+    return f"{found['kind']} at seq {found['seq']}{stamp}: {found['reason']}"
 
 
 UNFINISHED = "the last record is not a shutdown record: the gateway is running, or the tail was cut"
@@ -433,6 +550,7 @@ class ChainReport:
             "writing": self.writing,
             "problems": report.problems,
             "notes": report.warnings,
+            "discontinuities": report.discontinuities,
         }
 
 
@@ -452,10 +570,16 @@ class TrailReport:
         """Audit records in all chains (the registry's are not counted)."""
         return sum(chain.report.records for chain in self.chains if chain.chain is not None)
 
+    @property
+    def discontinuities(self) -> int:
+        """Gap and discontinuity records in all chains: places where the trail says records are missing."""
+        return sum(len(chain.report.discontinuities) for chain in self.chains)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "status": "intact" if self.ok else "tampered",
             "records": self.records,
+            "discontinuities": self.discontinuities,
             "chains": [chain.to_json() for chain in self.chains],
             "problems": self.problems,
         }

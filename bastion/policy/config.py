@@ -138,6 +138,21 @@ class AuditConfig(_Strict):
     key_file: str | None = Field(
         default=None, description="key for HMAC-chained records, so an editor cannot recompute the chain"
     )
+    on_failure: Literal["continue", "refuse"] = Field(
+        default="continue",
+        description="while the trail cannot be written (a full disk): continue runs calls, counted and told in a "
+        "gap record once it can be written again; refuse answers every call with an error before it reaches a server",
+    )
+
+    @field_validator("on_failure", mode="before")
+    @classmethod
+    def _on_failure(cls, value: Any) -> Any:
+        if value not in ("continue", "refuse"):
+            raise ValueError(
+                f'policy.audit.on_failure is {value!r}; set it to "continue" (calls run while the audit trail cannot '
+                f'be written, and a gap record counts them once it can) or "refuse" (calls are refused until it can)'
+            )
+        return value
 
 
 class PolicyConfig(_Strict):

@@ -55,6 +55,10 @@ _SESSION_FACTS = "bastion.policy.session"  # (the taint record they were built f
 _REMEMBERED = "bastion.policy.approved_tools"
 _WHO = "bastion.policy.audit_who"
 _SERVER_REQUEST_REFUSED = -32600  # what the server that asked is answered
+AUDIT_FAILURE_RULE = "policy.audit.on_failure"  # the rule of a call refused while the audit trail cannot be written
+# A client's requests still answered then: its handshake and lists, which act on nothing.
+_ANSWERED_UNRECORDED = frozenset({"initialize", "server/discover", "ping", "tools/list", "resources/list",
+                                  "resources/templates/list", "prompts/list"})
 REUSED_RULE = "approval:reused"  # the audit trail's rule for a call let through by policy.approval.reuse_seconds
 _REUSE_KEY = "approval-reuse:"  # a call a person approved, in the shared state, for policy.approval.reuse_seconds
 
@@ -126,11 +130,28 @@ def _lookup(catalog: Any, kind: str, key: str) -> Any:
 
 
 class AuditTrail:
-    """Hands each request's facts to the audit writer, which builds the records."""
+    """Hands each request's facts to the audit writer, which builds the records.
 
-    def __init__(self, writer: AuditWriter | None, record_values: bool) -> None:
+    With ``refuse`` (``policy.audit.on_failure = "refuse"``), a request that comes while the writer says the trail
+    cannot be written is refused before it reaches a server or a client; only a client's handshake, ping and lists
+    are still answered (they act on nothing; a client that starts meanwhile still learns its tools, and why each call
+    is refused).
+    """
+
+    def __init__(self, writer: AuditWriter | None, record_values: bool, refuse: bool = False) -> None:
         self.writer = writer
         self._record_values = record_values
+        self.refuse = refuse and writer is not None
+
+    def refusal(self, request: GatewayRequest, trail: Trail) -> GatewayError | None:
+        """The error that refuses a request now, when the trail cannot be written and the setting says refuse."""
+        why = self.writer.failure  # type: ignore[union-attr]
+        if why is None or (request.method in _ANSWERED_UNRECORDED and request.direction != TO_CLIENT):
+            return None
+        decision = Decision.deny(AUDIT_FAILURE_RULE, f'{why}, and {AUDIT_FAILURE_RULE} is "refuse"')
+        trail.add("audit", decision)
+        return _refusal(POLICY_DENIED, f'Refused: {why}, and {AUDIT_FAILURE_RULE} = "refuse" lets nothing run '
+                        "unrecorded; calls run again once the trail can be written", decision)
 
     def hand_over(self, request: GatewayRequest, trail: Trail, outcome: Any, latency_ns: int) -> None:
         """Only what is cheap happens here; the audit sealer turns these facts into the records."""
@@ -341,6 +362,10 @@ class PolicyInterceptor:
         started = time.perf_counter_ns()
         outcome: Any = "error"
         try:
+            if self.audit.refuse:
+                refused = self.audit.refusal(request, trail)
+                if refused is not None:
+                    raise refused
             if request.direction == TO_CLIENT:
                 result = await self._server_request(request, trail, call_next)
             else:
@@ -764,7 +789,7 @@ def build_policy_runtime(
     if writer is None and config.audit.enabled:
         key = _secret(config.audit.key_file, "audit.key_file") if config.audit.key_file else None
         writer = AuditWriter(config.audit.path, config.audit.rotate_bytes, key)
-    audit = AuditTrail(writer, config.audit.arguments == "values")
+    audit = AuditTrail(writer, config.audit.arguments == "values", config.audit.on_failure == "refuse")
     state = shared_state if shared_state is not None else MemoryState(clock)
     secret = _secret(config.approval.secret_file, "approval.secret_file")
     signer = ApprovalSigner(secret, config.approval.timeout_seconds, state)

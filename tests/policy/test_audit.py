@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bastion.policy import audit_sealer
 from bastion.policy.audit import AuditStartError, AuditWriter, expand_trail, record_hash, shape_of, trail_files, verify
 
 BASTION = [sys.executable, "-m", "bastion"]
@@ -234,7 +235,7 @@ def test_a_sealer_that_dies_is_replaced_and_the_trail_records_the_gap(tmp_path: 
     assert report.ok and report.records == 22
 
 
-def test_a_replacement_sealer_that_dies_at_once_is_given_up_without_hanging(tmp_path: Path) -> None:
+def test_a_replacement_sealer_that_dies_at_once_is_replaced_again_never_given_up(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     writer = AuditWriter(path)
     writer.write({"kind": "call", "i": 0})
@@ -242,17 +243,45 @@ def test_a_replacement_sealer_that_dies_at_once_is_given_up_without_hanging(tmp_
     _kill_sealer(writer)
     writer.write({"kind": "call", "i": 1})
     _written(path, 3)  # the gap record and the call after it, written by the replacement
-    _kill_sealer(writer)
+    _kill_sealer(writer)  # at once: it is replaced all the same
     writer.write({"kind": "call", "i": 2})
-    for _ in range(400):  # the writer notices on its next drain and stops taking records
-        if writer._closed:
+    _written(path, 5)
+    assert not writer._closed and writer.failure is None
+    writer.close()
+    records = [orjson.loads(line) for line in read_lines(path)]
+    assert [r["kind"] for r in records] == ["call", "gap", "call", "gap", "call", "shutdown"]
+    assert all(r["cause"] == "sealer_exited" and "exited with status -9" in r["reason"] for r in records if r["kind"] == "gap")
+    report = verify([path])
+    assert report.ok and [found["seq"] for found in report.discontinuities] == [1, 3]
+
+
+def test_a_sealer_that_cannot_be_started_is_tried_again_and_the_gap_counts_what_came_meanwhile(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    writer = AuditWriter(path)
+    writer.write({"kind": "call", "i": 0})
+    _written(path, 1)
+    sealer_file = audit_sealer.__file__
+    try:
+        audit_sealer.__file__ = str(tmp_path / "no-such-sealer.py")  # every start fails, as on a broken install
+        _kill_sealer(writer)
+        for i in range(1, 4):
+            writer.write({"kind": "call", "i": i})
+        for _ in range(400):
+            if writer._outage is not None and writer._outage.attempts >= 1 and writer._outage.dropped == 3:
+                break
+            time.sleep(0.025)
+        assert writer.failure is not None and "could not be started" in writer.failure
+    finally:
+        audit_sealer.__file__ = sealer_file
+    for _ in range(400):  # started again once the pause is over, without a record to deliver
+        if writer._outage is None:
             break
         time.sleep(0.025)
-    assert writer._closed
-    writer.write({"kind": "call", "i": 3})  # dropped, never raises
+    writer.write({"kind": "call", "i": 4})
     writer.close()
-    kinds = [orjson.loads(line)["kind"] for line in read_lines(path)]
-    assert kinds == ["call", "gap", "call"]
+    records = [orjson.loads(line) for line in read_lines(path)]
+    assert [r["kind"] for r in records] == ["call", "gap", "call", "shutdown"]
+    assert records[1]["dropped"] == 3 and "3 record(s) handed over while no sealer ran" in records[1]["reason"]
     assert verify([path]).ok
 
 

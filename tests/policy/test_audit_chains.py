@@ -391,5 +391,10 @@ def test_a_process_killed_mid_trail_leaves_chains_that_verify(tmp_path: Path) ->
         holder.close()
     report = verify_paths([main])
     assert report.ok, report.to_json()
-    kinds = [r["kind"] for r in records_of(chain_path(main, 1))]
-    assert kinds == ["chain"] + ["call"] * 200 + ["call", "shutdown"]
+    records = records_of(chain_path(main, 1))
+    # Its successor says first that the chain was not closed: what the killed process still held is missing.
+    assert [r["kind"] for r in records] == ["chain"] + ["call"] * 200 + ["discontinuity", "call", "shutdown"]
+    assert records[201]["after_seq"] == 200 and records[201]["lost"] is None
+    killed = report.chains[1].report
+    assert [found["seq"] for found in killed.discontinuities] == [201]
+    assert any(note.startswith("discontinuity at seq 201") for note in killed.warnings)
