@@ -40,6 +40,9 @@ class _ServerItems:
     resources: list[dict[str, Any]] = field(default_factory=list)
     resourceTemplates: list[dict[str, Any]] = field(default_factory=list)
 
+# A contested name stays with the server of higher trust (bastion.gateway.naming.owner).
+TRUST_STANDING = {"untrusted": 0, "reviewed": 1, "trusted": 2}
+
 
 class BadCursor(ValueError):
     pass
@@ -93,7 +96,7 @@ class Catalog:
         """Client-facing names for every server's tools or prompts, and the way from (server, original) to them."""
         entries = [(s, self._servers[s].prefix, item["name"]) for s in self._order
                    for item in getattr(self._items[s], kind)]
-        names, collisions = assign_names(entries)
+        names, collisions = assign_names(entries, {s: TRUST_STANDING.get(f.trust, 0) for s, f in self._servers.items()})
         for c in collisions:
             log.warning("%s name %r is offered by %s; %s", kind[:-1], c.exposed, " and ".join(c.servers), c.resolution)
         return names, {(n.server, n.original): n.exposed for n in names.values()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 SEPARATOR = "__"
 MAX_NAME_LENGTH = 64
@@ -47,12 +47,16 @@ class Collision:
     resolution: str
 
 
-def assign_names(entries: Iterable[tuple[str, str, str]]) -> tuple[dict[str, Named], list[Collision]]:
+def assign_names(entries: Iterable[tuple[str, str, str]], standing: Mapping[str, int] | None = None,
+                 ) -> tuple[dict[str, Named], list[Collision]]:
     """Name every ``(server, prefix, original)`` entry uniquely.
 
-    When two entries would be exposed under the same name, neither keeps it: each is qualified with its server
-    name instead (and, should that still collide, with a hash of server and name), and the collision is
-    reported. No entry ever silently shadows another.
+    When two entries would be exposed under the same name, the one that clearly owns it keeps it (``owner``): a
+    server of higher ``standing`` (its trust), or among equals the one whose name it is under its own prefix (a
+    server with no prefix offering ``ev__write`` does not take the name from the server whose prefix is ``ev``). The
+    others, or all of them when none clearly owns it, are qualified with their server name instead (and, should that
+    still collide, with a hash of server and name), and the collision is reported. No entry ever silently shadows
+    another, and no server can take another's name by offering one that looks like it.
     """
     entries = list(entries)
     wanted: dict[str, list[tuple[str, str, str]]] = {}
@@ -60,15 +64,22 @@ def assign_names(entries: Iterable[tuple[str, str, str]]) -> tuple[dict[str, Nam
         wanted.setdefault(expose(prefix, original), []).append((server, prefix, original))
     names: dict[str, Named] = {}
     collisions: list[Collision] = []
+    kept: dict[str, tuple[str, str, str]] = {}
     for exposed, claimants in wanted.items():
-        if len(claimants) == 1:
-            server, _, original = claimants[0]
+        keeper = claimants[0] if len(claimants) == 1 else owner(claimants, standing or {})
+        if keeper is not None:
+            server, _, original = keeper
             names[exposed] = Named(exposed, server, original)
+            kept[exposed] = keeper
     for exposed, claimants in wanted.items():
         if len(claimants) == 1:
             continue
+        keeper = kept.get(exposed)
         renamed = []
-        for server, _, original in claimants:
+        for claimant in claimants:
+            if claimant is keeper:
+                continue
+            server, _, original = claimant
             candidate = expose(server, original)
             attempt = 0
             while candidate in names or candidate in wanted:
@@ -78,7 +89,21 @@ def assign_names(entries: Iterable[tuple[str, str, str]]) -> tuple[dict[str, Nam
                 attempt += 1
             names[candidate] = Named(candidate, server, original)
             renamed.append(candidate)
-        collisions.append(
-            Collision(exposed, tuple(c[0] for c in claimants), "renamed to " + ", ".join(renamed))
-        )
+        resolution = "renamed to " + ", ".join(renamed)
+        if keeper is not None:
+            resolution = f"kept by server {keeper[0]!r}, whose name it is; the other{'s' if len(renamed) > 1 else ''} " \
+                         + resolution
+        collisions.append(Collision(exposed, tuple(c[0] for c in claimants), resolution))
     return names, collisions
+
+
+def owner(claimants: list[tuple[str, str, str]], standing: Mapping[str, int]) -> tuple[str, str, str] | None:
+    """The one claimant of a contested name that clearly owns it, None when none does: the one of highest standing,
+    and among those the only one whose own prefix puts the name in its namespace (a prefix, rather than none)."""
+    def rank(claimant: tuple[str, str, str]) -> tuple[int, int]:
+        server, prefix, _ = claimant
+        return standing.get(server, 0), 1 if prefix else 0
+
+    best = max(rank(claimant) for claimant in claimants)
+    leaders = [claimant for claimant in claimants if rank(claimant) == best]
+    return leaders[0] if len(leaders) == 1 else None
