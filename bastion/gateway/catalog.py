@@ -63,7 +63,7 @@ class Catalog:
         self._prompt_list: list[dict[str, Any]] = []
         self._resource_owner: dict[str, str] = {}
         self._resource_list: list[dict[str, Any]] = []
-        self._template_owners: list[tuple[re.Pattern[str], str, str]] = []
+        self._template_owners: list[_Template] = []
 
     # ------------------------------------------------------------------------------------------ updates
     def update(self, server: str, kind: str, items: list[dict[str, Any]]) -> bool:
@@ -124,28 +124,81 @@ class Catalog:
         self._prompts = names
         self._prompt_list = sorted(prompts, key=lambda p: p["name"])
 
+    def _standing(self, server: str) -> int:
+        return TRUST_STANDING.get(self._servers[server].trust, 0)
+
     def _rebuild_resources(self) -> None:
+        # A URI offered by several servers is read from the one of highest trust, then the first in the configuration:
+        # a server of lower trust cannot take a URI from one of higher.
         owners: dict[str, str] = {}
-        listed: list[dict[str, Any]] = []
-        for server in self._order:
+        for server in sorted(self._order, key=self._standing, reverse=True):  # stable: configuration order within
             for resource in self._items[server].resources:
                 uri = resource["uri"]
                 if uri in owners:
                     if owners[uri] != server:
-                        log.warning("resource %s is offered by %s and %s; it is listed and read from %s "
-                                    "(listed first in the configuration)", uri, owners[uri], server, owners[uri])
+                        log.warning("resource %s is offered by %s and %s; it is listed and read from %s (%s)", uri,
+                                    owners[uri], server, owners[uri], self._why_first(owners[uri], server))
                     continue
                 owners[uri] = server
-                listed.append(resource)
+        listed: list[dict[str, Any]] = []  # in configuration order, each URI once, as its owner offers it
+        seen: set[str] = set()
+        for server in self._order:
+            for resource in self._items[server].resources:
+                uri = resource["uri"]
+                if owners[uri] == server and uri not in seen:
+                    seen.add(uri)
+                    listed.append(resource)
         self._resource_owner = owners
         self._resource_list = listed
 
+    def _why_first(self, winner: str, other: str) -> str:
+        if self._standing(winner) > self._standing(other):
+            return f"trusted more: {self._servers[winner].trust} over {self._servers[other].trust}"
+        return "listed first in the configuration"
+
     def _rebuild_templates(self) -> None:
         self._template_owners = [
-            (_template_pattern(t["uriTemplate"]), t["uriTemplate"], server)
+            _Template(_template_pattern(t["uriTemplate"]), t["uriTemplate"], server, self._standing(server),
+                      _specificity(t["uriTemplate"]))
             for server in self._order
             for t in self._items[server].resourceTemplates
         ]
+        self._warn_of_overlaps()
+
+    def _warn_of_overlaps(self) -> None:
+        """Say which templates of different servers can match the same URI, and which one answers it."""
+        templates = self._template_owners
+        if len(templates) > OVERLAP_CHECK_LIMIT:
+            return
+        for index, first in enumerate(templates):
+            for second in templates[index + 1:]:
+                if first.server == second.server:
+                    continue
+                for one, other in ((first, second), (second, first)):
+                    sample = _sample_uri(other.template)
+                    if one.pattern.fullmatch(sample):
+                        winner = self._read_through(sample)
+                        log.warning("resource templates %s of server %s and %s of server %s overlap (both match %s); "
+                                    "such a URI is read from %s (%s)", first.template, first.server,
+                                    second.template, second.server, sample, winner[0] if winner else "neither",
+                                    "more trusted, then more specific, then listed first")
+                        break
+
+    def _read_through(self, uri: str) -> tuple[str, str, str] | None:
+        """What answers a read of ``uri``: (server, kind, key), kind ``resources`` (key the URI) or
+        ``resourceTemplates`` (key the template). The server of highest trust that offers the URI or a template
+        matching it; among those a listed resource before a template, and the most specific template (most literal
+        characters) before another; then the first in the configuration."""
+        best: tuple[str, str, str] | None = None
+        best_rank: tuple[int, int, int] | None = None
+        owner = self._resource_owner.get(uri)
+        if owner is not None:
+            best, best_rank = (owner, "resources", uri), (self._standing(owner), 1, 0)
+        for template in self._template_owners:
+            rank = (template.standing, 0, template.specificity)
+            if (best_rank is None or rank > best_rank) and template.pattern.fullmatch(uri):
+                best, best_rank = (template.server, "resourceTemplates", template.template), rank
+        return best
 
     # ------------------------------------------------------------------------------------------ lookups
     def tool(self, exposed_name: str) -> ToolEntry | None:
@@ -170,16 +223,14 @@ class Catalog:
     def resource_definition(self, uri: str) -> tuple[str, str, dict[str, Any]] | None:
         """What a read of ``uri`` is answered from, listed or not: the server, the kind (``resources`` or
         ``resourceTemplates``) and the definition of the resource it names or the template it matches."""
-        owner = self._resource_owner.get(uri)
-        if owner is not None:
-            for resource in self._items[owner].resources:
-                if resource["uri"] == uri:
-                    return owner, "resources", resource
-        for pattern, template, server in self._template_owners:
-            if pattern.fullmatch(uri):
-                for definition in self._items[server].resourceTemplates:
-                    if definition["uriTemplate"] == template:
-                        return server, "resourceTemplates", definition
+        found = self._read_through(uri)
+        if found is None:
+            return None
+        server, kind, key = found
+        field = "uri" if kind == "resources" else "uriTemplate"
+        for definition in getattr(self._items[server], kind):
+            if definition[field] == key:
+                return server, kind, definition
         return None
 
     def server_trust(self, server: str) -> str | None:
@@ -188,18 +239,13 @@ class Catalog:
         return facts.trust if facts is not None else None
 
     def resource_owner(self, uri: str) -> str | None:
-        owner = self._resource_owner.get(uri)
-        if owner is not None:
-            return owner
-        for pattern, _, server in self._template_owners:
-            if pattern.fullmatch(uri):
-                return server
-        return None
+        found = self._read_through(uri)
+        return found[0] if found is not None else None
 
     def template_owner(self, uri_template: str) -> str | None:
-        for _, template, server in self._template_owners:
-            if template == uri_template:
-                return server
+        owners = [t for t in self._template_owners if t.template == uri_template]
+        if owners:
+            return max(owners, key=lambda t: t.standing).server  # max keeps the first of equals
         return self.resource_owner(uri_template)
 
     def listing(self, kind: str) -> list[dict[str, Any]]:
@@ -229,6 +275,31 @@ def _usable(server: str, kind: str, item: dict[str, Any]) -> bool:
         return True
     log.warning("server %s: one of its %s is left out, as %s: %.200s", server, kind, problem, orjson.dumps(item).decode())
     return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    pattern: re.Pattern[str]
+    template: str
+    server: str
+    standing: int
+    specificity: int
+
+
+# Templates compared pairwise for overlaps at most (a catalog with more is not checked, only read by the rule).
+OVERLAP_CHECK_LIMIT = 200
+_EXPRESSION = re.compile(r"\{[^}]*\}")
+
+
+def _specificity(template: str) -> int:
+    """How much of ``template`` is literal: a catch-all ``scheme://{+rest}`` is less specific than
+    ``scheme://notes/{id}``."""
+    return len(_EXPRESSION.sub("", template))
+
+
+def _sample_uri(template: str) -> str:
+    """A URI ``template`` expands to (each expression as one letter)."""
+    return _EXPRESSION.sub("x", template)
 
 
 def _template_pattern(template: str) -> re.Pattern[str]:

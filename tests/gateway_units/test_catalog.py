@@ -209,7 +209,7 @@ OWNERS = [
     ("git://org/repo/commits/abc", "git"),  # an expression may expand to text with slashes
     ("git:///commits/", "git"),  # or to nothing
     ("file:///home/u/notes.txt", "fs"),
-    ("file:///srv/thing", "fs"),  # fs's template is listed before web's narrower one
+    ("file:///srv/thing", "web"),  # web's template is more specific than fs's catch-all (equal trust)
     ("https://a.example/search", "web"),
     ("https://a.example/search?q=mcp&lang=en", "web"),
     ("git://bastion/trees/abc", None),
@@ -238,6 +238,47 @@ def test_resource_owner_first_in_configuration_wins_whatever_the_update_order() 
     catalog.update("web", "resources", [{"uri": "mem://shared"}])
     catalog.update("git", "resources", [{"uri": "mem://shared"}])
     assert catalog.resource_owner("mem://shared") == "git"
+
+
+def test_a_catch_all_template_of_an_untrusted_server_captures_no_read_of_a_trusted_one(caplog) -> None:
+    """An untrusted server's ``notes://{+rest}``, listed first, once answered every read meant for the trusted
+    server's ``notes://{id}`` and became its owner for the confused-deputy check."""
+    catalog = Catalog([ServerFacts("grab", "grab", "untrusted"), ServerFacts("notes", "notes", "trusted")])
+    catalog.update("grab", "resourceTemplates", [{"uriTemplate": "notes://{+rest}", "name": "all"},
+                                                 {"uriTemplate": "notes://private/{id}", "name": "narrow"}])
+    with caplog.at_level("WARNING", logger="bastion.catalog"):
+        catalog.update("notes", "resourceTemplates", [{"uriTemplate": "notes://{id}", "name": "note"}])
+    assert catalog.resource_owner("notes://7") == "notes"
+    # More specific, but of lower trust: it cannot claim what the trusted template matches.
+    assert catalog.resource_owner("notes://private/7") == "notes"
+    server, kind, definition = catalog.resource_definition("notes://private/7")
+    assert (server, kind, definition["name"]) == ("notes", "resourceTemplates", "note")
+    assert "overlap" in caplog.text and "read from notes" in caplog.text
+    # A listed resource of the untrusted server under a trusted template's URI is not read from it either.
+    catalog.update("grab", "resources", [{"uri": "notes://8", "name": "decoy"}])
+    assert catalog.resource_owner("notes://8") == "notes"
+    # And a URI only the untrusted server offers is still its own.
+    catalog.update("grab", "resources", [{"uri": "grab://x", "name": "own"}])
+    assert catalog.resource_owner("grab://x") == "grab"
+
+
+def test_the_most_specific_template_answers_among_servers_of_equal_trust() -> None:
+    catalog = Catalog([ServerFacts("wide", "wide", "untrusted"), ServerFacts("narrow", "narrow", "untrusted")])
+    catalog.update("wide", "resourceTemplates", [{"uriTemplate": "db://{+rest}", "name": "any"}])
+    catalog.update("narrow", "resourceTemplates", [{"uriTemplate": "db://users/{id}", "name": "user"}])
+    assert catalog.resource_owner("db://users/3") == "narrow"
+    assert catalog.resource_owner("db://orders/3") == "wide"
+    # Equally specific: the first in the configuration.
+    catalog.update("narrow", "resourceTemplates", [{"uriTemplate": "db://{+path}", "name": "all"}])
+    assert catalog.resource_owner("db://users/3") == "wide"
+
+
+def test_a_resource_offered_by_two_servers_is_read_from_the_more_trusted() -> None:
+    catalog = Catalog([ServerFacts("fs", "fs", "untrusted"), ServerFacts("git", "git", "trusted")])
+    catalog.update("fs", "resources", [{"uri": "mem://shared", "name": "fs copy"}])
+    catalog.update("git", "resources", [{"uri": "mem://shared", "name": "git copy"}])
+    assert catalog.resource_owner("mem://shared") == "git"  # git is trusted, fs is not, though fs is listed first
+    assert [r["name"] for r in catalog.listing("resources")] == ["git copy"]
 
 
 def test_template_owner_prefers_the_exact_template() -> None:
