@@ -79,6 +79,8 @@ class Session:
     # The host API and ``bastion tools`` find tools themselves: the exposure modes, which are for MCP clients, pass
     # their requests as they are (every other interceptor sees them as any client's).
     finds_tools_itself: bool = False
+    # The client reaches Bastion over the network (HTTP): what answers there is most often an agent, not a person.
+    over_network: bool = False
 
 
 @dataclass(frozen=True, slots=True)

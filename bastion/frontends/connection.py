@@ -50,10 +50,12 @@ class ClientConnection:
         close: Callable[[], None] = lambda: None,
         drain: Callable[[], Awaitable[None]] | None = None,
         era: str | None = None,
+        over_network: bool = False,
     ) -> None:
         self.id = gateway.connection_id()
         self.gateway = gateway
         self.identity = identity
+        self._over_network = over_network
         self.protocol = ServerSession(server_info=SERVER_INFO, max_message_bytes=gateway.config.max_message_bytes,
                                       era=era)
         self._send_bytes = send
@@ -211,7 +213,7 @@ class ClientConnection:
         async def answer() -> jsonrpc.Message:
             try:
                 self._session = Session(self.identity, "legacy", event.protocol_version, event.client_capabilities,
-                                        event.client_info, self.id, client=self)
+                                        event.client_info, self.id, client=self, over_network=self._over_network)
                 self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
                 await self.gateway.wait_ready()
 
@@ -244,11 +246,12 @@ class ClientConnection:
         if waiting is not None:
             await waiting
         session = Session(self.identity, "modern", event.protocol_version, event.client_capabilities,
-                          event.client_info, self.id, client=self)
+                          event.client_info, self.id, client=self, over_network=self._over_network)
         return await self._dispatch_modern(event.request, session, event.log_level)
 
     def _anonymous_session(self) -> Session:
-        return Session(self.identity, self.era or "legacy", "", {}, None, self.id, client=self)
+        return Session(self.identity, self.era or "legacy", "", {}, None, self.id, client=self,
+                       over_network=self._over_network)
 
     async def _discover(self, event: Discover) -> jsonrpc.Message:
         waiting = self._servers_wait()

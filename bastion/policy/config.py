@@ -101,6 +101,13 @@ class ApprovalConfig(_Strict):
         default="refuse",
         description="when the client cannot ask the person: refuse, or wait in the local approval queue",
     )
+    approver: Literal["auto", "client", "out_of_band"] = Field(
+        default="auto",
+        description="who may answer an approval: client (the client's own prompt, elicitation, which an agent that "
+        "declares elicitation can answer itself), out_of_band (only a person through `bastion approve`: the client "
+        "is never asked), or auto: the client over stdio (a person at a desktop client), out_of_band over HTTP "
+        "(most often an agent at the client)",
+    )
     timeout_seconds: float = Field(default=120.0, gt=0, description="unanswered approvals are denied after this")
     remember: Literal["never", "session"] = Field(
         default="never", description="session: one approval covers later calls of that tool in the session"

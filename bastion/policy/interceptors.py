@@ -452,6 +452,14 @@ class ApprovalStage:
         # Where calls a person approved are kept for policy.approval.reuse_seconds (nothing when it is 0).
         self._state = state if state is not None else MemoryState()
         self._reuse = self.settings.reuse_seconds
+        self._approver = self.settings.approver
+        self._queue_as_fallback = self.settings.fallback == "queue"
+
+    def _client_approves(self, session: Session) -> bool:
+        """Whether the client may be asked to approve (policy.approval.approver): never out of band, and under auto
+        only a client on stdio, where a person sits at it; over HTTP the client is most often an agent, which would
+        approve its own call."""
+        return self._approver == "client" or (self._approver == "auto" and not session.over_network)
 
     def run(
         self, request: GatewayRequest, trail: Trail, call_next: Handler, entry: ToolEntry | None = None
@@ -489,7 +497,8 @@ class ApprovalStage:
                 REUSED_RULE, f"a person approved the identical call less than {self._reuse:g} s ago "
                              "(policy.approval.reuse_seconds)"))
             return await call_next(request)
-        if session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
+        by_client = self._client_approves(session)
+        if by_client and session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
             trail.add("approval", Decision(Effect.APPROVAL, trail.approval.rule, "asked the person (input_required)"))
             params = approval_elicitation(server, label, arguments, self.settings.show_argument_values, True,
                                           taint_note(session, server), session.identity.describe())
@@ -498,8 +507,9 @@ class ApprovalStage:
                 "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": params}},
                 "requestState": self.signer.issue(*key),
             }
-        ask_client = session.era != "modern" and session.client is not None and session.client.supports("elicitation")
-        if ask_client or self.queue is not None:
+        ask_client = by_client and session.era != "modern" and session.client is not None and \
+            session.client.supports("elicitation")
+        if ask_client or (self.queue is not None and (self._queue_as_fallback or not by_client)):
             problem = await self._wait_for_person(request, trail, server, label, arguments, ask_client)
             return await self._settle(request, call_next, trail, key, name, problem)
         decision = Decision.deny(trail.approval.rule, "needs approval and the client cannot ask the person")
@@ -793,7 +803,9 @@ def build_policy_runtime(
     state = shared_state if shared_state is not None else MemoryState(clock)
     secret = _secret(config.approval.secret_file, "approval.secret_file")
     signer = ApprovalSigner(secret, config.approval.timeout_seconds, state)
-    queue = ApprovalQueue(config.approval.queue_dir) if config.approval.fallback == "queue" else None
+    # A call approved out of band waits in the queue whatever the fallback says.
+    queued = config.approval.fallback == "queue" or config.approval.approver != "client"
+    queue = ApprovalQueue(config.approval.queue_dir) if queued else None
     limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
     approval = ApprovalStage(config, signer, queue, pre_approved, state)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)

@@ -47,7 +47,8 @@ class ModernPosts:
         if top.kind == "notification":
             # It passes the chain like any client's notification (cancellation itself travels as a closed stream on
             # HTTP), then is acknowledged; a notification has no reply to carry a refusal.
-            connection = ClientConnection(self.gateway, lambda frame, message: None, identity=identity, era="modern")
+            connection = ClientConnection(self.gateway, lambda frame, message: None, identity=identity, era="modern",
+                                          over_network=True)
             try:
                 connection.feed(body, decoded)
                 await connection.notifications_passed()
@@ -83,7 +84,7 @@ class ModernPosts:
             final, _, error_code = answer_to(message)
             exchange.deliver(frame, final, error_code)
 
-        connection = ClientConnection(self.gateway, route, identity=identity, close=lambda: None)
+        connection = ClientConnection(self.gateway, route, identity=identity, close=lambda: None, over_network=True)
         self.connections.add(connection)
         try:
             connection.feed(body, decoded)

@@ -47,7 +47,7 @@ class LegacySession:
         self.resumable: dict[str, Exchange] = {}
         self._stream_numbers = itertools.count(1)
         self.connection = ClientConnection(frontend.gateway, self.route, identity=identity,
-                                           close=self._close_soon)
+                                           close=self._close_soon, over_network=True)
 
     def renew(self, identity: Identity) -> None:
         """The same caller with another credential (a refreshed token, or one stepped up to more scopes): what
@@ -183,7 +183,8 @@ class SseSession:
         self.identity = identity
         self.stream = stream
         self.releases: dict[Any, Callable[[], None]] = {}
-        self.connection = ClientConnection(frontend.gateway, self.route, identity=identity, close=stream.finish)
+        self.connection = ClientConnection(frontend.gateway, self.route, identity=identity, close=stream.finish,
+                                           over_network=True)
 
     def renew(self, identity: Identity) -> None:
         """As a Streamable HTTP session's: the same caller's newer credential decides from here on."""
