@@ -221,7 +221,14 @@ class HttpConfig(BaseModel):
                                   "flight from all clients together")
     retry_after_seconds: int = Field(
         default=1, ge=0, description="what a refusal for a full server or too many connections tells the client")
-    max_sessions: int = Field(default=10000, ge=1, description="open handshake-era sessions at most")
+    max_sessions: int = Field(
+        default=10000, ge=1, description="open sessions at most, handshake-era Streamable HTTP and HTTP+SSE together")
+    max_sessions_per_identity: int = Field(
+        default=100, ge=1, description="open sessions (both kinds) one authenticated identity may hold; past it a "
+                                       "new one is refused with 429, while other identities still get theirs")
+    max_sessions_per_address: int = Field(
+        default=100, ge=1, description="without authentication (every caller is the configured identity): open "
+                                       "sessions one client address may hold, an IPv6 address counted by its /64")
     session_idle_timeout: float = Field(default=3600.0, gt=0, description="seconds after which a quiet session ends")
     heartbeat_seconds: float = Field(default=15.0, gt=0, description="an SSE comment after this long without events")
     stream_buffer_messages: int = Field(
@@ -258,6 +265,16 @@ class HttpConfig(BaseModel):
         if self.max_connections_per_address >= self.max_connections:
             raise ValueError(f"max_connections_per_address ({self.max_connections_per_address}) must be below "
                              f"max_connections ({self.max_connections}), or one address can take every connection")
+        return self
+
+    @model_validator(mode="after")
+    def _quotas_below_the_bound(self) -> "HttpConfig":
+        # Left at its default, a quota above a smaller max_sessions is simply never reached; set above it, it says
+        # something the gateway cannot do.
+        for key in ("max_sessions_per_identity", "max_sessions_per_address"):
+            if key in self.model_fields_set and getattr(self, key) > self.max_sessions:
+                raise ValueError(f"http.{key} ({getattr(self, key)}) is more than http.max_sessions "
+                                 f"({self.max_sessions}), which bounds every session: lower it, or raise max_sessions")
         return self
 
 

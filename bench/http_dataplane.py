@@ -315,8 +315,11 @@ def bastion_config(workdir: Path, python: str, auth: dict[str, Any] | None = Non
     config = workdir / ("bastion-http-auth.json" if auth else "bastion-http.json")
     config.write_bytes(orjson.dumps({
         "mcpServers": {"echo": {"command": python, "args": [str(ECHO_SERVER)], "autoApprove": ["echo"]}},
-        # 64 clients with a call each: the per-server bound must not refuse the 64th.
-        "http": {"max_in_flight_per_server": 4 * CLIENTS},
+        # 64 clients with a call each: the per-server bound must not refuse the 64th. Every client (and the idle
+        # sessions of the memory figure, 1000 by default) is one loopback address, or one API key: one caller, whose
+        # session quota must not refuse the 101st.
+        "http": {"max_in_flight_per_server": 4 * CLIENTS, "max_sessions_per_address": 10000,
+                 "max_sessions_per_identity": 10000},
         **({"auth": auth} if auth else {}),
     }, option=orjson.OPT_INDENT_2))
     return config

@@ -226,8 +226,9 @@ def test_bastion_check_refuses_a_bad_auth_table_without_echoing_its_secret(tmp_p
 
 
 async def test_a_refusal_at_admission_is_audited_as_the_chains_refusals_are(tmp_path: Path) -> None:
-    """Refusals before the chain (a method's scope, a server's in-flight gate, a 2026-07-28 header contradicting its
-    body) are in the audit trail: a decision record naming the stage and rule, and a call record with the outcome."""
+    """Refusals before the chain (a method's scope, a server's in-flight gate, a session past its caller's quota, a
+    2026-07-28 header contradicting its body) are in the audit trail: a decision record naming the stage and rule,
+    and a call record with the outcome."""
     (tmp_path / "allow.cedar").write_text("permit (principal, action, resource);\n")
     audit = tmp_path / "audit.jsonl"
     call = {"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "fx__test_simple_text",
@@ -236,7 +237,7 @@ async def test_a_refusal_at_admission_is_audited_as_the_chains_refusals_are(tmp_
         config = write_config(tmp_path, issuer)
         body = json.loads(config.read_text())
         body["policy"] = {"policy_files": [str(tmp_path / "allow.cedar")], "audit": {"path": str(audit)}}
-        body["http"] = {"max_in_flight_per_server": 1}
+        body["http"] = {"max_in_flight_per_server": 1, "max_sessions_per_identity": 1}
         body["servers"]["fx"]["env"] = {"FIXTURE_EVENTS": str(tmp_path / "events.log")}
         config.write_text(json.dumps(body))
         process, url = start(config, tmp_path / "bastion.stderr")
@@ -244,6 +245,9 @@ async def test_a_refusal_at_admission_is_audited_as_the_chains_refusals_are(tmp_
             served = Gateway(url, url[: -len("/mcp")], tmp_path / "bastion.stderr", process, issuer)
             async with httpx2.AsyncClient(timeout=120) as http:
                 session = await open_session(http, served, issuer.token())
+                # The caller's one session is its quota: a second initialize is refused at admission.
+                over = await http.post(url, headers=auth(issuer.token()), json=INIT)
+                assert over.status_code == 429 and over.json()["error"]["code"] == -32000
                 refused = await http.post(url, headers={**auth(issuer.token(scope="mcp")), **session}, json=call)
                 assert refused.status_code == 403
                 # One call holds the server's only slot; the next is refused at the gate.
@@ -275,7 +279,11 @@ async def test_a_refusal_at_admission_is_audited_as_the_chains_refusals_are(tmp_
     assert decision["rule"] == "http.auth.scopes" and decision["what"]["target"] == "fx__test_simple_text"
     gated = [r for r in records if r["kind"] == "decision" and r["rule"] == "http.max_in_flight_per_server"]
     assert len(gated) == 1 and gated[0]["stages"][0]["stage"] == "admission"
+    [quota] = [r for r in records if r["kind"] == "decision" and r["rule"] == "http.max_sessions_per_identity"]
+    assert quota["stages"][0]["stage"] == "admission" and quota["what"]["method"] == "initialize"
     mismatched = [r for r in records if r["kind"] == "decision" and r["rule"] == "http.header-mismatch"]
     assert len(mismatched) == 1 and mismatched[0]["what"]["target"] == "fx__test_simple_text"
     outcomes = [r["outcome"] for r in records if r["kind"] == "call" and r["what"].get("method") == "tools/call"]
     assert 403 in outcomes and -32000 in outcomes and -32020 in outcomes
+    assert [r["outcome"] for r in records if r["kind"] == "call" and r["what"].get("method") == "initialize"] == [
+        "complete", -32000]

@@ -34,12 +34,14 @@ class Served:
 
 
 def start_bastion(tmp: Path, http: dict[str, Any] | None = None, *, extra_args: tuple[str, ...] = (),
-                  servers: dict[str, Any] | None = None) -> Served:
-    """``servers`` replaces the SDK fixture server, federated as ``fx``, with other entries."""
+                  servers: dict[str, Any] | None = None, auth: dict[str, Any] | None = None) -> Served:
+    """``servers`` replaces the SDK fixture server, federated as ``fx``, with other entries; ``auth`` is the auth
+    table (paths in it relative to ``tmp``)."""
     events = tmp / "events.log"
     config = tmp / "bastion.json"
     # Every tool listed: these tests are about the HTTP frontend, not the exposure the fixture's 25 tools would get.
     config.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT,
+                                  **({"auth": auth} if auth is not None else {}),
                                   "http": http or {}, "servers": servers or {
         SERVER: {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")],
                  "env": {"FIXTURE_EVENTS": str(events)}, "request_timeout": 900,

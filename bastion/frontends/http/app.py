@@ -21,6 +21,7 @@ from bastion.frontends.http.answers import RETRY_MS, Answers
 from bastion.frontends.http.exchanges import Exchange, Peeked
 from bastion.frontends.http.guards import accepts
 from bastion.frontends.http.modern import ModernPosts
+from bastion.frontends.http.quotas import Holder, SessionQuotas, holder_of
 from bastion.frontends.http.sessions import LegacySession, SseSession
 from bastion.frontends.http.streams import SseStream, priming_event, sse_event
 from bastion.frontends.http.wire import (
@@ -66,6 +67,7 @@ class HttpFrontend:
         self._metadata = orjson.dumps(self.auth.metadata) if self.auth.metadata is not None else None
         self.sessions: dict[str, LegacySession] = {}
         self.sse_sessions: dict[str, SseSession] = {}
+        self.quotas = SessionQuotas(settings)  # both kinds, by holder: the gateway's bound and each caller's quota
         self._reaper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------ lifetime
@@ -86,7 +88,11 @@ class HttpFrontend:
     async def end_session(self, session: LegacySession) -> None:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
+            self.quotas.release(session.holder, session)
         await session.close()
+
+    def _holder(self, identity: Identity, peer: str) -> Holder:
+        return holder_of(identity, peer, authenticated=self.auth.required, settings=self.settings)
 
     async def _reap_idle_sessions(self) -> None:
         timeout = self.settings.session_idle_timeout
@@ -94,7 +100,8 @@ class HttpFrontend:
             await asyncio.sleep(min(60.0, timeout / 4))
             now = time.monotonic()
             for session in list(self.sessions.values()):
-                if session.get_stream is None and not session.exchanges and now - session.last_seen > timeout:
+                ends = session.ends_by_itself_at(timeout)
+                if ends is not None and now > ends:
                     log.info("session %s… ended after %.0f s without requests", session.id[:8], timeout)
                     await self.end_session(session)
 
@@ -112,7 +119,7 @@ class HttpFrontend:
             if path in MCP_PATHS:
                 identity = await self.admission.authenticate(scope, headers, "mcp", peer)
                 if method == "POST":
-                    await self._post(scope, headers, identity, receive, send)
+                    await self._post(scope, headers, identity, peer, receive, send)
                 elif method == "GET":
                     await self._get(headers, identity, receive, send)
                 elif method == "DELETE":
@@ -121,7 +128,8 @@ class HttpFrontend:
                     raise HttpError(405, -32600, f"{method} is not used on /mcp (POST, GET or DELETE)",
                                     headers=((b"allow", b"GET, POST, DELETE"),))
             elif path == "/sse" and method == "GET":
-                await self._sse_open(headers, await self.admission.authenticate(scope, headers, "sse", peer), receive, send)
+                await self._sse_open(headers, await self.admission.authenticate(scope, headers, "sse", peer), peer,
+                                     receive, send)
             elif path == "/messages" and method == "POST":
                 await self._sse_post(scope, headers, await self.admission.authenticate(scope, headers, "messages", peer),
                                      receive, send)
@@ -132,7 +140,8 @@ class HttpFrontend:
             else:
                 raise HttpError(404, -32600, f"nothing at {path}; the MCP endpoint is /mcp (or /sse for HTTP+SSE)")
         except HttpError as exc:
-            await json_response(send, exc.status, error_body(exc.request_id, exc.code, exc.message), exc.headers)
+            await json_response(send, exc.status, error_body(exc.request_id, exc.code, exc.message, exc.data),
+                                exc.headers)
         except Gone:
             pass  # the client left while sending its request: nobody to answer
 
@@ -147,7 +156,7 @@ class HttpFrontend:
 
 
     # ------------------------------------------------------------------------------ Streamable HTTP
-    async def _post(self, scope: Scope, headers: dict[str, str], identity: Identity, receive: Receive,
+    async def _post(self, scope: Scope, headers: dict[str, str], identity: Identity, peer: str, receive: Receive,
                     send: Send) -> None:
         accept = headers.get("accept")
         if not (accepts(accept, "application/json") or accepts(accept, "text/event-stream")):
@@ -164,11 +173,17 @@ class HttpFrontend:
             await self.modern.post(body, decoded, top, message, headers, identity, receive, send)
         elif top.method == "initialize":
             self.admission.check_method_scopes(identity, top)
-            if len(self.sessions) >= self.settings.max_sessions:
-                raise HttpError(503, -32000, f"{self.settings.max_sessions} sessions are open, the most this gateway "
-                                             "keeps (http.max_sessions); retry later", top.id)
-            session = LegacySession(self, identity)
+            holder = self._holder(identity, peer)
+            try:
+                self.quotas.check(holder, top.id)
+            except HttpError as refusal:
+                if refusal.status == 429:
+                    self.admission.audit_refusal(identity, top, "admission", holder.setting, refusal.message,
+                                                 refusal.code)
+                raise
+            session = LegacySession(self, identity, holder)
             self.sessions[session.id] = session
+            self.quotas.take(holder, session)
             await self._legacy_post(session, body, decoded, top, headers, receive, send)
         elif top.kind in ("request", "notification") and is_modern_first_message(
                 top.method or "", top.params if isinstance(top.params, dict) else None):
@@ -262,18 +277,24 @@ class HttpFrontend:
         await empty_response(send, 200)
 
     # ------------------------------------------------------------------------------ HTTP+SSE (2024-11-05)
-    async def _sse_open(self, headers: dict[str, str], identity: Identity, receive: Receive, send: Send) -> None:
+    async def _sse_open(self, headers: dict[str, str], identity: Identity, peer: str, receive: Receive,
+                        send: Send) -> None:
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "GET /sse is text/event-stream; the Accept header refuses it")
+        holder = self._holder(identity, peer)
+        self.quotas.check(holder)
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
                            notice=self.answers.overflow_notice("this session ends; connect again", event="message"))
-        session = SseSession(self, identity, stream)
+        session = SseSession(self, identity, holder, stream)
         self.sse_sessions[session.id] = session
+        self.quotas.take(holder, session)
         stream.push(sse_event(f"/messages?session_id={session.id}".encode(), event="endpoint"))
         try:
             await self.answers.stream_until_gone(stream, receive)
         finally:
             self.sse_sessions.pop(session.id, None)
+            self.quotas.release(holder, session)
+            log.debug("HTTP+SSE session %s… ended: its stream closed", session.id[:8])
             for release in session.releases.values():
                 release()
             await session.connection.closed()

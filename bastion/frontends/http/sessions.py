@@ -14,6 +14,7 @@ import orjson
 
 from bastion.frontends.connection import ClientConnection
 from bastion.frontends.http.exchanges import Exchange, answer_to
+from bastion.frontends.http.quotas import Holder
 from bastion.frontends.http.streams import ReplayLog, SseStream, sse_event
 from bastion.model import Identity
 from bastion.protocol.jsonrpc import Notification, Outgoing
@@ -32,9 +33,10 @@ RESUMABLE_SINCE = "2025-11-25"
 class LegacySession:
     """A 2025-11-25 (or older) client's session: its gateway connection, its GET stream and the POSTs waiting."""
 
-    def __init__(self, frontend: "HttpFrontend", identity: Identity) -> None:
+    def __init__(self, frontend: "HttpFrontend", identity: Identity, holder: Holder) -> None:
         self.id = secrets.token_urlsafe(24)
         self.identity = identity
+        self.holder = holder  # whose quota it counts against (quotas.py)
         self.exchanges: dict[Any, Exchange] = {}
         self.progress: dict[Any, Exchange] = {}
         self.outbox = ReplayLog(frontend.settings.replay_events)
@@ -56,6 +58,12 @@ class LegacySession:
         self.identity = identity
         self.connection.identity = identity
         self.connection.session.identity = identity
+
+    def ends_by_itself_at(self, idle_timeout: float) -> float | None:
+        """When the idle expiry would end it: only while no stream or call holds it open."""
+        if self.get_stream is not None or self.exchanges:
+            return None
+        return self.last_seen + idle_timeout
 
     @property
     def streams_resumable(self) -> bool:
@@ -178,9 +186,10 @@ class LegacySession:
 class SseSession:
     """A client of the old HTTP+SSE transport: one GET /sse stream carries everything the gateway sends."""
 
-    def __init__(self, frontend: "HttpFrontend", identity: Identity, stream: SseStream) -> None:
+    def __init__(self, frontend: "HttpFrontend", identity: Identity, holder: Holder, stream: SseStream) -> None:
         self.id = secrets.token_urlsafe(24)
         self.identity = identity
+        self.holder = holder
         self.stream = stream
         self.releases: dict[Any, Callable[[], None]] = {}
         self.connection = ClientConnection(frontend.gateway, self.route, identity=identity, close=stream.finish,
@@ -191,6 +200,9 @@ class SseSession:
         self.identity = identity
         self.connection.identity = identity
         self.connection.session.identity = identity
+
+    def ends_by_itself_at(self, idle_timeout: float) -> float | None:
+        return None  # it lasts as long as its stream
 
     def route(self, frame: bytes, message: Outgoing) -> None:
         if self.releases:

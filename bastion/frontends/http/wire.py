@@ -24,9 +24,10 @@ class HttpError(Exception):
     """A request answered with an HTTP status and a JSON-RPC error, before it reaches the gateway."""
 
     def __init__(self, status: int, code: int, message: str, request_id: Any = None,
-                 headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+                 headers: tuple[tuple[bytes, bytes], ...] = (), data: Any = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.request_id, self.headers = status, code, message, request_id, headers
+        self.data = data
 
 
 class Gone(Exception):
@@ -101,8 +102,11 @@ def headers_of(scope: Scope) -> dict[str, str]:
     return headers
 
 
-def error_body(request_id: Any, code: int, message: str) -> bytes:
-    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+def error_body(request_id: Any, code: int, message: str, data: Any = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
 
 
 async def json_response(send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = (),
