@@ -36,8 +36,9 @@ def _state_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
 
 
-def _config(tmp_path: Path) -> Path:
-    """The raw server, untrusted, under the default policy: every call waits for a person but echo's."""
+def _config(tmp_path: Path, approver: str = "client") -> Path:
+    """The raw server, untrusted, under the default policy: every call waits for a person but echo's. The client may
+    answer the approvals itself (``approver``) unless told otherwise."""
     entry = raw_server(tmp_path / "marks", auto_approve=["echo"])
     entry["env"]["RAW_SERVER_MARK_CALLS"] = "1"
     config = tmp_path / "bastion.json"
@@ -45,7 +46,7 @@ def _config(tmp_path: Path) -> Path:
         "servers": {"raw": entry}, "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
         "http": {"identity_header": IDENTITY_HEADER},
         "policy": {
-            "approval": {"fallback": "queue", "timeout_seconds": 120, "poll_seconds": 0.1,
+            "approval": {"fallback": "queue", "timeout_seconds": 120, "poll_seconds": 0.1, "approver": approver,
                          "queue_dir": str(tmp_path / "queue")},
             "audit": {"path": str(tmp_path / "audit.jsonl")},
         },
@@ -61,9 +62,9 @@ def _big_calls(tmp_path: Path) -> int:
 
 # --- 2026-07-28 over HTTP ---------------------------------------------------------------------------------
 
-def _serve(tmp_path: Path) -> Served:
+def _serve(tmp_path: Path, approver: str = "client") -> Served:
     stderr = tmp_path / "bastion.stderr"
-    process = subprocess.Popen([BASTION, "serve", str(_config(tmp_path)), "--http", "127.0.0.1:0"],
+    process = subprocess.Popen([BASTION, "serve", str(_config(tmp_path, approver)), "--http", "127.0.0.1:0"],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 120
@@ -213,3 +214,50 @@ def test_a_queue_approval_settles_one_call(tmp_path: Path) -> None:
         assert _settled_over_stdio(client, tmp_path, 3) == 1
     finally:
         client.close()
+
+
+# --- who may approve ----------------------------------------------------------------------------------------
+
+def _waiting_approval(log: Path) -> str:
+    """The id of the approval a call waits for, once the gateway's log names it."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = re.search(r"waiting for a person's approval \(approval (\S+)\)", log.read_text() if log.exists() else "")
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise AssertionError(f"no call waits for approval: {log.read_text()}")
+
+
+async def test_over_http_an_agent_that_declares_elicitation_cannot_approve_its_own_call_by_default(
+        tmp_path: Path) -> None:
+    """Under the default ``approver = "auto"`` a client over HTTP is never asked: its call waits for a person, who
+    settles it with `bastion approve`; no input_required a client could answer itself."""
+    served = _serve(tmp_path, approver="auto")
+    try:
+        call = asyncio.ensure_future(_post(served, 1, "raw__big", {"size": 2}))
+        approval_id = await asyncio.to_thread(_waiting_approval, served.stderr)
+        assert not call.done()
+        approved = await asyncio.to_thread(_bastion, "approve", approval_id, "--queue-dir", str(tmp_path / "queue"))
+        assert approved.returncode == 0, approved.stderr
+        answer = (await call)["result"]
+        assert answer.get("resultType", "complete") == "complete" and answer["content"][0]["text"] == "xx"
+        assert await _settled_big_calls(served, tmp_path) == 1
+    finally:
+        stop_bastion(served)
+
+
+def test_out_of_band_over_stdio_never_asks_the_client(tmp_path: Path) -> None:
+    """``approver = "out_of_band"``: a client that declares elicitation gets no prompt; a person approves."""
+    client = RawClient(_config(tmp_path, approver="out_of_band"), log=tmp_path / "stderr.log")
+    try:
+        client.initialize(LEGACY, {"elicitation": {}})
+        _call(client, 1)
+        waiting = _next(client, _notice)["params"]["data"]
+        assert "answer the prompt in the client" not in waiting["message"]
+        assert _bastion("approve", waiting["approvalId"], "--queue-dir", str(tmp_path / "queue")).returncode == 0
+        assert _next(client, _answer_of(1))["result"]["content"][0]["text"] == "x"
+        assert not any(_elicitation(message) for message in client.skipped)
+    finally:
+        client.close()
+
