@@ -318,7 +318,10 @@ class ScannerInBackground:
         self._done = threading.Event()
         self._scanner: ContentScanner | None = None
         self._failure: BaseException | None = None
-        threading.Thread(target=self._build, args=(make,), name="bastion-scanner", daemon=True).start()
+        # Not a daemon: the interpreter waits for it at exit. A daemon thread still compiling the native automaton
+        # when a short command ends (`bastion guard check` refusing before it scans) aborted the process (exit
+        # 134, "terminate called without an active exception").
+        threading.Thread(target=self._build, args=(make,), name="bastion-scanner", daemon=False).start()
 
     def _build(self, make: Callable[[], ContentScanner]) -> None:
         try:
