@@ -271,3 +271,25 @@ async def test_a_refused_request_holds_no_id_and_nothing_else(frontend: tuple[Ht
                 assert ping.status_code == 200 and ping.json() == {"jsonrpc": "2.0", "id": 5, "result": {}}, case
         assert session.exchanges == {} and session.connection.protocol.in_flight() == frozenset()
 
+
+async def test_a_fault_inside_the_frontend_is_a_json_rpc_error_and_frees_the_id(
+        frontend: tuple[HttpFrontend, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    app, url = frontend
+    async with httpx2.AsyncClient(timeout=60) as http:
+        headers = await open_session(http, url)
+        session = app.sessions[headers["mcp-session-id"]]
+
+        def broken(*args: object) -> None:
+            raise ValueError("a fault of Bastion's")
+
+        monkeypatch.setattr(session.connection, "feed", broken)
+        failed = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 9, "method": "ping"})
+        assert failed.status_code == 500 and failed.headers["content-type"] == "application/json"
+        assert failed.json()["error"] == {"code": -32603, "message": "internal error in Bastion"}
+        assert session.exchanges == {}
+        monkeypatch.undo()
+        ping = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 9, "method": "ping"})
+        assert ping.status_code == 200 and ping.json()["result"] == {}
+        monkeypatch.setattr(app.modern, "post", broken)
+        failed = await http.post(url, headers=MODERN, content=call(1, b"{}", modern=True))
+        assert failed.status_code == 500 and failed.json()["error"]["code"] == -32603

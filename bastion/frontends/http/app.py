@@ -135,6 +135,12 @@ class HttpFrontend:
             await json_response(send, exc.status, error_body(exc.request_id, exc.code, exc.message), exc.headers)
         except Gone:
             pass  # the client left while sending its request: nobody to answer
+        except Exception:  # noqa: BLE001 - a fault of Bastion's is a JSON-RPC error, never the server's plain 500
+            log.exception("internal error while answering %s %s", scope.get("method"), scope.get("path"))
+            try:
+                await json_response(send, 500, error_body(None, -32603, "internal error in Bastion"))
+            except RuntimeError:
+                pass  # its response had begun (a stream): the server ends the connection, as it must
 
 
     async def _resource_metadata(self, method: str, send: Send) -> None:
@@ -216,7 +222,11 @@ class HttpFrontend:
         meta = top.params.get("_meta") if isinstance(top.params, dict) else None
         if isinstance(meta, dict) and meta.get("progressToken") is not None:
             session.progress[meta["progressToken"]] = exchange
-        session.feed(body, decoded, exchange)
+        try:
+            session.feed(body, decoded, exchange)
+        except BaseException:
+            session.abandon(exchange)  # a request that failed to start holds neither its id nor its server's slot
+            raise
         await self.answers.answer(exchange, receive, send, session_header, lambda: session.abandon(exchange),
                            detach=detach, forget=lambda: session.forget(exchange))
 
