@@ -16,7 +16,15 @@ from bastion.gateway.core import SERVER_INFO, Gateway
 from bastion.gateway.pipeline import InOrder
 from bastion.model import NOTIFICATION, TO_SERVER, GatewayError, GatewayRequest, Identity, Session
 from bastion.protocol import jsonrpc
-from bastion.protocol.jsonrpc import ErrorResponse, Outgoing, RawResponse, Request, Response, parse_raw_request
+from bastion.protocol.jsonrpc import (
+    ErrorResponse,
+    Outgoing,
+    RawResponse,
+    Request,
+    Response,
+    raw_request_of,
+    read_frame,
+)
 from bastion.protocol.lifecycle import State
 from bastion.protocol.server_session import (
     Answered,
@@ -86,11 +94,15 @@ class ClientConnection:
         return self._session or self._anonymous_session()
 
     # ------------------------------------------------------------------------------------------ input
-    def feed(self, frame: bytes, decoded: dict | None = None) -> None:
-        """One frame from the client; ``decoded``, when the transport has read it already (an HTTP body), is it
-        decoded as the session decodes a frame, which the session then takes instead of reading it again."""
-        if self._takes_raw_calls and self.protocol.lifecycle.state is State.ACTIVE and self._raw_call(frame):
-            return
+    def feed(self, frame: bytes, decoded: Any = None) -> None:
+        """One frame from the client; ``decoded``, when the transport has read it already (an HTTP body), is what
+        ``read_frame`` made of it, which the session then takes instead of reading the frame again. Whatever the
+        transport, a frame has the one verdict ``read_frame`` gives before anything else reads it."""
+        if self._takes_raw_calls and self.protocol.lifecycle.state is State.ACTIVE:
+            if decoded is None:
+                decoded = read_frame(frame, self._max_bytes)
+            if type(decoded) is dict and decoded.get("method") == "tools/call" and self._raw_call(frame, decoded):
+                return
         self._act(self.protocol.receive_frame(frame, decoded))
 
     def frame_too_large(self, size: int) -> None:
@@ -168,16 +180,17 @@ class ClientConnection:
     def _on_serve(self, event: Serve) -> None:
         self._run(self._answer(event.request, self._serve(event)), event.request.id)
 
-    def _raw_call(self, frame: bytes) -> bool:
+    def _raw_call(self, frame: bytes, decoded: dict[str, Any]) -> bool:
         """Take a tools/call with its params decoded one level deep, each value still the JSON the client sent,
         when nothing in the gateway's chain reads a call's params: its arguments then reach the server as those
-        bytes (integers wider than 64 bits, key order, number spelling kept). False leaves the frame to the
-        session's full parse, which also answers every refusal; a ``_meta`` (a progress token to remap) is
-        always decoded."""
-        request = parse_raw_request(frame, self._max_bytes)
-        if request is None or request.method != "tools/call" or "_meta" in request.params:
+        bytes (integers wider than 64 bits, key order, number spelling kept). ``decoded`` is the frame as
+        ``read_frame`` read it: only a frame it accepted as a valid request is read again for its raw params, so
+        the verdict is the same as on the session's path. False leaves the frame to the session, which also
+        answers every refusal; a ``_meta`` (a progress token to remap) is always decoded."""
+        request = raw_request_of(frame, decoded, self._max_bytes)
+        if request is None or "_meta" in request.params:  # type: ignore[operator]
             return False
-        self._act(self.protocol.receive(Request(request.id, request.method, request.params)))
+        self._act(self.protocol.receive(request))
         return True
 
     def _run(self, coroutine: Coroutine[Any, Any, None], request_id: Any) -> None:

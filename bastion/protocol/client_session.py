@@ -376,7 +376,7 @@ class ClientSession:
         answer = parse_raw_response(frame, self.max_message_bytes)
         if answer is not None:
             return self._answer(answer)
-        message = parse_frame(frame, self.max_message_bytes)
+        message = parse_frame(frame, self.max_message_bytes, max_depth=None)  # a server's: orjson's bound only
         kind = type(message)
         if kind is Response or kind is ErrorResponse:
             return self._answer(message)  # type: ignore[arg-type]

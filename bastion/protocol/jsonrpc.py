@@ -26,6 +26,11 @@ MISSING_CLIENT_CAPABILITY = -32021
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# How deep a client's message may nest arrays and objects, the message itself the first level. Well within what
+# everything that handles its values can take: orjson writes no more than 254 levels (and a value Bastion passes on
+# sits a few levels deeper in the frame it writes than in the one it read), msgspec and Python's recursion about
+# a thousand. As System.Text.Json's default.
+MAX_DEPTH = 64
 
 RequestId = Union[str, int]
 _ABSENT: Any = object()  # a key missing from a message, told apart from one present with the value null
@@ -75,7 +80,7 @@ class RawResponse:
     def decoded(self) -> Response | ErrorResponse:
         """The ordinary response, or an error saying why the result cannot be held as Python objects (valid JSON
         that orjson refuses, such as a number too large for a float)."""
-        parsed = parse_frame(self.frame, len(self.frame))
+        parsed = parse_frame(self.frame, len(self.frame), max_depth=None)
         if type(parsed) is Response:
             return parsed
         reason = parsed.reason if type(parsed) is InvalidFrame else "not a response"
@@ -150,17 +155,81 @@ def is_valid_id(value: Any) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, str)
 
 
-def parse_frame(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message | InvalidFrame:
-    """Parse one frame (without its newline) into a message, or say why it is not one."""
+def read_frame(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+               max_depth: int | None = MAX_DEPTH) -> Any | InvalidFrame:
+    """The one reading of a client's frame, whatever carried it (a line on stdio, an HTTP body): its JSON value, or
+    why it is refused.
+
+    Accepted: one JSON text (RFC 8259) in UTF-8 with no byte order mark, within ``max_bytes`` and nested at most
+    ``max_depth`` levels of arrays and objects (the message itself is the first). Refused with -32700: malformed
+    JSON or UTF-8, ``NaN`` and ``Infinity`` (not JSON), a number too large for a double (``1e400``, an integer of
+    more than 309 digits), an escaped lone surrogate (``"\\ud800"``, no text), a byte order mark, UTF-16 and
+    UTF-32. Refused with -32600: a frame over ``max_bytes`` or nested deeper than ``max_depth``, each naming its
+    limit. An integer wider than 64 bits is valid JSON and is read (as the nearest double, as orjson reads it).
+    ``max_depth`` None leaves only orjson's own bound (1,024 levels), for the frames of servers."""
     if len(frame) > max_bytes:
         reason = f"message of {len(frame)} bytes exceeds the limit of {max_bytes} bytes"
         return InvalidFrame(reason, ErrorResponse(None, {"code": INVALID_REQUEST, "message": reason}))
     try:
         value = orjson.loads(frame)
     except orjson.JSONDecodeError as exc:
-        reason = "invalid UTF-8" if "utf-8" in str(exc).lower() else f"malformed JSON: {exc}"
+        text = str(exc)
+        if max_depth is not None and text.startswith("depth limit exceeded"):  # deeper than orjson reads (1,024)
+            return _too_deep(None, max_depth)
+        if "byte order mark" in text:
+            reason = "malformed JSON: a byte order mark (BOM) begins it; a JSON text in UTF-8 has none"
+        elif "utf-8" in text.lower():
+            reason = "invalid UTF-8"
+        else:
+            reason = f"malformed JSON: {text}"
         return InvalidFrame(reason, ErrorResponse(None, {"code": PARSE_ERROR, "message": f"Parse error: {reason}"}))
+    kind = type(value)
+    if (max_depth is not None and (kind is dict or kind is list) and _may_nest_deeper(frame, max_depth)
+            and _deeper_than(value, max_depth - 1)):
+        return _too_deep(value, max_depth)
+    return value
+
+
+def parse_frame(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                max_depth: int | None = MAX_DEPTH) -> Message | InvalidFrame:
+    """Parse one frame (without its newline) into a message, or say why it is not one (``read_frame``, then
+    ``parse_message``)."""
+    value = read_frame(frame, max_bytes, max_depth)
+    if type(value) is InvalidFrame:
+        return value
     return parse_message(value)
+
+
+_COUNTED_BELOW = 1 << 16  # frames this small have their brackets counted first: far cheaper than a walk
+
+
+def _may_nest_deeper(frame: bytes, max_depth: int) -> bool:
+    """False when ``frame`` is too short, or has too few ``[`` and ``{``, to nest deeper than ``max_depth``: most
+    frames, at the cost of two counts in C instead of a walk of the decoded value."""
+    if len(frame) <= 2 * max_depth:
+        return False
+    return len(frame) > _COUNTED_BELOW or frame.count(b"[") + frame.count(b"{") > max_depth
+
+
+def _deeper_than(container: dict[str, Any] | list[Any], room: int) -> bool:
+    """Whether ``container`` holds arrays or objects more than ``room`` levels below itself."""
+    for child in container.values() if type(container) is dict else container:  # type: ignore[union-attr]
+        kind = type(child)
+        if kind is dict or kind is list:
+            if room == 0 or (child and _deeper_than(child, room - 1)):
+                return True
+    return False
+
+
+def _too_deep(value: Any, max_depth: int) -> InvalidFrame:
+    """The refusal of a message nested deeper than ``max_depth``: a request's names its id; a response, which is
+    never answered, gets none."""
+    reason = (f"nested deeper than {max_depth} levels of arrays and objects (the message itself is the first), the "
+              "most Bastion reads")
+    if type(value) is dict and "method" not in value:
+        return InvalidFrame(reason, None)
+    request_id = value.get("id") if type(value) is dict else None
+    return _invalid(request_id if is_valid_id(request_id) else None, reason)
 
 
 def parse_raw_response(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> RawResponse | None:
@@ -177,12 +246,30 @@ def parse_raw_response(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
 
 
 def parse_raw_request(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> RawRequest | None:
-    """The frame as a ``RawRequest`` when it is a valid request with params, else None: ``parse_frame`` then says
-    what the frame is. Valid means what ``parse_frame`` would accept (as for ``parse_raw_response``)."""
+    """The frame as a ``RawRequest`` when it is a request with params, else None. Its values are not read, so it
+    takes some frames ``read_frame`` refuses (a number no double holds, nesting past the limit, an id wider than 64
+    bits): a client's frame is read with it only once that reading has accepted it (``raw_request_of``)."""
     shape = _shape_of(frame, max_bytes, _decode_request_shape)
     if shape is None or not shape.method:
         return None
     return RawRequest(shape.id, shape.method, shape.params)
+
+
+def raw_request_of(frame: bytes, value: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Request | None:
+    """``frame``, which ``read_frame`` read as ``value`` (and so accepted), as a request whose params' values are
+    still the JSON the client sent (``parse_raw_request``), when it is a valid request with params; else None. The
+    verdict is the one reading's: ``parse_raw_request`` alone reads what orjson refuses (``1e400``, nesting past the
+    limit, an id wider than 64 bits), so it reads only a frame that reading accepted, and its id and method are the
+    message's."""
+    if type(value) is not dict:
+        return None
+    message = parse_message(value)
+    if type(message) is not Request or message.params is None:
+        return None
+    raw = parse_raw_request(frame, max_bytes)
+    if raw is None or raw.id != message.id or type(raw.id) is not type(message.id) or raw.method != message.method:
+        return None
+    return Request(message.id, message.method, raw.params)  # type: ignore[arg-type]
 
 
 def _shape_of(frame: bytes, max_bytes: int, decode: Callable[[bytes], _Shape]) -> _Shape | None:
@@ -191,7 +278,7 @@ def _shape_of(frame: bytes, max_bytes: int, decode: Callable[[bytes], _Shape]) -
         return None
     try:
         shape = decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # nested past Python's recursion
         return None
     # The decoder does not check the UTF-8 inside the strings it skips: all of those in the raw values.
     if not frame.isascii():

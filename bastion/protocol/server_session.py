@@ -23,8 +23,8 @@ from bastion.protocol.jsonrpc import (
     Notification,
     Request,
     Response,
-    parse_frame,
     parse_message,
+    read_frame,
 )
 from bastion.protocol.lifecycle import Action, ServerLifecycle, State
 from bastion.protocol.versions import (
@@ -189,16 +189,15 @@ class ServerSession:
         self._outgoing_ids = itertools.count(1)
 
     # ---------------------------------------------------------------------------------------- input
-    def receive_frame(self, frame: bytes, decoded: dict | None = None) -> list[Event]:
-        """One frame as the client sent it (without its newline); ``decoded``, when given, is the frame as
-        ``parse_frame`` decodes it (orjson), already done by the transport: it is classified without reading the
-        bytes again."""
+    def receive_frame(self, frame: bytes, decoded: Any = None) -> list[Event]:
+        """One frame as the client sent it (without its newline); ``decoded``, when given, is what ``read_frame``
+        made of it (its value, or why it is refused), already done by the transport: it is classified without
+        reading the bytes again. Every frame has the one verdict ``read_frame`` gives, whoever read it."""
         if not frame or frame.isspace():  # a blank line is no message; isspace stops at the first other byte
             return []
-        if decoded is not None and len(frame) <= self.max_message_bytes:
-            message = parse_message(decoded)
-        else:
-            message = parse_frame(frame, self.max_message_bytes)
+        if decoded is None or len(frame) > self.max_message_bytes:
+            decoded = read_frame(frame, self.max_message_bytes)
+        message = decoded if type(decoded) is InvalidFrame else parse_message(decoded)
         if isinstance(message, InvalidFrame):
             events: list[Event] = [] if message.reply is None else [Send(message.reply)]
             events.append(Invalid(message.reason))

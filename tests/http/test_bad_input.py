@@ -21,9 +21,9 @@ MODERN = {**JSON, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/lis
 
 
 @pytest.mark.parametrize("headers, body, status, code, words", [
-    (MODERN, b"{not json", 400, -32700, "not JSON"),
+    (MODERN, b"{not json", 400, -32700, "Parse error: malformed JSON"),  # the session's own errors (one reading)
     (MODERN, b"[" + LIST + b"]", 400, -32600, "batch"),
-    (MODERN, b'{"jsonrpc":"1.0","id":1,"method":"x"}', 400, -32600, "JSON-RPC 2.0"),
+    (MODERN, b'{"jsonrpc":"1.0","id":1,"method":"x"}', 400, -32600, 'jsonrpc must be "2.0"'),
     ({**MODERN, "content-type": "text/plain"}, LIST, 415, -32600, "application/json"),
     ({**MODERN, "accept": "text/html"}, LIST, 406, -32600, "Accept"),
     ({**MODERN, "mcp-method": "tools/call"}, LIST, 400, -32020, "Mcp-Method"),

@@ -1,56 +1,40 @@
-"""``peek`` reads the top of a frame without building its result; what it says must be what the whole message,
-decoded, says."""
+"""``peek`` says what a message is for routing its POST, from the session's own classification of it: the HTTP
+frontend has no reading of its own (what it refuses, and that it refuses exactly what the session does, is
+tests/protocol/test_one_reading.py's)."""
 
 from __future__ import annotations
-
-import json
 
 import orjson
 import pytest
 
 from bastion.frontends.http.exchanges import Peeked, peek
+from bastion.protocol.jsonrpc import InvalidFrame, parse_frame
 
-FRAMES = [
-    b'{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"hi"}]}}',
-    b'{"jsonrpc":"2.0","id":"a","error":{"code":-32001,"message":"refused"}}',
-    b'{"jsonrpc":"2.0","id":7,"error":{"code":"not a number","message":"odd"}}',
-    b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":1}}',
-    b'{"jsonrpc":"2.0","id":"bastion-1","method":"sampling/createMessage","params":{"messages":[]}}',
-    b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}',
-    b'{"id":null,"error":null}',
-    b'{"id":1}',
-    b'{"result":{}}',
-    b'{"method":null,"id":1,"result":{}}',
-    b'{"method":7,"params":{}}',
-    b'{"id":123456789012345678901234567890,"result":{"n":123456789012345678901234567890}}',
-    b'{"jsonrpc":"2.0","id":2,"result":[]}',
-    b'[{"jsonrpc":"2.0","id":1,"result":{}}]',
-    b'"a string"',
-    b"not json",
-    b"",
+MESSAGES = [
+    (b'{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"hi"}]}}', Peeked("response", 1)),
+    (b'{"jsonrpc":"2.0","id":"a","error":{"code":-32001,"message":"refused"}}', Peeked("response", "a",
+                                                                                     error_code=-32001)),
+    (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"no"}}', Peeked("response", None,
+                                                                                 error_code=-32700)),
+    (b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":1}}',
+     Peeked("notification", None, "notifications/progress", {"progressToken": "t", "progress": 1})),
+    (b'{"jsonrpc":"2.0","id":"bastion-1","method":"sampling/createMessage","params":{"messages":[]}}',
+     Peeked("request", "bastion-1", "sampling/createMessage", {"messages": []})),
+    (b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}',
+     Peeked("notification", None, "notifications/tools/list_changed")),
+    (b'{"jsonrpc":"2.0","id":18446744073709551615,"method":"ping"}', Peeked("request", 2**64 - 1, "ping")),
 ]
 
 
-def whole_message(frame: bytes) -> Peeked:
-    """What ``peek`` says of the message decoded in full (the way it read every frame before)."""
-    try:
-        message = orjson.loads(frame)
-    except orjson.JSONDecodeError:
-        try:
-            message = json.loads(frame)
-        except ValueError:
-            return Peeked("invalid")
-    return peek(message) if isinstance(message, dict) else Peeked("invalid")
-
-
-@pytest.mark.parametrize("frame", FRAMES)
-def test_peek_of_the_bytes_says_what_the_decoded_message_says(frame: bytes) -> None:
-    assert peek(frame) == whole_message(frame)
+@pytest.mark.parametrize("frame, expected", MESSAGES)
+def test_peek_says_what_the_parsed_message_is(frame: bytes, expected: Peeked) -> None:
+    message = parse_frame(frame)
+    assert not isinstance(message, InvalidFrame)
+    assert peek(message) == expected
 
 
 def test_a_large_result_is_peeked_as_the_response_it_is() -> None:
     result = {"content": [{"type": "text", "text": "x" * 1_000_000}], "structuredContent": {"rows": list(range(1000))}}
-    frame = orjson.dumps({"jsonrpc": "2.0", "id": 42, "result": result})
-    assert peek(frame) == Peeked("response", 42)
-    assert peek(bytearray(frame)) == Peeked("response", 42)
-    assert peek(memoryview(frame)) == Peeked("response", 42)
+    message = parse_frame(orjson.dumps({"jsonrpc": "2.0", "id": 42, "result": result}))
+    assert not isinstance(message, InvalidFrame)
+    assert peek(message) == Peeked("response", 42)

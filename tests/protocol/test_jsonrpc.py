@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from bastion.protocol.jsonrpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_DEPTH,
     INTERNAL_ERROR,
     INVALID_REQUEST,
     PARSE_ERROR,
@@ -29,7 +30,9 @@ from bastion.protocol.jsonrpc import (
     parse_raw_request,
     parse_raw_response,
     raw_request_frame,
+    raw_request_of,
     raw_string,
+    read_frame,
     request_frame,
 )
 
@@ -207,7 +210,10 @@ PARSE_ERRORS = [
     ("infinite number", b'{"jsonrpc":"2.0","id":1e400,"method":"x"}'),
     ("raw control character in a string", b'{"jsonrpc":"2.0","method":"a\x01"}'),
     ("lone surrogate escape", b'{"jsonrpc":"2.0","method":"\\ud800"}'),
-    ("nesting deeper than the parser allows", b"[" * 5000 + b"]" * 5000),
+    ("lone low surrogate escape", b'{"jsonrpc":"2.0","method":"\\udc00"}'),
+    ("Infinity", b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":Infinity}}'),
+    ("integer too large for a double", b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":1' + b"0" * 400 + b"}}"),
+    ("UTF-16 without a byte order mark", '{"jsonrpc":"2.0","method":"x"}'.encode("utf-16-le")),
     ("comment", b'{"jsonrpc":"2.0","method":"x"} // hi'),
 ]
 
@@ -237,6 +243,78 @@ def test_invalid_utf8_is_answered_with_32700(frame: bytes) -> None:
     assert isinstance(parsed, InvalidFrame)
     assert parsed.reason == "invalid UTF-8"
     assert parsed.reply == ErrorResponse(None, {"code": PARSE_ERROR, "message": "Parse error: invalid UTF-8"})
+
+
+@pytest.mark.parametrize("frame", ['{"jsonrpc":"2.0","method":"x"}'.encode("utf-16"),
+                                   '{"jsonrpc":"2.0","method":"x"}'.encode("utf-32")], ids=["UTF-16", "UTF-32"])
+def test_text_in_another_encoding_than_utf8_is_answered_with_32700(frame: bytes) -> None:
+    parsed = parse_frame(frame)
+    assert isinstance(parsed, InvalidFrame) and parsed.reason == "invalid UTF-8"
+    assert parsed.reply is not None and parsed.reply.error["code"] == PARSE_ERROR
+
+
+def test_a_byte_order_mark_is_answered_with_32700_saying_so() -> None:
+    parsed = parse_frame(b'\xef\xbb\xbf{"jsonrpc":"2.0","id":1,"method":"x"}')
+    assert isinstance(parsed, InvalidFrame) and "byte order mark" in parsed.reason
+    assert parsed.reply == ErrorResponse(None, {"code": PARSE_ERROR, "message": f"Parse error: {parsed.reason}"})
+
+
+def test_an_integer_wider_than_64_bits_is_read_as_the_nearest_double() -> None:
+    parsed = parse_frame(b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"n":123456789012345678901234567890}}')
+    assert parsed == Request(1, "x", {"n": 1.2345678901234568e29})
+
+
+# ------------------------------------------------------------------------------------------- depth limit
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def request_with(value: bytes, request_id: bytes = b"7") -> bytes:
+    """A request whose params hold ``value``, two levels below the message (message, params)."""
+    return b'{"jsonrpc":"2.0","id":' + request_id + b',"method":"x","params":{"a":' + value + b"}}"
+
+
+def test_the_depth_limit_is_64_levels() -> None:
+    assert MAX_DEPTH == 64
+
+
+@pytest.mark.parametrize("frame", [nested(MAX_DEPTH), request_with(nested(MAX_DEPTH - 2)),
+                                   b'{"a":' * (MAX_DEPTH - 1) + b"{}" + b"}" * (MAX_DEPTH - 1)],
+                         ids=["array", "request", "objects"])
+def test_nesting_at_the_limit_is_read(frame: bytes) -> None:
+    assert not isinstance(read_frame(frame), InvalidFrame)
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 300, 1024, 1025, 100_000])
+def test_a_request_nested_past_the_limit_is_refused_with_32600_naming_it(depth: int) -> None:
+    parsed = parse_frame(request_with(nested(depth - 2)))
+    assert isinstance(parsed, InvalidFrame) and parsed.reply is not None
+    assert parsed.reply.error["code"] == INVALID_REQUEST
+    assert f"deeper than {MAX_DEPTH} levels" in parsed.reply.error["message"]
+    # Its id where the message could be read (orjson reads 1,024 levels); past that, none.
+    assert parsed.reply.id == (7 if depth <= 1024 else None)
+
+
+@pytest.mark.parametrize("frame", [nested(MAX_DEPTH + 1), nested(100_000), b'{"a":' * 100_000,
+                                   b'{"jsonrpc":"2.0","method":"x","params":{"a":' + nested(MAX_DEPTH) + b"}}"],
+                         ids=["array", "array 100,000 deep", "unclosed objects", "notification"])
+def test_anything_nested_past_the_limit_is_refused_with_32600_and_no_id(frame: bytes) -> None:
+    parsed = parse_frame(frame)
+    assert isinstance(parsed, InvalidFrame) and parsed.reply is not None
+    assert parsed.reply.id is None and parsed.reply.error["code"] == INVALID_REQUEST
+    assert f"deeper than {MAX_DEPTH} levels" in parsed.reason
+
+
+def test_a_response_nested_past_the_limit_is_refused_unanswered() -> None:
+    parsed = parse_frame(b'{"jsonrpc":"2.0","id":1,"result":{"a":' + nested(MAX_DEPTH) + b"}}")
+    assert isinstance(parsed, InvalidFrame) and parsed.reply is None and "64 levels" in parsed.reason
+
+
+def test_a_servers_frame_has_only_orjsons_bound() -> None:
+    deep = b'{"jsonrpc":"2.0","id":1,"result":{"a":' + nested(300) + b"}}"
+    assert type(parse_frame(deep, max_depth=None)) is Response
+    assert type(parse_raw_response(b'{"jsonrpc":"2.0","id":1,"result":{"a":' + nested(100_000) + b"}}")) is not \
+        RawResponse  # never a RecursionError
 
 
 def test_valid_multibyte_utf8_is_accepted() -> None:
@@ -477,11 +555,12 @@ def test_a_number_orjson_cannot_hold_passes_through_but_cannot_be_decoded() -> N
 
 # ------------------------------------------------------------------------------ params kept as bytes
 def _request_agrees_with_parse_frame(frame: bytes) -> None:
-    raw = parse_raw_request(frame)
+    """A client's frame is read once (``read_frame``); only what that reading accepts is read again for its raw
+    params, so the raw request is exactly ``parse_frame``'s request."""
+    value = read_frame(frame)
+    raw = None if type(value) is InvalidFrame else raw_request_of(frame, value)
     parsed = parse_frame(frame)
-    if raw is not None and type(parsed) is InvalidFrame:  # valid JSON that orjson cannot hold, such as 1e400
-        assert "number" in parsed.reason
-    elif raw is not None:
+    if raw is not None:
         assert type(parsed) is Request and (parsed.id, parsed.method) == (raw.id, raw.method)
         assert {key: orjson.loads(bytes(value)) for key, value in raw.params.items()} == parsed.params
     elif type(parsed) is Request and parsed.params is not None:
@@ -498,6 +577,18 @@ def test_raw_request_parsing_agrees_with_parse_frame_on_message_shaped_objects(v
 @given(st.binary(max_size=300))
 def test_raw_request_parsing_agrees_with_parse_frame_on_arbitrary_bytes(frame: bytes) -> None:
     _request_agrees_with_parse_frame(frame)
+
+
+@pytest.mark.parametrize("frame", [
+    request_with(b"1e400"), request_with(b"-1e400"), request_with(b"1" + b"0" * 400), request_with(nested(300)),
+    request_with(nested(MAX_DEPTH - 1)), request_with(nested(5000)), request_with(b"1", b"18446744073709551616"),
+    request_with(b"1", b"-9223372036854775809"), request_with(b'"\\ud800"'),
+], ids=["1e400", "-1e400", "401 digits", "300 deep", "one level past the limit", "5000 deep", "id of 2**64",
+        "id below -2**63", "lone surrogate"])
+def test_what_only_the_raw_reader_would_take_is_refused_before_it_reads(frame: bytes) -> None:
+    value = read_frame(frame)
+    assert type(value) is InvalidFrame or raw_request_of(frame, value) is None
+    assert type(parse_frame(frame)) is InvalidFrame
 
 
 @PROPERTY

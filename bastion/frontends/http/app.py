@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
 
 import orjson
@@ -144,6 +144,12 @@ class HttpFrontend:
                                 exc.headers)
         except Gone:
             pass  # the client left while sending its request: nobody to answer
+        except Exception:  # noqa: BLE001 - a fault of Bastion's is a JSON-RPC error, never the server's plain 500
+            log.exception("internal error while answering %s %s", scope.get("method"), scope.get("path"))
+            try:
+                await json_response(send, 500, error_body(None, -32603, "internal error in Bastion"))
+            except RuntimeError:
+                pass  # its response had begun (a stream): the server ends the connection, as it must
 
 
     async def _resource_metadata(self, method: str, send: Send) -> None:
@@ -161,16 +167,16 @@ class HttpFrontend:
         accept = headers.get("accept")
         if not (accepts(accept, "application/json") or accepts(accept, "text/event-stream")):
             raise HttpError(406, -32600, "the Accept header must admit application/json or text/event-stream")
-        body, top, message, decoded = await read_message(headers, receive, self.settings.max_body_bytes,
-                                                         self.settings.body_timeout)
+        body, top, message = await read_message(headers, receive, self.settings.max_body_bytes,
+                                                self.settings.body_timeout, self.gateway.config.max_message_bytes)
         session_id = headers.get("mcp-session-id")
         if session_id is not None:
             session = self._session(session_id, identity, headers)
             self.admission.check_method_scopes(identity, top)
-            await self._legacy_post(session, body, decoded, top, headers, receive, send)
+            await self._legacy_post(session, body, message, top, headers, receive, send)
         elif is_modern(headers.get("mcp-protocol-version")) and top.kind in ("request", "notification"):
             # The header decides first, as on a server of both eras: a 2026-07-28 initialize is a removed method.
-            await self.modern.post(body, decoded, top, message, headers, identity, receive, send)
+            await self.modern.post(body, top, message, headers, identity, receive, send)
         elif top.method == "initialize":
             self.admission.check_method_scopes(identity, top)
             holder = self._holder(identity, peer)
@@ -184,10 +190,10 @@ class HttpFrontend:
             session = LegacySession(self, identity, holder)
             self.sessions[session.id] = session
             self.quotas.take(holder, session)
-            await self._legacy_post(session, body, decoded, top, headers, receive, send)
+            await self._legacy_post(session, body, message, top, headers, receive, send)
         elif top.kind in ("request", "notification") and is_modern_first_message(
                 top.method or "", top.params if isinstance(top.params, dict) else None):
-            await self.modern.post(body, decoded, top, message, headers, identity, receive, send)
+            await self.modern.post(body, top, message, headers, identity, receive, send)
         else:
             raise HttpError(400, -32600, "no Mcp-Session-Id header: start a session with initialize, or send a "
                                          "2026-07-28 request (params._meta names its protocol version)", top.id)
@@ -205,7 +211,7 @@ class HttpFrontend:
         return session
 
 
-    async def _legacy_post(self, session: LegacySession, body: bytes, decoded: dict | None, top: Peeked,
+    async def _legacy_post(self, session: LegacySession, body: bytes, decoded: dict[str, Any], top: Peeked,
                            headers: dict[str, str], receive: Receive, send: Send) -> None:
         session_header = ((b"mcp-session-id", session.id.encode()),)
         if top.kind != "request":
@@ -231,7 +237,11 @@ class HttpFrontend:
         meta = top.params.get("_meta") if isinstance(top.params, dict) else None
         if isinstance(meta, dict) and meta.get("progressToken") is not None:
             session.progress[meta["progressToken"]] = exchange
-        session.feed(body, decoded, exchange)
+        try:
+            session.feed(body, decoded, exchange)
+        except BaseException:
+            session.abandon(exchange)  # a request that failed to start holds neither its id nor its server's slot
+            raise
         await self.answers.answer(exchange, receive, send, session_header, lambda: session.abandon(exchange),
                            detach=detach, forget=lambda: session.forget(exchange))
 
@@ -308,8 +318,8 @@ class HttpFrontend:
         if session is None:
             raise HttpError(404, -32600, "unknown or ended session_id; open a new stream with GET /sse")
         _claim(session, session_id, identity)
-        body, top, _, decoded = await read_message(headers, receive, self.settings.max_body_bytes,
-                                                   self.settings.body_timeout)
+        body, top, decoded = await read_message(headers, receive, self.settings.max_body_bytes,
+                                                self.settings.body_timeout, self.gateway.config.max_message_bytes)
         self.admission.check_method_scopes(identity, top)
         if top.kind == "request":
             release, busy = self.admission.gate_request(top, identity)

@@ -4,85 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import msgspec
-import orjson
-
 from bastion.frontends.http.streams import SseStream, priming_event, sse_event
-from bastion.protocol.jsonrpc import ErrorResponse, Outgoing, RawResponse, Response
+from bastion.protocol.jsonrpc import ErrorResponse, Message, Notification, Outgoing, RawResponse, Request, Response
 
 
 @dataclass(frozen=True, slots=True)
 class Peeked:
     """The top of a JSON-RPC frame, enough to route it."""
 
-    kind: str  # "request", "notification", "response" or "invalid"
+    kind: str  # "request", "notification" or "response"
     id: Any = None
     method: str | None = None
     params: Any = None
     error_code: int | None = None
 
 
-class _Top(msgspec.Struct, gc=False):
-    """The members of a frame ``peek`` reads. Decoding into it checks the whole frame's JSON but builds no result:
-    a result (the bulk of nearly every frame) stays bytes, and other members are skipped."""
-
-    id: Any = msgspec.UNSET
-    method: Any = msgspec.UNSET
-    params: Any = None
-    result: msgspec.Raw = msgspec.Raw()
-    error: Any = msgspec.UNSET
-
-
-_decode_top = msgspec.json.Decoder(_Top).decode
-_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
-
-
-def peek(frame: bytes | dict[str, Any]) -> Peeked:
-    if isinstance(frame, (bytes, bytearray, memoryview)):
-        try:
-            top = _decode_top(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            top = None  # not an object, or not JSON: said below exactly as for any other value
-        # An integer id wider than 64 bits is read below as the rest of the HTTP frontend reads it (orjson's way).
-        if top is not None and not (type(top.id) is int and not _INT64_MIN <= top.id <= _UINT64_MAX):
-            return _peek_top(top)
-        try:
-            message = orjson.loads(frame)
-        except orjson.JSONDecodeError:
-            try:  # integers wider than 64 bits, which orjson refuses and the protocol allows
-                message = json.loads(bytes(frame))
-            except ValueError:
-                return Peeked("invalid")
-    else:
-        message = frame
-    if not isinstance(message, dict):
-        return Peeked("invalid")
-    method = message.get("method")
-    if isinstance(method, str):
-        return Peeked("request" if "id" in message else "notification", message.get("id"), method,
-                      message.get("params"))
-    if "id" in message and ("result" in message or "error" in message):
-        error = message.get("error")
-        code = error.get("code") if isinstance(error, dict) else None
-        return Peeked("response", message.get("id"), error_code=code if isinstance(code, int) else None)
-    return Peeked("invalid")
-
-
-def _peek_top(top: _Top) -> Peeked:
-    """``peek`` of a decoded ``_Top``: the same answers as for the whole message decoded."""
-    has_id = top.id is not msgspec.UNSET
-    request_id = top.id if has_id else None
-    if isinstance(top.method, str):
-        return Peeked("request" if has_id else "notification", request_id, top.method, top.params)
-    error = top.error
-    if has_id and (len(top.result) or error is not msgspec.UNSET):
-        code = error.get("code") if isinstance(error, dict) else None
-        return Peeked("response", request_id, error_code=code if isinstance(code, int) else None)
-    return Peeked("invalid")
+def peek(message: Message) -> Peeked:
+    """What a parsed message is, for routing its POST: the session's own classification (``parse_message``), never
+    a reading of its own."""
+    kind = type(message)
+    if kind is Request:
+        return Peeked("request", message.id, message.method, message.params)  # type: ignore[union-attr]
+    if kind is Notification:
+        return Peeked("notification", None, message.method, message.params)  # type: ignore[union-attr]
+    if kind is ErrorResponse:
+        code = message.error.get("code")  # type: ignore[union-attr]
+        return Peeked("response", message.id, error_code=code if type(code) is int else None)  # type: ignore
+    return Peeked("response", message.id)  # type: ignore[union-attr]
 
 
 def answer_to(message: Outgoing) -> tuple[bool, Any, int | None]:

@@ -42,15 +42,16 @@ class ModernPosts:
             return None  # the gateway answers an unknown tool
         return param_header_mismatch(entry.definition.get("inputSchema"), params.get("arguments"), headers)
 
-    async def post(self, body: bytes, decoded: dict | None, top: Peeked, message: dict[str, Any],
-                   headers: dict[str, str], identity: Identity, receive: Receive, send: Send) -> None:
+    async def post(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
+                   identity: Identity, receive: Receive, send: Send) -> None:
+        """``message`` is the body as ``read_message`` read it, which the connection takes as it is."""
         if top.kind == "notification":
             # It passes the chain like any client's notification (cancellation itself travels as a closed stream on
             # HTTP), then is acknowledged; a notification has no reply to carry a refusal.
             connection = ClientConnection(self.gateway, lambda frame, message: None, identity=identity, era="modern",
                                           over_network=True)
             try:
-                connection.feed(body, decoded)
+                connection.feed(body, message)
                 await connection.notifications_passed()
             finally:
                 await connection.closed()
@@ -87,7 +88,7 @@ class ModernPosts:
         connection = ClientConnection(self.gateway, route, identity=identity, close=lambda: None, over_network=True)
         self.connections.add(connection)
         try:
-            connection.feed(body, decoded)
+            connection.feed(body, message)
             await self.answers.answer(exchange, receive, send, (), exchange.release, MODERN_STATUS_FOR_CODE)
         finally:
             self.connections.discard(connection)

@@ -104,7 +104,7 @@ class LegacySession:
                      " it is cancelled", self.id[:8], exchange.request_id, self._frontend.settings.resume_seconds)
         self.abandon(exchange)
 
-    def feed(self, frame: bytes, decoded: dict | None = None, exchange: Exchange | None = None) -> None:
+    def feed(self, frame: bytes, decoded: Any = None, exchange: Exchange | None = None) -> None:
         self.last_seen = time.monotonic()
         self._feeding = exchange
         try:

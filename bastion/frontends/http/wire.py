@@ -5,13 +5,13 @@ and the JSON, empty and lifespan answers."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Awaitable, Callable
 
 import orjson
 
 from bastion.frontends.http.exchanges import Peeked, peek
 from bastion.frontends.http.guards import is_json_content
+from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES, INVALID_REQUEST, InvalidFrame, parse_message, read_frame
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -62,30 +62,28 @@ async def read_body(headers: dict[str, str], receive: Receive, limit: int, body_
     return b"".join(chunks)
 
 
-async def read_message(headers: dict[str, str], receive: Receive, limit: int,
-                       body_timeout: float) -> tuple[bytes, Peeked, dict, dict | None]:
-    """The request's one JSON-RPC message: its bytes, what it is, it decoded, and it decoded as a client session
-    reads a frame (None when only the standard library could read it), for the session to take without reading the
-    bytes again."""
+async def read_message(headers: dict[str, str], receive: Receive, limit: int, body_timeout: float,
+                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[bytes, Peeked, dict[str, Any]]:
+    """The request's one JSON-RPC message: its bytes, what it is, and it decoded, for the session to take without
+    reading the bytes again.
+
+    The body is read as every transport reads a client's frame (``read_frame``, then ``parse_message``), so it is
+    accepted or refused here exactly as a client session over stdio accepts or refuses the same bytes, and refused
+    with the error that session would send (status 400; 413 past ``max_message_bytes``): nothing the session would
+    refuse reaches it, so no refused request is registered as in flight."""
     if not is_json_content(headers.get("content-type")):
         raise HttpError(415, -32600, f"Content-Type {headers.get('content-type', '(none)')!r}: a request body is "
                                      "one JSON-RPC message as application/json")
     body = await read_body(headers, receive, limit, body_timeout)
-    try:
-        message = session_reads = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        session_reads = None
-        try:
-            message = json.loads(body)  # integers wider than 64 bits, which orjson refuses
-        except ValueError as exc:
-            raise HttpError(400, -32700, f"the body is not JSON: {exc}") from None
-    if isinstance(message, list):
-        raise HttpError(400, -32600, "a batch (a JSON array) is not accepted; send one message per request")
-    top = peek(message)
-    if top.kind == "invalid" or message.get("jsonrpc") != "2.0":
-        raise HttpError(400, -32600, 'not a JSON-RPC 2.0 message: it needs "jsonrpc": "2.0" and a method, or a '
-                                     "result or error", top.id)
-    return body, top, message, session_reads
+    value = read_frame(body, max_message_bytes)
+    parsed = value if type(value) is InvalidFrame else parse_message(value)
+    if type(parsed) is InvalidFrame:
+        reply = parsed.reply
+        status = 413 if len(body) > max_message_bytes else 400
+        if reply is None:  # a malformed response: a stream would not answer it, but a POST is answered
+            raise HttpError(status, INVALID_REQUEST, f"Invalid response: {parsed.reason}")
+        raise HttpError(status, reply.error["code"], reply.error["message"], reply.id)
+    return body, peek(parsed), value
 
 
 def headers_of(scope: Scope) -> dict[str, str]:
