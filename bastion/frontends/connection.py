@@ -88,6 +88,12 @@ class ClientConnection:
         return self.protocol.era
 
     @property
+    def log_level(self) -> str | None:
+        """The level a handshake-era client set with ``logging/setLevel``; None until it sets one (it gets every
+        level until then)."""
+        return self.protocol.log_level
+
+    @property
     def session(self) -> Session:
         """The handshake-era session (what its interceptors remember lives there), or one for a connection
         without a handshake."""
@@ -227,6 +233,8 @@ class ClientConnection:
             try:
                 self._session = Session(self.identity, "legacy", event.protocol_version, event.client_capabilities,
                                         event.client_info, self.id, client=self, over_network=self._over_network)
+                # It takes every log level until it sets one: servers asked for less by other clients are asked again.
+                self.gateway.log_levels.client_joined()
                 self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
                 await self.gateway.wait_ready()
 

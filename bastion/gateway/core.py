@@ -21,6 +21,7 @@ from bastion.gateway.bridge import InputBridge
 from bastion.gateway.catalog import Catalog, ServerFacts
 from bastion.gateway.input_rounds import InputRounds
 from bastion.gateway.launch import launch_server
+from bastion.gateway.log_levels import LogLevels
 from bastion.gateway.pipeline import Chain
 from bastion.gateway.pool import InstanceListener, UpstreamPool
 from bastion.gateway.refresh import CatalogRefresh
@@ -46,7 +47,6 @@ DECLARED_TO_SERVERS: dict[str, Any] = {"sampling": {}, "elicitation": {}, "roots
 class Gateway:
     # What a server tells the gateway (the gateway is every Upstream's listener) goes straight to the part whose
     # job it is; these are that part's own methods, set in __init__, so a message pays no call of the gateway's.
-    upstream_ready: Callable[[Upstream], None]  # the catalog's refresh fetches its lists
     upstream_notification: Callable[..., None]  # the relay, toward the client it belongs to
     upstream_request: Callable[..., Awaitable[dict[str, Any]]]  # the relay, to the client whose call asked
     # Which server a client's request would go to (the router's answer), for a frontend's per-server bounds.
@@ -111,6 +111,7 @@ class Gateway:
 
         # The parts, one job each.
         self.subscriptions = Subscriptions(self.catalog, self.upstreams)
+        self.log_levels = LogLevels(self._connections, self.upstreams, self.pools)
         self.refresh = CatalogRefresh(self.catalog, self._connections)
         # The one path of every message, both ways, from every frontend and the host API, compiled per route; its
         # last step for a client's request is the router. Where nothing on a tools/call's route reads its result,
@@ -123,15 +124,21 @@ class Gateway:
                            self.refresh, lambda: self.identity)
         self.input_rounds = InputRounds(self.upstreams, self.pools, self.relay.toward_client)
         self.router = Router(config, self.catalog, self.upstreams, self.pools, self.subscriptions,
-                             self.input_rounds, self._catalog_may_grow, self.relay.notices.pending)
+                             self.input_rounds, self._catalog_may_grow, self.relay.notices.pending,
+                             self.log_levels)
         self.handle = self.chain.handle
         self.takes_raw_params = self.chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
 
-        self.upstream_ready = self.refresh.upstream_ready
         self.upstream_notification = self.relay.notification
         self.upstream_request = self.relay.request
         self.server_for = self.router.server_for
         self.drive_input_required = self.input_rounds.drive
+
+    def upstream_ready(self, upstream: Upstream) -> None:
+        """A server is ready (first started or restarted): the catalog's refresh fetches its lists, and it is asked
+        for the log level its clients want (a new process knows none)."""
+        self.refresh.upstream_ready(upstream)
+        self.log_levels.upstream_ready(upstream)
 
     # ------------------------------------------------------------------------------------------ running
     def start(self, client_capabilities: Mapping[str, Any] | None = None) -> None:
@@ -188,6 +195,7 @@ class Gateway:
 
     async def close(self) -> None:
         self.refresh.close()
+        self.log_levels.close()
         self.relay.close()
         self.inputs.close()
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), *(p.close() for p in self.pools.values()),
@@ -238,6 +246,7 @@ class Gateway:
 
     def detach(self, connection: ConnectedClient) -> None:
         self._connections.pop(connection.id, None)
+        self.log_levels.client_left()
         self.subscriptions.drop_connection(connection.id)
         for pool in self.pools.values():
             pool.end_session_soon(connection.id)

@@ -47,14 +47,15 @@ class _Instance:
 
 
 class InstanceListener:
-    """What an instance tells the gateway: its notifications and its requests to the client, not its readiness
-    or list changes (the catalog follows the gateway's own instance)."""
+    """What an instance tells the gateway: its notifications and its requests to the client, and its readiness only
+    for the log level it is asked for; not its list changes (the catalog follows the gateway's own instance)."""
 
     def __init__(self, gateway: Any) -> None:
         self._gateway = gateway
 
     def upstream_ready(self, upstream: Any) -> None:
-        pass
+        # A new instance is asked for the log level its callers want (bastion/gateway/log_levels.py).
+        self._gateway.log_levels.upstream_ready(upstream)
 
     def upstream_down(self, upstream: Any, reason: str) -> None:
         log.debug("server %s: an instance is down: %s", upstream.name, reason)

@@ -38,6 +38,7 @@ class ConnectedClient(ClientChannel, Protocol):
     id: str
     era: str | None
     session: Session
+    log_level: str | None  # a handshake-era client's logging/setLevel, None until it sets one
 
     def log_message(self, params: dict[str, Any]) -> None:
         """A server's log message, if the client's log level takes it."""

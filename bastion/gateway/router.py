@@ -4,13 +4,13 @@ a prompt's, a resource's) or answers from the catalog (the lists, ``ping``)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
 
 import msgspec
 
 from bastion.gateway.catalog import LISTS, BadCursor, Catalog, paginate
 from bastion.gateway.input_rounds import InputRounds
+from bastion.gateway.log_levels import LogLevels
 from bastion.gateway.naming import SEPARATOR, sanitize
 from bastion.gateway.relay import relayable
 from bastion.gateway.subscriptions import Subscriptions
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from bastion.gateway.pool import UpstreamPool
     from bastion.gateway.upstream import Upstream
 
-log = logging.getLogger("bastion.gateway")
-
 _Found = TypeVar("_Found")
 
 
@@ -32,8 +30,11 @@ class Router:
     def __init__(self, config: GatewayConfig, catalog: Catalog, upstreams: Mapping[str, Upstream],
                  pools: Mapping[str, UpstreamPool], subscriptions: Subscriptions, input_rounds: InputRounds,
                  catalog_may_grow: Callable[[], Awaitable[bool]],
-                 notices_pending: Callable[[], "asyncio.Task[None] | None"] = lambda: None) -> None:
+                 notices_pending: Callable[[], "asyncio.Task[None] | None"] = lambda: None,
+                 log_levels: LogLevels | None = None) -> None:
         self._config = config
+        # What level each handshake-era server is asked to log at: the most verbose its clients want.
+        self._log_levels = log_levels if log_levels is not None else LogLevels({}, upstreams, pools)
         # The server notifications still passing the chain (``Relay.notices``): an answer leaves after them.
         self._notices_pending = notices_pending
         self._catalog = catalog
@@ -86,7 +87,9 @@ class Router:
         if method == "completion/complete":
             return await self._complete(request)
         if method == "logging/setLevel":
-            await self._set_level(params, request.session)
+            # The client's own level is in its session already, and filters what it is sent; the servers are asked
+            # for the most verbose level any of their clients wants, never narrowed to this client's alone.
+            await self._log_levels.client_set(request.session)
             return {}
         if method == "ping":
             return {}
@@ -218,13 +221,3 @@ class Router:
                 raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown resource template: {ref.get('uri')}")
             return await self._forward(request, server, request.params)
         raise GatewayError(jsonrpc.INVALID_PARAMS, "completion ref must be ref/prompt or ref/resource")
-
-    async def _set_level(self, params: dict[str, Any], session: Session | None = None) -> None:
-        # A caller of a pooled server has an instance of its own, whose log messages are that caller's: it is told too.
-        own = [pool.instance(session) for pool in self._pools.values()] if session is not None else []
-        candidates = [*self._upstreams.values(), *(u for u in own if u is not None)]
-        targets = [u for u in candidates if u.era == "legacy" and "logging" in u.capabilities and u.ready.is_set()]
-        results = await asyncio.gather(*(u.request("logging/setLevel", params) for u in targets), return_exceptions=True)
-        for upstream, outcome in zip(targets, results):
-            if isinstance(outcome, Exception):
-                log.info("server %s: logging/setLevel failed: %s", upstream.name, outcome)
