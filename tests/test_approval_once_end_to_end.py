@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import time
@@ -19,7 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.http.conftest import Served, stop_bastion
+from tests.http.conftest import Served, serve_config, stop_bastion
 from tests.support import BASTION, READY_TIMEOUT, RawClient, raw_server
 
 MODERN = "2026-07-28"
@@ -63,21 +62,7 @@ def _big_calls(tmp_path: Path) -> int:
 # --- 2026-07-28 over HTTP ---------------------------------------------------------------------------------
 
 def _serve(tmp_path: Path, approver: str = "client") -> Served:
-    stderr = tmp_path / "bastion.stderr"
-    process = subprocess.Popen([BASTION, "serve", str(_config(tmp_path, approver)), "--http", "127.0.0.1:0"],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        found = re.search(r"serving MCP on (https?://[^ ]+/mcp)", stderr.read_text())
-        if found:
-            url = found.group(1)
-            return Served(url, url[: -len("/mcp")], tmp_path / "events.log", stderr, process)
-        if process.poll() is not None:
-            raise AssertionError(f"bastion serve exited with {process.returncode}: {stderr.read_text()}")
-        time.sleep(0.1)
-    process.kill()
-    raise AssertionError(f"bastion serve did not say where it listens: {stderr.read_text()}")
+    return serve_config(_config(tmp_path, approver), tmp_path, tmp_path / "events.log")
 
 
 async def _post(served: Served, request_id: int, name: str, arguments: dict[str, Any], **params: Any) -> dict:

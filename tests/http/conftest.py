@@ -46,6 +46,11 @@ def start_bastion(tmp: Path, http: dict[str, Any] | None = None, *, extra_args: 
         SERVER: {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")],
                  "env": {"FIXTURE_EVENTS": str(events)}, "request_timeout": 900,
                  "sandbox": {"writable": [str(tmp)]}}}}))
+    return serve_config(config, tmp, events, extra_args)
+
+
+def serve_config(config: Path, tmp: Path, events: Path, extra_args: tuple[str, ...] = ()) -> Served:
+    """``bastion serve CONFIG`` on a free loopback port, once it says where it listens (its stderr in ``tmp``)."""
     stderr = tmp / "bastion.stderr"
     process = subprocess.Popen([BASTION, "serve", str(config), "--http", "127.0.0.1:0", *extra_args],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),

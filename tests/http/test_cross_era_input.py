@@ -5,11 +5,7 @@ retry that answers an ``input_required`` comes on a request of its own."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -19,8 +15,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CreateMessageResult, ElicitResult, TextContent
 
-from tests.http.conftest import SERVER, Served, stop_bastion
-from tests.support import BASTION, FIXTURES, READY_TIMEOUT
+from tests.http.conftest import SERVER, Served, serve_config, stop_bastion
+from tests.support import FIXTURES, READY_TIMEOUT
 
 DEADLINE = 180.0
 LLM_ANSWER = "an answer sampled over HTTP"
@@ -32,20 +28,7 @@ def serve(tmp: Path, era: str) -> Served:
     config.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT, "servers": {SERVER: {
         "command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": era,
         "env": {"FIXTURE_EVENTS": str(events)}, "request_timeout": 900, "sandbox": {"writable": [str(tmp)]}}}}))
-    stderr = tmp / "bastion.stderr"
-    process = subprocess.Popen([BASTION, "serve", str(config), "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        found = re.search(r"serving MCP on (https?://[^ ]+/mcp)", stderr.read_text())
-        if found:
-            url = found.group(1)
-            return Served(url, url[: -len("/mcp")], events, stderr, process)
-        assert process.poll() is None, f"bastion serve exited: {stderr.read_text()}"
-        time.sleep(0.1)
-    process.kill()
-    raise AssertionError(f"bastion serve did not say where it listens: {stderr.read_text()}")
+    return serve_config(config, tmp, events)
 
 
 async def on_sampling(context, params) -> CreateMessageResult:
