@@ -200,22 +200,27 @@ def test_what_a_server_writes_cannot_forge_or_control_the_gateways_log(tmp_path:
               f"sys.stderr.write({forged!r} + '\\n')\n"
               "sys.stderr.write('progress\\r' + chr(27) + '[2J' + chr(0x2028) + 'bastion INFO forged too' + '\\n')\n"
               "sys.exit(1)\n")
+    lines = (stderr := _stderr_beside_a_failing_server(tmp_path, "forging", script)).splitlines()
+    assert f"    {forged}" in lines  # quoted, under the warning that quotes it
+    assert not any(line.startswith(forged) or line.startswith("bastion INFO forged") for line in lines)
+    assert "    progress\\r\\x1b[2J\\u2028bastion INFO forged too" in lines
+    assert "\x1b" not in stderr and "\r" not in stderr and "\u2028" not in stderr
+
+
+def _stderr_beside_a_failing_server(tmp_path: Path, name: str, script: str) -> str:
+    """Bastion's stderr once the server ``name`` (running ``script``, which exits) has failed beside a good one."""
     config = write(tmp_path / "bastion.json", {
-        "good": raw_server(tag="forging-good"),
-        "forging": {"command": sys.executable, "args": ["-c", script]},
+        "good": raw_server(tag=f"{name}-good"),
+        name: {"command": sys.executable, "args": ["-c", script]},
     }, ready_timeout=DEADLINE)
     log = tmp_path / "bastion.log"
     client = RawClient(config, log=log)
     try:
         client.initialize()
-        assert wait_for(lambda: "bastion.server.forging: server forging: exited" in logged(log), DEADLINE)
+        assert wait_for(lambda: f"bastion.server.{name}: server {name}: exited" in logged(log), DEADLINE)
     finally:
         _, stderr = client.close()
-    lines = stderr.splitlines()
-    assert f"    {forged}" in lines  # quoted, under the warning that quotes it
-    assert not any(line.startswith(forged) or line.startswith("bastion INFO forged") for line in lines)
-    assert "    progress\\r\\x1b[2J\\u2028bastion INFO forged too" in lines
-    assert "\x1b" not in stderr and "\r" not in stderr and "\u2028" not in stderr
+    return stderr
 
 
 def test_a_failing_servers_warning_quotes_its_last_stderr_lines(tmp_path: Path) -> None:
@@ -223,17 +228,7 @@ def test_a_failing_servers_warning_quotes_its_last_stderr_lines(tmp_path: Path) 
               "for n in range(8): print(f'loading part {n}', file=sys.stderr)\n"
               "print('boom: the database is locked', file=sys.stderr)\n"
               "sys.exit(1)\n")
-    config = write(tmp_path / "bastion.json", {
-        "good": raw_server(tag="failing-good"),
-        "failing": {"command": sys.executable, "args": ["-c", script]},
-    }, ready_timeout=DEADLINE)
-    log = tmp_path / "bastion.log"
-    client = RawClient(config, log=log)
-    try:
-        client.initialize()
-        assert wait_for(lambda: "bastion.server.failing: server failing: exited" in logged(log), DEADLINE)
-    finally:
-        _, stderr = client.close()
+    stderr = _stderr_beside_a_failing_server(tmp_path, "failing", script)
     warning, quoted = stderr.split("bastion WARNING bastion.server.failing: server failing: exited", 1)[1].split(
         "\n", 1)
     assert "restarting in" in warning  # a crash keeps its backoff
