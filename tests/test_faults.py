@@ -13,7 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BASTION, READY_TIMEOUT, RawClient, pids_with_tag, raw_server, wait_for, write_config
+from tests.support import (
+    BASTION,
+    FIXTURES,
+    READY_TIMEOUT,
+    SANDBOX_TIERS,
+    RawClient,
+    pids_with_tag,
+    pipe_holders,
+    raw_server,
+    wait_for,
+    write_config,
+)
 
 
 @pytest.fixture
@@ -188,21 +199,31 @@ def test_a_result_that_must_be_read_but_cannot_be_is_an_error_not_a_hang(verbati
     assert fine["result"]["content"][0]["text"] == "fine"
 
 
-@pytest.mark.parametrize("sandbox", ["default", "none"])
-def test_a_server_talks_over_plain_pipes_not_sockets(tmp_path, marks, sandbox):
-    # A unix socket pair costs the kernel about twice what a pipe does for every frame, on both sides.
+@pytest.mark.parametrize("sandbox", SANDBOX_TIERS)
+def test_a_server_alone_holds_its_ends_of_its_stdin_and_stdout_pipes(tmp_path, marks, sandbox):
+    # Plain pipes: a unix socket pair costs the kernel about twice what a pipe does for every frame, on both sides.
+    # And no other copy of the server's ends anywhere (not in bubblewrap, not in Bastion, not a spare in the server
+    # itself), or a server that closes its stdout is never seen to.
     tag = f"pipes-{uuid.uuid4().hex[:8]}"
     server = raw_server(marks, tag=tag, **({"sandbox": {"profile": "none"}} if sandbox == "none" else {}))
     client = RawClient(write_config(tmp_path / "c.json", {"raw": server}))
     try:
         client.initialize()
         _still_works(client)
-        pids = pids_with_tag(tag)  # in a sandbox, bubblewrap and the server
-        assert pids
-        for pid in pids:
-            assert [os.readlink(f"/proc/{pid}/fd/{fd}").split(":")[0] for fd in (0, 1)] == ["pipe", "pipe"]
+        [pid] = [pid for pid in pids_with_tag(tag) if _argv(pid)[1:2] == [str(FIXTURES / "raw_server.py")]]
+        stdin, stdout = (os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (0, 1))
+        assert stdin.startswith("pipe:") and stdout.startswith("pipe:")
+        assert pipe_holders(stdout, writing=True) == {(pid, 1)}
+        assert pipe_holders(stdin, writing=False) == {(pid, 0)}
+        assert {holder for holder, _ in pipe_holders(stdout, writing=False)} == {client.proc.pid}
+        assert {holder for holder, _ in pipe_holders(stdin, writing=True)} == {client.proc.pid}
     finally:
         client.close()
+
+
+def _argv(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace").split("\0")
 
 
 def test_requests_before_initialize_close_the_connection(tmp_path, marks):

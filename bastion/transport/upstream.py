@@ -40,9 +40,11 @@ if TYPE_CHECKING:
     from bastion.transport.credentials import UpstreamCredentials
 
 _STDERR_GRACE = 2.0  # after a stop, how long the last stderr lines may take to arrive
-# bubblewrap's own words when the server's executable cannot be run inside the sandbox: not there, not executable,
-# or its interpreter (a script's #! line) not there to be mounted.
-_SANDBOX_EXEC_FAILED = re.compile(r"^bwrap: execvp (.+): (No such file or directory|Permission denied|Not a directory|"
+# The words of bubblewrap, or of the shell inside the sandbox that executes the server (bastion/sandbox/process.py,
+# INNER_SHIM: dash's and bash's), when the server's executable cannot be run inside the sandbox: not there, not
+# executable, or its interpreter (a script's #! line) not there to be mounted.
+_SANDBOX_EXEC_FAILED = re.compile(r"^(?:bwrap: execvp |bastion-sandbox: (?:line )?\d+: (?:exec: )?)(.+): "
+                                  r"(No such file or directory|not found|Permission denied|Not a directory|"
                                   r"Exec format error)$")
 _SANDBOX_SOURCE_MISSING = re.compile(r"bwrap: Can't find source path (.+): No such file or directory")
 # What a shell wrapper exits with when its command is missing (127) or not executable (126).
