@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 BASTION = str(VENV_BIN / "bastion")
@@ -49,6 +51,49 @@ def raw_server(marks: Path | None = None, *, tag: str = "raw-server", linger: bo
     if env:
         entry["env"] = env
     return entry
+
+
+def _no_sandbox_here() -> str | None:
+    """Why servers cannot be sandboxed on this machine (no bubblewrap), or None."""
+    from bastion.sandbox.engine import SandboxUnavailable, find_engine
+
+    try:
+        find_engine()
+    except SandboxUnavailable as exc:
+        return str(exc)
+    return None
+
+
+_NO_SANDBOX = _no_sandbox_here()
+# Both sandbox tiers, for a test that runs under each: bubblewrap ("default", skipped where it is missing) and none.
+SANDBOX_TIERS = [
+    pytest.param("default", marks=pytest.mark.skipif(_NO_SANDBOX is not None, reason=f"no sandbox: {_NO_SANDBOX}")),
+    "none",
+]
+
+
+def pipe_holders(pipe: str, *, writing: bool) -> set[tuple[int, int]]:
+    """(pid, fd) of every live process holding the pipe ``pipe`` (``pipe:[N]``, as /proc/PID/fd shows it) open for
+    writing, or for reading."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") != pipe:
+                    continue
+                with open(f"/proc/{entry}/fdinfo/{fd}") as f:
+                    flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
+            except (OSError, StopIteration):
+                continue
+            if (flags & os.O_ACCMODE != os.O_RDONLY) == writing:
+                found.add((int(entry), int(fd)))
+    return found
 
 
 def pids_with_tag(tag: str) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -13,7 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BASTION, READY_TIMEOUT, RawClient, pids_with_tag, raw_server, wait_for, write_config
+from tests.support import (
+    BASTION,
+    FIXTURES,
+    READY_TIMEOUT,
+    SANDBOX_TIERS,
+    RawClient,
+    pids_with_tag,
+    pipe_holders,
+    raw_server,
+    wait_for,
+    write_config,
+)
 
 
 @pytest.fixture
@@ -188,21 +200,31 @@ def test_a_result_that_must_be_read_but_cannot_be_is_an_error_not_a_hang(verbati
     assert fine["result"]["content"][0]["text"] == "fine"
 
 
-@pytest.mark.parametrize("sandbox", ["default", "none"])
-def test_a_server_talks_over_plain_pipes_not_sockets(tmp_path, marks, sandbox):
-    # A unix socket pair costs the kernel about twice what a pipe does for every frame, on both sides.
+@pytest.mark.parametrize("sandbox", SANDBOX_TIERS)
+def test_a_server_alone_holds_its_ends_of_its_stdin_and_stdout_pipes(tmp_path, marks, sandbox):
+    # Plain pipes: a unix socket pair costs the kernel about twice what a pipe does for every frame, on both sides.
+    # And no other copy of the server's ends anywhere (not in bubblewrap, not in Bastion, not a spare in the server
+    # itself), or a server that closes its stdout is never seen to.
     tag = f"pipes-{uuid.uuid4().hex[:8]}"
     server = raw_server(marks, tag=tag, **({"sandbox": {"profile": "none"}} if sandbox == "none" else {}))
     client = RawClient(write_config(tmp_path / "c.json", {"raw": server}))
     try:
         client.initialize()
         _still_works(client)
-        pids = pids_with_tag(tag)  # in a sandbox, bubblewrap and the server
-        assert pids
-        for pid in pids:
-            assert [os.readlink(f"/proc/{pid}/fd/{fd}").split(":")[0] for fd in (0, 1)] == ["pipe", "pipe"]
+        [pid] = [pid for pid in pids_with_tag(tag) if _argv(pid)[1:2] == [str(FIXTURES / "raw_server.py")]]
+        stdin, stdout = (os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (0, 1))
+        assert stdin.startswith("pipe:") and stdout.startswith("pipe:")
+        assert pipe_holders(stdout, writing=True) == {(pid, 1)}
+        assert pipe_holders(stdin, writing=False) == {(pid, 0)}
+        assert {holder for holder, _ in pipe_holders(stdout, writing=False)} == {client.proc.pid}
+        assert {holder for holder, _ in pipe_holders(stdin, writing=True)} == {client.proc.pid}
     finally:
         client.close()
+
+
+def _argv(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace").split("\0")
 
 
 def test_requests_before_initialize_close_the_connection(tmp_path, marks):
@@ -239,6 +261,106 @@ def test_a_crash_mid_call_fails_the_call_at_once_and_the_server_restarts(client)
         return "result" in reply
 
     assert wait_for(back, timeout=30, interval=0.3)
+
+
+# A server's calls wait this long for their answers: a test that gets an answer at all, waiting far less, shows that
+# it came at once, not when the wait ran out.
+LONG_WAIT = 600
+FAULT_TOOLS = [{"name": name, "description": name, "inputSchema": {"type": "object"}}
+               for name in ("big_unplaced", "close_stdout")]
+
+
+def _fault_client(tmp_path: Path, marks: Path, sandbox: str, tag: str) -> RawClient:
+    """``bastion run`` with the raw server under ``sandbox`` (its fault tools listed), frames of at most 64 KiB and
+    calls that wait LONG_WAIT for their answers."""
+    entry = raw_server(marks, tag=tag, request_timeout=LONG_WAIT,
+                       **({"sandbox": {"profile": "none"}} if sandbox == "none" else {}))
+    entry["env"]["RAW_SERVER_EXTRA_TOOLS"] = json.dumps(FAULT_TOOLS)
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"servers": {"raw": entry}, "max_message_bytes": 65536, "policy": "off",
+                                  "ready_timeout": READY_TIMEOUT}))
+    return RawClient(config)
+
+
+def _answers(client: RawClient, ids: set, timeout: float = 60.0) -> dict:
+    """The answers to the requests ``ids``, in whatever order they come."""
+    answers: dict = {}
+    while set(answers) != ids:
+        message = client.recv(timeout)
+        if message.get("id") in ids and "method" not in message:
+            answers[message["id"]] = message
+    return answers
+
+
+def _starts(marks: Path) -> int:
+    return marks.read_text().count("started ")
+
+
+def _comes_back(client: RawClient) -> bool:
+    def back() -> bool:
+        return "result" in _call(client, f"retry-{time.monotonic_ns()}", "raw__echo", {"text": "back"})
+
+    return wait_for(back, timeout=30, interval=0.3)
+
+
+@pytest.mark.parametrize("sandbox", SANDBOX_TIERS)
+def test_an_answer_over_max_message_bytes_fails_its_call_at_once_and_the_server_serves_on(tmp_path, marks, sandbox):
+    client = _fault_client(tmp_path, marks, sandbox, f"oversize-{uuid.uuid4().hex[:8]}")
+    try:
+        client.initialize()
+        client.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                     "params": {"name": "raw__slow", "arguments": {}}})
+        answer = _call(client, 1, "raw__big", {"size": 100_000}, timeout=60)
+        error = answer["error"]
+        assert error["code"] == -32603, error
+        size = int(re.search(r"a message of (\d+) bytes", error["message"]).group(1))
+        assert size > 100_000 and "over max_message_bytes (65536)" in error["message"]
+        assert "'raw'" in error["message"] and "tools/call" in error["message"]
+        # Only that call: the other one is still in flight, and the server was not restarted.
+        client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow"}})
+        assert wait_for(lambda: "cancelled" in marks.read_text())
+        _still_works(client)
+        assert _starts(marks) == 1
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("sandbox", SANDBOX_TIERS)
+def test_a_message_over_max_message_bytes_that_answers_no_call_it_can_tell_fails_them_all_and_restarts_the_server(
+        tmp_path, marks, sandbox):
+    client = _fault_client(tmp_path, marks, sandbox, f"unplaced-{uuid.uuid4().hex[:8]}")
+    try:
+        client.initialize()
+        client.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                     "params": {"name": "raw__slow", "arguments": {}}})
+        client.send({"jsonrpc": "2.0", "id": "big", "method": "tools/call",
+                     "params": {"name": "raw__big_unplaced", "arguments": {"size": 100_000}}})
+        answers = _answers(client, {"slow", "big"})
+        for answer in answers.values():
+            error = answer["error"]
+            assert error["code"] == -32001, error
+            assert "over max_message_bytes (65536), whose request could not be told" in error["message"]
+        assert _comes_back(client)
+        assert _starts(marks) == 2
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("sandbox", SANDBOX_TIERS)
+def test_a_server_that_closes_its_stdout_mid_call_fails_the_call_at_once_and_is_restarted(tmp_path, marks, sandbox):
+    tag = f"closes-{uuid.uuid4().hex[:8]}"
+    client = _fault_client(tmp_path, marks, sandbox, tag)
+    try:
+        client.initialize()
+        answer = _call(client, 1, "raw__close_stdout", timeout=60)
+        error = answer["error"]
+        assert error["code"] == -32001, error
+        assert error["message"] == "server 'raw' closed its stdout without exiting while handling tools/call"
+        assert "stdout closed" in marks.read_text()
+        assert _comes_back(client)  # the old process stopped (it reads nothing: by signal), a new one started
+        assert _starts(marks) == 2
+    finally:
+        client.close()
 
 
 def test_a_ten_megabyte_result_passes(tmp_path, marks):

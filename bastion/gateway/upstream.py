@@ -21,12 +21,14 @@ from bastion.protocol.client_session import (
     SELF,
     Answered,
     ClientSession,
+    Dropped,
     Exchange,
     Failed,
     Garbage,
     ServerCancelled,
     ServerNotification,
     ServerRequest,
+    Unattributed,
     Unmatched,
 )
 from bastion.protocol.correlation import Pending
@@ -34,6 +36,7 @@ from bastion.protocol.jsonrpc import ErrorResponse, Notification, RawResponse, R
 from bastion.protocol.framing import Oversize
 from bastion.transport.stdio import WriteBatch
 from bastion.transport.upstream import (
+    STDOUT_CLOSED,
     Launcher,
     ServerProcess,
     StartRefused,
@@ -92,6 +95,8 @@ class Upstream:
         self._transport: UpstreamTransport | None = None  # the same while it runs, None once it is stopped
         self._relays: dict[Any, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None
+        # Set when this start's stream can no longer be trusted (see _break): the start ends with its reason.
+        self._broken: asyncio.Future[str] | None = None
         self._closing = False
         self._started_at = 0.0
         self._listen_wanted: dict[str, Any] = {}
@@ -215,6 +220,7 @@ class Upstream:
 
     async def _run_once(self) -> str:
         self._spawned = False
+        broken = self._broken = asyncio.get_running_loop().create_future()
         transport = self._attempt = open_transport(self.name, self.config, launch=self._launch,
                                                    max_message_bytes=self._max_bytes, writes=self._writes,
                                                    credentials=self.credentials)
@@ -228,7 +234,7 @@ class Upstream:
         self.launched.set()
         self._spawned = True
         self._transport = transport
-        ended = asyncio.create_task(transport.ended())
+        ended = asyncio.create_task(self._ends(transport, broken))
         sweeper = asyncio.create_task(self._sweep_deadlines())
         try:
             reason = await self._handshake_or_exit(ended)
@@ -239,6 +245,7 @@ class Upstream:
                 self.log.info("server %s ready (%s era, protocol %s)", self.name, self.era, self.protocol_version)
                 self._listener.upstream_ready(self)
                 reason = await ended
+            self._down(reason)  # now: stopping what is left of the process may take its grace periods
         finally:
             await self._stop_transport()
             ended.cancel()
@@ -249,6 +256,33 @@ class Upstream:
             if refusal is not None:
                 raise StartRefused(refusal)
         return reason
+
+    @staticmethod
+    async def _ends(transport: UpstreamTransport, broken: asyncio.Future[str]) -> str:
+        """Why this start ends: the transport's end (the process exited or closed its stdout, the connection
+        dropped), or a stream Bastion can no longer trust (``broken``), whichever comes first."""
+        ended = asyncio.ensure_future(transport.ended())
+        try:
+            await asyncio.wait({ended, broken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not ended.done():
+                ended.cancel()
+        return broken.result() if broken.done() else ended.result()
+
+    def _down(self, reason: str) -> None:
+        """This start has ended, or is about to: no request goes to it any more, and those it has fail now."""
+        self.ready.clear()
+        self.failure = reason
+        self._fail_pending(reason)
+
+    def _break(self, reason: str) -> None:
+        """The server's stream can no longer be trusted: fail what it has in flight now, and end this start (the
+        supervisor stops the process and starts it again)."""
+        broken = self._broken
+        if broken is None or broken.done():
+            return
+        broken.set_result(reason)
+        self._down(reason)
 
     async def _handshake_or_exit(self, ended: asyncio.Task[str]) -> str | None:
         """Why the handshake failed, or None; a server that exits mid-handshake is noticed at once."""
@@ -263,8 +297,12 @@ class Upstream:
             handshake.cancel()
             await asyncio.gather(handshake, return_exceptions=True)
             if ended in done:
-                how = "lost the connection" if self.config.url is not None else "exited"
-                return f"{how} during the handshake ({ended.result()})"
+                why = ended.result()
+                if self.config.url is not None:
+                    return f"lost the connection during the handshake ({why})"
+                if why == STDOUT_CLOSED or (self._broken is not None and self._broken.done()):
+                    return f"{why} during the handshake"
+                return f"exited during the handshake ({why})"
             return f"no answer to the handshake within {self.config.startup_timeout:g}s"
         try:
             handshake.result()
@@ -457,9 +495,11 @@ class Upstream:
         self._writes.deliver(frames, self._on_frame)
 
     def _on_frame(self, frame: bytes | Oversize) -> None:
+        broken = self._broken
+        if broken is not None and broken.done():
+            return  # what a server sends after its stream was found broken answers nothing still waiting
         if type(frame) is Oversize:
-            self.log.error("server %s sent a message of %d bytes, over the limit of %d; discarded",
-                           self.name, frame.size, frame.limit)
+            self._on_oversize(frame)  # type: ignore[arg-type]
             return
         event = self.session.receive(frame)  # type: ignore[arg-type]
         kind = type(event)
@@ -484,6 +524,28 @@ class Upstream:
             shown = event.frame[:200].decode("utf-8", "replace")  # type: ignore[union-attr]
             self.log.warning("server %s wrote non-protocol output on stdout (%s), ignored: %r", self.name,
                              event.reason, shown)  # type: ignore[union-attr]
+
+    def _on_oversize(self, frame: Oversize) -> None:
+        """A message over ``max_message_bytes``, dropped unread: the call it answers fails now, saying so; one whose
+        call cannot be told fails every call in flight, and the server is restarted (docs/protocol.md)."""
+        event = self.session.oversize(frame)
+        kind = type(event)
+        if kind is Answered:
+            pending = event.pending  # type: ignore[union-attr]
+            self.log.error("server %s answered %s with a message of %d bytes, over max_message_bytes (%d); the call "
+                           "fails", self.name, pending.method, frame.size, frame.limit)
+            _settle(pending, event.message)  # type: ignore[union-attr]
+        elif kind is Dropped:
+            self.log.error("server %s sent a %s of %d bytes, over max_message_bytes (%d); dropped", self.name,
+                           event.what, frame.size, frame.limit)  # type: ignore[union-attr]
+            if event.reply is not None:  # type: ignore[union-attr]
+                self._tell(event.reply)  # type: ignore[union-attr]
+        elif kind is Unmatched:
+            self.log.error("server %s answered request %r, no longer awaited, with a message of %d bytes, over "
+                           "max_message_bytes (%d); dropped", self.name, event.id, frame.size, frame.limit)  # type: ignore[union-attr]
+        elif kind is Unattributed:
+            self.log.error("server %s %s; failing its calls in flight", self.name, event.reason)  # type: ignore[union-attr]
+            self._break(event.reason)  # type: ignore[union-attr]
 
     def _on_request(self, message: Request) -> None:
         # An eager Task (Python 3.12+) may have answered by the time it is made (a ping whose route waits on

@@ -15,13 +15,17 @@ from typing import Any, Callable, Hashable, Mapping, Union
 
 from bastion.protocol import jsonrpc
 from bastion.protocol.correlation import Correlator, Pending
+from bastion.protocol.framing import Oversize
 from bastion.protocol.jsonrpc import (
+    NOT_READ,
     ErrorResponse,
     InvalidFrame,
     Notification,
     RawResponse,
     Request,
     Response,
+    edge_members,
+    is_valid_id,
     parse_frame,
     parse_raw_response,
 )
@@ -236,7 +240,25 @@ class Ignored:
     """A frame with nothing to do: blank, or progress for no request in flight."""
 
 
-Event = Union[Answered, Unmatched, ServerNotification, ServerCancelled, ServerRequest, Garbage, Ignored]
+@dataclass(slots=True)
+class Dropped:
+    """A request or notification from the server too large to read (over ``max_message_bytes``), dropped; a request
+    is owed ``reply``, the error that says so."""
+
+    what: str  # "request" or "notification", and its method when known
+    reply: bytes | None
+
+
+@dataclass(slots=True)
+class Unattributed:
+    """A frame too large to read whose request cannot be told: whatever it answered is lost. Nothing the server
+    has in flight can be trusted to be answered any more."""
+
+    reason: str
+
+
+Event = Union[Answered, Unmatched, ServerNotification, ServerCancelled, ServerRequest, Garbage, Ignored, Dropped,
+              Unattributed]
 _IGNORED = Ignored()
 
 
@@ -386,6 +408,33 @@ class ClientSession:
             return ServerRequest(message)  # type: ignore[arg-type]
         assert isinstance(message, InvalidFrame)
         return Garbage(frame, message.reason)
+
+    def oversize(self, frame: Oversize) -> Event:
+        """What a frame over ``max_message_bytes`` (dropped unread) means, told from its first and last bytes.
+
+        An answer to a request in flight is that request's error (``Answered``), saying the answer was too large; a
+        request or a notification from the server is ``Dropped``; anything else is ``Unattributed``.
+        """
+        too_large = f"a message of {frame.size} bytes, over max_message_bytes ({frame.limit})"
+        members = edge_members(frame.head, frame.tail if frame.whole else b"") or {}
+        rid = members.get("id", NOT_READ)
+        if "method" in members:
+            what = "request" if "id" in members else "notification"
+            if isinstance(members["method"], str):
+                what += f" {members['method']}"
+            reply = None
+            if is_valid_id(rid):
+                reply = jsonrpc.encode(ErrorResponse(rid, jsonrpc.error(
+                    jsonrpc.INVALID_REQUEST, f"Bastion dropped {too_large} unread")))
+            return Dropped(what, reply)
+        if ("result" in members or "error" in members) and is_valid_id(rid):
+            event = self._answer(ErrorResponse(rid, {}))
+            if type(event) is Answered:
+                event.message = ErrorResponse(rid, jsonrpc.error(  # type: ignore[union-attr]
+                    jsonrpc.INTERNAL_ERROR, f"server {self.name!r} answered {event.pending.method} "  # type: ignore[union-attr]
+                    f"with {too_large}; Bastion dropped it unread"))
+            return event
+        return Unattributed(f"sent {too_large}, whose request could not be told")
 
     def _answer(self, message: Response | ErrorResponse | RawResponse) -> Event:
         pending = self.correlator.resolve(message.id)

@@ -5,6 +5,7 @@ Everything here works on bytes and plain objects; nothing reads or writes a tran
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, TypeVar, Union
 
@@ -401,3 +402,123 @@ def error(code: int, message: str, data: Any = None) -> dict[str, Any]:
     if data is not None:
         out["data"] = data
     return out
+
+
+# ------------------------------------------------------------------------------ a frame too large to read
+NOT_READ: Any = object()  # a member whose value is an object or an array: present, not read
+_WHITESPACE = b" \t\r\n"
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_SCALAR = re.compile(rb'(?:"(?:[^"\\]|\\.)*"|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null)'
+                     rb'(?=[ \t\r\n,}])')
+_SCALAR_AT_END = re.compile(rb'(?:-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null)\Z')
+
+
+def edge_members(head: bytes, tail: bytes) -> dict[str, Any] | None:
+    """The top-level members of a JSON object that can be read from its first bytes (``head``) and its last
+    (``tail``, b"" when the end is not known), without the middle: a message too large to parse whole.
+
+    From the head, members are read in order up to the first whose value is an object or an array (its key is
+    there, with the value ``NOT_READ``); from the tail, backwards, up to the first such value. ``{"jsonrpc":
+    "2.0", "id": 7, "result": {...`` gives ``jsonrpc``, ``id`` and ``result``; so does ``...}, "jsonrpc": "2.0",
+    "id": 7}`` once the head gives ``result``. What is read is exact for any valid JSON (a string's closing
+    quote is told from an escaped one); None when the two ends disagree about a member.
+    """
+    members = _head_members(head)
+    for name, value in _tail_members(tail).items():
+        if name in members and members[name] != value and NOT_READ not in (members[name], value):
+            return None
+        if members.get(name, NOT_READ) is NOT_READ:
+            members[name] = value
+    return members
+
+
+def _head_members(head: bytes) -> dict[str, Any]:
+    members: dict[str, Any] = {}
+    at = _skip(head, 0)
+    if head[at:at + 1] != b"{":
+        return members
+    at += 1
+    while True:
+        key = _STRING.match(head, _skip(head, at))
+        if key is None:
+            return members
+        at = _skip(head, key.end())
+        if head[at:at + 1] != b":":
+            return members
+        at = _skip(head, at + 1)
+        value = _SCALAR.match(head, at)
+        try:
+            name = orjson.loads(key.group())
+            if value is None:
+                if head[at:at + 1] in (b"{", b"["):
+                    members[name] = NOT_READ
+                return members
+            members[name] = orjson.loads(value.group())
+        except orjson.JSONDecodeError:
+            return members
+        at = _skip(head, value.end())
+        if head[at:at + 1] != b",":
+            return members
+        at += 1
+
+
+def _tail_members(tail: bytes) -> dict[str, Any]:
+    members: dict[str, Any] = {}
+    end = _skip_back(tail, len(tail))
+    if tail[end - 1:end] != b"}":
+        return members
+    end -= 1
+    while True:
+        end = _skip_back(tail, end)
+        if tail[end - 1:end] == b'"':
+            start = _string_start(tail, end)
+        else:
+            found = _SCALAR_AT_END.search(tail, 0, end)
+            start = found.start() if found is not None else None
+        if start is None:  # an object or an array, or cut by the start of the tail
+            return members
+        value = tail[start:end]
+        end = _skip_back(tail, start)
+        if tail[end - 1:end] != b":":
+            return members
+        end = _skip_back(tail, end - 1)
+        key_start = _string_start(tail, end) if tail[end - 1:end] == b'"' else None
+        if key_start is None:
+            return members
+        try:
+            members[orjson.loads(tail[key_start:end])] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return members
+        end = _skip_back(tail, key_start)
+        if tail[end - 1:end] != b",":
+            return members
+        end -= 1
+
+
+def _skip(data: bytes, at: int) -> int:
+    while at < len(data) and data[at] in _WHITESPACE:
+        at += 1
+    return at
+
+
+def _skip_back(data: bytes, end: int) -> int:
+    while end > 0 and data[end - 1] in _WHITESPACE:
+        end -= 1
+    return end
+
+
+def _string_start(data: bytes, end: int) -> int | None:
+    """Where the string that ends (with its closing quote) at ``end`` starts: the quote before it that no
+    backslash escapes. None when that cannot be told from ``data`` alone."""
+    at = end - 1
+    while True:
+        at = data.rfind(b'"', 0, at)
+        if at <= 0:
+            return None
+        escapes = at
+        while escapes > 0 and data[escapes - 1] == 0x5C:  # a backslash
+            escapes -= 1
+        if escapes == 0:
+            return None  # a run of backslashes reaching the start: whether it escapes the quote is not known
+        if (at - escapes) % 2 == 0:
+            return at

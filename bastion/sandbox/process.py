@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +32,17 @@ STREAM_LIMIT = 64 * 1024 * 1024  # the gateway reads JSON-RPC lines of tens of M
 LOCALE = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 PROXY_PORT = 3128
 FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
+# A sandboxed server's stdin and stdout are handed over so that it alone holds them: bwrap's two processes (the
+# monitor outside and pid 1 inside) keep their own 0, 1 and 2 open while the sandbox lives, and close every other
+# descriptor they are given. So bwrap gets the pipes at these numbers, with /dev/null as its own stdin and stdout
+# (OUTER_SHIM, a shell that then executes bwrap), and a shell inside (INNER_SHIM, which bwrap executes) moves them
+# to the server's 0 and 1 and closes them before it executes the server. A POSIX shell redirects one-digit
+# descriptors only.
+HANDOVER_STDIN, HANDOVER_STDOUT = 3, 4
+SHELL = "/bin/sh"
+OUTER_SHIM = f'exec "$@" {HANDOVER_STDIN}<&0 {HANDOVER_STDOUT}>&1 </dev/null >/dev/null'
+INNER_SHIM = f'exec "$@" <&{HANDOVER_STDIN} >&{HANDOVER_STDOUT} {HANDOVER_STDIN}<&- {HANDOVER_STDOUT}>&-'
+SHIM_NAME = "bastion-sandbox"  # the shell's $0: how the inner shell names itself when the server cannot run
 
 
 class SandboxError(RuntimeError):
@@ -80,38 +94,90 @@ class _StdoutPipe(asyncio.Protocol):
             self.reader.feed_eof()
 
 
+class _Child:
+    """A started process: its pid, its stderr, and its exit status (negative: the signal that killed it).
+
+    Its exit is watched through a pidfd on the event loop (by a thread where the kernel has no pidfds), since the
+    loop's own child watcher knows only the processes the loop started.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], stderr: asyncio.StreamReader) -> None:
+        self._popen = popen
+        self.pid: int = popen.pid
+        self.stderr = stderr
+        self.returncode: int | None = None
+        loop = asyncio.get_running_loop()
+        self._exit: asyncio.Future[int] = loop.create_future()
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # an older kernel, or none at all
+            threading.Thread(target=self._wait_in_thread, args=(loop,), daemon=True,
+                             name=f"wait-{self.pid}").start()
+        else:
+            loop.add_reader(pidfd, self._poll, loop, pidfd)
+
+    def _poll(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
+        status = self._popen.poll()
+        if status is not None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            self._exited(status)
+
+    def _wait_in_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        status = self._popen.wait()
+        try:
+            loop.call_soon_threadsafe(self._exited, status)
+        except RuntimeError:  # the loop is closed: nobody is waiting
+            pass
+
+    def _exited(self, status: int) -> None:
+        self.returncode = status
+        if not self._exit.done():
+            self._exit.set_result(status)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+
 @dataclass
 class _Started:
-    process: asyncio.subprocess.Process  # stderr only: stdin and stdout are below
+    process: _Child  # stderr only: stdin and stdout are below
     stdin: asyncio.StreamWriter
     stdout: _StdoutPipe
 
 
-async def _start(*argv: str, limit: int, **options: object) -> _Started:
-    """Start a server with plain pipes for stdin and stdout, the protocol channel.
+async def _start(argv: list[str], *, limit: int, env: dict[str, str], cwd: str | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> _Started:
+    """Start a process with plain pipes for stdin, stdout and stderr, and no other copy of them anywhere.
 
-    uvloop would make socket pairs of them, and a unix socket costs the kernel about twice what a pipe does per
-    write and read: a few microseconds on every frame, in Bastion and in the server alike.
+    Bastion keeps only its own ends (close-on-exec) and the child gets the others as 0, 1 and 2 and nothing else
+    but ``pass_fds``: ``subprocess.Popen`` closes every other descriptor in the child. The event loop does not
+    start it: uvloop would make unix socket pairs of the pipes (a socket costs the kernel about twice what a pipe
+    does per write and read: a few microseconds on every frame, in Bastion and in the server alike), and hands
+    its child a second, inheritable copy of every descriptor it is given, at a number above 2. A server holding
+    a spare copy of its stdout never lets Bastion see that stdout end, when it closes fd 1 or passes it on.
     """
     loop = asyncio.get_running_loop()
     stdin_read, stdin_write = os.pipe()
     stdout_read, stdout_write = os.pipe()
-    parent_ends = [stdin_write, stdout_read]
+    stderr_read, stderr_write = os.pipe()
+    parent_ends = [stdin_write, stdout_read, stderr_read]
     try:
-        transport, protocol = await loop.subprocess_exec(
-            lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=limit, loop=loop), *argv,
-            stdin=stdin_read, stdout=stdout_write, stderr=asyncio.subprocess.PIPE, **options,
-        )
+        popen = subprocess.Popen(argv, stdin=stdin_read, stdout=stdout_write, stderr=stderr_write, env=env, cwd=cwd,
+                                 pass_fds=pass_fds, start_new_session=True)
     except BaseException:
         for fd in parent_ends:
             os.close(fd)
         raise
     finally:
-        os.close(stdin_read)
-        os.close(stdout_write)
-    process = asyncio.subprocess.Process(transport, protocol, loop)
+        for fd in (stdin_read, stdout_write, stderr_write):
+            os.close(fd)
+    stderr = asyncio.StreamReader(limit=limit, loop=loop)
     stdout = _StdoutPipe(asyncio.StreamReader(limit=limit, loop=loop))
     try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr, loop=loop),
+                                     os.fdopen(stderr_read, "rb", buffering=0))
+        parent_ends.remove(stderr_read)
         await loop.connect_read_pipe(lambda: stdout, os.fdopen(stdout_read, "rb", buffering=0))
         parent_ends.remove(stdout_read)
         pipe, flow = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
@@ -120,10 +186,10 @@ async def _start(*argv: str, limit: int, **options: object) -> _Started:
     except BaseException:
         for fd in parent_ends:
             os.close(fd)
-        _quietly(os.kill, process.pid, signal.SIGKILL)
-        await process.wait()
+        _quietly(os.kill, popen.pid, signal.SIGKILL)
+        await asyncio.to_thread(popen.wait)
         raise
-    return _Started(process, asyncio.StreamWriter(pipe, flow, None, loop), stdout)
+    return _Started(_Child(popen, stderr), asyncio.StreamWriter(pipe, flow, None, loop), stdout)
 
 
 class ServerProcess:
@@ -164,7 +230,7 @@ class ServerProcess:
 
     async def _watch_exit(self) -> int:
         status = await self._process.wait()
-        self._reason = self._explain(status)
+        self.termination_reason()
         await self._release()
         return status
 
@@ -179,9 +245,17 @@ class ServerProcess:
         return f"exited with status {status}"
 
     async def wait(self) -> int:
+        """The exit status, once the server has exited and what it held is freed."""
         return await asyncio.shield(self._exited)
 
+    async def exited(self) -> int:
+        """The exit status, as soon as the server has exited."""
+        return await self._process.wait()
+
     def termination_reason(self) -> str | None:
+        """How the server ended (None while it runs)."""
+        if self._reason is None and self._process.returncode is not None:
+            self._reason = self._explain(self._process.returncode)
         return self._reason
 
     @property
@@ -289,6 +363,7 @@ def plan_sandbox(
     except FileNotFoundError as error:
         raise SandboxError(str(error)) from error
     binds, path_dirs = runtime_paths(executable, search_path)
+    binds += [path for path in runtime_paths(SHELL, DEFAULT_PATH)[0] if path not in binds]
     mounts = system_mounts() + identity_files(workdir, home)
     mounts += [Mount("tmpfs", "/tmp"), Mount("tmpfs", home)]
     mounts += [Mount("ro", path, path) for path in binds + arg_paths(args, cwd, home)]
@@ -316,6 +391,7 @@ def plan_sandbox(
                    Mount("ro", f"{RUN_DIR}/forwarder.py", FORWARDER)]
         argv_inside = [sys.executable, "-I", "-S", f"{RUN_DIR}/forwarder.py", f"127.0.0.1:{PROXY_PORT}",
                        f"{RUN_DIR}/egress.sock", "--", *argv_inside]
+    argv_inside = [SHELL, "-c", INNER_SHIM, SHIM_NAME, *argv_inside]
     ordered = order_mounts(mounts)
     argv = [
         engine.path,
@@ -368,6 +444,16 @@ async def _read_to_eof(fd: int) -> bytes:
         transport.close()
 
 
+def _above_handover(fd: int, owned: list[int]) -> int:
+    """``fd``, or a copy of it (added to ``owned``) at a number the shell that starts bwrap does not write over
+    (HANDOVER_STDIN, HANDOVER_STDOUT)."""
+    if fd > max(HANDOVER_STDIN, HANDOVER_STDOUT):
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    owned.append(moved)
+    return moved
+
+
 async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[str, str], cwd: str | None,
                           config: SandboxConfig) -> ServerProcess:
     try:
@@ -389,19 +475,20 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
                                        proxy.socket_path if proxy else None)
         limits = await ResourceLimits.create(detect_host(), name, config.limits)
         filter_fd = seccomp.bpf_fd(network=bool(config.network))
+        fds.append(filter_fd)
         info_read, info_write = os.pipe()
+        fds.append(info_write)
         block_read, block_write = os.pipe()
-        fds = [filter_fd, info_write, block_read, block_write]
-        argv = [plan.argv[0], "--seccomp", str(filter_fd), "--info-fd", str(info_write),
-                "--block-fd", str(block_read), *plan.argv[1:]]
-        started = await _start(
-            *argv, env=plan.env, limit=STREAM_LIMIT, pass_fds=(filter_fd, info_write, block_read),
-            start_new_session=True,
-        )
+        fds += [block_read, block_write]
+        filter_fd, info_write, block_read = [_above_handover(fd, fds) for fd in (filter_fd, info_write, block_read)]
+        argv = [SHELL, "-c", OUTER_SHIM, SHIM_NAME, plan.argv[0], "--seccomp", str(filter_fd),
+                "--info-fd", str(info_write), "--block-fd", str(block_read), *plan.argv[1:]]
+        started = await _start(argv, env=plan.env, limit=STREAM_LIMIT, pass_fds=(filter_fd, info_write, block_read))
         process = started.process
-        for fd in (filter_fd, info_write, block_read):
-            os.close(fd)
-            fds.remove(fd)
+        for fd in fds:
+            if fd != block_write:
+                os.close(fd)
+        fds = [block_write]
         info = await asyncio.wait_for(_read_to_eof(info_read), timeout=30)
         try:
             child_pid = int(json.loads(info)["child-pid"])
@@ -447,7 +534,7 @@ async def spawn_unsandboxed(name: str, command: str, args: list[str], env: dict[
     setpriv = shutil.which("setpriv")
     if setpriv:  # dies with the gateway even if the gateway is SIGKILLed
         argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
-    started = await _start(*argv, env=merged, cwd=cwd, limit=STREAM_LIMIT, start_new_session=True)
+    started = await _start(argv, env=merged, cwd=cwd, limit=STREAM_LIMIT)
     return ServerProcess(started, process_group=True)
 
 

@@ -40,9 +40,15 @@ if TYPE_CHECKING:
     from bastion.transport.credentials import UpstreamCredentials
 
 _STDERR_GRACE = 2.0  # after a stop, how long the last stderr lines may take to arrive
-# bubblewrap's own words when the server's executable cannot be run inside the sandbox: not there, not executable,
-# or its interpreter (a script's #! line) not there to be mounted.
-_SANDBOX_EXEC_FAILED = re.compile(r"^bwrap: execvp (.+): (No such file or directory|Permission denied|Not a directory|"
+# After a server's stdout ends, how long its exit may take to be seen (it says why the server ended); past this, the
+# server closed its stdout and runs on, and the calls it had are failed without waiting any longer.
+_EXIT_AFTER_EOF = 0.5
+STDOUT_CLOSED = "closed its stdout without exiting"  # why a server ended that did so
+# The words of bubblewrap, or of the shell inside the sandbox that executes the server (bastion/sandbox/process.py,
+# INNER_SHIM: dash's and bash's), when the server's executable cannot be run inside the sandbox: not there, not
+# executable, or its interpreter (a script's #! line) not there to be mounted.
+_SANDBOX_EXEC_FAILED = re.compile(r"^(?:bwrap: execvp |bastion-sandbox: (?:line )?\d+: (?:exec: )?)(.+): "
+                                  r"(No such file or directory|not found|Permission denied|Not a directory|"
                                   r"Exec format error)$")
 _SANDBOX_SOURCE_MISSING = re.compile(r"bwrap: Can't find source path (.+): No such file or directory")
 # What a shell wrapper exits with when its command is missing (127) or not executable (126).
@@ -117,12 +123,21 @@ class StdioTransport:
             raise TransportClosed(str(exc)) from None
 
     async def ended(self) -> str:
+        """Its stdout has ended: the server exited (the reason says how), or closed its stdout and runs on."""
         process = self._process
         if process is None:
             return "not started"
         await self._stdout_ended.wait()
-        status = await process.wait()
-        return process.termination_reason() or f"exited with status {status}"
+        # A server that exits closes its stdout as it goes: its exit follows the end of the stream closely.
+        exited = asyncio.ensure_future(process.exited())
+        try:
+            done, _ = await asyncio.wait({exited}, timeout=_EXIT_AFTER_EOF)
+        finally:
+            if not exited.done():
+                exited.cancel()
+        if not done:
+            return STDOUT_CLOSED
+        return process.termination_reason() or f"exited with status {exited.result()}"
 
     def refusal(self) -> str | None:
         for line in reversed(self._stderr):

@@ -13,6 +13,7 @@ from bastion.protocol.client_session import (
     SELF,
     Answered,
     ClientSession,
+    Dropped,
     Exchange,
     Failed,
     Garbage,
@@ -23,10 +24,21 @@ from bastion.protocol.client_session import (
     ServerFacts,
     ServerNotification,
     ServerRequest,
+    Unattributed,
     Unmatched,
 )
 from bastion.protocol.correlation import DuplicateRequestId
-from bastion.protocol.jsonrpc import ErrorResponse, RawResponse, Request, Response, error, raw_request_frame
+from bastion.protocol.framing import EDGE, Oversize
+from bastion.protocol.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    ErrorResponse,
+    RawResponse,
+    Request,
+    Response,
+    error,
+    raw_request_frame,
+)
 from bastion.protocol.versions import (
     LATEST_LEGACY,
     LATEST_MODERN,
@@ -364,6 +376,77 @@ class TestReceive:
         assert isinstance(session().receive(blank), Ignored)
 
 
+# ------------------------------------------------------------------------- what servers send, too large to read
+def too_large(message: dict, limit: int = 100, *, whole: bool = True) -> Oversize:
+    """``message`` as the framer reports it when it is over ``limit``: its size, first and last bytes."""
+    data = orjson.dumps(message)
+    if not whole:
+        data = data[:len(data) // 2]
+    return Oversize(len(data), limit, data[:EDGE], data[-EDGE:], whole)
+
+
+BIG = {"content": [{"type": "text", "text": "x" * 1000}]}
+
+
+class TestOversize:
+    @pytest.mark.parametrize("order", ["id first", "id last"])
+    def test_an_answer_too_large_fails_the_request_it_answers_saying_so(self, order):
+        s = session("legacy")
+        other, _ = s.begin("tools/call", {}, origin="c", origin_id=1)
+        pending, _ = s.begin("tools/call", {}, origin="c", origin_id=2)
+        answer = ({"jsonrpc": "2.0", "id": pending.upstream_id, "result": BIG} if order == "id first" else
+                  {"result": BIG, "jsonrpc": "2.0", "id": pending.upstream_id})
+        frame_info = too_large(answer)
+        event = s.oversize(frame_info)
+        assert isinstance(event, Answered) and event.pending is pending
+        assert isinstance(event.message, ErrorResponse) and event.message.error["code"] == INTERNAL_ERROR
+        assert event.message.error["message"] == (
+            f"server 'srv' answered tools/call with a message of {frame_info.size} bytes, over max_message_bytes "
+            "(100); Bastion dropped it unread")
+        assert s.correlator.find_by_origin("c", 1) is other and len(s.correlator) == 1  # the other waits on
+
+    def test_an_error_answer_too_large_counts_too(self):
+        s = session("legacy")
+        pending, _ = s.begin("tools/call", {}, origin="c", origin_id=1)
+        event = s.oversize(too_large({"jsonrpc": "2.0", "id": pending.upstream_id,
+                                      "error": {"code": 1, "message": "x" * 1000}}))
+        assert isinstance(event, Answered) and event.pending is pending
+
+    def test_a_late_answer_too_large_is_expected_and_dropped(self):
+        s = session("legacy")
+        pending, _ = s.begin("tools/call", {}, origin="c", origin_id=1)
+        s.abandon(pending, "timed out")
+        assert s.oversize(too_large({"jsonrpc": "2.0", "id": pending.upstream_id, "result": BIG})) == \
+            Unmatched(pending.upstream_id, True)
+
+    def test_a_request_too_large_is_answered_with_an_error_and_a_notification_dropped(self):
+        s = session("legacy")
+        event = s.oversize(too_large({"jsonrpc": "2.0", "id": "s1", "method": "sampling/createMessage",
+                                      "params": {"messages": ["x" * 1000]}}))
+        assert isinstance(event, Dropped) and event.what == "request sampling/createMessage"
+        reply = orjson.loads(event.reply)
+        assert reply["id"] == "s1" and reply["error"]["code"] == INVALID_REQUEST
+        assert "over max_message_bytes (100)" in reply["error"]["message"]
+        event = s.oversize(too_large({"jsonrpc": "2.0", "method": "notifications/message", "params": {"d": "x" * 999}}))
+        assert event == Dropped("notification notifications/message", None)
+
+    @pytest.mark.parametrize("shape", ["id between objects", "cut by the end of the stream", "not JSON"])
+    def test_a_frame_too_large_whose_request_cannot_be_told_is_unattributed(self, shape):
+        s = session("legacy")
+        pending, _ = s.begin("tools/call", {}, origin="c", origin_id=1)
+        if shape == "id between objects":
+            frame_info = too_large({"jsonrpc": "2.0", "result": BIG, "id": pending.upstream_id, "_meta": {}})
+        elif shape == "cut by the end of the stream":  # its last bytes are where it was cut, not its end
+            frame_info = too_large({"result": BIG, "jsonrpc": "2.0", "id": pending.upstream_id}, whole=False)
+        else:
+            frame_info = Oversize(5000, 100, b"x" * EDGE, b"y" * EDGE)
+        event = s.oversize(frame_info)
+        assert isinstance(event, Unattributed)
+        assert event.reason == (f"sent a message of {frame_info.size} bytes, over max_message_bytes (100), whose "
+                                "request could not be told")
+        assert len(s.correlator) == 1  # the caller decides: the session fails nothing by itself
+
+
 # ----------------------------------------------------------------------------------------- listen stream
 class TestListen:
     WANTED = {"toolsListChanged": True, "promptsListChanged": False, "resourcesListChanged": False}
@@ -447,3 +530,19 @@ def test_any_bytes_are_read_into_an_event_never_an_exception(data):
     event = s.receive(data)
     assert isinstance(event, (Answered, Unmatched, ServerNotification, ServerCancelled, ServerRequest, Garbage,
                               Ignored))
+
+
+# Bytes, and runs of what JSON-RPC messages are made of, so the readers of both ends get far.
+TOKENS = list('{}[]":,\\ \t-.e01279') + ['"id"', '"result"', '"error"', '"method"', '"jsonrpc"', '"2.0"', "true",
+                                           "null", '"x\\"']
+EDGES = st.binary(max_size=EDGE) | st.lists(st.sampled_from(TOKENS), max_size=40).map(
+    lambda tokens: "".join(tokens).encode()[-EDGE:])
+
+
+@PROPERTY
+@given(head=EDGES, tail=EDGES, whole=st.booleans())
+def test_any_ends_of_a_frame_too_large_are_read_into_an_event_never_an_exception(head, tail, whole):
+    s = session()
+    s.begin("tools/call", {}, origin="a", origin_id=1)
+    event = s.oversize(Oversize(10_000, 100, head, tail, whole))
+    assert isinstance(event, (Answered, Unmatched, Dropped, Unattributed))

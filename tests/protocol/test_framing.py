@@ -19,7 +19,7 @@ from bastion.protocol.jsonrpc import (
     encode,
     parse_frame,
 )
-from bastion.protocol.framing import LineFramer, Oversize
+from bastion.protocol.framing import EDGE, LineFramer, Oversize
 from bastion.transport.stdio import FrameReceiver, WriteBatch
 
 from tests.properties import PROPERTY
@@ -204,3 +204,37 @@ def test_any_chunking_yields_the_same_frames(bodies: list[bytes], data: st.DataO
             assert frame == body
         else:
             assert isinstance(frame, Oversize)
+
+
+def _numbered(size: int) -> bytes:
+    """``size`` bytes that repeat nowhere in a way a slice taken at the wrong offset could match."""
+    return b",".join(str(i).encode() for i in range(size))[:size]
+
+
+@PROPERTY
+@given(size=st.integers(MAX + 1, 12 * EDGE), cuts=st.lists(st.integers(1, 12 * EDGE), max_size=12),
+       crlf=st.booleans())
+def test_an_oversize_frame_keeps_its_first_and_last_bytes_however_it_arrives(size: int, cuts: list[int],
+                                                                            crlf: bool) -> None:
+    frame = _numbered(size)
+    stream = b"a\n" + frame + (b"\r\n" if crlf else b"\n") + b"b\n"
+    framer = LineFramer(MAX)
+    frames: list[bytes | Oversize] = []
+    previous = 0
+    for cut in sorted({cut for cut in cuts if cut < len(stream)}) + [len(stream)]:
+        frames += framer.feed(stream[previous:cut])
+        previous = cut
+    assert frames == [b"a", Oversize(size, MAX), b"b"]
+    dropped = frames[1]
+    assert isinstance(dropped, Oversize) and dropped.whole
+    assert dropped.head == frame[:EDGE] and dropped.tail == frame[-EDGE:]
+
+
+def test_an_oversize_frame_cut_by_the_end_of_the_stream_says_so() -> None:
+    frame = _numbered(4 * EDGE)
+    framer = LineFramer(MAX)
+    assert framer.feed(b"a\n" + frame[:3 * EDGE]) == [b"a"]
+    assert framer.feed(frame[3 * EDGE:]) == []
+    [dropped] = framer.eof()
+    assert isinstance(dropped, Oversize) and not dropped.whole and dropped.size == len(frame)
+    assert dropped.head == frame[:EDGE] and dropped.tail == frame[-EDGE:]

@@ -9,11 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bastion.protocol.framing import EDGE
 from bastion.protocol.jsonrpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_DEPTH,
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    NOT_READ,
     PARSE_ERROR,
     ErrorResponse,
     InvalidFrame,
@@ -22,6 +24,7 @@ from bastion.protocol.jsonrpc import (
     RawResponse,
     Request,
     Response,
+    edge_members,
     encode,
     error,
     is_valid_id,
@@ -628,3 +631,50 @@ def test_a_raw_string_is_decoded_and_anything_else_is_none() -> None:
 )
 def test_anything_but_a_plain_request_with_params_is_left_to_parse_frame(frame: bytes) -> None:
     assert parse_raw_request(frame) is None
+
+
+# ----------------------------------------------------------------------- the two ends of a frame too large to read
+def _ends(data: bytes) -> dict | None:
+    return edge_members(data[:EDGE], data[-EDGE:])
+
+
+@pytest.mark.parametrize("message, expected", [
+    # The official Python SDK's key order, then the TypeScript SDK's, for an answer and for a request of its own.
+    ({"jsonrpc": "2.0", "id": 7, "result": {"text": "x" * 1000}}, {"jsonrpc": "2.0", "id": 7, "result": NOT_READ}),
+    ({"result": {"text": "x" * 1000}, "jsonrpc": "2.0", "id": 7}, {"result": NOT_READ, "jsonrpc": "2.0", "id": 7}),
+    ({"method": "sampling/createMessage", "params": {"m": "x" * 1000}, "jsonrpc": "2.0", "id": "s-1"},
+     {"method": "sampling/createMessage", "params": NOT_READ, "jsonrpc": "2.0", "id": "s-1"}),
+    # The id between two objects: neither end says it (nor the key of an object read backwards).
+    ({"jsonrpc": "2.0", "result": {"text": "x" * 1000}, "id": 7, "_meta": {}}, {"jsonrpc": "2.0", "result": NOT_READ}),
+    # Quotes and backslashes at the end of a string value: an escaped quote is not where a string starts.
+    ({"result": {"t": "x" * 1000}, "note": 'a \\" "b\\\\', "id": 3}, {"result": NOT_READ, "note": 'a \\" "b\\\\', "id": 3}),
+])
+def test_the_ends_of_a_large_message_say_its_id_and_its_kind(message: dict, expected: dict) -> None:
+    assert _ends(json.dumps(message).encode()) == expected
+    assert _ends(orjson.dumps(message)) == expected
+
+
+def test_the_ends_of_something_not_an_object_say_nothing() -> None:
+    assert _ends(b"[" + b"1," * 1000 + b"1]") == {}
+    assert _ends(b"not json at all, " * 100) == {}
+    # The tail's first string is cut by where the tail starts: what escapes its quote cannot be told.
+    assert edge_members(b'{"result": {', b'\\\\"id": 3}') == {"result": NOT_READ}
+
+
+def test_ends_that_disagree_say_nothing_to_rely_on() -> None:
+    assert edge_members(b'{"id": 1, "result": {', b'"x", "id": 2}') is None
+
+
+@PROPERTY
+@given(before=JSON_OBJECTS, after=JSON_OBJECTS, filler=st.integers(0, 3 * EDGE), spaced=st.booleans())
+def test_what_the_ends_of_a_large_object_say_of_its_top_level_members_is_true(before, after, filler, spaced):
+    whole = {**before, "middle": {"text": "x" * filler}, **after}
+    data = json.dumps(whole, indent=1 if spaced else None, ensure_ascii=spaced).encode()
+    read = _ends(data)
+    assert read is not None
+    for name, value in read.items():
+        assert name in whole
+        if value is NOT_READ:
+            assert isinstance(whole[name], (dict, list))
+        else:
+            assert value == whole[name] and not isinstance(whole[name], (dict, list))

@@ -151,6 +151,28 @@ async def test_sigterm_reaches_the_server(config):
     assert process.termination_reason() == "killed by signal 15"
 
 
+@pytest.mark.parametrize("config", [DEFAULT, NONE], ids=["default", "none"])
+async def test_a_server_that_closes_its_stdout_is_seen_to_at_once_though_it_runs_on(config):
+    # Nothing but the server holds its stdout: not bubblewrap, not Bastion, not a spare copy in the server.
+    closing = "import os, time\nprint('up', flush=True)\nos.close(1)\ntime.sleep(300)"
+    process = await spawn("test", sys.executable, ["-c", closing], {}, None, config)
+    try:
+        assert await asyncio.wait_for(process.stdout.read(), 60) == b"up\n"  # read to the end of the stream
+        assert process.returncode is None
+    finally:
+        await process.terminate(grace=0.3)
+    assert process.termination_reason() == "killed by signal 15"
+
+
+async def test_an_exit_is_seen_where_the_kernel_has_no_pidfds(monkeypatch):
+    def no_pidfds(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    _, _, status, reason = await run("/bin/sh", ["-c", "exit 4"], NONE)
+    assert status == 4 and reason == "exited with status 4"
+
+
 async def test_terminate_is_idempotent_and_releases_everything():
     process = await spawn("test", "/bin/cat", [], {}, None, SandboxConfig(network=("127.0.0.1:9",)))
     limits, proxy, workdir = process._limits, process._proxy, process._workdir

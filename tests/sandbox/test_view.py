@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bastion.sandbox import SandboxConfig
 from bastion.sandbox.engine import find_engine
-from bastion.sandbox.process import plan_sandbox
+from bastion.sandbox.process import INNER_SHIM, plan_sandbox
 from bastion.sandbox.view import Mount, arg_paths, order_mounts, runtime_paths
 
 REPO = Path(__file__).parents[2]
@@ -61,7 +61,8 @@ def test_the_bwrap_command_line(tmp_path):
     assert argv[argv.index("--uid") + 1] == "65534" and argv[argv.index("--cap-drop") + 1] == "ALL"
     assert argv[argv.index("--chdir") + 1] == "/"
     assert ["--bind", str(writable), str(writable)] == argv[argv.index("--bind"):argv.index("--bind") + 3]
-    assert argv[-2:] == ["--", "/bin/cat"]
+    # The server is executed by a shell that hands it its stdin and stdout (see process.py, HANDOVER_STDIN).
+    assert argv[-6:] == ["--", "/bin/sh", "-c", INNER_SHIM, "bastion-sandbox", "/bin/cat"]
     assert "TOKEN" not in " ".join(argv), "secrets travel in the environment, never on the command line"
     assert plan.env["TOKEN"] == "x" and "/etc/shadow" not in argv
     etc = [m.dest for m in plan.mounts if m.dest.startswith("/etc")]

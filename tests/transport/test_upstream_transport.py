@@ -69,6 +69,15 @@ async def test_frames_go_both_ways_and_the_end_says_why_with_stderr_kept():
     await link.close()  # a second close does nothing
 
 
+async def test_a_server_that_closes_its_stdout_and_runs_on_ends_the_transport_saying_so():
+    link = transport("import os, time\nos.close(1)\ntime.sleep(300)\n")
+    await link.start(Inbox())
+    try:
+        assert (await asyncio.wait_for(link.ended(), 60)) == "closed its stdout without exiting"
+    finally:
+        await link.close()
+
+
 async def test_an_oversize_frame_is_dropped_whole_and_the_next_passes():
     link = transport(max_bytes=16)
     inbox = Inbox()
