@@ -68,14 +68,14 @@ class World:
     tmp: Path
     state: Path
 
-    def config(self, *, evil_env: dict[str, str] | None = None) -> Path:
+    def config(self, *, evil_env: dict[str, str] | None = None, policy: dict[str, Any] | None = None) -> Path:
         path = self.tmp / "claude_desktop_config.json"
         # ready_timeout only so that a slow machine still lists every tool at the first answer; every tool is listed
         # (the two servers are past the default exposure's bound, which would list the search meta-tools instead).
         path.write_text(json.dumps({"ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"}, "mcpServers": {
             EVIL: {"command": sys.executable, "args": [MALICIOUS], **({"env": evil_env} if evil_env else {})},
             NOTES: {"command": sys.executable, "args": [BENIGN]},
-        }}))
+        }, **({"policy": policy} if policy is not None else {})}))
         return path
 
     def environment(self) -> dict[str, str]:
@@ -493,7 +493,9 @@ async def test_a_2026_client_is_guarded_the_same(world: World) -> None:
 async def test_a_client_over_http_is_guarded_the_same(world: World) -> None:
     """``bastion serve`` with the same plain file, an SDK client over Streamable HTTP: the same request path."""
     log = world.tmp / "serve.stderr"
-    serve = subprocess.Popen([BASTION, "serve", str(world.config()), "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+    # The client answers the approvals, as over stdio (over HTTP, by default, only a person out of band may).
+    config = world.config(policy={"approval": {"approver": "client"}})
+    serve = subprocess.Popen([BASTION, "serve", str(config), "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=log.open("wb"),
                              env={**world.environment(), "PYTHONUNBUFFERED": "1"})
     try:
