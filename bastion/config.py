@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from bastion import paths
 from bastion.auth.config import AuthConfig
 from bastion.clients.grants import with_inferred_grants
 from bastion.credentials.config import UpstreamAuth
 from bastion.finding import Finding
+from bastion.plaintext import PLAINTEXT_ERROR, PLAINTEXT_FIX, is_plaintext_remote, plaintext_refusal
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
@@ -52,6 +54,9 @@ class ServerConfig(BaseModel):
         default="auto", description="a remote server's transport; auto tries Streamable HTTP, then HTTP+SSE")
     sse_idle_timeout: float = Field(default=60.0, gt=0, description="seconds a remote server's event stream may "
                                     "stay silent before it is taken for dropped (reopened, or reconnected)")
+    allow_plaintext: bool = Field(default=False, strict=True, description="true: a remote server may be reached over "
+                                  "http:// at a host other than loopback, unencrypted and unauthenticated; without "
+                                  "it such a url is refused (loopback, https:// need nothing)")
     ca_file: str | None = Field(default=None, description="a remote server's certificate authorities (PEM), for a "
                                 "private CA; default: the system's trust store")
     auth: UpstreamAuth | None = Field(default=None, description="how Bastion authenticates to a remote server "
@@ -144,13 +149,17 @@ class ServerConfig(BaseModel):
         if server.command is not None and server.url is not None:
             raise ValueError("give either command (a local server) or url (a remote one), not both")
         remote_only = {"headers", "transport", "sse_idle_timeout", "ca_file", "auth", "client_cert",
-                       "client_key"} & server.model_fields_set
+                       "client_key", "allow_plaintext"} & server.model_fields_set
         if server.url is None and remote_only:
             raise ValueError(f"{', '.join(sorted(remote_only))}: for remote (url) servers only")
         local_only = {"args", "env", "cwd", "sandbox", "identity_env"} & server.model_fields_set
         if server.url is not None and local_only:
             raise ValueError(f"{', '.join(sorted(local_only))}: for local (command) servers only; a remote server is "
                              "not started by Bastion")
+        if server.url is not None and is_plaintext_remote(server.url) and not server.allow_plaintext:
+            raise ValidationError.from_exception_data(cls.__name__, [{
+                "type": PydanticCustomError(PLAINTEXT_ERROR, "{message}", {"message": plaintext_refusal(server.url)}),
+                "loc": ("url",), "input": server.url}])
         _check_credentials(server)
         return server
 
@@ -722,6 +731,8 @@ def _validation_findings(exc: ValidationError, servers_key: str) -> list[Finding
             fix = "remove it, or check its spelling against docs/configuration.md"
         elif kind == "missing":
             fix = "add it"
+        elif kind == PLAINTEXT_ERROR:
+            fix = PLAINTEXT_FIX
         elif isinstance(err.get("input"), (dict, list)):
             # A whole table is never echoed: it may hold a secret (an issuer's client_secret); the message says the fix.
             fix = "as the message says"

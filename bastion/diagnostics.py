@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bastion.finding import Finding
+from bastion.plaintext import is_plaintext_remote
 from bastion.launchers.findings import installs_its_package, launcher_findings
 
 if TYPE_CHECKING:
@@ -57,13 +58,17 @@ def remote_findings(where: str, server: "ServerConfig") -> list[Finding]:
         if path is not None and not Path(path).expanduser().is_file():
             findings.append(Finding("error", f"{where}.{key}", f"{path} is not a file",
                                     "give the PEM file (relative paths are read from the configuration file's folder)"))
-    if server.url.lower().startswith("http://") and server.headers and not _loopback(server.url):
+    if is_plaintext_remote(server.url):  # loading refused it unless allow_plaintext is true
+        sent = [f"headers ({', '.join(sorted(server.headers))})"] if server.headers else []
+        if server.auth is not None:
+            sent.append("OAuth tokens")
         findings.append(Finding(
-            "warning", f"{where}.url", f"headers ({', '.join(sorted(server.headers))}) go to {server.url} "
-            "unencrypted", "use an https:// URL"))
-    if server.url.lower().startswith("http://") and server.auth is not None and not _loopback(server.url):
-        findings.append(Finding("warning", f"{where}.url", f"OAuth tokens go to {server.url} unencrypted",
-                                "use an https:// URL"))
+            "warning", f"{where}.allow_plaintext", f"{server.url} is reached in plain text (allowed): "
+            f"{' and '.join([*sent, 'every request and result'])} cross the network unencrypted, and the endpoint "
+            "is not authenticated", "use an https:// URL and remove allow_plaintext"))
+    elif server.allow_plaintext:
+        findings.append(Finding("warning", f"{where}.allow_plaintext", "has no effect: the url is https:// or "
+                                "loopback", "remove it"))
     return findings
 
 
@@ -72,13 +77,6 @@ _AUTH_SENT = {
     "token_exchange": "each caller's token exchanged for one of its own (RFC 8693)",
     "authorization_code": "the token each person granted it (authorization code)",
 }
-
-
-def _loopback(url: str) -> bool:
-    from urllib.parse import urlsplit
-
-    host = urlsplit(url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _cwd_findings(where: str, server: "ServerConfig") -> list[Finding]:

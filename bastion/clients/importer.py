@@ -21,6 +21,7 @@ import tomli_w
 from bastion import variables as client_variables
 from bastion.clients.discovery import FoundServer
 from bastion.clients.grants import ServerReview, infer_grants, keep_memory_in, merge_sandbox, review, tilde
+from bastion.plaintext import is_plaintext_remote
 
 # Keys of client entries that Bastion's own form has no place for (handled or meaningless here).
 _CLIENT_ONLY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "description", "envFile",
@@ -108,9 +109,13 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
     if not isinstance(entry, dict):
         return f"{where}: the entry is not an object; skipped"
     if "url" in entry or "serverUrl" in entry or entry.get("type") in _REMOTE_TYPES:
+        url = entry.get("url", entry.get("serverUrl"))
+        plaintext = (f"; its url {url} is plain http:// to a host that is not loopback, which Bastion refuses "
+                     "unless you use https:// or add allow_plaintext = true to the entry"
+                     if isinstance(url, str) and is_plaintext_remote(url) else "")
         return (f"{where}: a remote server (url); import copies local (command) servers only, so the client "
                 "keeps reaching it directly; skipped (add it to Bastion's file by hand with url and headers: "
-                "docs/http.md)")
+                f"docs/http.md{plaintext})")
     if not isinstance(entry.get("command"), str) or not entry["command"].strip():
         return f"{where}: no command; skipped"
     expander = client_variables.Variables(item.workspace, home, environ)

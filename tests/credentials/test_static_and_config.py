@@ -91,7 +91,8 @@ def test_bastion_check_says_what_a_remote_server_is_sent_and_what_cannot_work(tm
 
     path = tmp_path / "bastion.json"
     path.write_text(json.dumps({"policy": "off", "servers": {"tickets": {
-        "url": "http://tickets.example.com/mcp", "scope": "per_identity", "client_cert": "missing.pem",
+        "url": "http://tickets.example.com/mcp", "allow_plaintext": True, "scope": "per_identity",
+        "client_cert": "missing.pem",
         "auth": {"type": "token_exchange", "issuer": "https://as.example", "client_id": "b",
                  "client_secret": "s3cr3t-in-file"}}}}))
     findings = diagnose(load_config(path, log_notes=False))
