@@ -266,8 +266,9 @@ def test_a_crash_mid_call_fails_the_call_at_once_and_the_server_restarts(client)
 # A server's calls wait this long for their answers: a test that gets an answer at all, waiting far less, shows that
 # it came at once, not when the wait ran out.
 LONG_WAIT = 600
-FAULT_TOOLS = [{"name": name, "description": name, "inputSchema": {"type": "object"}}
-               for name in ("big_unplaced", "close_stdout")]
+FAULT_TOOLS = [{"name": "big_unplaced", "description": "big_unplaced",
+                "inputSchema": {"type": "object", "properties": {"size": {"type": "integer"}}}},
+               {"name": "close_stdout", "description": "close_stdout", "inputSchema": {"type": "object"}}]
 
 
 def _fault_client(tmp_path: Path, marks: Path, sandbox: str, tag: str) -> RawClient:

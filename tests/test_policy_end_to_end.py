@@ -78,3 +78,54 @@ def test_a_principal_outside_the_group_sees_and_calls_nothing(tmp_path):
         assert "error" in answer
     finally:
         client.close()
+
+
+def _undeclared_config(tmp_path, **policy):
+    """The raw server (untrusted, the default) with every tools/call it receives marked; ``policy`` overrides."""
+    (tmp_path / "team.cedar").write_text(POLICY)
+    marks = tmp_path / "marks"
+    server = raw_server(marks)
+    server["env"]["RAW_SERVER_MARK_CALLS"] = "1"
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"raw": server},
+        "ready_timeout": READY_TIMEOUT,
+        "policy": {"policy_files": ["team.cedar"], "identity": {"name": "alice", "groups": ["dev"]},
+                   "audit": {"path": str(tmp_path / "audit.jsonl")}, **policy},
+    }))
+    return config, marks
+
+
+def _calls(marks):
+    return [line for line in marks.read_text().splitlines() if line.startswith("call ")] if marks.exists() else []
+
+
+def test_an_undeclared_argument_to_an_untrusted_server_never_reaches_it(tmp_path):
+    config, marks = _undeclared_config(tmp_path)
+    client = RawClient(config)
+    try:
+        client.initialize()
+        refused = client.request(1, "tools/call", {"name": "raw__echo", "arguments": {"text": "hi", "stash": "s3cr3t"}})
+        assert refused["error"]["code"] == -32602
+        assert refused["error"]["data"]["rule"] == "undeclared_arguments"
+        assert "'/stash'" in refused["error"]["message"] and "policy.undeclared_arguments" in refused["error"]["message"]
+        assert _calls(marks) == []
+        allowed = client.request(2, "tools/call", {"name": "raw__echo", "arguments": {"text": "hi"}})
+        assert allowed["result"]["content"][0]["text"] == "hi"
+        assert len(_calls(marks)) == 1 and "stash" not in _calls(marks)[0]
+    finally:
+        client.close()
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert any(r.get("decision") == "deny" and "undeclared_arguments" in json.dumps(r) for r in records)
+
+
+def test_undeclared_arguments_allow_lets_the_extra_key_through(tmp_path):
+    config, marks = _undeclared_config(tmp_path, undeclared_arguments="allow")
+    client = RawClient(config)
+    try:
+        client.initialize()
+        answer = client.request(1, "tools/call", {"name": "raw__echo", "arguments": {"text": "hi", "stash": "s"}})
+        assert answer["result"]["content"][0]["text"] == "hi"
+        assert len(_calls(marks)) == 1
+    finally:
+        client.close()

@@ -162,6 +162,9 @@ class AuditConfig(_Strict):
         return value
 
 
+UNDECLARED_ARGUMENTS = ("refuse_untrusted", "refuse", "allow")
+
+
 class PolicyConfig(_Strict):
     identity: IdentityConfig = Field(default_factory=IdentityConfig)
     policy_files: list[str] = Field(
@@ -171,6 +174,12 @@ class PolicyConfig(_Strict):
         default=False, description="also load the shipped default policy alongside policy_files"
     )
     schema_validation: bool = Field(default=True, description="validate tools/call arguments against inputSchema")
+    undeclared_arguments: Literal["refuse_untrusted", "refuse", "allow"] = Field(
+        default="refuse_untrusted",
+        description="refuse a tools/call whose arguments carry keys the tool's inputSchema does not declare in "
+        "'properties' (nested objects too), whatever additionalProperties says: refuse_untrusted (the default) for "
+        "tools of untrusted servers, refuse for every server, allow never",
+    )
     guards: list[GuardConfig] = Field(default_factory=list)
     approval: ApprovalConfig = Field(default_factory=ApprovalConfig)
     rate_limits: list[RateLimitConfig] = Field(default_factory=list)
@@ -181,6 +190,17 @@ class PolicyConfig(_Strict):
         "still matches their pin have resource.pinned == true",
     )
     base_dir: str | None = Field(default=None, description="directory relative policy_files and pins are read from")
+
+    @field_validator("undeclared_arguments", mode="before")
+    @classmethod
+    def _undeclared(cls, value: Any) -> Any:
+        if value not in UNDECLARED_ARGUMENTS:
+            raise ValueError(
+                f'policy.undeclared_arguments is {value!r}; set it to "refuse_untrusted" (the default: calls to an '
+                f'untrusted server\'s tool may carry only the argument names its input schema declares), "refuse" '
+                f'(the same for every server) or "allow" (no such check)'
+            )
+        return value
 
     @model_validator(mode="after")
     def _files_named(self) -> "PolicyConfig":

@@ -24,12 +24,13 @@ from bastion.policy.config import (
 from bastion.policy.decision import Decision, Effect, GuardResult
 from bastion.policy.guards import PathRules, SchemaCache, ShellRules, UrlRules, check_path, check_schema
 from bastion.policy.guards import check_shell_argument, check_url
-from bastion.policy.guards.schema import check_compiled
+from bastion.policy.guards.schema import DeclaredKeys, check_compiled, check_declared, declared_keys
 from bastion.policy.pins import PinnedTools, read_pins
 
 _MISSING = object()
 _T = TypeVar("_T")
 SCHEMA_RULE = "schema:inputSchema"
+UNDECLARED_RULE = "undeclared_arguments"
 # Decisions are frozen; the one for accepted arguments is the same every time.
 _ARGUMENTS_ACCEPTED = Decision.allow("guards", "arguments accepted")
 
@@ -135,6 +136,7 @@ class _PerEntry(Generic[_T]):
 class _ArgumentPlan:
     validator: Any  # compiled input schema, a ValueError when it cannot compile, None: not checked
     guards: tuple[tuple[str, bool, Callable[[Any], GuardResult], str], ...]  # (argument, is a pointer, check, rule)
+    declared: DeclaredKeys | None = None  # the argument names the input schema declares; None: not checked
 
 
 @dataclass(slots=True)
@@ -212,6 +214,14 @@ class PolicyEngine:
         return _ArgumentPlan(
             self.schemas.validator(schema) if schema is not None else None,
             tuple((g.argument, g.argument.startswith("/"), g.check, g.rule) for g in guards),
+            declared_keys(entry.definition.get("inputSchema")) if self.refuses_undeclared(entry) else None,
+        )
+
+    def refuses_undeclared(self, entry: ToolEntry) -> bool:
+        """Whether ``policy.undeclared_arguments`` refuses arguments ``entry``'s input schema does not declare."""
+        setting = self.config.undeclared_arguments
+        return setting == "refuse" or (
+            setting == "refuse_untrusted" and entry.server_trust not in ("reviewed", "trusted")
         )
 
     def check_arguments(self, entry: ToolEntry, arguments: Any) -> Decision:
@@ -221,6 +231,13 @@ class PolicyEngine:
             verdict = check_compiled(arguments, plan.validator)
             if verdict.reason is not None:
                 return Decision.deny(SCHEMA_RULE, verdict.reason)
+        declared = plan.declared
+        # The common case, a flat schema and declared keys only, costs one set comparison.
+        if declared is not None and not (type(arguments) is dict and not declared.nested
+                                         and arguments.keys() <= declared.keys):
+            verdict = check_declared(arguments, declared, self.config.undeclared_arguments)
+            if verdict.reason is not None:
+                return Decision.deny(UNDECLARED_RULE, verdict.reason)
         by_name = type(arguments) is dict
         for where, pointer, check, rule in plan.guards:
             if by_name and not pointer:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import jsonschema_rs
@@ -55,6 +56,77 @@ class SchemaCache:
             self._by_identity.clear()
         self._by_identity[id(schema)] = (schema, compiled)
         return compiled
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredKeys:
+    """The argument names an input schema declares in ``properties``, worked out once per tool.
+
+    ``nested``: for each declared property whose own schema declares ``properties`` (an object, or the
+    ``items`` of an array), the names declared there. A schema without ``properties`` declares nothing.
+    """
+
+    keys: frozenset[str]
+    nested: tuple[tuple[str, bool, "DeclaredKeys"], ...]  # (property, its items rather than itself, declared)
+
+
+def declared_keys(schema: Any, depth: int = 0) -> DeclaredKeys:
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    if not isinstance(properties, Mapping):
+        return DeclaredKeys(frozenset(), ())
+    nested = []
+    if depth < 32:  # a schema deeper than this is checked down to here
+        for name, sub in properties.items():
+            if not isinstance(sub, Mapping):
+                continue
+            if isinstance(sub.get("properties"), Mapping):
+                nested.append((name, False, declared_keys(sub, depth + 1)))
+            items = sub.get("items")
+            if isinstance(items, Mapping) and isinstance(items.get("properties"), Mapping):
+                nested.append((name, True, declared_keys(items, depth + 1)))
+    return DeclaredKeys(frozenset(properties), tuple(nested))
+
+
+def undeclared_keys(arguments: Any, declared: DeclaredKeys, where: str = "") -> list[str]:
+    """The keys of ``arguments`` (and of nested objects whose schema declares properties) not declared, as
+    JSON Pointers; the common case, a flat call with declared keys only, costs one set comparison."""
+    if type(arguments) is not dict:
+        return []
+    if arguments.keys() <= declared.keys:
+        if not declared.nested:
+            return []
+        found = []
+    else:
+        found = [f"{where}/{_escape(k)}" for k in arguments if k not in declared.keys]
+    for name, items, inner in declared.nested:
+        value = arguments.get(name)
+        if items:
+            if type(value) is list:
+                for index, element in enumerate(value):
+                    found += undeclared_keys(element, inner, f"{where}/{_escape(name)}/{index}")
+        else:
+            found += undeclared_keys(value, inner, f"{where}/{_escape(name)}")
+    return found
+
+
+def _escape(key: Any) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _shown(pointer: str) -> str:
+    """A key named in a refusal, cut short and escaped: a key is chosen by the model and may itself carry data."""
+    return repr(pointer if len(pointer) <= 40 else pointer[:37] + "...")
+
+
+def check_declared(arguments: Any, declared: DeclaredKeys, setting: str) -> GuardResult:
+    found = undeclared_keys(arguments, declared)
+    if not found:
+        return PASS
+    names = ", ".join(_shown(p) for p in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return refuse(
+        f"undeclared argument{'s' if len(found) > 1 else ''} {names}: the tool's input schema does not declare "
+        f"{'them' if len(found) > 1 else 'it'} in 'properties' (policy.undeclared_arguments = \"{setting}\")"
+    )
 
 
 def _describe(error: Any) -> str:
