@@ -62,14 +62,8 @@ from bastion.transport.http_events import (
     read_limited,
     shown,
 )
-from bastion.transport.http_headers import (
-    PROTOCOL_VERSION_HEADER,
-    SESSION_HEADER,
-    encode_header_value,
-    mirrored_headers,
-    param_headers,
-    x_mcp_headers,
-)
+from bastion.protocol.mirrored_headers import annotated_params
+from bastion.transport.http_headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER, mirrored_headers
 from bastion.transport.http_sse import LegacySse
 from bastion.transport.interface import DIAGNOSTICS_KEPT, StartRefused, UpstreamReceiver
 
@@ -97,8 +91,7 @@ def _has_http2() -> bool:
 
 
 # Imported from here by those who use them: the credentials' error code and the header helpers.
-__all__ = ["URL_ELICITATION_REQUIRED", "ConnectionDropped", "HttpTransport", "StreamPosition", "encode_header_value",
-           "param_headers", "x_mcp_headers"]
+__all__ = ["URL_ELICITATION_REQUIRED", "ConnectionDropped", "HttpTransport", "StreamPosition"]
 
 
 class HttpTransport(EventStreams, LegacySse):
@@ -493,7 +486,7 @@ class HttpTransport(EventStreams, LegacySse):
             return
         for tool in tools if isinstance(tools, list) else ():
             if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-                annotated = x_mcp_headers(tool.get("inputSchema"))
+                annotated = annotated_params(tool.get("inputSchema"))
                 if annotated:
                     self._param_headers[tool["name"]] = annotated
                 else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from bastion.protocol.mirrored_headers import argument_at, encode_header_value, rendered
 from bastion.protocol.versions import META_PROTOCOL_VERSION
 
 SESSION_HEADER = "mcp-session-id"
@@ -15,45 +16,14 @@ NAME_HEADER = "mcp-name"
 _NAME_PARAMS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 
 
-def encode_header_value(value: str) -> str:
-    """A value that survives an HTTP field as written, or the protocol's ``=?base64?…?=`` form when it would not."""
-    if value.isascii() and value.isprintable() and value == value.strip() and not value.startswith("=?base64?"):
-        return value
-    import base64
-
-    return f"=?base64?{base64.b64encode(value.encode('utf-8')).decode('ascii')}?="
-
-
-def x_mcp_headers(schema: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:
-    """The properties of a tool's input schema annotated ``x-mcp-header``, by their path of ``properties`` keys."""
-    found: dict[tuple[str, ...], str] = {}
-    properties = schema.get("properties") if isinstance(schema, dict) else None
-    if isinstance(properties, dict):
-        for key, child in properties.items():
-            if not isinstance(child, dict):
-                continue
-            token = child.get("x-mcp-header")
-            if isinstance(token, str) and token:
-                found[(*path, key)] = token
-            found.update(x_mcp_headers(child, (*path, key)))
-    return found
-
-
 def param_headers(annotated: Mapping[tuple[str, ...], str], arguments: Mapping[str, Any]) -> dict[str, str]:
     """The ``Mcp-Param-*`` headers a call mirrors from its arguments: each annotated value present (``true`` and
     ``false`` for booleans), encoded for a header; a value that is absent, null or not a scalar sends none."""
     headers: dict[str, str] = {}
     for path, token in annotated.items():
-        value: Any = arguments
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, bool):
-            rendered = "true" if value else "false"
-        elif isinstance(value, (str, int, float)):
-            rendered = str(value)
-        else:
-            continue
-        headers[f"Mcp-Param-{token}"] = encode_header_value(rendered)
+        written = rendered(argument_at(arguments, path))
+        if written is not None:
+            headers[f"Mcp-Param-{token}"] = encode_header_value(written)
     return headers
 
 

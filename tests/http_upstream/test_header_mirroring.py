@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from mcp.shared.inbound import decode_header_value, mcp_param_headers, x_mcp_header_map
+from mcp.shared.inbound import decode_header_value as sdk_decode_header_value
+from mcp.shared.inbound import mcp_param_headers, x_mcp_header_map
 
-from bastion.transport.http_client import encode_header_value, param_headers, x_mcp_headers
+from bastion.protocol.mirrored_headers import annotated_params, decode_header_value, encode_header_value
+from bastion.transport.http_headers import param_headers
 
 SCHEMA = {"type": "object", "properties": {
     "region": {"type": "string", "x-mcp-header": "Region"},
@@ -17,15 +19,15 @@ SCHEMA = {"type": "object", "properties": {
 
 
 def test_annotated_properties_are_found_at_their_path_as_the_sdk_finds_them():
-    assert x_mcp_headers(SCHEMA) == x_mcp_header_map(SCHEMA) == {
+    assert annotated_params(SCHEMA) == x_mcp_header_map(SCHEMA) == {
         ("region",): "Region", ("dry",): "Dry-Run", ("target", "zone"): "Zone"}
-    assert x_mcp_headers({"type": "object"}) == {} and x_mcp_headers(None) == {}
+    assert annotated_params({"type": "object"}) == {} and annotated_params(None) == {}
 
 
 def test_arguments_are_rendered_as_the_sdk_renders_them():
     for arguments in ({"region": "eu", "dry": True, "target": {"zone": 3}}, {"region": "Zürich", "dry": False},
                       {"plain": "x"}, {"region": None, "target": "not an object"}):
-        assert param_headers(x_mcp_headers(SCHEMA), arguments) == mcp_param_headers(x_mcp_header_map(SCHEMA),
+        assert param_headers(annotated_params(SCHEMA), arguments) == mcp_param_headers(x_mcp_header_map(SCHEMA),
                                                                                       arguments)
 
 
@@ -33,4 +35,5 @@ def test_arguments_are_rendered_as_the_sdk_renders_them():
 def test_any_header_value_survives_the_round_trip(value):
     encoded = encode_header_value(value)
     assert all(0x20 <= ord(c) <= 0x7E for c in encoded)
-    assert decode_header_value(encoded) == value
+    assert sdk_decode_header_value(encoded) == value
+    assert decode_header_value(encoded) == value  # as Bastion's own frontend reads it

@@ -3,12 +3,13 @@ the gateway, and whether a 2026-07-28 request's routing headers agree with its b
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
+
+from bastion.protocol.mirrored_headers import annotated_params, argument_at, decode_header_value, rendered
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 NAME_BEARING_METHODS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
@@ -107,16 +108,6 @@ def modern_header_mismatch(body: Mapping[str, Any], headers: Mapping[str, str], 
     return None
 
 
-def decode_header_value(value: str | None) -> str | None:
-    """A header value as sent, or the text of a ``=?base64?...?=`` one (how non-ASCII names travel)."""
-    if value is None or not (value.startswith("=?base64?") and value.endswith("?=")):
-        return value
-    try:
-        return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
 def accepts(accept: str | None, media_type: str) -> bool:
     """Whether an Accept header admits ``media_type``; a missing header admits everything."""
     if not accept:
@@ -143,12 +134,10 @@ def param_header_mismatch(input_schema: Any, arguments: Any, headers: Mapping[st
     for path, token in annotated_params(input_schema).items():
         header = f"Mcp-Param-{token}"
         raw = headers.get(header.lower())
-        value: Any = arguments
-        for key in path:
-            value = value.get(key) if isinstance(value, Mapping) else None
+        value = argument_at(arguments, path)
         argument = ".".join(path)
-        rendered = _rendered(value)
-        if rendered is None:
+        written = rendered(value)
+        if written is None:
             if raw is not None:
                 return f"the {header} header is present but the argument {argument!r} is absent or not a scalar"
             continue
@@ -157,30 +146,7 @@ def param_header_mismatch(input_schema: Any, arguments: Any, headers: Mapping[st
         decoded = decode_header_value(raw)
         if decoded is None:
             return f"the {header} header carries a malformed =?base64?...?= value"
-        if decoded != rendered and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+        if decoded != written and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                         and _DECIMAL.match(decoded) and float(decoded) == value):
             return f"the {header} header does not match the argument {argument!r}"
-    return None
-
-
-def annotated_params(schema: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:
-    """The properties of an input schema annotated ``x-mcp-header``, by their path of ``properties`` keys."""
-    found: dict[tuple[str, ...], str] = {}
-    properties = schema.get("properties") if isinstance(schema, Mapping) else None
-    if isinstance(properties, Mapping):
-        for key, child in properties.items():
-            if not isinstance(child, Mapping):
-                continue
-            token = child.get("x-mcp-header")
-            if isinstance(token, str) and token:
-                found[(*path, key)] = token
-            found.update(annotated_params(child, (*path, key)))
-    return found
-
-
-def _rendered(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (str, int, float)):
-        return str(value)
     return None
