@@ -422,3 +422,61 @@ async def test_a_flood_of_opaque_tokens_asks_the_issuer_a_bounded_number_of_time
     assert statuses.count(503) == 20 and statuses.count(401) == introspection.IN_FLIGHT + introspection.WAITING
     assert issuer.hits["introspect"] == introspection.IN_FLIGHT + introspection.WAITING
     await auth.close()
+
+
+async def test_a_key_or_key_set_named_by_the_token_itself_is_never_used(issuer: Issuer) -> None:
+    """A token may not bring its own key: an embedded ``jwk``, or a ``jku`` naming a key set the attacker serves,
+    is ignored; only the issuer's published keys verify, and the attacker's key set is never fetched."""
+    attacker = await Issuer().start()
+    try:
+        auth = auth_for(issuer)
+        stolen_kid = issuer.keys[0].kid
+        own_key = attacker.keys[0]
+        public = {k: v for k, v in own_key.as_dict(private=False).items()}
+        forged = {
+            "embedded jwk, its own kid": issuer.token(key=own_key, header={"jwk": public}),
+            "embedded jwk, the issuer's kid": issuer.token(key=own_key, header={"kid": stolen_kid, "jwk": public}),
+            "jku to the attacker's keys": issuer.token(key=own_key, header={"jku": f"{attacker.base}/jwks"}),
+            "jku and the issuer's kid": issuer.token(key=own_key, header={"kid": stolen_kid,
+                                                                          "jku": f"{attacker.base}/jwks"}),
+            "x5u to the attacker": issuer.token(key=own_key, header={"x5u": f"{attacker.base}/jwks"}),
+        }
+        for name, token in forged.items():
+            failure = await refused(auth, bearer(token))
+            assert (failure.status, failure.reason) in {(401, "unknown_key"), (401, "bad_signature")}, name
+        assert attacker.hits == {"jwks": 0, "introspect": 0, "metadata": 0}
+        await auth.close()
+    finally:
+        await attacker.stop()
+
+
+async def test_a_critical_header_the_verifier_does_not_understand_is_refused(issuer: Issuer) -> None:
+    """RFC 7515 section 4.1.11: a token that marks a header parameter critical must be refused by a verifier that
+    does not understand it, even when its signature is the issuer's own."""
+    auth = auth_for(issuer)
+    for extra in ({"crit": ["urn:example:policy"], "urn:example:policy": "none"}, {"crit": ["urn:example:absent"]},
+                  {"crit": []}, {"crit": "urn:example:policy"}):
+        failure = await refused(auth, bearer(_signed_with_header(issuer, extra)))
+        assert failure.status == 401, extra
+    # the same token without the critical header: accepted, so the refusals above are the header's
+    assert (await auth.authenticator.authenticate(bearer(_signed_with_header(issuer, {})))).name == "alice"
+    await auth.close()
+
+
+def _signed_with_header(issuer: Issuer, extra: dict[str, Any]) -> str:
+    """An RS256 token signed with the issuer's own key whatever its header says (the signing library refuses to
+    write a ``crit`` it does not know, so the signature is made here)."""
+    import base64
+    import json
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    key = issuer.keys[0]
+    header = {"alg": "RS256", "kid": key.kid, "typ": "at+jwt", **extra}
+    signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(issuer.claims()).encode())}"
+    signature = key.get_op_key("sign").sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    return f"{signing_input}.{b64(signature)}"
