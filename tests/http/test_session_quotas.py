@@ -183,6 +183,7 @@ async def test_http_sse_sessions_count_toward_the_quota_and_the_bound(tmp_path) 
             full = await open_sse(http, served, dave)
             assert isinstance(full, httpx2.Response) and full.status_code == 503
             assert "(http.max_sessions)" in full.json()["error"]["message"]
+            assert full.headers["retry-after"] == str(full.json()["error"]["data"]["retryAfterSeconds"])
 
             # closing the stream ends that session, and its place is carol's again
             await stream.close()

@@ -93,8 +93,12 @@ class SessionQuotas:
                             ((b"retry-after", str(retry).encode()),),
                             {"retryAfterSeconds": retry, "setting": holder.setting, "limit": holder.limit})
         if self.total >= self.settings.max_sessions:
+            retry = self.settings.retry_after_seconds
             raise HttpError(503, -32000, f"{self.settings.max_sessions} sessions are open, the most this gateway keeps "
-                                         "(http.max_sessions); retry later", request_id)
+                                         f"(http.max_sessions); retry in {retry} s", request_id,
+                            ((b"retry-after", str(retry).encode()),),
+                            {"retryAfterSeconds": retry, "setting": "http.max_sessions",
+                             "limit": self.settings.max_sessions})
 
     def take(self, holder: Holder, session: Held) -> None:
         self._held.setdefault(holder.key, {})[session.id] = session
