@@ -41,6 +41,7 @@ def test_vs_code_servers_format_is_accepted(tmp_path):
     ({"servers": {"a": {"command": "x", "request_timeout": -1}}}, "servers.a.request_timeout", "-1"),
     ({"servers": {"a": {"command": "x", "sandbox": "nope"}}}, "servers.a.sandbox", "unknown sandbox profile"),
     ({"tools": {"embedding_tokens": 8}}, "tools.embedding_tokens", "greater than or equal to 16"),
+    ({"policy": {"audit": {"enabled": False, "on_failure": "refuse"}}}, "policy.audit", "set enabled = true"),
 ])
 def test_errors_name_the_file_the_key_and_the_fix(tmp_path, body, where, fix):
     config = tmp_path / "bad.json"

@@ -161,6 +161,17 @@ class AuditConfig(_Strict):
             )
         return value
 
+    @model_validator(mode="after")
+    def _refuse_needs_a_trail(self) -> "AuditConfig":
+        # Refusing calls while the trail cannot be written promises a trail; with none, every call would run unaudited
+        # under a setting that reads as fail-closed.
+        if self.on_failure == "refuse" and not self.enabled:
+            raise ValueError(
+                'policy.audit.on_failure is "refuse" but policy.audit.enabled is false, so no call would ever be '
+                'recorded; set enabled = true, or drop on_failure'
+            )
+        return self
+
 
 UNDECLARED_ARGUMENTS = ("refuse_untrusted", "refuse", "allow")
 
