@@ -51,6 +51,10 @@ _MODERN_META_PREFIX = "io.modelcontextprotocol/"
 
 
 # ------------------------------------------------------------------------------------------- events
+# Resources one client connection may be subscribed to at once (a listen's resourceSubscriptions, or a handshake-era
+# session's resources/subscribe): each is a subscription Bastion keeps and, on the first subscriber, asks a server for.
+MAX_SUBSCRIPTIONS = 1000
+
 @dataclass(frozen=True, slots=True)
 class Send:
     """Send ``message`` to the client now."""
@@ -260,12 +264,19 @@ class ServerSession:
         envelope = read_envelope(message.params)
         if not isinstance(envelope, Envelope):
             return [Send(ErrorResponse(message.id, envelope))]
+        if message.method == "subscriptions/listen":
+            wanted = (message.params or {}).get("notifications")
+            wanted = wanted if isinstance(wanted, dict) else {}
+            uris = wanted.get("resourceSubscriptions")
+            if isinstance(uris, list) and len(uris) > MAX_SUBSCRIPTIONS:
+                return [Send(ErrorResponse(message.id, jsonrpc.error(
+                    jsonrpc.INVALID_PARAMS, f"a listen may subscribe to at most {MAX_SUBSCRIPTIONS} resources; "
+                                            f"this one names {len(uris)}")))]
+            self._in_flight.add(message.id)
+            return [Listen(message, wanted)]
         self._in_flight.add(message.id)
         if message.method == DISCOVER:
             return [Discover(message)]
-        if message.method == "subscriptions/listen":
-            wanted = (message.params or {}).get("notifications")
-            return [Listen(message, wanted if isinstance(wanted, dict) else {})]
         if envelope.log_level is not None:
             self._log_opt_ins[message.id] = envelope.log_level
         return [Serve(message, "modern", envelope.protocol_version, envelope.client_capabilities,
@@ -362,7 +373,7 @@ class ServerSession:
                 agreed[key] = True
         uris = listen.wanted.get("resourceSubscriptions")
         if isinstance(uris, list) and "resources" in capabilities:
-            agreed["resourceSubscriptions"] = [u for u in uris if isinstance(u, str)]
+            agreed["resourceSubscriptions"] = list(dict.fromkeys(u for u in uris if isinstance(u, str)))
         if listen.request.id in self._in_flight:  # not cancelled meanwhile
             self._listens[listen.request.id] = _Listen(agreed)
         return agreed, Notification("notifications/subscriptions/acknowledged",

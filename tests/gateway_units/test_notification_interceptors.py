@@ -137,3 +137,25 @@ async def test_an_interceptor_that_drops_list_changed_keeps_it_from_clients_and_
     assert client.received(TOOLS_CHANGED) == []
     assert "fx__test_dynamic_tool" not in await tool_names(client)
     assert watch.seen == [(TOOLS_CHANGED, "fx", None)]
+
+
+async def test_one_client_holds_a_bounded_number_of_subscriptions_and_unsubscribing_keeps_nothing(watched: Any) -> None:
+    from bastion.protocol.server_session import MAX_SUBSCRIPTIONS
+    gateway, _ = await watched("legacy", 0)
+    client = await legacy(gateway, "subscriber", {})
+    other = await legacy(gateway, "other", {})
+    # unsubscribing from resources never subscribed to leaves no trace, however many
+    for n in range(50):
+        assert "result" in await client.call("resources/unsubscribe", {"uri": f"test://template/never-{n}/data"})
+    assert gateway.subscriptions._subscribers == {}
+    answers = await asyncio.gather(*(client.call("resources/subscribe", {"uri": f"test://template/{n}/data"})
+                                     for n in range(MAX_SUBSCRIPTIONS)))
+    assert all("result" in answer for answer in answers)
+    assert "result" in await client.call("resources/subscribe", {"uri": "test://template/0/data"})  # already held
+    refused = await client.call("resources/subscribe", {"uri": "test://template/one-more/data"})
+    assert refused["error"]["code"] == -32602 and str(MAX_SUBSCRIPTIONS) in refused["error"]["message"]
+    # the bound is per client: another client subscribes as before
+    assert "result" in await other.call("resources/subscribe", {"uri": "test://template/one-more/data"})
+    # and one unsubscription makes room
+    assert "result" in await client.call("resources/unsubscribe", {"uri": "test://template/0/data"})
+    assert "result" in await client.call("resources/subscribe", {"uri": "test://template/one-more/data"})

@@ -28,6 +28,7 @@ from bastion.protocol.server_session import (
     Discover,
     Initialize,
     Invalid,
+    MAX_SUBSCRIPTIONS,
     Listen,
     Notified,
     RootsChanged,
@@ -434,3 +435,16 @@ def test_a_legacy_result_never_keeps_a_modern_field_and_keeps_everything_else(re
 @given(st.sampled_from(LOG_LEVELS), st.sampled_from(LOG_LEVELS))
 def test_log_level_order(level: str, threshold: str) -> None:
     assert at_least(level, threshold) == (LOG_LEVELS.index(level) >= LOG_LEVELS.index(threshold))
+
+
+def test_a_listen_naming_more_resources_than_the_bound_is_refused_and_holds_no_id() -> None:
+    s = session()
+    too_many = {"resourceSubscriptions": [f"a://{n}" for n in range(MAX_SUBSCRIPTIONS + 1)]}
+    [refused] = s.receive(Request("L", "subscriptions/listen", modern_params(notifications=too_many)))
+    assert isinstance(refused, Send) and refused.message.error["code"] == -32602
+    assert str(MAX_SUBSCRIPTIONS) in refused.message.error["message"]
+    # the id was never taken: the same id may open a listen within the bound
+    repeated = {"resourceSubscriptions": ["a://1"] * (MAX_SUBSCRIPTIONS)}
+    [listen] = s.receive(Request("L", "subscriptions/listen", modern_params(notifications=repeated)))
+    agreed, _ = s.listen_opened(listen, CAPS)
+    assert agreed["resourceSubscriptions"] == ["a://1"]  # said once however often it was named
