@@ -2,7 +2,7 @@
 may hold http.max_sessions_per_identity, and without authentication (every caller the configured identity) one
 client address http.max_sessions_per_address. A session past the quota is refused with 429, Retry-After and a
 -32000 error naming the setting, while another caller still gets one; the quota frees when a session ends. Both
-kinds count: handshake-era Streamable HTTP sessions and HTTP+SSE streams, against the quota and against
+kinds count: handshake-era Streamable HTTP sessions and HTTP+SSE streams (and 2026-07-28 listen streams), against the quota and against
 http.max_sessions. Real ``bastion serve`` processes on loopback, real HTTP clients."""
 
 from __future__ import annotations
@@ -211,3 +211,51 @@ def test_an_ipv6_client_counts_by_its_64() -> None:
     assert address_block("fe80::1%eth0") == "fe80::/64"
     assert address_block("::ffff:192.0.2.7") == address_block("192.0.2.7") == "192.0.2.7"
     assert address_block("") == ""
+
+
+async def open_listen(http: httpx2.AsyncClient, served: Served, headers: dict[str, str],
+                      listen_id: str) -> SseOpen | httpx2.Response:
+    """A 2026-07-28 subscriptions/listen held open once acknowledged, or the refusal read whole."""
+    from tests.http.test_sdk_clients import MODERN_META
+    stack = AsyncExitStack()
+    response = await stack.enter_async_context(http.stream("POST", served.url, headers={
+        **headers, "accept": ACCEPT, "mcp-protocol-version": "2026-07-28", "mcp-method": "subscriptions/listen"},
+        json={"jsonrpc": "2.0", "id": listen_id, "method": "subscriptions/listen",
+              "params": {"notifications": {"toolsListChanged": True}, "_meta": MODERN_META}}))
+    if response.status_code != 200 or not response.headers["content-type"].startswith("text/event-stream"):
+        await response.aread()
+        await stack.aclose()
+        return response
+    lines = response.aiter_lines()
+    async for line in lines:
+        if line.startswith("data: ") and "notifications/subscriptions/acknowledged" in line:
+            return SseOpen(stack, lines, listen_id)
+    raise AssertionError("the listen stream ended before its acknowledgement")
+
+
+async def test_an_open_listen_stream_counts_against_its_callers_quota(tmp_path) -> None:
+    """A 2026-07-28 listen is state the gateway keeps as long as the client likes: without a quota one caller could
+    hold every connection with them. It counts as a session does, and frees its place when it closes."""
+    keys = make_keys(tmp_path, "alice", "bob")
+    alice, bob = keys["alice"], keys["bob"]
+    served = start_bastion(tmp_path, {"max_sessions_per_identity": 2}, auth={"api_keys": "keys.json"})
+    try:
+        async with httpx2.AsyncClient(timeout=120) as http:
+            first = await open_listen(http, served, alice, "l1")
+            assert isinstance(first, SseOpen)
+            assert (await open_session(http, served.url, alice)).status_code == 200
+            refused = await open_listen(http, served, alice, "l3")
+            assert isinstance(refused, httpx2.Response)
+            assert_over_quota(refused, "http.max_sessions_per_identity", 2, "l3")
+            assert "subscriptions/listen stream" in refused.json()["error"]["message"]
+            theirs = await open_listen(http, served, bob, "b1")  # another caller is not affected
+            assert isinstance(theirs, SseOpen)
+            await first.close()
+            # the gateway sees the stream close a moment later: until then the place is still alice's
+            deadline = time.monotonic() + 60
+            while isinstance(again := await open_listen(http, served, alice, "l4"), httpx2.Response):
+                assert again.status_code == 429 and time.monotonic() < deadline, again.text
+            await again.close()
+            await theirs.close()
+    finally:
+        stop_bastion(served)

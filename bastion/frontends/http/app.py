@@ -63,11 +63,11 @@ class HttpFrontend:
         self._callback = callback
         self.admission = Admission(gateway, settings, self.auth, bound_to_loopback=bound_to_loopback)
         self.answers = Answers(settings)
-        self.modern = ModernPosts(gateway, self.admission, self.answers)
         self._metadata = orjson.dumps(self.auth.metadata) if self.auth.metadata is not None else None
         self.sessions: dict[str, LegacySession] = {}
         self.sse_sessions: dict[str, SseSession] = {}
         self.quotas = SessionQuotas(settings)  # both kinds, by holder: the gateway's bound and each caller's quota
+        self.modern = ModernPosts(gateway, self.admission, self.answers, self.quotas, self._holder)
         self._reaper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------ lifetime
@@ -176,7 +176,7 @@ class HttpFrontend:
             await self._legacy_post(session, body, message, top, headers, receive, send)
         elif is_modern(headers.get("mcp-protocol-version")) and top.kind in ("request", "notification"):
             # The header decides first, as on a server of both eras: a 2026-07-28 initialize is a removed method.
-            await self.modern.post(body, top, message, headers, identity, receive, send)
+            await self.modern.post(body, top, message, headers, identity, peer, receive, send)
         elif top.method == "initialize":
             self.admission.check_method_scopes(identity, top)
             holder = self._holder(identity, peer)
@@ -193,7 +193,7 @@ class HttpFrontend:
             await self._legacy_post(session, body, message, top, headers, receive, send)
         elif top.kind in ("request", "notification") and is_modern_first_message(
                 top.method or "", top.params if isinstance(top.params, dict) else None):
-            await self.modern.post(body, top, message, headers, identity, receive, send)
+            await self.modern.post(body, top, message, headers, identity, peer, receive, send)
         else:
             raise HttpError(400, -32600, "no Mcp-Session-Id header: start a session with initialize, or send a "
                                          "2026-07-28 request (params._meta names its protocol version)", top.id)

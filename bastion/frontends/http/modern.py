@@ -4,7 +4,9 @@ its answer as JSON or an SSE stream."""
 
 from __future__ import annotations
 
-from typing import Any
+import secrets
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import orjson
 
@@ -13,6 +15,7 @@ from bastion.frontends.http.admission import Admission
 from bastion.frontends.http.answers import STATUS_FOR_CODE, Answers
 from bastion.frontends.http.exchanges import Exchange, Peeked, answer_to
 from bastion.frontends.http.guards import accepts, modern_header_mismatch, param_header_mismatch
+from bastion.frontends.http.quotas import Holder, SessionQuotas
 from bastion.frontends.http.wire import HttpError, Receive, Send, empty_response, json_response
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
@@ -26,13 +29,27 @@ REMOVED_IN_MODERN = frozenset({"initialize", "ping", "logging/setLevel", "resour
                                "resources/unsubscribe"})
 
 
+@dataclass(eq=False, slots=True)
+class OpenListen:
+    """A ``subscriptions/listen`` stream, held against its caller's session quota while it is open: it is state the
+    gateway keeps for as long as the client likes, as a session is."""
+
+    id: str
+
+    def ends_by_itself_at(self, idle_timeout: float) -> float | None:
+        return None  # an open stream ends only when its client closes it
+
+
 class ModernPosts:
     """The 2026-07-28 POSTs, each its own gateway connection while it runs."""
 
-    def __init__(self, gateway: Gateway, admission: Admission, answers: Answers) -> None:
+    def __init__(self, gateway: Gateway, admission: Admission, answers: Answers, quotas: SessionQuotas,
+                 holder: Callable[[Identity, str], Holder]) -> None:
         self.gateway = gateway
         self.admission = admission
         self.answers = answers
+        self.quotas = quotas
+        self.holder = holder
         self.connections: set[ClientConnection] = set()
 
     def _param_header_mismatch(self, params: dict[str, Any], headers: dict[str, str]) -> str | None:
@@ -43,7 +60,7 @@ class ModernPosts:
         return param_header_mismatch(entry.definition.get("inputSchema"), params.get("arguments"), headers)
 
     async def post(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
-                   identity: Identity, receive: Receive, send: Send) -> None:
+                   identity: Identity, peer: str, receive: Receive, send: Send) -> None:
         """``message`` is the body as ``read_message`` read it, which the connection takes as it is."""
         if top.kind == "notification":
             # It passes the chain like any client's notification (cancellation itself travels as a closed stream on
@@ -73,6 +90,26 @@ class ModernPosts:
             raise HttpError(404, -32601, f"{top.method} does not exist in 2026-07-28 (it has no handshake, sessions or "
                                          "session-wide log level)", top.id)
         self.admission.check_method_scopes(identity, top)
+        if top.method == "subscriptions/listen":
+            holder = self.holder(identity, peer)
+            try:
+                self.quotas.check(holder, top.id)
+            except HttpError as refusal:
+                if refusal.status == 429:
+                    self.admission.audit_refusal(identity, top, "admission", holder.setting, refusal.message,
+                                                 refusal.code)
+                raise
+            listen = OpenListen(secrets.token_hex(8))
+            self.quotas.take(holder, listen)
+            try:
+                await self._run(body, top, message, headers, identity, receive, send)
+            finally:
+                self.quotas.release(holder, listen)
+            return
+        await self._run(body, top, message, headers, identity, receive, send)
+
+    async def _run(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
+                   identity: Identity, receive: Receive, send: Send) -> None:
         release, busy = self.admission.gate_request(top, identity)
         if busy is not None:
             await json_response(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": top.id, "error": busy}),

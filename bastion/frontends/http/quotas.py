@@ -89,7 +89,7 @@ class SessionQuotas:
             raise HttpError(429, -32000, f"{holder.who} has {len(held)} sessions open, the most one "
                                          f"{'identity' if holder.key[0] == 'identity' else 'client address'} may "
                                          f"keep ({holder.setting}); end one (DELETE /mcp, or close an HTTP+SSE "
-                                         f"stream) or retry in {retry} s", request_id,
+                                         f"or subscriptions/listen stream) or retry in {retry} s", request_id,
                             ((b"retry-after", str(retry).encode()),),
                             {"retryAfterSeconds": retry, "setting": holder.setting, "limit": holder.limit})
         if self.total >= self.settings.max_sessions:
