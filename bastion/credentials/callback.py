@@ -23,6 +23,10 @@ log = logging.getLogger("bastion.credentials")
 CALLBACK_PATH = "/oauth/callback"
 PENDING_LIFETIME = 600.0  # seconds an authorization link stays good; a person following it later gets a new one
 _MAX_PENDING = 1000  # states kept at once; the oldest is forgotten first, so no caller can fill memory with links
+# The callback listener serves browsers coming back from an authorization server: a redirect is one small GET.
+CALLBACK_HEADER_TIMEOUT = 10.0
+CALLBACK_CONNECTIONS = 64
+CALLBACK_HEADER_BYTES = 32 * 1024
 
 # Called with the callback's query parameters (code, iss, error, ...); returns what to tell the person, or raises
 # CallbackRefused with the reason.
@@ -87,6 +91,23 @@ async def _page(send: Any, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def callback_bounds() -> Any:
+    """The callback listener's connection bounds: a browser sends one redirect, so any local process that opens
+    connections and sends nothing (or too much) is cut off quickly, and cannot hold the gateway's descriptors."""
+    from bastion.transport.listener import ConnectionBounds, raw_response
+
+    def answer(status: int, reason: str, text: str) -> bytes:
+        return raw_response(status, reason, text.encode(), b"text/plain; charset=utf-8")
+
+    return ConnectionBounds(
+        header_timeout=CALLBACK_HEADER_TIMEOUT, max_connections=CALLBACK_CONNECTIONS,
+        max_per_address=CALLBACK_CONNECTIONS, max_header_bytes=CALLBACK_HEADER_BYTES,
+        late_answer=answer(408, "Request Timeout", "the request did not arrive in time"),
+        too_large_answer=answer(431, "Request Header Fields Too Large", "the request's headers are too large"),
+        full_answer=answer(503, "Service Unavailable", "too many connections"),
+        address_full_answer=answer(503, "Service Unavailable", "too many connections"))
+
+
 class LoopbackListener:
     """An HTTP listener on 127.0.0.1 serving ``callbacks``, opened on first use; its port is chosen by the system
     unless ``port`` is given (a client registered in advance with a fixed redirect URI)."""
@@ -103,11 +124,12 @@ class LoopbackListener:
             if self._callbacks.redirect_uri is None:
                 import uvicorn
 
-                from bastion.transport.listener import QuietServer, listen
+                from bastion.transport.listener import QuietServer, http_protocol, listen
 
                 sock = listen("127.0.0.1", self._port)
-                self._server = QuietServer(uvicorn.Config(self._callbacks, loop="none", lifespan="off",
-                                                          log_config=None, access_log=False))
+                self._server = QuietServer(uvicorn.Config(
+                    self._callbacks, http=http_protocol(callback_bounds()), ws="none", loop="none", lifespan="off",
+                    log_config=None, access_log=False))
                 self._serving = asyncio.ensure_future(self._server.serve(sockets=[sock]))
                 self._callbacks.redirect_uri = f"http://127.0.0.1:{sock.getsockname()[1]}{CALLBACK_PATH}"
                 log.info("authorization redirects come back to %s", self._callbacks.redirect_uri)
