@@ -122,7 +122,7 @@ def _works(bastion: Path, python: Path, work: Path, env: dict[str, str]) -> None
     report = json.loads(listed.stdout)
     assert report["servers"]["raw"]["available"] is True, listed.stderr
     assert "raw__echo" in {tool["name"] for tool in report["tools"]}
-    assert "sandboxed" in listed.stderr  # bubblewrap and seccomp came with the install
+    assert "sandboxed" in listed.stderr  # the system's bubblewrap and libseccomp, found by the install
     # Tool search's models came with it too: the hybrid, not BM25 alone.
     assert "tool search runs on hybrid: BM25 + WordLlama static vectors + MiniLM" in listed.stderr, listed.stderr
 
