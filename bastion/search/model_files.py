@@ -9,12 +9,11 @@ its licence: docs/search.md.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-from bastion.search.integer_model import sha256_file
 
 MODEL_DIR_ENV = "BASTION_MODEL_DIR"
 
@@ -47,18 +46,28 @@ class ModelFile:
             return place
         return None if place.is_file() else self._missing(place)
 
-    def located(self) -> Path | str:
-        """The file when it is there and is the one written here; otherwise why not."""
+    def read(self) -> bytes | str:
+        """The file's bytes when they are the ones written here; otherwise why not. Loaders use these very bytes,
+        so a file replaced between the check and the load cannot slip in."""
         place = self.where()
         if isinstance(place, str):
             return place
-        if not place.is_file():
+        try:
+            data = place.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return self._missing(place)
-        found = sha256_file(place)
+        except OSError as error:
+            return f"{place} cannot be read ({error.strerror}); {self._fix()}"
+        found = hashlib.sha256(data).hexdigest()
         if found != self.sha256:
             return (f"{place} is not the file Bastion expects: sha256 {found}, expected {self.sha256}; "
                     f"{self._fix()}")
-        return place
+        return data
+
+    def located(self) -> Path | str:
+        """Where the file is when it is the one written here (for tools that open it by path); otherwise why not."""
+        checked = self.read()
+        return checked if isinstance(checked, str) else self.where()
 
     def _missing(self, place: Path) -> str:
         return f"{place} is missing; {self._fix()}"

@@ -28,8 +28,12 @@ _CHUNK = 256
 
 
 def read_safetensor(path: Path, name: str) -> np.ndarray:
-    """One tensor of a .safetensors file (the format is a JSON header, then raw data), as stored."""
-    data = path.read_bytes()
+    """One tensor of a .safetensors file, as stored."""
+    return parse_safetensor(path.read_bytes(), name)
+
+
+def parse_safetensor(data: bytes, name: str) -> np.ndarray:
+    """One tensor of a .safetensors file's bytes (the format is a JSON header, then raw data), as stored."""
     (header_len,) = struct.unpack("<Q", data[:8])
     meta = json.loads(data[8 : 8 + header_len])[name]
     dtype = {"F16": np.float16, "F32": np.float32}[meta["dtype"]]
@@ -41,11 +45,11 @@ def read_safetensor(path: Path, name: str) -> np.ndarray:
 class StaticEncoder:
     """Mean-pooled token vectors, L2-normalised (the :class:`TextEncoder` protocol)."""
 
-    def __init__(self, table: np.ndarray, tokenizer_path: Path, model_id: str) -> None:
+    def __init__(self, table: np.ndarray, tokenizer_json: str, model_id: str) -> None:
         from tokenizers import Tokenizer
 
         self._table = table
-        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_length=_MAX_TOKENS)
         self.model_id = model_id
@@ -77,12 +81,12 @@ def load_static_encoder() -> StaticEncoder | EncoderUnavailable:
         import tokenizers  # noqa: F401
     except ImportError as exc:
         return EncoderUnavailable(f"{exc.name or exc} is not installed")
-    weights, tokenizer = STATIC_WEIGHTS.located(), STATIC_TOKENIZER.located()
-    for found in (weights, tokenizer):
-        if isinstance(found, str):
-            return EncoderUnavailable(found)
+    weights, tokenizer = STATIC_WEIGHTS.read(), STATIC_TOKENIZER.read()
+    for checked in (weights, tokenizer):
+        if isinstance(checked, str):
+            return EncoderUnavailable(checked)
     try:
         model_id = f"wordllama-l2-256-{STATIC_WEIGHTS.sha256[:16]}"
-        return StaticEncoder(read_safetensor(weights, _TENSOR), tokenizer, model_id)
+        return StaticEncoder(parse_safetensor(weights, _TENSOR), tokenizer.decode(), model_id)
     except Exception as exc:  # a truncated or foreign file: fall back rather than fail the gateway
         return EncoderUnavailable(f"the static model failed to load: {exc}")

@@ -57,11 +57,11 @@ class EncodingUnavailable(RuntimeError):
 
 def _ranks(spec: _Spec) -> dict[bytes, int]:
     """The published ``.tiktoken`` file's merge ranks: one ``base64(token) rank`` per line."""
-    found = spec.ranks_file.located()
-    if isinstance(found, str):
-        raise EncodingUnavailable(found)
+    data = spec.ranks_file.read()
+    if isinstance(data, str):
+        raise EncodingUnavailable(data)
     ranks = {}
-    for line in found.read_bytes().splitlines():
+    for line in data.splitlines():
         token, rank = line.split(b" ")
         ranks[base64.b64decode(token)] = int(rank)
     return ranks

@@ -77,7 +77,7 @@ def test_the_seven_bit_recipe_keeps_the_float_models_vectors(tmp_path):
     source = MINILM_MODEL.located()
     derived = integer_model(source, "e" * 64, tmp_path / "models", SEVEN_BIT_RECIPE)
     assert isinstance(derived, Path) and SEVEN_BIT_RECIPE in derived.name
-    seven = OnnxMiniLMEncoder(derived, floating._tokenizer_path, derived.stem, integer_products=True)
+    seven = OnnxMiniLMEncoder(derived, floating._tokenizer_json, derived.stem, integer_products=True)
     cosines = (seven.encode(TEXTS, max_tokens=128) * floating.encode(TEXTS, max_tokens=128)).sum(axis=1)
     # Half the weights' resolution moves the vectors further than full-range weights (above 0.97): measured 0.955 on
     # the longest text, with the same Recall@5 on every development catalog (docs/search.md).
