@@ -126,5 +126,23 @@ def test_a_missing_file_in_the_operators_directory_is_named(tmp_path, monkeypatc
 
 def test_a_carrier_that_is_not_installed_is_named_with_the_fix(monkeypatch) -> None:
     monkeypatch.delenv(MODEL_DIR_ENV, raising=False)
-    missing = ModelFile("model.onnx", "0" * 64, "bastion_no_such_package", "model.onnx", "reinstall nothing")
+    missing = ModelFile("model.onnx", "0" * 64, 1, "bastion_no_such_package", "model.onnx", "reinstall nothing")
     assert missing.located() == "bastion_no_such_package is not installed; reinstall nothing"
+
+
+def test_an_endless_or_oversized_file_is_refused_without_reading_it_all(tmp_path, monkeypatch) -> None:
+    chosen = _operator_copy(tmp_path)
+    monkeypatch.setenv(MODEL_DIR_ENV, str(chosen))
+    (chosen / MINILM_TOKENIZER.name).unlink()
+    (chosen / MINILM_TOKENIZER.name).symlink_to("/dev/zero")  # would read forever
+    reason = MINILM_TOKENIZER.read()
+    assert isinstance(reason, str) and str(chosen / "tokenizer.json") in reason and "not a regular file" in reason
+    (chosen / MINILM_TOKENIZER.name).unlink()
+    os.mkfifo(chosen / MINILM_TOKENIZER.name)  # no writer: opening it must not wait for one
+    reason = MINILM_TOKENIZER.read()
+    assert isinstance(reason, str) and "not a regular file" in reason
+    with (chosen / MINILM_MODEL.name).open("ab") as grown:  # the right file with a gigabyte more, sparse
+        grown.truncate(MINILM_MODEL.size + (1 << 30))
+    reason = MINILM_MODEL.read()
+    assert isinstance(reason, str) and f"expected {MINILM_MODEL.size:,} bytes" in reason
+    assert f"{MINILM_MODEL.size + (1 << 30):,} bytes" in reason
