@@ -1,4 +1,4 @@
-.PHONY: setup run test test-fast bench
+.PHONY: setup run test test-fast bench lock audit
 
 # Workers for the test suite: one more than the cores, as most tests spend their time waiting on the processes
 # they start. `make test TEST_WORKERS=0` runs everything in this one process, in order.
@@ -25,3 +25,26 @@ test-fast: setup
 bench: setup
 	@.venv/bin/python bench/dataplane.py
 	@.venv/bin/python bench/http_dataplane.py
+
+# Bastion's own dependencies, locked with hashes for Python 3.11 on Linux x86-64 (requirements.lock: the runtime;
+# requirements-dev.lock: with the dev extra), and audited against the index's vulnerability data. Neither is part of
+# `make test` (both need the network); tests/test_lock.py checks offline that the locks agree with pyproject.toml.
+# The tools live in their own venv under .cache, not among Bastion's dependencies.
+SUPPLY_TOOLS = .cache/supply-tools
+# pip-audit's source of vulnerability data: pypi (the index's JSON API) or osv.
+AUDIT_SERVICE ?= pypi
+SUPPLY_TOOLS_STAMP = $(SUPPLY_TOOLS)/uv-0.13.8-pip-audit-2.10.1
+LOCK_FLAGS = --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--custom-compile-command "make lock" --quiet
+
+$(SUPPLY_TOOLS_STAMP):
+	python3 -m venv $(SUPPLY_TOOLS)
+	$(SUPPLY_TOOLS)/bin/python -m pip install -q uv==0.13.8 pip-audit==2.10.1
+	touch $@
+
+lock: $(SUPPLY_TOOLS_STAMP)
+	$(SUPPLY_TOOLS)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) -o requirements.lock
+	$(SUPPLY_TOOLS)/bin/uv pip compile pyproject.toml --extra dev $(LOCK_FLAGS) -o requirements-dev.lock
+
+audit: $(SUPPLY_TOOLS_STAMP)
+	@$(SUPPLY_TOOLS)/bin/python scripts/audit.py $(AUDIT_SERVICE) requirements.lock requirements-dev.lock

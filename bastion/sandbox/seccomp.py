@@ -2,11 +2,13 @@
 
 A deny list on top of bwrap's namespaces and dropped capabilities: it closes the kernel interfaces
 that have been the usual way out of containers, or that a tool server never needs. bwrap loads the
-program just before it executes the server (``bwrap --seccomp FD``).
+program just before it executes the server (``bwrap --seccomp FD``). libseccomp is the distribution's, called
+through ctypes: no Python binding is installed for it (docs/sandbox.md says why).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import os
@@ -50,53 +52,150 @@ DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
 }
 
 
+# libseccomp's constants (seccomp.h), stable across its releases.
+_ACT_ALLOW = 0x7FFF0000
+_ATTR_ACT_BADARCH = 2
+_CMP_EQ, _CMP_GT, _CMP_MASKED_EQ = 4, 6, 7
+
+
 def _deny(number: int) -> int:
-    import pyseccomp
-
-    return pyseccomp.ERRNO(number)
+    return 0x00050000 | (number & 0xFFFF)  # SCMP_ACT_ERRNO(number)
 
 
-def build_filter(network: bool):  # -> pyseccomp.SyscallFilter
+class _ArgCmp(ctypes.Structure):
+    """struct scmp_arg_cmp: one comparison of a system call's argument."""
+
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                ("datum_b", ctypes.c_uint64)]
+
+
+def _arg(index: int, op: int, a: int, b: int = 0) -> _ArgCmp:
+    return _ArgCmp(index, op, a, b)
+
+
+class SeccompUnavailable(RuntimeError):
+    """libseccomp cannot be loaded, or refused the filter: the message says which call and why."""
+
+
+@functools.lru_cache(maxsize=1)
+def _libseccomp() -> ctypes.CDLL:
+    """The distribution's libseccomp (Debian's libseccomp2), bound by hand: the five calls compiling the filter
+    need (and the readable listing), so no third-party binding is installed or imported for them."""
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    except OSError as error:
+        raise SeccompUnavailable(f"libseccomp is not installed ({error}); install libseccomp2 "
+                                 "(Debian/Ubuntu), libseccomp (Fedora, Arch)") from error
+    lib.seccomp_init.argtypes, lib.seccomp_init.restype = (ctypes.c_uint32,), ctypes.c_void_p
+    lib.seccomp_release.argtypes, lib.seccomp_release.restype = (ctypes.c_void_p,), None
+    lib.seccomp_attr_set.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32)
+    lib.seccomp_syscall_resolve_name.argtypes = (ctypes.c_char_p,)
+    lib.seccomp_rule_add_array.argtypes = (ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.POINTER(_ArgCmp))
+    lib.seccomp_export_bpf.argtypes = lib.seccomp_export_pfc.argtypes = (ctypes.c_void_p, ctypes.c_int)
+    for name in ("seccomp_attr_set", "seccomp_syscall_resolve_name", "seccomp_rule_add_array", "seccomp_export_bpf",
+                 "seccomp_export_pfc"):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def libseccomp_version() -> str:
+    lib = _libseccomp()
+
+    class _Version(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
+
+    lib.seccomp_version.restype = ctypes.POINTER(_Version)
+    found = lib.seccomp_version().contents
+    return f"{found.major}.{found.minor}.{found.micro}"
+
+
+class _Filter:
+    """A libseccomp filter context, released when compiled."""
+
+    def __init__(self, default_action: int) -> None:
+        self._lib = _libseccomp()
+        self._ctx = self._lib.seccomp_init(default_action)
+        if not self._ctx:
+            raise SeccompUnavailable("seccomp_init failed")
+
+    def _check(self, call: str, result: int) -> None:
+        if result < 0:  # libseccomp returns -errno
+            raise SeccompUnavailable(f"{call}: {os.strerror(-result)}")
+
+    def set_attr(self, attr: int, value: int) -> None:
+        self._check("seccomp_attr_set", self._lib.seccomp_attr_set(self._ctx, attr, value))
+
+    def add_rule(self, action: int, syscall: str, *comparisons: _ArgCmp) -> None:
+        number = self._lib.seccomp_syscall_resolve_name(syscall.encode())
+        if number == -1:  # __NR_SCMP_ERROR: libseccomp does not know the name on this architecture
+            raise SeccompUnavailable(f"libseccomp does not know the system call {syscall!r}")
+        array = (_ArgCmp * len(comparisons))(*comparisons)
+        self._check(f"seccomp_rule_add_array({syscall})",
+                    self._lib.seccomp_rule_add_array(self._ctx, action, number, len(comparisons), array))
+
+    def export_bpf(self, fd: int) -> None:
+        self._check("seccomp_export_bpf", self._lib.seccomp_export_bpf(self._ctx, fd))
+
+    def export_pfc(self, fd: int) -> None:
+        """The filter as libseccomp's readable listing: what a person (or a test) checks it against."""
+        self._check("seccomp_export_pfc", self._lib.seccomp_export_pfc(self._ctx, fd))
+
+    def release(self) -> None:
+        if self._ctx:
+            self._lib.seccomp_release(self._ctx)
+            self._ctx = None
+
+
+def build_filter(network: bool) -> _Filter:
     """The filter for one sandbox; ``network`` allows AF_INET/AF_INET6 for the loopback proxy hop."""
-    import pyseccomp as sc
+    filt = _Filter(_ACT_ALLOW)
+    try:
+        _add_rules(filt, network)
+    except BaseException:
+        filt.release()
+        raise
+    return filt
 
-    filt = sc.SyscallFilter(sc.ALLOW)
+
+def _add_rules(filt: _Filter, network: bool) -> None:
     # Anything that is not native x86-64/aarch64 (i386 int 0x80, x32) skips the rules below: refuse it.
-    filt.set_attr(sc.Attr.ACT_BADARCH, _deny(errno.ENOSYS))
+    filt.set_attr(_ATTR_ACT_BADARCH, _deny(errno.ENOSYS))
     for names in DENIED_SYSCALLS.values():
         for name in names:
             filt.add_rule(_deny(errno.EPERM), name)
     for flag in NAMESPACE_FLAGS.values():
-        filt.add_rule(_deny(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+        filt.add_rule(_deny(errno.EPERM), "clone", _arg(0, _CMP_MASKED_EQ, flag, flag))
     # clone3 passes its flags in memory the filter cannot read: ENOSYS makes libc fall back to clone.
     filt.add_rule(_deny(errno.ENOSYS), "clone3")
     for request in (TIOCSTI, TIOCLINUX):
         # The kernel reads the request as 32 bits: compare only those so high bits cannot slip past.
-        filt.add_rule(_deny(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
+        filt.add_rule(_deny(errno.EPERM), "ioctl", _arg(1, _CMP_MASKED_EQ, 0xFFFFFFFF, request))
     allowed_families = (AF_UNIX, AF_INET, AF_INET6) if network else (AF_UNIX,)
     for syscall in ("socket", "socketpair"):
         for denied in _denied_ranges(allowed_families):
             filt.add_rule(_deny(errno.EAFNOSUPPORT), syscall, *denied)
-    return filt
 
 
-def _denied_ranges(allowed: tuple[int, ...]):
+def _denied_ranges(allowed: tuple[int, ...]) -> list[tuple[_ArgCmp, ...]]:
     """Argument comparisons covering every socket family except ``allowed`` (libseccomp ANDs within a rule)."""
-    import pyseccomp as sc
-
     highest = max(allowed)
-    rules = [(sc.Arg(0, sc.GT, highest),)]
-    rules.extend((sc.Arg(0, sc.EQ, family),) for family in range(0, highest) if family not in allowed)
+    rules = [(_arg(0, _CMP_GT, highest),)]
+    rules.extend((_arg(0, _CMP_EQ, family),) for family in range(0, highest) if family not in allowed)
     return rules
 
 
 @functools.lru_cache(maxsize=2)
 def compiled_bpf(network: bool) -> bytes:
     """BPF program bytes, compiled once per network mode: the filter depends on nothing else."""
-    with tempfile.TemporaryFile() as out:
-        build_filter(network).export_bpf(out)
-        out.seek(0)
-        return out.read()
+    filt = build_filter(network)
+    try:
+        with tempfile.TemporaryFile() as out:
+            filt.export_bpf(out.fileno())
+            out.seek(0)
+            return out.read()
+    finally:
+        filt.release()
 
 
 def bpf_fd(network: bool) -> int:
@@ -111,9 +210,7 @@ def bpf_fd(network: bool) -> int:
 def available() -> tuple[bool, str]:
     """Whether a filter can be compiled here, and libseccomp's version or the reason it cannot."""
     try:
-        import pyseccomp
-
         compiled_bpf(False)
-        return True, f"libseccomp via pyseccomp {pyseccomp.__version__}"
-    except Exception as error:  # ImportError, missing libseccomp.so, unsupported arch
+        return True, f"libseccomp {libseccomp_version()} (the system's, through ctypes)"
+    except Exception as error:  # a missing libseccomp.so, an unsupported arch
         return False, f"{type(error).__name__}: {error}"

@@ -132,12 +132,24 @@ class AutoExposure:
             # server); only a count of tokens goes to a thread: the first loads the tokenizer (about a second).
             size, blob = measure_without_tokens([entry.definition for entry in entries])
             if blob is not None:
-                tokens = await asyncio.to_thread(lambda: self._counter()(blob))
-                size = CatalogSize(size.tools, size.bytes, tokens)
+                size = await self._with_tokens(size, blob)
             self._entries, self._size = entries, size
             if self._announce(size) and size.needs_search and size.tokens is None:
                 self._count_later([entry.definition for entry in entries])
         return bool(self._searching)
+
+    async def _with_tokens(self, size: CatalogSize, blob: bytes) -> CatalogSize:
+        """``size`` with its tokens counted; as it was when the vocabulary cannot be had (a missing or altered file:
+        the catalog stays listed whole, as it was before search existed, and the log says which file)."""
+        from bastion.search.tokenizers_offline import EncodingUnavailable
+
+        try:
+            tokens = await asyncio.to_thread(lambda: self._counter()(blob))
+        except EncodingUnavailable as error:
+            log.warning("tool exposure auto: could not count the definitions' tokens (%s); deciding by the tool "
+                        "count alone", error)
+            return size
+        return CatalogSize(size.tools, size.bytes, tokens)
 
     def _count_later(self, definitions: list[dict[str, Any]]) -> None:
         """The tokens of a catalog that the tool count alone put in search mode, logged once counted: the switch

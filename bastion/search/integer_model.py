@@ -107,8 +107,9 @@ def remove_abandoned_work(directory: Path) -> None:
             pass
 
 
-def integer_model(source: Path, source_sha256: str, directory: Path, recipe: str = RECIPE) -> Path | str:
-    """Path of the model derived by ``recipe`` (made on first use), or why it cannot be made."""
+def integer_model(source: Path | bytes, source_sha256: str, directory: Path, recipe: str = RECIPE) -> Path | str:
+    """Path of the model derived by ``recipe`` from ``source`` (the packaged model's checked bytes, or a path) on
+    first use, or why it cannot be made."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; one of {RECIPES}")
     try:
@@ -134,7 +135,8 @@ def integer_model(source: Path, source_sha256: str, directory: Path, recipe: str
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
             options.optimized_model_filepath = str(floating)
             options.log_severity_level = 3
-            ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
+            ort.InferenceSession(source if isinstance(source, bytes) else str(source), sess_options=options,
+                                 providers=["CPUExecutionProvider"])
             quantized = Path(work) / "integer.onnx"
             quiet = _QuietQuantizer()
             logging.getLogger().addFilter(quiet)

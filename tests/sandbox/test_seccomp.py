@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
 import sys
 
 import pytest
@@ -78,7 +79,9 @@ def test_every_listed_syscall_is_in_the_filter():
     import tempfile
 
     with tempfile.TemporaryFile() as out:
-        build_filter(network=False).export_pfc(out)
+        filt = build_filter(network=False)
+        filt.export_pfc(out.fileno())
+        filt.release()
         out.seek(0)
         text = out.read().decode()
     for names in DENIED_SYSCALLS.values():
@@ -96,3 +99,24 @@ def test_bpf_is_compiled_once_per_mode():
 @pytest.mark.parametrize("network", [False, True])
 def test_bpf_is_a_whole_number_of_instructions(network):
     assert len(compiled_bpf(network)) % 8 == 0 and len(compiled_bpf(network)) > 8
+
+
+def test_the_filter_is_compiled_by_the_systems_libseccomp_with_no_python_binding():
+    script = ("import sys\n"
+              "from bastion.sandbox.seccomp import available, compiled_bpf\n"
+              "print(available()[0], len(compiled_bpf(False)) % 8)\n"
+              "print(sorted(m for m in sys.modules if 'seccomp' in m.lower() and not m.startswith('bastion')))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["True 0", "[]"]  # whole 8-byte BPF instructions, and no binding loaded
+
+
+def test_libseccomp_refusing_a_rule_names_the_system_call():
+    from bastion.sandbox.seccomp import SeccompUnavailable, _deny, _Filter
+
+    filt = _Filter(0x7FFF0000)
+    try:
+        with pytest.raises(SeccompUnavailable, match="no_such_call"):
+            filt.add_rule(_deny(errno.EPERM), "no_such_call")
+    finally:
+        filt.release()

@@ -93,6 +93,25 @@ def test_a_few_tools_with_long_definitions_get_search_mode_by_their_tokens(tmp_p
     assert tokens > MAX_LISTED_TOKENS and f"{RAW_TOOLS + 2} tools" in line, stderr
 
 
+def test_a_vocabulary_that_cannot_be_had_leaves_every_tool_listed_and_says_why(tmp_path, monkeypatch):
+    # An operator's model directory without tiktoken's files: the tokens of a few long definitions cannot be counted.
+    models = tmp_path / "models"
+    models.mkdir()
+    monkeypatch.setenv("BASTION_MODEL_DIR", str(models))
+    wordy = " ".join(f"word{i}" for i in range(4000))
+    client = RawClient(_config(tmp_path, _extra(2, wordy)))
+    try:
+        client.initialize()
+        assert len(_listed(client, 1)) == RAW_TOOLS + 2
+        assert len(_listed(client, 2)) == RAW_TOOLS + 2  # asked again: still answered, counted no more
+    finally:
+        _, stderr = client.close()
+    [warning] = [line for line in stderr.splitlines() if "could not count" in line]
+    assert str(models / "o200k_base.tiktoken") in warning and "is missing" in warning, stderr
+    [line] = _auto_lines(stderr.replace(warning, ""))
+    assert "bytes of definitions" in line and "every tool" in line, stderr
+
+
 def test_a_catalog_that_grows_past_the_bound_switches_to_search_mode_and_says_so(tmp_path):
     client = RawClient(_config(tmp_path))
     try:

