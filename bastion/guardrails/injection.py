@@ -37,7 +37,9 @@ import msgspec
 import orjson
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
+from bastion.guardrails.emoji import in_emoji_tag_sequence
 from bastion.guardrails.content import INSTRUCTED, UNSCANNABLE, KeySlot, TextSlot, copy_tree, error_slots, text_slots, walk
+from bastion.guardrails.output_rules import OUTPUT_RULES
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
@@ -142,7 +144,7 @@ def hidden_characters(text: str, *, strict: bool) -> list[Finding]:
 def _hidden_kind(text: str, at: int) -> str | None:
     code = ord(text[at])
     if 0xE0000 <= code <= 0xE007F:
-        return "unicode-tag-characters"
+        return None if in_emoji_tag_sequence(text, at) else "unicode-tag-characters"
     if 0xE0100 <= code <= 0xE01EF:
         return "variation-selector-smuggling"
     if 0x202A <= code <= 0x202E or 0x2066 <= code <= 0x2069:
@@ -159,10 +161,12 @@ def _hidden_kind(text: str, at: int) -> str | None:
 
 def strip_hidden(text: str) -> str:
     """``text`` without its invisible characters (a joiner between two non-ASCII characters stays: scripts and
-    emoji need it)."""
+    emoji need it; so do the tags of a subdivision flag)."""
 
     def drop(match: re.Match[str]) -> str:
         char = match.group()
+        if "\U000e0000" <= char <= "\U000e007f" and in_emoji_tag_sequence(text, match.start()):
+            return char  # a subdivision flag's (bastion.guardrails.emoji)
         if char in _JOINERS:
             at = match.start()
             before = text[at - 1] if at else " "
@@ -348,13 +352,18 @@ RULES: tuple[Rule, ...] = (
     _rule("todo-order", WEAK,
           r"TODO[ \t]*:[ \t]*(?:please[ \t]+)?(?:send|e-?mail|forward|transfer|wire|pay|delete|remove|post|share|invite"
           r"|change|update|modify|create|make|visit|say|tell|concatenate|get|give|book|reserve|add)\b"),
+    # Fake tool boundaries, images that carry data out, errors that steer (bastion.guardrails.output_rules).
+    *(_rule(spec.name, spec.weight, spec.pattern, spec.kind, spec.quotable, spec.probe) for spec in OUTPUT_RULES),
 )
 
 _QUOTES = {'"': '"', "“": "”", "'": "'", "‘": "’", "`": "`", "«": "»"}
 
 
 def _quoted(text: str, start: int, end: int) -> bool:
-    """Whether ``text[start:end]`` sits inside quotation marks on its line: a phrase quoted is one talked about."""
+    """Whether ``text[start:end]`` sits inside quotation marks on its line and is talked about there: a phrase
+    quoted is one mentioned, as long as the quotation is little more than the phrase (``MENTION_SLACK``) and is not a
+    field's value (``"body": "..."`` of JSON a tool returns, ``body="..."``), where quotation marks only delimit
+    someone else's text, which is just where planted instructions come (an issue comment, an e-mail's body)."""
     line_start = text.rfind("\n", 0, start) + 1
     line_end = text.find("\n", end)
     line_end = len(text) if line_end < 0 else line_end
@@ -364,14 +373,29 @@ def _quoted(text: str, start: int, end: int) -> bool:
         if opening == closing:
             if opening == "'":
                 # Apostrophes inside words ("don't") are no quotation marks.
-                before_marks = len(re.findall(r"(?<![\w])'", before))
-                if before_marks % 2 == 1 and re.search(r"'(?!\w)", after):
-                    return True
+                marks = list(re.finditer(r"(?<![\w])'", before))
+                close = re.search(r"'(?!\w)", after)
+                if len(marks) % 2 == 1 and close:
+                    return _mention(before, marks[-1].start(), close.start())
             elif before.count(opening) % 2 == 1 and opening in after:
-                return True
+                return _mention(before, before.rfind(opening), after.find(closing))
         elif before.rfind(opening) > before.rfind(closing) and closing in after:
-            return True
+            return _mention(before, before.rfind(opening), after.find(closing))
     return False
+
+
+MENTION_SLACK = 48  # characters a quotation may hold beside the phrase and still be a mention of it
+# A JSON key's closing quote and colon, or an attribute's "=": what comes next is a field's value. (A prose colon,
+# 'the page said: "..."', introduces a quotation, so a bare word and colon is not read as a key.)
+_FIELD_VALUE = re.compile(r"(?:[\"'\]]\s*:|[\w-]=)\s*$")
+
+
+def _mention(before: str, opening: int, closing: int) -> bool:
+    """Whether a quotation that opens at ``before[opening]`` and closes ``closing`` characters after the phrase is a
+    mention of the phrase rather than a quoted text that carries it."""
+    if len(before) - opening - 1 + closing > MENTION_SLACK:
+        return False
+    return _FIELD_VALUE.search(before, 0, opening) is None
 
 
 def instruction_findings(text: str) -> list[Finding]:
