@@ -37,8 +37,8 @@ import msgspec
 import orjson
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
-from bastion.guardrails.emoji import in_emoji_tag_sequence
 from bastion.guardrails.content import INSTRUCTED, UNSCANNABLE, KeySlot, TextSlot, copy_tree, error_slots, text_slots, walk
+from bastion.guardrails.emoji import in_emoji_tag_sequence
 from bastion.guardrails.output_rules import OUTPUT_RULES
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog

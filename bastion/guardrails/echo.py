@@ -1,0 +1,77 @@
+"""Personal data a tool's answer echoes from the call itself, which is no leak.
+
+"Email sent to alice@example.org" answers a call whose arguments held alice@example.org: the caller (the model, on
+the user's behalf) wrote that address, so the answer tells it nothing it did not have, and redacting it only breaks
+the confirmation. A value of personal data found in a ``tools/call`` result is therefore left as it is when the same
+value (any case) appears in one of that call's argument strings. Only personal data: a secret is redacted wherever it
+appears, since a credential in the arguments may have come from the client's configuration rather than from the
+model, and an answer should not hand it to the model either way. Any other value of the answer (another address, a
+phone number the caller never gave) is redacted as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import msgspec
+
+MAX_ARGUMENT_STRINGS = 1000  # strings read from one call's arguments; a call with more is read only that far
+MAX_ARGUMENT_BYTES = 256 * 1024  # bytes of argument text kept for the comparison
+
+
+class CallerInput:
+    """The strings of one call's arguments, lowercased, to ask whether a value found in the answer is one of them."""
+
+    __slots__ = ("_texts",)
+
+    def __init__(self, arguments: Any) -> None:
+        if type(arguments) is msgspec.Raw:
+            try:
+                arguments = msgspec.json.decode(arguments)
+            except msgspec.DecodeError:
+                arguments = None
+        texts: list[str] = []
+        size = 0
+        for text in _strings(arguments):
+            if len(texts) >= MAX_ARGUMENT_STRINGS or size + len(text) > MAX_ARGUMENT_BYTES:
+                break
+            texts.append(text.lower())
+            size += len(text)
+        self._texts = tuple(texts)
+
+    def supplied(self, value: bytes) -> bool:
+        """Whether ``value`` (UTF-8, as the scanner found it) is written in one of the argument strings."""
+        if not self._texts:
+            return False
+        wanted = value.decode("utf-8", "replace").lower()
+        return any(wanted in text for text in self._texts)
+
+
+def echo_check(arguments: Any) -> Callable[[str, bytes], bool]:
+    """A test of (guardrail, value) that says a value of personal data is the caller's own. The arguments are read at
+    the first value asked about, so an answer with no personal data in it costs nothing here."""
+    given: list[CallerInput] = []
+
+    def echoed(guardrail: str, value: bytes) -> bool:
+        if guardrail != "pii":
+            return False
+        if not given:
+            given.append(CallerInput(arguments))
+        return given[0].supplied(value)
+
+    return echoed
+
+
+def _strings(value: Any, depth: int = 0) -> Iterator[str]:
+    if depth > 32:
+        return
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str):
+                yield key
+            yield from _strings(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item, depth + 1)
