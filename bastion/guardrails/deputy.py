@@ -58,8 +58,12 @@ def reference_uri(item: Any) -> str | None:
 
 
 def foreign_owner(uri: str, server: str, owner_of: Owner, allows: Callable[[str, str], bool]) -> str | None:
-    """The other server that owns ``uri`` when ``server`` may not reference it; None when it may."""
+    """The other server that owns ``uri`` when ``server`` may not reference it; None when it may. A URI with a
+    fragment or a query names the resource without them (``vault://config#part`` is vault's ``vault://config``)."""
     owner = owner_of(uri)
+    if owner is None:
+        bare = uri.split("#", 1)[0].split("?", 1)[0]
+        owner = owner_of(bare) if bare != uri else None
     if owner is None or owner == server or allows(server, owner):
         return None
     return owner

@@ -1002,6 +1002,8 @@ class WithheldToolGate:
 
 OUTPUT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get", "completion/complete"})
 OUTPUT_NOTIFICATIONS = frozenset({"notifications/progress", "notifications/message"})
+# Methods whose only server text is an error: the server's refusal of a subscription reaches the client as it wrote it.
+OUTPUT_ERRORS_ONLY = frozenset({"resources/subscribe", "resources/unsubscribe"})
 # A server's requests toward the client. Sampling requests are marked by the sampling guardrail first when it is on
 # (``sampling.injection_scan``); what it marked is not marked again here.
 OUTPUT_TOWARD_CLIENT = frozenset({"sampling/createMessage", "elicitation/create"})
@@ -1045,7 +1047,7 @@ class OutputGuard:
     elicitation requests); marks (wraps as untrusted data) or blocks what reads as instructions, and records the
     flag for the session's taint."""
 
-    methods = OUTPUT_METHODS | OUTPUT_NOTIFICATIONS | OUTPUT_TOWARD_CLIENT
+    methods = OUTPUT_METHODS | OUTPUT_NOTIFICATIONS | OUTPUT_TOWARD_CLIENT | OUTPUT_ERRORS_ONLY
     reads_params = False
     # A call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those
     # bytes when nothing is flagged in it (bastion.guardrails.raw).
@@ -1063,6 +1065,8 @@ class OutputGuard:
         if method in OUTPUT_NOTIFICATIONS or method in OUTPUT_TOWARD_CLIENT:
             self._screen_from_server(request)
             return await call_next(request)
+        if method in OUTPUT_ERRORS_ONLY:
+            return await self._errors_only(request, call_next)
         if method not in OUTPUT_METHODS:
             return await call_next(request)
         target, server = self._target(request)
@@ -1121,6 +1125,17 @@ class OutputGuard:
             f"marked as untrusted data: {', '.join(each.slot.where for each in flagged)}",
             request.session.session_id, request.session.identity))
         return result
+
+    async def _errors_only(self, request: GatewayRequest, call_next: Handler) -> Any:
+        """A method whose answer carries no server text but whose error does: the error is scanned as a call's is."""
+        try:
+            return await call_next(request)
+        except GatewayError as error:
+            uri, server = self._target(request)
+            mode = self._mode(server)
+            if mode != "off":
+                self.check_error(request, error, uri, server, mode)
+            raise
 
     def _screen_from_server(self, request: GatewayRequest) -> None:
         """A server's notification or request toward the client, marked in place, or refused (a notification then
@@ -1182,7 +1197,7 @@ class OutputGuard:
             name = _call_name(params)
             entry = self._catalog.tool(name) if name is not None else None
             return name, entry.server if entry is not None else None
-        if request.method == "resources/read":
+        if request.method == "resources/read" or request.method in OUTPUT_ERRORS_ONLY:
             uri = _call_name({"name": params.get("uri")}) if isinstance(params, dict) else None
             owner = getattr(self._catalog, "resource_owner", None)
             return uri, owner(uri) if owner is not None and uri is not None else None

@@ -65,7 +65,7 @@ OUTPUT_RULES: tuple[RuleSpec, ...] = (
     # its URLs is a template in source code, which tools return as data and no client renders.
     RuleSpec("image-exfiltration", STRONG,
              _MARKDOWN_IMAGE + r"(?:(?<!\{)\{[A-Za-z_][\w .-]{0,60}\}(?!\})|\$\{?[A-Z][A-Z0-9_]{2,}"
-             r"|<[A-Za-z_ ]{2,40}>|\[[A-Za-z_ ]{3,40}\]|%7B[A-Za-z_][\w.-]{0,60}%7D)",
+             r"|<[A-Za-z_ '’]{2,40}>|\[[A-Za-z_ ]{3,40}\]|%7B[A-Za-z_][\w.-]{0,60}%7D)",
              probe=r"!\[[^\]\n]*\]\([^\n]*(?:\{|\$|<|\[|%7B)"),
     # An image whose query carries a long value (32 or more characters of text, base64 or percent-encoding) in a
     # parameter that is not an ordinary image URL's.
