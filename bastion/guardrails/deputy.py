@@ -11,10 +11,11 @@ catalog's: the server that lists the resource, or a template that matches its UR
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Iterator, Mapping
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
-from bastion.guardrails.raw import RawResults, may_hold
+from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.taint import named
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
@@ -213,10 +214,14 @@ def _answering_server(request: GatewayRequest) -> str | None:
     return getattr(found, "server", None)
 
 
+# A resource link, an embedded resource (``"type": "resource"``; the quotes keep a text that merely says "resource"
+# from costing a decode), or a \u escape behind which either may hide (as ``raw.may_hold`` reads one word).
+_REFERENCE = re.compile(rb'resource_link|"resource"|\\u')
+
+
 def may_hold_reference(raw: RawResponse) -> bool:
-    """Whether ``raw`` may hold a resource link or an embedded resource (``"type": "resource"``; the quotes keep a
-    text that merely says "resource" from costing a decode)."""
-    return may_hold(raw, b"resource_link") or may_hold(raw, b'"resource"')
+    """Whether ``raw`` may hold a resource link or an embedded resource once decoded; one pass over its frame."""
+    return _REFERENCE.search(raw.frame) is not None
 
 
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> DeputyGuard | None:

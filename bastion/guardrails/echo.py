@@ -11,7 +11,7 @@ phone number the caller never gave) is redacted as before.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator, Mapping
 
 import msgspec
 
@@ -47,19 +47,11 @@ class CallerInput:
         return any(wanted in text for text in self._texts)
 
 
-def echo_check(arguments: Any) -> Callable[[str, bytes], bool]:
-    """A test of (guardrail, value) that says a value of personal data is the caller's own. The arguments are read at
-    the first value asked about, so an answer with no personal data in it costs nothing here."""
-    given: list[CallerInput] = []
-
-    def echoed(guardrail: str, value: bytes) -> bool:
-        if guardrail != "pii":
-            return False
-        if not given:
-            given.append(CallerInput(arguments))
-        return given[0].supplied(value)
-
-    return echoed
+def supplied_by(call: Mapping[str, Any], value: bytes) -> bool:
+    """Whether ``value`` (UTF-8, as the scanner found it) is written in one of the argument strings of ``call`` (a
+    ``tools/call``'s params; its arguments may still be the client's JSON). Asked only for a value found, so an answer
+    without personal data never reads the arguments."""
+    return isinstance(call, Mapping) and CallerInput(call.get("arguments")).supplied(value)
 
 
 def _strings(value: Any, depth: int = 0) -> Iterator[str]:

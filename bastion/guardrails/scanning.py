@@ -18,7 +18,7 @@ import bisect
 import functools
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.content import INSTRUCTED, UNSCANNABLE, TextSlot, copy_tree, error_slots, text_slots
-from bastion.guardrails.echo import echo_check
+from bastion.guardrails.echo import supplied_by
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
@@ -98,12 +98,13 @@ class ContentScanner:
         return self._matcher.detectors
 
     def scan(self, slots: Iterable[TextSlot], action_of: Callable[[Detector], Action],
-             echoed: Callable[[str, bytes], bool] | None = None) -> list[Hit]:
+             call: Mapping[str, Any] | None = None) -> list[Hit]:
         """Every value found in ``slots``; those whose action is "redact" are replaced in place, the others are
         left as they are (a "block" is the caller's to carry out). Each string is read alone, without the invisible
         characters planted in it; the texts of consecutive text blocks are read joined too, and a value found across
-        a boundary is redacted part by part. An unscannable slot counts as a value of kind ``unscannable``. ``echoed``
-        (guardrail, value) says a value is the caller's own input echoed back (``bastion.guardrails.echo``): no hit."""
+        a boundary is redacted part by part. An unscannable slot counts as a value of kind ``unscannable``. ``call``:
+        the params of the ``tools/call`` answered, whose own personal data echoed back is no hit
+        (``bastion.guardrails.echo``)."""
         slots = list(slots)
         hits: list[Hit] = []
         plans: dict[int, list[tuple[int, int, str]]] = {}
@@ -123,14 +124,14 @@ class ContentScanner:
                 continue
             for found in self._findings(data, slot.name):
                 action = action_of(found.detector)
-                if action == "off" or echoed is not None and echoed(found.detector.guardrail,
-                                                                    data[found.start:found.end]):
+                if action == "off" or call is not None and found.detector.guardrail == "pii" and supplied_by(
+                        call, data[found.start:found.end]):
                     continue
                 hits.append(Hit(found.detector.guardrail, found.detector.kind, found.detector.rule, slot.where, action))
                 if action == "redact":
                     plans.setdefault(index, []).append((found.start, found.end, marker(found.detector.kind)))
         for run in _runs(slots):
-            self._scan_joined(run, slots, datas, plans, hits, action_of, echoed)
+            self._scan_joined(run, slots, datas, plans, hits, action_of, call)
         for index, redactions in plans.items():
             slot = slots[index]
             if slot.unscannable:
@@ -142,7 +143,7 @@ class ContentScanner:
     def _scan_joined(self, run: list[int], slots: list[TextSlot], datas: list[bytes],
                      plans: dict[int, list[tuple[int, int, str]]], hits: list[Hit],
                      action_of: Callable[[Detector], Action],
-                     echoed: Callable[[str, bytes], bool] | None = None) -> None:
+                     call: Mapping[str, Any] | None = None) -> None:
         """Read the texts of ``run`` (consecutive text blocks) as one; a value that spans a boundary is found here
         only, and each block's part of it is redacted."""
         starts: list[int] = []
@@ -168,7 +169,8 @@ class ContentScanner:
             if any(_overlaps(plans.get(index, ()), start, end) for index, start, end in parts):
                 continue
             action = action_of(found.detector)
-            if action == "off" or echoed is not None and echoed(found.detector.guardrail, joined[found.start:found.end]):
+            if action == "off" or call is not None and found.detector.guardrail == "pii" and supplied_by(
+                    call, joined[found.start:found.end]):
                 continue
             where = " + ".join(slots[index].where for index, _, _ in parts)
             hits.append(Hit(found.detector.guardrail, found.detector.kind, found.detector.rule, where, action))
@@ -448,10 +450,8 @@ class ScanningInterceptor:
         (and their ``size``): its strings, when the caller walked it already."""
         if slots is None:
             slots = list(text_slots(request.method, result))
-        echoed = None
-        if request.method == "tools/call" and isinstance(request.params, dict):
-            echoed = echo_check(request.params.get("arguments"))
-        hits = await self._scan(slots, server, size, echoed)
+        # A call's own arguments are read only if personal data is found (bastion.guardrails.echo).
+        hits = await self._scan(slots, server, size, request.params if request.method == "tools/call" else None)
         if not hits:
             return False
         self._report_all(hits, request, server, target)
@@ -552,7 +552,7 @@ class ScanningInterceptor:
         return served
 
     async def _scan(self, slots: list[TextSlot], server: str | None, size: int | None = None,
-                    echoed: Callable[[str, bytes], bool] | None = None) -> list[Hit]:
+                    call: Mapping[str, Any] | None = None) -> list[Hit]:
         if not slots:
             return []
         action = self._policy.action_for(server)
@@ -560,8 +560,8 @@ class ScanningInterceptor:
         if size is None:
             size = slots_size(slots)
         if size > self._thread_above:
-            return await asyncio.to_thread(scanner.scan, slots, action, echoed)
-        return scanner.scan(slots, action, echoed)
+            return await asyncio.to_thread(scanner.scan, slots, action, call)
+        return scanner.scan(slots, action, call)
 
     def _report_all(self, hits: list[Hit], request: GatewayRequest, server: str | None, target: str) -> None:
         for (guardrail, kind, rule, action), wheres in _grouped(hits):

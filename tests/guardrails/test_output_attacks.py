@@ -16,7 +16,6 @@ from bastion.gateway.pipeline import build_pipeline
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.content import text_slots
 from bastion.guardrails.deputy import foreign_owner, reference_uri
-from bastion.guardrails.echo import echo_check
 from bastion.guardrails.injection import OutputGuard, scan_text, strip_hidden
 from bastion.guardrails.report import InterventionLog
 from bastion.guardrails.scanning import default_scanner
@@ -107,8 +106,8 @@ def test_a_contact_record_field_is_redacted() -> None:
 
 def test_the_callers_own_address_echoed_back_is_kept_and_any_other_redacted() -> None:
     result = {"content": [{"type": "text", "text": "Email sent to Alice.Smith@acme-corp.com (bcc carol@acme-corp.com)"}]}
-    arguments = msgspec.Raw(b'{"to": "alice.smith@acme-corp.com", "body": "hi"}')
-    hits = default_scanner().scan(list(text_slots("tools/call", result)), lambda d: "redact", echo_check(arguments))
+    call = {"name": "mail__send", "arguments": msgspec.Raw(b'{"to": "alice.smith@acme-corp.com", "body": "hi"}')}
+    hits = default_scanner().scan(list(text_slots("tools/call", result)), lambda d: "redact", call)
     assert len(hits) == 1
     assert result["content"][0]["text"] == "Email sent to Alice.Smith@acme-corp.com (bcc [redacted: email])"
 
@@ -117,7 +116,7 @@ def test_a_secret_echoed_back_is_still_redacted() -> None:
     key = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
     result = {"content": [{"type": "text", "text": f"Saved the token {key}"}]}
     hits = default_scanner().scan(list(text_slots("tools/call", result)), lambda d: "redact",
-                                  echo_check({"token": key}))
+                                  {"name": "vault__save", "arguments": {"token": key}})
     assert [hit.guardrail for hit in hits] == ["secrets"]
 
 
