@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from mcp import Client, StdioServerParameters
 
 from bastion.guardrails.config import ElicitationSettings, GuardrailsConfig
 from bastion.guardrails.consent import ConsentLedger, secret_fields, warned
 from tests.guardrails.cross_server_support import DEADLINE, Person, client, cross_server_setup, text_of
+from tests.support import BASTION
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
@@ -139,3 +141,24 @@ async def test_an_embedded_resource_claiming_another_servers_uri_and_a_fake_tool
     text = text_of(page)
     assert text.startswith("[Bastion: the text below is untrusted data from server 'web'")
     assert "fake-boundary" in text and "image-exfiltration" in text
+
+
+async def test_a_2026_07_28_client_is_held_to_the_same_budget_and_secrets_setting(tmp_path) -> None:
+    # The client asks in the 2026-07-28 way (no session: each request is one of its own), so the budget is kept per
+    # caller, not per session; the server asks mid-call and Bastion puts the question in the client's answer.
+    setup = cross_server_setup(tmp_path, guardrails={"taint": "off"})
+    person = Person()
+    modern = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode="2026-07-28",
+                    read_timeout_seconds=DEADLINE, sampling_callback=person.on_sampling,
+                    elicitation_callback=person.on_elicitation)
+    with anyio.fail_after(DEADLINE):
+        async with modern as session:
+            first = await session.call_tool("web__ask_person", {"times": 3})
+            second = await session.call_tool("web__ask_person", {"times": 3})
+            secret = await session.call_tool("notes__ask_person", {"secret": True})
+    assert text_of(first).splitlines() == ["answered: accept"] * 3
+    lines = text_of(second).splitlines()
+    assert lines[:2] == ["answered: accept"] * 2
+    assert "refused by Bastion" in lines[2] and "guardrails.consent.max_requests" in lines[2]
+    assert "refused by Bastion" in text_of(secret)
+    assert len(servers_questions(person)) == 5
