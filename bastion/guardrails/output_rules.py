@@ -38,8 +38,12 @@ class RuleSpec(NamedTuple):
 _TOOL_TAG = (r"(?:tool[_ -]?(?:results?|outputs?|responses?|call[_ -]?results?|use[_ -]?results?)"
              r"|function[_ -]?(?:results?|outputs?|responses?|calls?)|observation|untrusted[_ -]?(?:data|content))")
 # An image's URL: markdown ``![alt](url`` or HTML ``<img ... src="url``.
+# A tag's brackets as written, HTML-escaped (a page's text), or fullwidth (which models read as the same bracket).
+_OPEN = r"(?:<|&lt;|＜)"
+_CLOSE = r"(?:>|&gt;|＞)"
 _URL = r"(?:https?:)?//[^\s)\"'>]{1,300}?"
-_MARKDOWN_IMAGE = r"!\[[^\]\n]{0,200}\]\([ \t]*<?" + _URL
+# A markdown image inline, ``![alt](url``, or the URL of a reference definition, ``[1]: url``, that ``![alt][1]`` uses.
+_MARKDOWN_IMAGE = r"(?:!\[[^\]\n]{0,200}\]\(|(?:^|\n)[ \t]{0,3}\[[^\]\n]{1,40}\]:)[ \t]*<?" + _URL
 _IMAGE = r"(?:!\[[^\]\n]{0,200}\]\([ \t]*<?|<img\b[^>\n]{0,200}?\bsrc[ \t]*=[ \t]*[\"']?)" + _URL
 # Query parameters whose long values are an ordinary image URL's own: the signature of a signed S3, Azure or Google
 # Cloud Storage link, Unsplash's image ids. A long value that is itself a URL (Gravatar's fallback ``d=https%3A...``)
@@ -49,14 +53,15 @@ _ORDINARY_PARAMS = (r"(?:x-amz-[\w-]+|x-goog-[\w-]+|signature|sig|se|sp|sv|sr|st
 
 OUTPUT_RULES: tuple[RuleSpec, ...] = (
     # "</tool_result>", "</function_results>", "</untrusted-data>": the end of the tool's answer, written by the tool.
-    RuleSpec("fake-boundary", STRONG, rf"<[ \t]*/[ \t]*{_TOOL_TAG}[ \t]*>"),
+    RuleSpec("fake-boundary", STRONG, rf"{_OPEN}[ \t]*/[ \t]*{_TOOL_TAG}[ \t]*{_CLOSE}"),
     # "[END OF TOOL OUTPUT]", "--- end of tool result ---", "<!-- end of function output -->".
     RuleSpec("fake-boundary", STRONG,
              r"(?:\[|\(|\{|<!--|<|-{2,}|={2,}|#{2,}|\*{2,})[ \t]*(?:end|close|closing)[ \t]+(?:of[ \t]+)?(?:the[ \t]+)?"
              r"(?:tool|function|search|api)[ \t_-]*(?:call[ \t]+)?(?:output|result|response|data)s?\b"),
     # A new turn opened as markup: weak alone (XML has <system> elements: Maven's <issueManagement>), an order in
     # company (a fake boundary, an instruction near it).
-    RuleSpec("fake-turn-tag", WEAK, r"<[ \t]*(?:system|user|human|assistant|developer)(?:[_ -]?(?:turn|message))?[ \t]*>"),
+    RuleSpec("fake-turn-tag", WEAK,
+             rf"{_OPEN}[ \t]*(?:system|user|human|assistant|developer)(?:[_ -]?(?:turn|message))?[ \t]*{_CLOSE}"),
     # A new turn opened as a transcript line ("Human:", "User:"): chat logs have them too, so weak.
     RuleSpec("chat-turn", WEAK, r"(?:^|\n)[ \t>*#]*(?:human|user|assistant|system|developer)[ \t]*:[ \t]*\S",
              quotable=False),
@@ -66,7 +71,7 @@ OUTPUT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("image-exfiltration", STRONG,
              _MARKDOWN_IMAGE + r"(?:(?<!\{)\{[A-Za-z_][\w .-]{0,60}\}(?!\})|\$\{?[A-Z][A-Z0-9_]{2,}"
              r"|<[A-Za-z_ '’]{2,40}>|\[[A-Za-z_ ]{3,40}\]|%7B[A-Za-z_][\w.-]{0,60}%7D)",
-             probe=r"!\[[^\]\n]*\]\([^\n]*(?:\{|\$|<|\[|%7B)"),
+             probe=r"(?:!\[[^\]\n]*\]\(|\[[^\]\n]+\]:)[^\n]*(?:\{|\$|<|\[|%7B)"),
     # An image whose query carries a long value (32 or more characters of text, base64 or percent-encoding) in a
     # parameter that is not an ordinary image URL's.
     RuleSpec("image-exfiltration", STRONG,
