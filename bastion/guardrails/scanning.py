@@ -41,6 +41,8 @@ SAMPLING = "sampling/createMessage"
 ELICITATION = "elicitation/create"
 TOWARD_CLIENT = frozenset({SAMPLING, ELICITATION})
 NOTIFICATIONS = frozenset({"notifications/progress", "notifications/message"})
+# Methods whose answer holds no server text but whose error does: a server's refusal of a subscription.
+SUBSCRIPTIONS = frozenset({"resources/subscribe", "resources/unsubscribe"})
 # List method -> the key of its items.
 LISTS = {"tools/list": "tools", "prompts/list": "prompts", "resources/list": "resources",
          "resources/templates/list": "resourceTemplates"}
@@ -392,7 +394,7 @@ class ScanningPolicy:
 
 
 class ScanningInterceptor:
-    methods = SCANNED_RESULTS | frozenset(LISTS) | NOTIFICATIONS | TOWARD_CLIENT | INSTRUCTED
+    methods = SCANNED_RESULTS | frozenset(LISTS) | NOTIFICATIONS | TOWARD_CLIENT | INSTRUCTED | SUBSCRIPTIONS
     # Of a client's call only the tool's name is read (decoded here when it is still the client's bytes), so the
     # arguments may stay as they came; a server's request or notification is always decoded, and its params are read.
     # A call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those bytes
@@ -627,7 +629,7 @@ def _server_of(request: GatewayRequest) -> str | None:
         lookup = getattr(catalog, "prompt", None)
         named = lookup(params.get("name")) if lookup is not None and isinstance(params.get("name"), str) else None
         return getattr(named, "server", None)
-    if request.method == "resources/read":
+    if request.method == "resources/read" or request.method in SUBSCRIPTIONS:
         owner = getattr(catalog, "resource_owner", None)
         return owner(params["uri"]) if owner is not None and isinstance(params.get("uri"), str) else None
     if request.method == "completion/complete":
@@ -640,7 +642,7 @@ def _server_of(request: GatewayRequest) -> str | None:
 
 
 def _target_of(request: GatewayRequest) -> str:
-    key = "uri" if request.method == "resources/read" else "name"
+    key = "uri" if request.method == "resources/read" or request.method in SUBSCRIPTIONS else "name"
     params = request.params
     if request.method == "completion/complete":
         ref = params.get("ref") if isinstance(params, dict) else None

@@ -152,6 +152,23 @@ def test_a_servers_error_to_a_subscription_is_scanned() -> None:
     assert [each["action"] for each in reports] == ["marked"]
 
 
+def test_a_secret_in_a_servers_error_to_a_subscription_is_redacted() -> None:
+    from bastion.guardrails.scanning import build as build_scanning
+
+    reports: list = []
+    scanning = build_scanning(GuardrailsConfig(), InterventionLog(reports.append), _NoCatalog())
+    key = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+
+    async def server(request: GatewayRequest) -> dict:
+        raise GatewayError(-32603, f"Subscription failed for token {key}")
+
+    session = Session(Identity("t"), "legacy", "2025-11-25", {}, {"name": "t"}, "s1")
+    request = GatewayRequest("resources/subscribe", {"uri": "web://x"}, session, _NoCatalog(), request_id=1)
+    with pytest.raises(GatewayError) as refused:
+        asyncio.run(build_pipeline([scanning], server)(request))
+    assert key not in refused.value.message and "[redacted: github-pat]" in refused.value.message
+
+
 class _NoCatalog:
     def tool(self, name):
         return None
