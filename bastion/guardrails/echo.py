@@ -47,11 +47,28 @@ class CallerInput:
         return any(wanted in text for text in self._texts)
 
 
-def supplied_by(call: Mapping[str, Any], value: bytes) -> bool:
-    """Whether ``value`` (UTF-8, as the scanner found it) is written in one of the argument strings of ``call`` (a
-    ``tools/call``'s params; its arguments may still be the client's JSON). Asked only for a value found, so an answer
-    without personal data never reads the arguments."""
-    return isinstance(call, Mapping) and CallerInput(call.get("arguments")).supplied(value)
+class EchoCheck:
+    """Whether values found in one answer were written in the arguments of the call it answers: the arguments are
+    read at the first value asked about (an answer without personal data never reads them), once per answer, and at
+    most ``MAX_CHECKS`` values are compared (each comparison reads the arguments' text; past that, values are
+    redacted as any other), so an answer with thousands of addresses costs no more than a few hundred lookups."""
+
+    MAX_CHECKS = 256
+
+    __slots__ = ("_call", "_given", "_checks")
+
+    def __init__(self, call: Mapping[str, Any]) -> None:
+        self._call = call
+        self._given: CallerInput | None = None
+        self._checks = 0
+
+    def supplied(self, value: bytes) -> bool:
+        if self._checks >= self.MAX_CHECKS or not isinstance(self._call, Mapping):
+            return False
+        self._checks += 1
+        if self._given is None:
+            self._given = CallerInput(self._call.get("arguments"))
+        return self._given.supplied(value)
 
 
 def _strings(value: Any, depth: int = 0) -> Iterator[str]:

@@ -26,7 +26,7 @@ import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.content import INSTRUCTED, UNSCANNABLE, TextSlot, copy_tree, error_slots, text_slots
-from bastion.guardrails.echo import supplied_by
+from bastion.guardrails.echo import EchoCheck
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
@@ -108,6 +108,7 @@ class ContentScanner:
         the params of the ``tools/call`` answered, whose own personal data echoed back is no hit
         (``bastion.guardrails.echo``)."""
         slots = list(slots)
+        echo = EchoCheck(call) if call is not None else None
         hits: list[Hit] = []
         plans: dict[int, list[tuple[int, int, str]]] = {}
         datas: list[bytes] = []
@@ -126,14 +127,14 @@ class ContentScanner:
                 continue
             for found in self._findings(data, slot.name):
                 action = action_of(found.detector)
-                if action == "off" or call is not None and found.detector.guardrail == "pii" and supplied_by(
-                        call, data[found.start:found.end]):
+                if action == "off" or echo is not None and found.detector.guardrail == "pii" and echo.supplied(
+                        data[found.start:found.end]):
                     continue
                 hits.append(Hit(found.detector.guardrail, found.detector.kind, found.detector.rule, slot.where, action))
                 if action == "redact":
                     plans.setdefault(index, []).append((found.start, found.end, marker(found.detector.kind)))
         for run in _runs(slots):
-            self._scan_joined(run, slots, datas, plans, hits, action_of, call)
+            self._scan_joined(run, slots, datas, plans, hits, action_of, echo)
         for index, redactions in plans.items():
             slot = slots[index]
             if slot.unscannable:
@@ -145,7 +146,7 @@ class ContentScanner:
     def _scan_joined(self, run: list[int], slots: list[TextSlot], datas: list[bytes],
                      plans: dict[int, list[tuple[int, int, str]]], hits: list[Hit],
                      action_of: Callable[[Detector], Action],
-                     call: Mapping[str, Any] | None = None) -> None:
+                     echo: EchoCheck | None = None) -> None:
         """Read the texts of ``run`` (consecutive text blocks) as one; a value that spans a boundary is found here
         only, and each block's part of it is redacted."""
         starts: list[int] = []
@@ -171,8 +172,8 @@ class ContentScanner:
             if any(_overlaps(plans.get(index, ()), start, end) for index, start, end in parts):
                 continue
             action = action_of(found.detector)
-            if action == "off" or call is not None and found.detector.guardrail == "pii" and supplied_by(
-                    call, joined[found.start:found.end]):
+            if action == "off" or echo is not None and found.detector.guardrail == "pii" and echo.supplied(
+                    joined[found.start:found.end]):
                 continue
             where = " + ".join(slots[index].where for index, _, _ in parts)
             hits.append(Hit(found.detector.guardrail, found.detector.kind, found.detector.rule, where, action))

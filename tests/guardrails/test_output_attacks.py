@@ -116,6 +116,17 @@ def test_the_callers_own_address_echoed_back_is_kept_and_any_other_redacted() ->
     assert result["content"][0]["text"] == "Email sent to Alice.Smith@acme-corp.com (bcc [redacted: email])"
 
 
+def test_an_answer_of_many_addresses_compares_only_a_bounded_number_against_the_arguments() -> None:
+    from bastion.guardrails.echo import EchoCheck
+
+    addresses = [f"person{n}@acme-corp.com" for n in range(EchoCheck.MAX_CHECKS + 10)]
+    result = {"content": [{"type": "text", "text": " ".join(addresses)}]}
+    call = {"name": "mail__send", "arguments": {"to": addresses}}
+    hits = default_scanner().scan(list(text_slots("tools/call", result)), lambda d: "redact", call)
+    # The first MAX_CHECKS are recognised as the caller's own; the rest are redacted, as any other value.
+    assert len(hits) == 10 and result["content"][0]["text"].count("[redacted: email]") == 10
+
+
 def test_a_secret_echoed_back_is_still_redacted() -> None:
     key = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
     result = {"content": [{"type": "text", "text": f"Saved the token {key}"}]}
