@@ -143,7 +143,7 @@ async def test_an_embedded_resource_claiming_another_servers_uri_and_a_fake_tool
     assert "fake-boundary" in text and "image-exfiltration" in text
 
 
-async def test_a_2026_07_28_client_is_held_to_the_same_budget_and_secrets_setting(tmp_path) -> None:
+async def test_a_2026_07_28_client_is_held_to_the_same_budget_and_secrets_setting_and_output_checks(tmp_path) -> None:
     # The client asks in the 2026-07-28 way (no session: each request is one of its own), so the budget is kept per
     # caller, not per session; the server asks mid-call and Bastion puts the question in the client's answer.
     setup = cross_server_setup(tmp_path, guardrails={"taint": "off"})
@@ -156,9 +156,14 @@ async def test_a_2026_07_28_client_is_held_to_the_same_budget_and_secrets_settin
             first = await session.call_tool("web__ask_person", {"times": 3})
             second = await session.call_tool("web__ask_person", {"times": 3})
             secret = await session.call_tool("notes__ask_person", {"secret": True})
+            page = await session.call_tool("web__poisoned_page", {})
+            foreign = await session.call_tool("web__embed", {"uri": "notes://private/notes"})
     assert text_of(first).splitlines() == ["answered: accept"] * 3
     lines = text_of(second).splitlines()
     assert lines[:2] == ["answered: accept"] * 2
     assert "refused by Bastion" in lines[2] and "guardrails.consent.max_requests" in lines[2]
     assert "refused by Bastion" in text_of(secret)
     assert len(servers_questions(person)) == 5
+    # The output attacks are dealt with for this era too.
+    assert text_of(page).startswith("[Bastion: the text below is untrusted data from server 'web'")
+    assert "gave as a resource of server 'notes'" in text_of(foreign)
