@@ -82,6 +82,15 @@ def test_settings_are_typed_and_name_the_key() -> None:
     assert "Do not enter" in warned("What is your password?", "web", ["password"])
 
 
+def test_a_budget_for_a_server_that_is_not_configured_is_an_error() -> None:
+    from bastion.config import GatewayConfig
+
+    with pytest.raises(ValueError) as refused:
+        GatewayConfig.model_validate({"servers": {"web": {"command": "x"}},
+                                      "guardrails": {"consent": {"servers": {"wbe": {"max_requests": 1}}}}})
+    assert "guardrails.consent.servers names 'wbe'" in str(refused.value)
+
+
 # ------------------------------------------------------------------------------------------ through bastion run
 def servers_questions(person: Person) -> list[str]:
     """What the servers asked the person, without Bastion's own approval prompts."""
