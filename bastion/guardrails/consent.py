@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import time
+import unicodedata
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -33,7 +34,7 @@ ELICITATION_REFUSED = -32600
 
 # What a form field asks for when it asks for a secret: its name, title or description says so.
 _SECRET_WORDS = (
-    r"pass(?:word|wd|phrase|code)|\bpin\b|\bsecrets?\b|api[ _-]?key|apikey|access[ _-]?key|private[ _-]?key|\btoken\b"
+    r"pass(?:word|wd|phrase|code)|passwort|kennwort|wachtwoord|contrase[ñn]a|mot[ _-]?de[ _-]?passe|senha|\bpin\b|\bsecrets?\b|api[ _-]?key|apikey|access[ _-]?key|private[ _-]?key|\btoken\b"
     r"|auth(?:orization)?[ _-]?code|credentials?|client[ _-]?secret|credit[ _-]?card|card[ _-]?(?:number|no)"
     r"|\bcvv\b|\bcvc\b|security[ _-]?code|\bssn\b|social[ _-]?security|\biban\b|routing[ _-]?number"
     r"|account[ _-]?number|\botp\b|one[ _-]?time[ _-]?(?:code|password)|2fa|mfa|verification[ _-]?code"
@@ -68,7 +69,7 @@ def secret_fields(params: Mapping[str, Any]) -> list[str]:
         return []
     found = [name for name, spec in _properties(params.get("requestedSchema")) if _asks_secret(name, spec)]
     message = params.get("message")
-    if isinstance(message, str) and _SECRET_ASK.search(message):
+    if isinstance(message, str) and _SECRET_ASK.search(_plain(message)):
         found.append("message")
     return found
 
@@ -86,7 +87,16 @@ def _asks_secret(name: str, spec: Any) -> bool:
             return True
         texts.extend(value for key in ("title", "description") if isinstance(value := spec.get(key), str))
     # "user_password" and "apiKey" too: split snake and camel case into words first.
-    return any(_SECRET_FIELD.search(re.sub(r"(?<=[a-z])(?=[A-Z])|_", " ", text)) for text in texts)
+    return any(_SECRET_FIELD.search(re.sub(r"(?<=[a-z])(?=[A-Z])|_", " ", _plain(text))) for text in texts)
+
+
+_INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
+
+
+def _plain(text: str) -> str:
+    """``text`` as a person reads it: fullwidth and other compatibility forms folded (``ｐａｓｓｗｏｒｄ``), invisible
+    characters taken out (``pass\u200bword``), so a field cannot hide what it asks for from the check."""
+    return _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
 
 
 class ConsentLedger:
