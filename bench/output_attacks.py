@@ -25,6 +25,7 @@ import asyncio
 import copy
 import json
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,17 @@ def server_message(case: dict[str, Any]) -> tuple[str, Any, dict[str, Any] | Non
     return TOWARD_CLIENT[surface], json.loads(text), None
 
 
-def run_case(case: dict[str, Any], chain_catalog: Catalog) -> tuple[bool, list[str]]:
+def defaults(pins: Path) -> GuardrailsConfig:
+    """The default guardrails, pinning into ``pins``: never the user's own pins file, which every Bastion process of
+    the user shares."""
+    return GuardrailsConfig(pins={"path": str(pins)})
+
+
+def run_case(case: dict[str, Any], chain_catalog: Catalog, pins: Path) -> tuple[bool, list[str]]:
     """Whether the chain intervened in ``case`` or changed it; the guardrails and rules that did."""
     method, sent, error = server_message(case)
     interventions: list[Any] = []
-    chain = build_guardrails(GuardrailsConfig(), InterventionLog(interventions.append), chain_catalog).all()
+    chain = build_guardrails(defaults(pins), InterventionLog(interventions.append), chain_catalog).all()
     toward_client = method in TOWARD_CLIENT.values()
     if toward_client:  # the gateway passes a server's request only through the interceptors that name its method
         chain = [each for each in chain if method in (getattr(each, "methods", None) or ())]
@@ -111,8 +118,9 @@ def run_case(case: dict[str, Any], chain_catalog: Catalog) -> tuple[bool, list[s
 def evaluate(cases: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
     rows: dict[tuple[str, str, int], dict[str, Any]] = defaultdict(lambda: {"texts": 0, "caught": 0, "wrong": []})
     built = catalog()
-    for case in cases:
-        caught, found = run_case(case, built)
+    with tempfile.TemporaryDirectory() as scratch:
+        judged = [(case, run_case(case, built, Path(scratch) / "pins.json")) for case in cases]
+    for case, (caught, found) in judged:
         row = rows[(case["cluster"], case["surface"], case["label"])]
         row["texts"] += 1
         row["caught"] += caught

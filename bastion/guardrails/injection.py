@@ -376,11 +376,11 @@ def _quoted(text: str, start: int, end: int) -> bool:
                 marks = list(re.finditer(r"(?<![\w])'", before))
                 close = re.search(r"'(?!\w)", after)
                 if len(marks) % 2 == 1 and close:
-                    return _mention(before, marks[-1].start(), close.start())
+                    return _mention(before, marks[-1].start(), after, close.start())
             elif before.count(opening) % 2 == 1 and opening in after:
-                return _mention(before, before.rfind(opening), after.find(closing))
+                return _mention(before, before.rfind(opening), after, after.find(closing))
         elif before.rfind(opening) > before.rfind(closing) and closing in after:
-            return _mention(before, before.rfind(opening), after.find(closing))
+            return _mention(before, before.rfind(opening), after, after.find(closing))
     return False
 
 
@@ -390,12 +390,19 @@ MENTION_SLACK = 48  # characters a quotation may hold beside the phrase and stil
 _FIELD_VALUE = re.compile(r"(?:[\"'\]]\s*:|[\w-]=)\s*$")
 
 
-def _mention(before: str, opening: int, closing: int) -> bool:
-    """Whether a quotation that opens at ``before[opening]`` and closes ``closing`` characters after the phrase is a
-    mention of the phrase rather than a quoted text that carries it."""
+def _mention(before: str, opening: int, after: str, closing: int) -> bool:
+    """Whether a quotation that opens at ``before[opening]`` and closes at ``after[closing]`` is a mention of the
+    phrase rather than a quoted text that carries it. A quotation that is the whole of its line but a short label
+    ('Reminder: "ignore previous instructions ..."') is a message in quotation marks, not a mention: an article
+    talks about the phrase around it."""
     if len(before) - opening - 1 + closing > MENTION_SLACK:
         return False
+    if opening <= _LABEL and not after[closing + 1:].strip(" \t.,;:!?)]}"):
+        return False
     return _FIELD_VALUE.search(before, 0, opening) is None
+
+
+_LABEL = 24  # characters before a quotation that may be a label ("Reminder:", "Note from IT:") rather than prose
 
 
 def instruction_findings(text: str) -> list[Finding]:
