@@ -207,6 +207,10 @@ def _rule(name: str, weight: int, pattern: str, kind: str = "instructions", quot
 _W = r"(?:[\w'’-]+[ \t,]+)"  # one word and the space after it: lets "ignore all of your previous instructions" match
 _AI = r"(?:ai|a\.i\.|assistant|llm|language model|agent|model|chatbot|bot|claude|gpt|chatgpt|gemini|copilot)s?"
 _USER = r"(?:the |your )?(?:user|human|person|operator|requester|customer)s?"
+# People named after "AI": "Hi AI team", "if you are an AI researcher" greet people who work on models, not a model.
+_PEOPLE_AFTER = (r"(?![ \t]+(?:team|teams|researchers?|engineers?|group|lab|labs|community|department|enthusiasts?"
+                 r"|folks|people|developers?|practitioners?|experts?|specialists?|startups?|company|companies|ethics"
+                 r"|safety|policy|committee|council)\b)")
 
 # Every rule is written by hand because no maintained rule set for prompt injection exists as data: each one is a
 # phrase that the published attacks (MCPTox, AgentDojo, BIPIA, Invariant's demos) use to address the model, and that
@@ -243,12 +247,25 @@ RULES: tuple[Rule, ...] = (
           r"<\|\s*(?:im_start|im_end|system|assistant|user|endoftext|begin_of_text|start_header_id)\s*\|>"
           r"|\[/?INST\]|<<\s*/?SYS\s*>>|\[(?:system|admin)(?: message| note| override)?\]"
           r"|#{2,}[ \t]*\(?[ \t]*(?:system|admin)[_ ]?(?:message|prompt|instructions?|override)[ \t]*\)?"),
+    # What follows the turn's colon must give an order: "System: new version 2.3 is available" and "Assistant: you
+    # have 3 new messages" are status lines of chat tools, not a turn.
     _rule("fake-turn", STRONG,
           r"(?:^|\n)[ \t#*>]*(?:system|assistant|ai)[ \t]*(?:message|prompt|note|override)?[ \t]*:[ \t]*"
-          r"(?:you|ignore|new|from now|important|attention)", quotable=False),
+          r"(?:you[ \t]+(?:must|should|are now|will now|have to|need to|may now|can now)|ignore|disregard"
+          r"|new[ \t]+(?:instructions?|task|rules|orders|role|directives?)|from now|important[ \t]*[:!]"
+          r"|attention[ \t]*[:!])", quotable=False),
     # The model addressed as such: "If you are an AI", "Note to the assistant", "AI agents reading this".
     _rule("addresses-the-model", STRONG,
-          rf"\b(?:if|when)[ \t]+you[ \t]+are[ \t]+an?[ \t]+(?:\w+[ \t]+)?{_AI}\b"
+          rf"\b(?:if|when)[ \t]+you[ \t]+are[ \t]+an?[ \t]+(?:\w+[ \t]+)?{_AI}\b{_PEOPLE_AFTER}"
+          rf"|\b(?:note|message|attention|instructions?|notice|reminder|memo)[ \t]+(?:to|for)[ \t]+(?:the[ \t]+"
+          rf"|any[ \t]+|all[ \t]+)?"
+          rf"(?:\w+[ \t]+)?{_AI}[ \t]*[:!-]|\b(?:dear|hey|hello|hi|attention)[ \t,]+{_AI}\b{_PEOPLE_AFTER}"
+          rf"|\b(?:to[ \t]+)?(?:any|all|the)[ \t]+{_AI}[ \t]+(?:reading|processing|parsing|summari[sz]ing|seeing"
+          rf"|viewing)"
+          r"[ \t]+this",
+          # The probe without the people it may name: the look-ahead is the rule's to confirm, and the probe stays
+          # one Hyperscan reads as bytes (_BYTE_PROBES).
+          probe=rf"\b(?:if|when)[ \t]+you[ \t]+are[ \t]+an?[ \t]+(?:\w+[ \t]+)?{_AI}\b"
           rf"|\b(?:note|message|attention|instructions?|notice|reminder|memo)[ \t]+(?:to|for)[ \t]+(?:the[ \t]+"
           rf"|any[ \t]+|all[ \t]+)?"
           rf"(?:\w+[ \t]+)?{_AI}[ \t]*[:!-]|\b(?:dear|hey|hello|hi|attention)[ \t,]+{_AI}\b"
