@@ -100,7 +100,8 @@ def run_case(case: dict[str, Any], chain_catalog: Catalog, pins: Path) -> tuple[
                       {"name": "bench"}, "bench-session")
     changed = False
     for _ in range(case.get("repeat") or 1):
-        params = copy.deepcopy(sent) if toward_client else {"name": "web__tool", "arguments": case.get("arguments") or {}}
+        arguments = case.get("arguments") or {}
+        params = copy.deepcopy(sent) if toward_client else {"name": "web__tool", "arguments": arguments}
         request = GatewayRequest(method, params, session, chain_catalog, request_id=1,
                                  server="web" if toward_client else None,
                                  calls_in_flight=(CallInFlight("tools/call", 0),) if toward_client else ())

@@ -34,7 +34,8 @@ ELICITATION_REFUSED = -32600
 
 # What a form field asks for when it asks for a secret: its name, title or description says so.
 _SECRET_WORDS = (
-    r"pass(?:word|wd|phrase|code)|passwort|kennwort|wachtwoord|contrase[ñn]a|mot[ _-]?de[ _-]?passe|senha|\bpin\b|\bsecrets?\b|api[ _-]?key|apikey|access[ _-]?key|private[ _-]?key|\btoken\b"
+    r"pass(?:word|wd|phrase|code)|passwort|kennwort|wachtwoord|contrase[ñn]a|mot[ _-]?de[ _-]?passe|senha"
+    r"|\bpin\b|\bsecrets?\b|api[ _-]?key|apikey|access[ _-]?key|private[ _-]?key|\btoken\b"
     r"|auth(?:orization)?[ _-]?code|credentials?|client[ _-]?secret|credit[ _-]?card|card[ _-]?(?:number|no)"
     r"|\bcvv\b|\bcvc\b|security[ _-]?code|\bssn\b|social[ _-]?security|\biban\b|routing[ _-]?number"
     r"|account[ _-]?number|\botp\b|one[ _-]?time[ _-]?(?:code|password)|2fa|mfa|verification[ _-]?code"
@@ -94,8 +95,8 @@ _INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
 
 
 def _plain(text: str) -> str:
-    """``text`` as a person reads it: fullwidth and other compatibility forms folded (``ｐａｓｓｗｏｒｄ``), invisible
-    characters taken out (``pass\u200bword``), so a field cannot hide what it asks for from the check."""
+    """``text`` as a person reads it: fullwidth and other compatibility forms folded (``ｐａｓｓｗｏｒｄ``),
+    invisible characters taken out (``pass\u200bword``), so a field cannot hide what it asks for from the check."""
     return _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
 
 

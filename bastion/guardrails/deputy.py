@@ -2,11 +2,11 @@
 
 Bastion federates servers, so the client can read any server's resources; a server must not use that to reach
 another's. A resource link in a server's result (tools/call, prompts/get) that points at a resource another server
-owns is replaced by a note saying so, and so is an embedded resource whose URI another server owns (contents a server
-passes off as another's, a trusted server's say), and a server's ``sampling/createMessage`` that carries another server's
-resource (a link or an embedded resource) or asks for every server's context (``includeContext: "allServers"``)
-is refused; unless ``[guardrails.cross_server] allow`` lets that server reference that owner. Ownership is the
-catalog's: the server that lists the resource, or a template that matches its URI.
+owns is replaced by a note saying so, and so is an embedded resource whose URI another server owns (contents a
+server passes off as another's, a trusted server's say); a server's ``sampling/createMessage`` that carries another
+server's resource (a link or an embedded resource) or asks for every server's context (``includeContext:
+"allServers"``) is refused; unless ``[guardrails.cross_server] allow`` lets that server reference that owner.
+Ownership is the catalog's: the server that lists the resource, or a template that matches its URI.
 """
 
 from __future__ import annotations
