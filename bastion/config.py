@@ -401,6 +401,11 @@ class GatewayConfig(BaseModel):
         if budgets:
             raise ValueError(f"guardrails.sampling_budget.servers names {', '.join(map(repr, budgets))}, which is not "
                              "a configured server: use a name from the servers table, or remove the entry")
+        consents = sorted(set(self.guardrails.consent.servers) - set(self.servers)) \
+            if self.guardrails is not None else []
+        if consents:
+            raise ValueError(f"guardrails.consent.servers names {', '.join(map(repr, consents))}, which is not a "
+                             "configured server: use a name from the servers table, or remove the entry")
         allow = self.guardrails.cross_server.allow if self.guardrails is not None else {}
         paired = sorted({name for reader, owners in allow.items() for name in (reader, *owners)} - {"*"}
                         - set(self.servers))

@@ -32,13 +32,15 @@ def screen_builders() -> list[Builder]:
 
 def inner_builders() -> list[Builder]:
     """The builders of the guardrails inside the policy, outermost first."""
+    from bastion.guardrails.consent import build as build_consent
     from bastion.guardrails.deputy import build as build_deputy
     from bastion.guardrails.injection import build_output
     from bastion.guardrails.sampling import build as build_sampling
     from bastion.guardrails.scanning import build as build_scanning
     from bastion.guardrails.taint import build as build_taint
 
-    return [build_deputy, build_taint, build_sampling, build_output, build_scanning]
+    # Consent's budget refuses before the output scan marks: a request over it is never scanned nor shown.
+    return [build_deputy, build_taint, build_sampling, build_consent, build_output, build_scanning]
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,11 +42,13 @@ class GuardrailSwitches(_Strict):
         default=None, description="a server's sampling requests: origin, budgets, scanning")
     deputy: Literal["enforce", "off"] | None = Field(
         default=None, description="a server reads through Bastion only what it owns")
+    elicitation: Literal["enforce", "off"] | None = Field(
+        default=None, description="a server's elicitation requests: a budget per client, and no asking for secrets")
 
 
 DEFAULT_SWITCHES = GuardrailSwitches(
     pinning="enforce", secrets="redact", pii="redact", metadata_injection="withhold", output_injection="mark",
-    taint="approve", sampling="enforce", deputy="enforce",
+    taint="approve", sampling="enforce", deputy="enforce", elicitation="enforce",
 )
 
 
@@ -110,6 +112,38 @@ class SamplingSettings(_Strict):
         return self.model_copy(update={**own.model_dump(exclude_none=True), "servers": {}})
 
 
+class ElicitationLimits(_Strict):
+    """One server's elicitation budget where it differs from the gateway-wide one; an absent field keeps that one."""
+
+    max_requests: int | None = Field(default=None, ge=0)
+    window_seconds: float | None = Field(default=None, gt=0)
+
+
+class ElicitationSettings(_Strict):
+    """What a server may ask a person through ``elicitation/create`` (docs/guardrails.md, "Consent requests")."""
+
+    max_requests: int = Field(
+        default=5, ge=0, description="elicitation requests one server may send one client within window_seconds; "
+        "past it a request is refused to the server (0 refuses every one)")
+    window_seconds: float = Field(default=60.0, gt=0, description="the window max_requests counts in, in seconds")
+    secrets: Literal["refuse", "flag", "off"] = Field(
+        default="refuse", description="a form asking for a password, key, token or card number: refuse it, flag it "
+        "to the person with a warning, or let it pass")
+    servers: dict[str, ElicitationLimits] = Field(
+        default_factory=dict, description="per server: the budget that differs from the one above")
+
+    def for_server(self, server: str) -> tuple[int, float]:
+        """(max_requests, window_seconds) for ``server``."""
+        own = self.servers.get(server)
+        limit = own.max_requests if own is not None and own.max_requests is not None else self.max_requests
+        window = own.window_seconds if own is not None and own.window_seconds is not None else self.window_seconds
+        return limit, window
+
+    def longest_window(self) -> float:
+        return max([self.window_seconds, *(own.window_seconds for own in self.servers.values()
+                                           if own.window_seconds is not None)])
+
+
 class CrossServerSettings(_Strict):
     """What crosses from one server to another: taint approvals and the pairs the confused-deputy guard allows."""
 
@@ -135,6 +169,7 @@ class CrossServerSettings(_Strict):
 class GuardrailsConfig(GuardrailSwitches):
     pins: PinningSettings = Field(default_factory=PinningSettings)
     sampling_budget: SamplingSettings = Field(default_factory=SamplingSettings)
+    consent: ElicitationSettings = Field(default_factory=ElicitationSettings)
     cross_server: CrossServerSettings = Field(default_factory=CrossServerSettings)
     servers: dict[str, GuardrailSwitches] = Field(
         default_factory=dict, description="per server: the switches that differ from the gateway-wide ones")

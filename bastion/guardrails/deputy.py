@@ -2,18 +2,20 @@
 
 Bastion federates servers, so the client can read any server's resources; a server must not use that to reach
 another's. A resource link in a server's result (tools/call, prompts/get) that points at a resource another server
-owns is replaced by a note saying so, and a server's ``sampling/createMessage`` that carries another server's
-resource (a link or an embedded resource) or asks for every server's context (``includeContext: "allServers"``)
-is refused; unless ``[guardrails.cross_server] allow`` lets that server reference that owner. Ownership is the
-catalog's: the server that lists the resource, or a template that matches its URI.
+owns is replaced by a note saying so, and so is an embedded resource whose URI another server owns (contents a
+server passes off as another's, a trusted server's say); a server's ``sampling/createMessage`` that carries another
+server's resource (a link or an embedded resource) or asks for every server's context (``includeContext:
+"allServers"``) is refused; unless ``[guardrails.cross_server] allow`` lets that server reference that owner.
+Ownership is the catalog's: the server that lists the resource, or a template that matches its URI.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Iterator, Mapping
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
-from bastion.guardrails.raw import RawResults, may_hold
+from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.taint import named
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
@@ -28,25 +30,41 @@ Owner = Callable[[str], "str | None"]
 
 # ------------------------------------------------------------------------------------------ pure decisions
 def result_links(method: str, result: Mapping[str, Any]) -> Iterator[tuple[Any, Any]]:
-    """Each resource link of a result, as (what holds it, its key or index there), so it can be replaced in place."""
+    """Each resource link and embedded resource of a result, as (what holds it, its key or index there), so it can be
+    replaced in place."""
     if method == "tools/call":
         content = result.get("content")
         if isinstance(content, list):
-            yield from ((content, i) for i, item in enumerate(content) if _is_link(item))
+            yield from ((content, i) for i, item in enumerate(content) if reference_uri(item) is not None)
     elif method == "prompts/get":
         messages = result.get("messages")
         for message in messages if isinstance(messages, list) else ():
-            if isinstance(message, dict) and _is_link(message.get("content")):
+            if isinstance(message, dict) and reference_uri(message.get("content")) is not None:
                 yield message, "content"
 
 
-def _is_link(item: Any) -> bool:
-    return isinstance(item, dict) and item.get("type") == "resource_link" and isinstance(item.get("uri"), str)
+def reference_uri(item: Any) -> str | None:
+    """The URI a content block names as a resource: a resource link's, or an embedded resource's own ``uri`` (the
+    contents a server puts in its answer under a URI, which a client takes for that resource's)."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type")
+    if kind == "resource_link":
+        uri = item.get("uri")
+    elif kind == "resource" and isinstance(item.get("resource"), dict):
+        uri = item["resource"].get("uri")
+    else:
+        return None
+    return uri if isinstance(uri, str) else None
 
 
 def foreign_owner(uri: str, server: str, owner_of: Owner, allows: Callable[[str, str], bool]) -> str | None:
-    """The other server that owns ``uri`` when ``server`` may not reference it; None when it may."""
+    """The other server that owns ``uri`` when ``server`` may not reference it; None when it may. A URI with a
+    fragment or a query names the resource without them (``vault://config#part`` is vault's ``vault://config``)."""
     owner = owner_of(uri)
+    if owner is None:
+        bare = uri.split("#", 1)[0].split("?", 1)[0]
+        owner = owner_of(bare) if bare != uri else None
     if owner is None or owner == server or allows(server, owner):
         return None
     return owner
@@ -76,7 +94,10 @@ def _references(items: list[Any]) -> Iterator[str]:
             yield from _references(item["content"])
 
 
-def withheld_link(owner: str, server: str) -> dict[str, Any]:
+def withheld_link(owner: str, server: str, embedded: bool = False) -> dict[str, Any]:
+    if embedded:
+        return {"type": "text", "text": f"[Bastion withheld contents that server '{server}' gave as a resource of "
+                                        f"server '{owner}': a server may speak only for its own resources]"}
     return {"type": "text", "text": f"[Bastion withheld a link to a resource of server '{owner}': server '{server}' "
                                     "may point only at its own resources]"}
 
@@ -114,7 +135,7 @@ class DeputyGuard:
         return result
 
     def _raw(self, request: GatewayRequest, raw: RawResponse) -> Any:
-        if not may_hold(raw, b"resource_link"):
+        if not may_hold_reference(raw):
             return raw
         return self.withhold_in_raw(request, _answering_server(request), raw)
 
@@ -139,13 +160,19 @@ class DeputyGuard:
         allows = self._config.cross_server.allows
         withheld = False
         for holder, index in list(result_links(request.method, result)):
-            owner = foreign_owner(holder[index]["uri"], server, owner_of, allows)
+            embedded = holder[index].get("type") == "resource"
+            owner = foreign_owner(reference_uri(holder[index]) or "", server, owner_of, allows)
             if owner is None:
                 continue
             withheld = True
-            holder[index] = withheld_link(owner, server)
-            self._tell(request, "withheld", server, "foreign-resource-link",
-                       f"a resource link to a resource of server '{owner}' in the answer to {request.method}")
+            holder[index] = withheld_link(owner, server, embedded)
+            if embedded:
+                self._tell(request, "withheld", server, "foreign-embedded-resource",
+                           f"an embedded resource claiming a resource of server '{owner}' in the answer to "
+                           f"{request.method}")
+            else:
+                self._tell(request, "withheld", server, "foreign-resource-link",
+                           f"a resource link to a resource of server '{owner}' in the answer to {request.method}")
         return withheld
 
     def _check_sampling(self, request: GatewayRequest, server: str) -> None:
@@ -185,6 +212,16 @@ def _answering_server(request: GatewayRequest) -> str | None:
     finder = getattr(request.catalog, "prompt", None)
     found = finder(name) if callable(finder) else None
     return getattr(found, "server", None)
+
+
+# A resource link, an embedded resource (``"type": "resource"``; the quotes keep a text that merely says "resource"
+# from costing a decode), or a \u escape behind which either may hide (as ``raw.may_hold`` reads one word).
+_REFERENCE = re.compile(rb'resource_link|"resource"|\\u')
+
+
+def may_hold_reference(raw: RawResponse) -> bool:
+    """Whether ``raw`` may hold a resource link or an embedded resource once decoded; one pass over its frame."""
+    return _REFERENCE.search(raw.frame) is not None
 
 
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> DeputyGuard | None:

@@ -38,6 +38,8 @@ import orjson
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
 from bastion.guardrails.content import INSTRUCTED, UNSCANNABLE, KeySlot, TextSlot, copy_tree, error_slots, text_slots, walk
+from bastion.guardrails.emoji import in_emoji_tag_sequence
+from bastion.guardrails.output_rules import OUTPUT_RULES
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
@@ -142,7 +144,7 @@ def hidden_characters(text: str, *, strict: bool) -> list[Finding]:
 def _hidden_kind(text: str, at: int) -> str | None:
     code = ord(text[at])
     if 0xE0000 <= code <= 0xE007F:
-        return "unicode-tag-characters"
+        return None if in_emoji_tag_sequence(text, at) else "unicode-tag-characters"
     if 0xE0100 <= code <= 0xE01EF:
         return "variation-selector-smuggling"
     if 0x202A <= code <= 0x202E or 0x2066 <= code <= 0x2069:
@@ -159,10 +161,12 @@ def _hidden_kind(text: str, at: int) -> str | None:
 
 def strip_hidden(text: str) -> str:
     """``text`` without its invisible characters (a joiner between two non-ASCII characters stays: scripts and
-    emoji need it)."""
+    emoji need it; so do the tags of a subdivision flag)."""
 
     def drop(match: re.Match[str]) -> str:
         char = match.group()
+        if "\U000e0000" <= char <= "\U000e007f" and in_emoji_tag_sequence(text, match.start()):
+            return char  # a subdivision flag's (bastion.guardrails.emoji)
         if char in _JOINERS:
             at = match.start()
             before = text[at - 1] if at else " "
@@ -203,6 +207,10 @@ def _rule(name: str, weight: int, pattern: str, kind: str = "instructions", quot
 _W = r"(?:[\w'’-]+[ \t,]+)"  # one word and the space after it: lets "ignore all of your previous instructions" match
 _AI = r"(?:ai|a\.i\.|assistant|llm|language model|agent|model|chatbot|bot|claude|gpt|chatgpt|gemini|copilot)s?"
 _USER = r"(?:the |your )?(?:user|human|person|operator|requester|customer)s?"
+# People named after "AI": "Hi AI team", "if you are an AI researcher" greet people who work on models, not a model.
+_PEOPLE_AFTER = (r"(?![ \t]+(?:team|teams|researchers?|engineers?|group|lab|labs|community|department|enthusiasts?"
+                 r"|folks|people|developers?|practitioners?|experts?|specialists?|startups?|company|companies|ethics"
+                 r"|safety|policy|committee|council)\b)")
 
 # Every rule is written by hand because no maintained rule set for prompt injection exists as data: each one is a
 # phrase that the published attacks (MCPTox, AgentDojo, BIPIA, Invariant's demos) use to address the model, and that
@@ -239,12 +247,25 @@ RULES: tuple[Rule, ...] = (
           r"<\|\s*(?:im_start|im_end|system|assistant|user|endoftext|begin_of_text|start_header_id)\s*\|>"
           r"|\[/?INST\]|<<\s*/?SYS\s*>>|\[(?:system|admin)(?: message| note| override)?\]"
           r"|#{2,}[ \t]*\(?[ \t]*(?:system|admin)[_ ]?(?:message|prompt|instructions?|override)[ \t]*\)?"),
+    # What follows the turn's colon must give an order: "System: new version 2.3 is available" and "Assistant: you
+    # have 3 new messages" are status lines of chat tools, not a turn.
     _rule("fake-turn", STRONG,
           r"(?:^|\n)[ \t#*>]*(?:system|assistant|ai)[ \t]*(?:message|prompt|note|override)?[ \t]*:[ \t]*"
-          r"(?:you|ignore|new|from now|important|attention)", quotable=False),
+          r"(?:you[ \t]+(?:must|should|are now|will now|have to|need to|may now|can now)|ignore|disregard"
+          r"|new[ \t]+(?:instructions?|task|rules|orders|role|directives?)|from now|important[ \t]*[:!]"
+          r"|attention[ \t]*[:!])", quotable=False),
     # The model addressed as such: "If you are an AI", "Note to the assistant", "AI agents reading this".
     _rule("addresses-the-model", STRONG,
-          rf"\b(?:if|when)[ \t]+you[ \t]+are[ \t]+an?[ \t]+(?:\w+[ \t]+)?{_AI}\b"
+          rf"\b(?:if|when)[ \t]+you[ \t]+are[ \t]+an?[ \t]+(?:\w+[ \t]+)?{_AI}\b{_PEOPLE_AFTER}"
+          rf"|\b(?:note|message|attention|instructions?|notice|reminder|memo)[ \t]+(?:to|for)[ \t]+(?:the[ \t]+"
+          rf"|any[ \t]+|all[ \t]+)?"
+          rf"(?:\w+[ \t]+)?{_AI}[ \t]*[:!-]|\b(?:dear|hey|hello|hi|attention)[ \t,]+{_AI}\b{_PEOPLE_AFTER}"
+          rf"|\b(?:to[ \t]+)?(?:any|all|the)[ \t]+{_AI}[ \t]+(?:reading|processing|parsing|summari[sz]ing|seeing"
+          rf"|viewing)"
+          r"[ \t]+this",
+          # The probe without the people it may name: the look-ahead is the rule's to confirm, and the probe stays
+          # one Hyperscan reads as bytes (_BYTE_PROBES).
+          probe=rf"\b(?:if|when)[ \t]+you[ \t]+are[ \t]+an?[ \t]+(?:\w+[ \t]+)?{_AI}\b"
           rf"|\b(?:note|message|attention|instructions?|notice|reminder|memo)[ \t]+(?:to|for)[ \t]+(?:the[ \t]+"
           rf"|any[ \t]+|all[ \t]+)?"
           rf"(?:\w+[ \t]+)?{_AI}[ \t]*[:!-]|\b(?:dear|hey|hello|hi|attention)[ \t,]+{_AI}\b"
@@ -348,13 +369,18 @@ RULES: tuple[Rule, ...] = (
     _rule("todo-order", WEAK,
           r"TODO[ \t]*:[ \t]*(?:please[ \t]+)?(?:send|e-?mail|forward|transfer|wire|pay|delete|remove|post|share|invite"
           r"|change|update|modify|create|make|visit|say|tell|concatenate|get|give|book|reserve|add)\b"),
+    # Fake tool boundaries, images that carry data out, errors that steer (bastion.guardrails.output_rules).
+    *(_rule(spec.name, spec.weight, spec.pattern, spec.kind, spec.quotable, spec.probe) for spec in OUTPUT_RULES),
 )
 
 _QUOTES = {'"': '"', "“": "”", "'": "'", "‘": "’", "`": "`", "«": "»"}
 
 
 def _quoted(text: str, start: int, end: int) -> bool:
-    """Whether ``text[start:end]`` sits inside quotation marks on its line: a phrase quoted is one talked about."""
+    """Whether ``text[start:end]`` sits inside quotation marks on its line and is talked about there: a phrase
+    quoted is one mentioned, as long as the quotation is little more than the phrase (``MENTION_SLACK``) and is not a
+    field's value (``"body": "..."`` of JSON a tool returns, ``body="..."``), where quotation marks only delimit
+    someone else's text, which is just where planted instructions come (an issue comment, an e-mail's body)."""
     line_start = text.rfind("\n", 0, start) + 1
     line_end = text.find("\n", end)
     line_end = len(text) if line_end < 0 else line_end
@@ -364,14 +390,36 @@ def _quoted(text: str, start: int, end: int) -> bool:
         if opening == closing:
             if opening == "'":
                 # Apostrophes inside words ("don't") are no quotation marks.
-                before_marks = len(re.findall(r"(?<![\w])'", before))
-                if before_marks % 2 == 1 and re.search(r"'(?!\w)", after):
-                    return True
+                marks = list(re.finditer(r"(?<![\w])'", before))
+                close = re.search(r"'(?!\w)", after)
+                if len(marks) % 2 == 1 and close:
+                    return _mention(before, marks[-1].start(), after, close.start())
             elif before.count(opening) % 2 == 1 and opening in after:
-                return True
+                return _mention(before, before.rfind(opening), after, after.find(closing))
         elif before.rfind(opening) > before.rfind(closing) and closing in after:
-            return True
+            return _mention(before, before.rfind(opening), after, after.find(closing))
     return False
+
+
+MENTION_SLACK = 48  # characters a quotation may hold beside the phrase and still be a mention of it
+# A JSON key's closing quote and colon, or an attribute's "=": what comes next is a field's value. (A prose colon,
+# 'the page said: "..."', introduces a quotation, so a bare word and colon is not read as a key.)
+_FIELD_VALUE = re.compile(r"(?:[\"'\]]\s*:|[\w-]=)\s*$")
+
+
+def _mention(before: str, opening: int, after: str, closing: int) -> bool:
+    """Whether a quotation that opens at ``before[opening]`` and closes at ``after[closing]`` is a mention of the
+    phrase rather than a quoted text that carries it. A quotation that is the whole of its line but a short label
+    ('Reminder: "ignore previous instructions ..."') is a message in quotation marks, not a mention: an article
+    talks about the phrase around it."""
+    if len(before) - opening - 1 + closing > MENTION_SLACK:
+        return False
+    if opening <= _LABEL and not after[closing + 1:].strip(" \t.,;:!?)]}"):
+        return False
+    return _FIELD_VALUE.search(before, 0, opening) is None
+
+
+_LABEL = 24  # characters before a quotation that may be a label ("Reminder:", "Note from IT:") rather than prose
 
 
 def instruction_findings(text: str) -> list[Finding]:
@@ -978,6 +1026,8 @@ class WithheldToolGate:
 
 OUTPUT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get", "completion/complete"})
 OUTPUT_NOTIFICATIONS = frozenset({"notifications/progress", "notifications/message"})
+# Methods whose only server text is an error: the server's refusal of a subscription reaches the client as it wrote it.
+OUTPUT_ERRORS_ONLY = frozenset({"resources/subscribe", "resources/unsubscribe"})
 # A server's requests toward the client. Sampling requests are marked by the sampling guardrail first when it is on
 # (``sampling.injection_scan``); what it marked is not marked again here.
 OUTPUT_TOWARD_CLIENT = frozenset({"sampling/createMessage", "elicitation/create"})
@@ -1021,7 +1071,7 @@ class OutputGuard:
     elicitation requests); marks (wraps as untrusted data) or blocks what reads as instructions, and records the
     flag for the session's taint."""
 
-    methods = OUTPUT_METHODS | OUTPUT_NOTIFICATIONS | OUTPUT_TOWARD_CLIENT
+    methods = OUTPUT_METHODS | OUTPUT_NOTIFICATIONS | OUTPUT_TOWARD_CLIENT | OUTPUT_ERRORS_ONLY
     reads_params = False
     # A call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those
     # bytes when nothing is flagged in it (bastion.guardrails.raw).
@@ -1039,6 +1089,8 @@ class OutputGuard:
         if method in OUTPUT_NOTIFICATIONS or method in OUTPUT_TOWARD_CLIENT:
             self._screen_from_server(request)
             return await call_next(request)
+        if method in OUTPUT_ERRORS_ONLY:
+            return await self._errors_only(request, call_next)
         if method not in OUTPUT_METHODS:
             return await call_next(request)
         target, server = self._target(request)
@@ -1097,6 +1149,17 @@ class OutputGuard:
             f"marked as untrusted data: {', '.join(each.slot.where for each in flagged)}",
             request.session.session_id, request.session.identity))
         return result
+
+    async def _errors_only(self, request: GatewayRequest, call_next: Handler) -> Any:
+        """A method whose answer carries no server text but whose error does: the error is scanned as a call's is."""
+        try:
+            return await call_next(request)
+        except GatewayError as error:
+            uri, server = self._target(request)
+            mode = self._mode(server)
+            if mode != "off":
+                self.check_error(request, error, uri, server, mode)
+            raise
 
     def _screen_from_server(self, request: GatewayRequest) -> None:
         """A server's notification or request toward the client, marked in place, or refused (a notification then
@@ -1158,7 +1221,7 @@ class OutputGuard:
             name = _call_name(params)
             entry = self._catalog.tool(name) if name is not None else None
             return name, entry.server if entry is not None else None
-        if request.method == "resources/read":
+        if request.method == "resources/read" or request.method in OUTPUT_ERRORS_ONLY:
             uri = _call_name({"name": params.get("uri")}) if isinstance(params, dict) else None
             owner = getattr(self._catalog, "resource_owner", None)
             return uri, owner(uri) if owner is not None and uri is not None else None

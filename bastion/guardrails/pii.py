@@ -16,7 +16,9 @@ publishes them as expressions; each is narrow on purpose, because text that reac
   their checksums as real identifiers appear.
 - IBAN: country code, check digits, the national part, validated by stdnum.
 - phone numbers: the international form (+country code) and ``tel:`` links, valid for their country by
-  libphonenumber; national forms without the country code cannot be told from other digit groups.
+  libphonenumber; national forms without the country code cannot be told from other digit groups, except under a
+  telephone label ("Phone:", a ``mobile`` field of a contact record), where they are tried against the numbering
+  plans of a few large regions.
 """
 
 from __future__ import annotations
@@ -87,6 +89,30 @@ def _phone(value: bytes, _match: bytes, _line: bytes) -> bool:
     return phonenumbers.is_valid_number(number)
 
 
+# Where a number written in its national form (no "+") may be: the regions whose numbering plan a labelled number is
+# tried against, most populous markets of the tools' users first. A number valid in none of them is not reported.
+_NATIONAL_REGIONS = ("US", "GB", "DE", "FR", "IN", "ES", "IT", "NL", "BR", "AU", "JP", "MX", "SE", "CH", "PL")
+
+
+_DATE = re.compile(r"(?:19|20)\d\d[-./](?:0[1-9]|1[0-2])[-./]\d\d")  # "tel: 2024-01-05 12:30" is a timestamp
+
+
+def _labelled_phone(value: bytes, _match: bytes, _line: bytes) -> bool:
+    """A number a record labels as a telephone number ("Phone: (415) 555-2671", ``{"mobile": "030 1234567"}``),
+    valid in one of ``_NATIONAL_REGIONS``: the label is the context a bare national number lacks."""
+    text = value.decode(errors="replace")
+    if not 7 <= sum(ch.isdigit() for ch in text) <= 13 or _DATE.match(text):
+        return False
+    for region in _NATIONAL_REGIONS:
+        try:
+            number = phonenumbers.parse(text, region)
+        except phonenumbers.NumberParseException:
+            continue
+        if phonenumbers.is_valid_number(number):
+            return True
+    return False
+
+
 _D = r"(?:^|[^\w.+-])"  # what may come before a number: not part of a longer word, number or version
 _E = r"(?:$|[^\w@-]|\.(?:$|\D))"  # and after it
 
@@ -148,6 +174,13 @@ PII_DETECTORS = (
     Detector("pii", "phone", "bastion:phone+libphonenumber",
              r"((?:tel:)?\+[1-9]\d{0,2}(?:[ .-]?\(?\d{1,4}\)?){1,2}(?:[ .-]?\d{2,4}){1,4})" + _E, group=1,
              check=_phone, keywords=("+",), shard=_PHONE),
+    # A national-form number under a telephone label, in text or as a structured field (read as ``mobile: "..."``):
+    # contact records write numbers so, and the label is what tells them from order numbers and dates.
+    Detector("pii", "phone", "bastion:phone-labelled+libphonenumber",
+             r"(?i)\b(?:phone|telephone|tel|mobile|cell|cellphone|fax|landline|whatsapp)(?:[ _-]?(?:number|no\.?|#))?"
+             r"[\"']?[ \t]*[:=][ \t]*[\"']?((?:\(\d{2,5}\)[ .-]?|\d{2,5}[ .-])\d{2,4}(?:[ .-]?\d{2,4}){1,3})" + _E,
+             group=1, check=_labelled_phone, keywords=("phone", "tel", "mobile", "cell", "fax", "landline", "whatsapp"),
+             shard="pii-phone-labelled"),
 )
 
 

@@ -18,7 +18,7 @@ import bisect
 import functools
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ import msgspec
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.content import INSTRUCTED, UNSCANNABLE, TextSlot, copy_tree, error_slots, text_slots
+from bastion.guardrails.echo import EchoCheck
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
@@ -40,6 +41,8 @@ SAMPLING = "sampling/createMessage"
 ELICITATION = "elicitation/create"
 TOWARD_CLIENT = frozenset({SAMPLING, ELICITATION})
 NOTIFICATIONS = frozenset({"notifications/progress", "notifications/message"})
+# Methods whose answer holds no server text but whose error does: a server's refusal of a subscription.
+SUBSCRIPTIONS = frozenset({"resources/subscribe", "resources/unsubscribe"})
 # List method -> the key of its items.
 LISTS = {"tools/list": "tools", "prompts/list": "prompts", "resources/list": "resources",
          "resources/templates/list": "resourceTemplates"}
@@ -96,12 +99,16 @@ class ContentScanner:
     def detectors(self) -> tuple[Detector, ...]:
         return self._matcher.detectors
 
-    def scan(self, slots: Iterable[TextSlot], action_of: Callable[[Detector], Action]) -> list[Hit]:
+    def scan(self, slots: Iterable[TextSlot], action_of: Callable[[Detector], Action],
+             call: Mapping[str, Any] | None = None) -> list[Hit]:
         """Every value found in ``slots``; those whose action is "redact" are replaced in place, the others are
         left as they are (a "block" is the caller's to carry out). Each string is read alone, without the invisible
         characters planted in it; the texts of consecutive text blocks are read joined too, and a value found across
-        a boundary is redacted part by part. An unscannable slot counts as a value of kind ``unscannable``."""
+        a boundary is redacted part by part. An unscannable slot counts as a value of kind ``unscannable``. ``call``:
+        the params of the ``tools/call`` answered, whose own personal data echoed back is no hit
+        (``bastion.guardrails.echo``)."""
         slots = list(slots)
+        echo = EchoCheck(call) if call is not None else None
         hits: list[Hit] = []
         plans: dict[int, list[tuple[int, int, str]]] = {}
         datas: list[bytes] = []
@@ -120,13 +127,14 @@ class ContentScanner:
                 continue
             for found in self._findings(data, slot.name):
                 action = action_of(found.detector)
-                if action == "off":
+                if action == "off" or echo is not None and found.detector.guardrail == "pii" and echo.supplied(
+                        data[found.start:found.end]):
                     continue
                 hits.append(Hit(found.detector.guardrail, found.detector.kind, found.detector.rule, slot.where, action))
                 if action == "redact":
                     plans.setdefault(index, []).append((found.start, found.end, marker(found.detector.kind)))
         for run in _runs(slots):
-            self._scan_joined(run, slots, datas, plans, hits, action_of)
+            self._scan_joined(run, slots, datas, plans, hits, action_of, echo)
         for index, redactions in plans.items():
             slot = slots[index]
             if slot.unscannable:
@@ -137,7 +145,8 @@ class ContentScanner:
 
     def _scan_joined(self, run: list[int], slots: list[TextSlot], datas: list[bytes],
                      plans: dict[int, list[tuple[int, int, str]]], hits: list[Hit],
-                     action_of: Callable[[Detector], Action]) -> None:
+                     action_of: Callable[[Detector], Action],
+                     echo: EchoCheck | None = None) -> None:
         """Read the texts of ``run`` (consecutive text blocks) as one; a value that spans a boundary is found here
         only, and each block's part of it is redacted."""
         starts: list[int] = []
@@ -163,7 +172,8 @@ class ContentScanner:
             if any(_overlaps(plans.get(index, ()), start, end) for index, start, end in parts):
                 continue
             action = action_of(found.detector)
-            if action == "off":
+            if action == "off" or echo is not None and found.detector.guardrail == "pii" and echo.supplied(
+                    joined[found.start:found.end]):
                 continue
             where = " + ".join(slots[index].where for index, _, _ in parts)
             hits.append(Hit(found.detector.guardrail, found.detector.kind, found.detector.rule, where, action))
@@ -385,7 +395,7 @@ class ScanningPolicy:
 
 
 class ScanningInterceptor:
-    methods = SCANNED_RESULTS | frozenset(LISTS) | NOTIFICATIONS | TOWARD_CLIENT | INSTRUCTED
+    methods = SCANNED_RESULTS | frozenset(LISTS) | NOTIFICATIONS | TOWARD_CLIENT | INSTRUCTED | SUBSCRIPTIONS
     # Of a client's call only the tool's name is read (decoded here when it is still the client's bytes), so the
     # arguments may stay as they came; a server's request or notification is always decoded, and its params are read.
     # A call's result may come as the server's bytes: decoded here (once for the chain), and passed on as those bytes
@@ -443,7 +453,8 @@ class ScanningInterceptor:
         (and their ``size``): its strings, when the caller walked it already."""
         if slots is None:
             slots = list(text_slots(request.method, result))
-        hits = await self._scan(slots, server, size)
+        # A call's own arguments are read only if personal data is found (bastion.guardrails.echo).
+        hits = await self._scan(slots, server, size, request.params if request.method == "tools/call" else None)
         if not hits:
             return False
         self._report_all(hits, request, server, target)
@@ -543,7 +554,8 @@ class ScanningInterceptor:
         self._definitions[id(item)] = (item, served)
         return served
 
-    async def _scan(self, slots: list[TextSlot], server: str | None, size: int | None = None) -> list[Hit]:
+    async def _scan(self, slots: list[TextSlot], server: str | None, size: int | None = None,
+                    call: Mapping[str, Any] | None = None) -> list[Hit]:
         if not slots:
             return []
         action = self._policy.action_for(server)
@@ -551,8 +563,8 @@ class ScanningInterceptor:
         if size is None:
             size = slots_size(slots)
         if size > self._thread_above:
-            return await asyncio.to_thread(scanner.scan, slots, action)
-        return scanner.scan(slots, action)
+            return await asyncio.to_thread(scanner.scan, slots, action, call)
+        return scanner.scan(slots, action, call)
 
     def _report_all(self, hits: list[Hit], request: GatewayRequest, server: str | None, target: str) -> None:
         for (guardrail, kind, rule, action), wheres in _grouped(hits):
@@ -618,7 +630,7 @@ def _server_of(request: GatewayRequest) -> str | None:
         lookup = getattr(catalog, "prompt", None)
         named = lookup(params.get("name")) if lookup is not None and isinstance(params.get("name"), str) else None
         return getattr(named, "server", None)
-    if request.method == "resources/read":
+    if request.method == "resources/read" or request.method in SUBSCRIPTIONS:
         owner = getattr(catalog, "resource_owner", None)
         return owner(params["uri"]) if owner is not None and isinstance(params.get("uri"), str) else None
     if request.method == "completion/complete":
@@ -631,7 +643,7 @@ def _server_of(request: GatewayRequest) -> str | None:
 
 
 def _target_of(request: GatewayRequest) -> str:
-    key = "uri" if request.method == "resources/read" else "name"
+    key = "uri" if request.method == "resources/read" or request.method in SUBSCRIPTIONS else "name"
     params = request.params
     if request.method == "completion/complete":
         ref = params.get("ref") if isinstance(params, dict) else None

@@ -35,7 +35,8 @@ from bastion.guardrails.injection import _call_name as call_name
 from bastion.guardrails.injection import finds_any as injection_found
 from bastion.guardrails.pinning import _call_name as pinned_name
 from bastion.guardrails.prescan import only_text
-from bastion.guardrails.raw import RawResults, may_hold
+from bastion.guardrails.deputy import may_hold_reference
+from bastion.guardrails.raw import RawResults
 from bastion.guardrails.scanning import slots_size
 from bastion.model import REQUEST, TAINTED_BY, GatewayError, GatewayRequest, Handler, ToolEntry
 from bastion.protocol import jsonrpc
@@ -198,7 +199,7 @@ class CallStage:
                 taint.note_answer(request, server)
         if plan.deputy:
             if type(result) is RawResponse:
-                if may_hold(result, b"resource_link"):
+                if may_hold_reference(result):
                     return self._deputy.withhold_in_raw(request, server, result)  # type: ignore[union-attr]
             elif isinstance(result, dict):
                 self._deputy.withhold_foreign_links(request, server, result)  # type: ignore[union-attr, arg-type]

@@ -54,6 +54,10 @@ def cross_server_setup(tmp_path: Path, servers: dict[str, dict[str, Any]] | None
         }
     policy = top_level.pop("policy", {"approval": {"fallback": "refuse", "queue_dir": str(tmp_path / "queue")},
                                       "audit": {"path": str(tmp_path / "audit.jsonl")}})
+    # Pins of the test's own: the user's pins file is shared by every Bastion process (and every checkout) of the user.
+    guardrails = dict(top_level.pop("guardrails", {}))
+    guardrails.setdefault("pins", {"path": str(tmp_path / "pins.json")})
+    top_level["guardrails"] = guardrails
     config = tmp_path / "bastion.json"
     # Every tool listed: fixture servers side by side are past the default exposure's bound (search mode).
     config.write_text(json.dumps({"ready_timeout": READY_TIMEOUT, "policy": policy, "tools": {"exposure": "all"},

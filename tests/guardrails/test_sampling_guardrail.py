@@ -232,7 +232,7 @@ async def test_a_modern_servers_sampling_asked_of_a_modern_client_passes_the_pol
     config["servers"].update({"modern": sdk_server, "allowed": dict(sdk_server)})
     # Taint off: this is about sampling. A 2026-07-28 caller's taint is kept between its requests, so the untrusted
     # answer of the first call would hold the second (tests/guardrails/test_taint_memory.py tests that).
-    config["guardrails"] = {"sampling_budget": {"max_tokens": 7}, "taint": "off"}
+    config["guardrails"] = {**config["guardrails"], "sampling_budget": {"max_tokens": 7}, "taint": "off"}
     setup.config.write_text(json.dumps(config))
     person = Person()
     modern = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode="2026-07-28",

@@ -27,8 +27,8 @@ def _config(tmp_path: Path, guardrails: dict | None = None) -> Path:
     top: dict = {"policy": "off", "ready_timeout": READY_TIMEOUT,
                  "servers": {"leaky": {"command": sys.executable, "args": [str(FIXTURES / "leaky_server.py")],
                                       "era": "legacy"}}}
-    if guardrails is not None:
-        top["guardrails"] = guardrails
+    # Pins of the test's own: the user's pins file is shared by every Bastion process (and checkout) of the user.
+    top["guardrails"] = {"pins": {"path": str(tmp_path / "pins.json")}, **(guardrails or {})}
     config.write_text(json.dumps(top))
     return config
 
