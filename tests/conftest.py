@@ -1,4 +1,4 @@
-"""Every test, and every Bastion process a test starts, keeps its state (audit trail, approval queue, the demo's
+"""Every test, and every Bastion process a test starts (the SDK's stdio client's included), keeps its state (audit trail, approval queue, the demo's
 scratch data) in a temporary folder, never in the home directory of whoever runs the tests; and its caches (the
 derived MiniLM model, the compiled scanning rules, embeddings) in a temporary folder of this test run.
 
@@ -27,6 +27,20 @@ if _WORKER is None:  # the controller of a parallel run, or a run without worker
     os.environ["XDG_CACHE_HOME"] = _CACHE
 else:
     _CACHE = None
+
+
+def _sdk_clients_pass_on_the_test_folders() -> None:
+    """The SDK's stdio client starts a server with a small environment (HOME, PATH, USER, ...), as clients do, so a
+    ``bastion run`` it starts would keep its state in the home directory of whoever runs the tests, shared by every
+    test and every checkout. The test folders' two variables join that small environment; nothing else does."""
+    import mcp.client.stdio
+
+    for name in ("XDG_STATE_HOME", "XDG_CACHE_HOME"):
+        if name not in mcp.client.stdio.DEFAULT_INHERITED_ENV_VARS:
+            mcp.client.stdio.DEFAULT_INHERITED_ENV_VARS.append(name)
+
+
+_sdk_clients_pass_on_the_test_folders()
 
 
 @pytest.fixture(autouse=True)
