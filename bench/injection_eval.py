@@ -59,7 +59,10 @@ def committed_corpora() -> Iterator[Sample]:
     for path in sorted(DATA.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            yield Sample(record["corpus"], record["label"], record["place"], record["text"], id=record["id"])
+            if "servers" in record or record.get("kind") == "instructions":
+                continue  # a set of servers, or a server's instructions: bench/definition_attacks.py reads those
+            yield Sample(record["corpus"], record["label"], record["place"], record["text"],
+                         definition=record.get("definition"), id=record["id"])
 
 
 def bfcl_tools() -> list[dict]:

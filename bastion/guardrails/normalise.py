@@ -37,7 +37,7 @@ _SPACED = re.compile(r"(?<![^\W_])(?:[A-Za-z][ .\-_*·]{1,3}){3,}[A-Za-z](?![^\W
 _WORD_GAP = re.compile(r"[ .\-_*·]{2,}")
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{16,}={0,2}")
 _HEX = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){8,}(?![0-9A-Fa-f])")
-_PERCENT = re.compile(r"(?:%[0-9A-Fa-f]{2}[^%\s]{0,3}){3,}")
+_PERCENT = re.compile(r"\S*(?:%[0-9A-Fa-f]{2}\S*){3,}")  # a token with three escapes or more
 _COMMENT = re.compile(r"<!--(.*?)(?:-->|$)", re.DOTALL)
 
 
