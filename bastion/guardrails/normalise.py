@@ -32,12 +32,15 @@ MAX_RUNS = 16  # encoded runs decoded per text
 MIN_PRINTABLE = 0.9  # share of a decoded run's characters that must be printable for it to count as text
 
 _LOOKALIKES = str.maketrans(ASCII_LOOKALIKES)
-# Letters one to three separators apart, four letters or more: "i g n o r e", "i.g.n.o.r.e", "i-g-n-o-r-e".
-_SPACED = re.compile(r"(?<![^\W_])(?:[A-Za-z][ .\-_*·]{1,3}){3,}[A-Za-z](?![^\W_])")
+# Letters one to three separators apart: "i g n o r e", "i.g.n.o.r.e", "i-g-n-o-r-e". Possessive, so each run is
+# read once: the run's ends are checked after the match (``_spaced_runs``), not by lookarounds that would make the
+# engine try every start again (quadratic on "a a a ... a bc").
+_SPACED = re.compile(r"[A-Za-z](?:[ .\-_*·]{1,3}+[A-Za-z])++")
+_PIECE = re.compile(r"[A-Za-z][ .\-_*·]*")
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _WORD_GAP = re.compile(r"[ .\-_*·]{2,}")
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{16,}={0,2}")
 _HEX = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){8,}(?![0-9A-Fa-f])")
-_PERCENT = re.compile(r"\S*(?:%[0-9A-Fa-f]{2}\S*){3,}")  # a token with three escapes or more
 _COMMENT = re.compile(r"<!--(.*?)(?:-->|$)", re.DOTALL)
 
 
@@ -59,13 +62,17 @@ NONE = Readings(None, (), (), ())
 def readings(text: str) -> Readings:
     """Every other reading of ``text`` (see the module's docstring); ``NONE`` for plain ASCII prose."""
     text = text[:MAX_TEXT]
-    folded = fold(text)
-    spaced = [match.group() for match in _SPACED.finditer(folded)]
+    folded = unjoined = fold(text)
+    spaced = _spaced_runs(folded)
     if spaced:
-        folded = _SPACED.sub(lambda match: _joined(match.group()), folded)
+        parts, at = [], 0
+        for start, end in spaced:
+            parts += [folded[at:start], _joined(folded[start:end])]
+            at = end
+        folded = "".join(parts) + folded[at:]
     comments = tuple(fold(match.group(1)) for match in _COMMENT.finditer(text) if match.group(1).strip())
     found = Readings(folded if folded != text else None, decoded_runs(folded), comments,
-                     tuple(re.sub(r"[^A-Za-z]", "", run).lower() for run in spaced))
+                     tuple(re.sub(r"[^A-Za-z]", "", unjoined[start:end]).lower() for start, end in spaced))
     return NONE if found.empty else found
 
 
@@ -93,6 +100,21 @@ def as_words(identifier: str) -> str:
     return re.sub(r"[_\-.]+", " ", _CAMEL.sub(" ", identifier)).strip()
 
 
+def _spaced_runs(text: str) -> list[tuple[int, int]]:
+    """Where ``text`` has four letters or more spaced out and standing alone (no letter or digit glued to either
+    end: "a b c dog" spaces out "a b c" only)."""
+    runs = []
+    for match in _SPACED.finditer(text):
+        pieces = [piece.span() for piece in _PIECE.finditer(text, match.start(), match.end())]
+        if match.start() and text[match.start() - 1].isalnum():
+            pieces = pieces[1:]  # its first letter ends a word
+        if match.end() < len(text) and text[match.end()].isalnum():
+            pieces = pieces[:-1]  # its last letter starts one
+        if len(pieces) >= 4:
+            runs.append((pieces[0][0], match.end() if pieces[-1][1] >= match.end() else pieces[-1][0] + 1))
+    return runs
+
+
 def _joined(run: str) -> str:
     return " ".join(re.sub(r"[^A-Za-z]", "", word) for word in _WORD_GAP.split(run))
 
@@ -100,13 +122,20 @@ def _joined(run: str) -> str:
 def decoded_runs(text: str) -> tuple[str, ...]:
     """What the base64, hex and percent-encoded runs of ``text`` spell, each when it is mostly printable text."""
     found: list[str] = []
-    for pattern, decode in ((_BASE64, _from_base64), (_HEX, _from_hex), (_PERCENT, _from_percent)):
-        for match in pattern.finditer(text):
-            if len(found) >= MAX_RUNS:
-                return tuple(found)
-            spelled = decode(match.group())
-            if spelled is not None and _textual(spelled):
-                found.append(spelled)
+    candidates = [(match.group(), decode) for pattern, decode in ((_BASE64, _from_base64), (_HEX, _from_hex))
+                  for match in pattern.finditer(text)]
+    if "%" in text:
+        # A token with three escapes or more, read whole ("ignore%20all%20previous..."); split on spaces, so each
+        # character is looked at once.
+        candidates.extend((token, _from_percent) for token in text.split() if len(_ESCAPE.findall(token)) >= 3)
+    for run, decode in candidates:
+        if len(found) >= MAX_RUNS:
+            break
+        spelled = decode(run)
+        if spelled is not None and not _textual(spelled) and _BASE64.fullmatch(spelled):
+            spelled = _from_base64(spelled)  # base64 of base64: one layer more, no deeper
+        if spelled is not None and _textual(spelled):
+            found.append(spelled)
     return tuple(found)
 
 
