@@ -32,11 +32,10 @@ MAX_RUNS = 16  # encoded runs decoded per text
 MIN_PRINTABLE = 0.9  # share of a decoded run's characters that must be printable for it to count as text
 
 _LOOKALIKES = str.maketrans(ASCII_LOOKALIKES)
-# Letters one to three separators apart: "i g n o r e", "i.g.n.o.r.e", "i-g-n-o-r-e". Possessive, so each run is
-# read once: the run's ends are checked after the match (``_spaced_runs``), not by lookarounds that would make the
-# engine try every start again (quadratic on "a a a ... a bc").
-_SPACED = re.compile(r"[A-Za-z](?:[ .\-_*·]{1,3}+[A-Za-z])++")
-_PIECE = re.compile(r"[A-Za-z][ .\-_*·]*")
+# Four letters or more, each standing alone, one to three separators apart: "i g n o r e", "i.g.n.o.r.e",
+# "i-g-n-o-r-e" ("a b c dog" has three). Possessive, and each letter's own check looks one character ahead, so a
+# failed start costs at most four letters and a run is read once: linear, also on "a a a ... a bc".
+_SPACED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z](?:[ .\-_*·]{1,3}+[A-Za-z](?![A-Za-z0-9])){3,}+")
 _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _WORD_GAP = re.compile(r"[ .\-_*·]{2,}")
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{16,}={0,2}")
@@ -70,7 +69,8 @@ def readings(text: str) -> Readings:
             parts += [folded[at:start], _joined(folded[start:end])]
             at = end
         folded = "".join(parts) + folded[at:]
-    comments = tuple(fold(match.group(1)) for match in _COMMENT.finditer(text) if match.group(1).strip())
+    comments = tuple(fold(match.group(1)) for match in _COMMENT.finditer(text) if match.group(1).strip()) \
+        if "<!--" in text else ()
     found = Readings(folded if folded != text else None, decoded_runs(folded), comments,
                      tuple(re.sub(r"[^A-Za-z]", "", unjoined[start:end]).lower() for start, end in spaced))
     return NONE if found.empty else found
@@ -101,18 +101,7 @@ def as_words(identifier: str) -> str:
 
 
 def _spaced_runs(text: str) -> list[tuple[int, int]]:
-    """Where ``text`` has four letters or more spaced out and standing alone (no letter or digit glued to either
-    end: "a b c dog" spaces out "a b c" only)."""
-    runs = []
-    for match in _SPACED.finditer(text):
-        pieces = [piece.span() for piece in _PIECE.finditer(text, match.start(), match.end())]
-        if match.start() and text[match.start() - 1].isalnum():
-            pieces = pieces[1:]  # its first letter ends a word
-        if match.end() < len(text) and text[match.end()].isalnum():
-            pieces = pieces[:-1]  # its last letter starts one
-        if len(pieces) >= 4:
-            runs.append((pieces[0][0], match.end() if pieces[-1][1] >= match.end() else pieces[-1][0] + 1))
-    return runs
+    return [match.span() for match in _SPACED.finditer(text)]
 
 
 def _joined(run: str) -> str:
