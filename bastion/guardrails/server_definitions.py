@@ -99,20 +99,23 @@ class NameClash:
 
 
 def name_clashes(entries: Iterable[_Entry]) -> list[NameClash]:
-    """Every pair of tools of different servers whose names read the same, once (a warning), and besides each
-    look-alike that a server not trusted offers of a trusted server's tool (``withheld``)."""
+    """Each tool whose name reads as a tool of another server's, once, against one such tool: a trusted server's
+    when there is one it imitates (then ``withheld`` when this server is not trusted and the spelling differs).
+    Linear in the catalog: a server offering thousands of look-alikes of one name costs one pass, not every pair."""
     by_skeleton: dict[str, list[_Entry]] = {}
     for entry in entries:
         by_skeleton.setdefault(name_skeleton(entry.original_name), []).append(entry)
     clashes = []
     for group in by_skeleton.values():
+        if len({entry.server for entry in group}) < 2:
+            continue
+        trusted = [entry for entry in group if entry.server_trust in TRUSTED]
         for entry in group:
-            for other in group:
-                if other.server == entry.server:
-                    continue
-                deceptive = (other.original_name != entry.original_name and entry.server_trust not in TRUSTED
-                             and other.server_trust in TRUSTED)
-                if deceptive or (entry.server, entry.original_name) < (other.server, other.original_name):
-                    clashes.append(NameClash(entry.server, entry.original_name, entry.exposed_name, other.server,
-                                             other.original_name, withheld=deceptive))
+            imitated = None if entry.server_trust in TRUSTED else next(
+                (other for other in trusted if other.original_name != entry.original_name), None)
+            other = imitated or next(each for each in group if each.server != entry.server)
+            if imitated is None and (entry.server, entry.original_name) > (other.server, other.original_name):
+                continue  # a pair that only warns is reported once, from its first side
+            clashes.append(NameClash(entry.server, entry.original_name, entry.exposed_name, other.server,
+                                     other.original_name, withheld=imitated is not None))
     return clashes
