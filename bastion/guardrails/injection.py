@@ -358,14 +358,15 @@ RULES: tuple[Rule, ...] = (
           r"(?:instrucciones|indicaciones|[oó]rdenes|reglas)[ \t]+(?:anteriores|previas|originales|del sistema)"
           r"|\b(?:ignore[zr]?|oublie[zr]?)[ \t]+(?:toutes[ \t]+)?(?:les|tes|vos)[ \t]+(?:instructions|consignes|r[èe]gles"
           r"|directives)[ \t]+(?:pr[ée]c[ée]dentes|ant[ée]rieures|initiales|du syst[èe]me)"
-          r"|\b(?:ignorier(?:e|en)?|vergiss|vergessen[ \t]+sie|missachte)[ \t]+(?:bitte[ \t]+)?(?:alle[ \t]+)?"
-          r"(?:vorherigen|bisherigen|vorigen|fr[üu]heren|obigen|urspr[üu]nglichen)?[ \t]*(?:Anweisungen|Instruktionen"
-          r"|Regeln|Vorgaben|Befehle)"
+          r"|\b(?:ignorier(?:e|en)?|vergiss|vergessen[ \t]+sie|missachte)[ \t]+(?:bitte[ \t]+)?"
+          r"(?:(?:alle|deine|Ihre|s[äa]mtliche)(?:[ \t]+(?:vorherigen|bisherigen|vorigen|fr[üu]heren|obigen"
+          r"|urspr[üu]nglichen))?|vorherigen|bisherigen|vorigen|fr[üu]heren|obigen|urspr[üu]nglichen)[ \t]+"
+          r"(?:Anweisungen|Instruktionen|Regeln|Vorgaben|Befehle)"
           r"|(?:忽略|无视|忽视|不要理会|忘记|忘掉)(?:掉)?(?:你)?(?:之前|以前|先前|上面|上述|前面|原来|所有|全部)(?:的)?(?:所有|全部)?(?:的)?"
           r"(?:指令|指示|说明|规则|提示|命令)"
           r"|(?:игнорируй(?:те)?|проигнорируй(?:те)?|забудь(?:те)?|не[ \t]+обращай(?:те)?[ \t]+внимания[ \t]+на)[ \t]+"
-          r"(?:все[ \t]+)?(?:предыдущие|прежние|прошлые|вышеуказанные|исходные|системные)?[ \t]*(?:инструкции|указания"
-          r"|правила|команды)"),
+          r"(?:все(?:[ \t]+(?:предыдущие|прежние|прошлые|вышеуказанные|исходные|системные))?"
+          r"|предыдущие|прежние|прошлые|вышеуказанные|исходные|системные)[ \t]+(?:инструкции|указания|правила|команды)"),
     _rule("hide-from-user", STRONG,
           r"\bno[ \t]+(?:le[ \t]+|les[ \t]+)?(?:digas|menciones|informes|cuentes|reveles)(?:[ \t]+nada)?[ \t]+al[ \t]+usuario"
           r"|\bsin[ \t]+(?:decirle|inform(?:ar|arle)|avisar(?:le)?)[ \t]+al[ \t]+usuario"
@@ -376,7 +377,7 @@ RULES: tuple[Rule, ...] = (
           r"(?:nichts|nicht)"
           r"|\bohne[ \t]+(?:den|die)[ \t]+(?:Benutzer|Nutzer|Anwender)(?:in)?[ \t]+(?:zu[ \t]+)?(?:informieren|benachrichtigen"
           r"|fragen)"
-          r"|(?:不要|别|不得|切勿|请勿)(?:告诉|通知|提醒|让)用户"
+          r"|(?:不要|别|不得|切勿|请勿)(?:告诉|通知|提醒|透露给)用户|(?:不要|别|不得|切勿|请勿)让用户(?:知道|发现|看到|察觉)"
           r"|(?:^|[ \t,.;:])не[ \t]+(?:говори(?:те)?|сообщай(?:те)?|упоминай(?:те)?|рассказывай(?:те)?)[ \t]+(?:об[ \t]+этом[ \t]+)?"
           r"пользовател[юя]"),
     # Shadowing phrased softly: a trigger on some tool's use, and an order to call another first ("note: whenever
