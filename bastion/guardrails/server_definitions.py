@@ -89,7 +89,7 @@ class NameClash:
     exposed: str
     other_server: str
     other_name: str
-    withheld: bool  # a look-alike of a trusted server's tool from a server that is not trusted
+    withheld: bool  # a look-alike of a trusted server's tool from a server that is not trusted (not only in case)
 
     def describe(self) -> str:
         if self.name == self.other_name:
@@ -111,8 +111,9 @@ def name_clashes(entries: Iterable[_Entry]) -> list[NameClash]:
             continue
         trusted = [entry for entry in group if entry.server_trust in TRUSTED]
         for entry in group:
+            # A name that differs only in case ("Search", "search") is two servers' styles, not a disguise: warned.
             imitated = None if entry.server_trust in TRUSTED else next(
-                (other for other in trusted if other.original_name != entry.original_name), None)
+                (other for other in trusted if other.original_name.lower() != entry.original_name.lower()), None)
             other = imitated or next(each for each in group if each.server != entry.server)
             if imitated is None and (entry.server, entry.original_name) > (other.server, other.original_name):
                 continue  # a pair that only warns is reported once, from its first side

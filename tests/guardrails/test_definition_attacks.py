@@ -136,8 +136,8 @@ def test_softly_phrased_shadowing_needs_another_servers_tool():
 
 
 def test_thousands_of_look_alike_names_cost_one_pass_and_each_is_withheld():
-    variants = sorted({"".join(c.upper() if (bits >> i) & 1 else c for i, c in enumerate("sendemailnow")) for bits in
-                       range(1 << 12)}, reverse=True)  # one skeleton, 4,096 spellings; every pair: 64 million
+    # One skeleton, 4,096 spellings (each of twelve letters an l or a 1); every pair over two servers: 64 million.
+    variants = ["".join("1" if (bits >> i) & 1 else "l" for i in range(12)) for bits in range(1 << 12)]
     servers = [{"name": "mail", "trust": "trusted", "tools": [_tool(variants[0])]},
                {"name": "shady", "tools": [_tool(name) for name in variants[1:]]},
                {"name": "other", "tools": [_tool(name) for name in variants[1:]]}]
