@@ -9,7 +9,7 @@ A rule written for "ignore previous instructions" does not match "іgnore prevі
   letters dropped, and runs of spaced-out letters joined into words (two or more separators between letters end a
   word). None when it reads as ``text`` does.
 - ``decoded``: what base64, hex and percent-encoded runs spell, when it is mostly printable text.
-- ``comments``: the text of each HTML comment.
+- ``comments``: the text of each HTML comment, and of each Markdown comment (``[//]: # (text)``).
 - ``spelled``: the letters of each spaced-out run, all together, for words spaced with single gaps.
 
 Pure and bounded (the text is read up to ``MAX_TEXT`` characters; at most ``MAX_RUNS`` runs are decoded): it is run on
@@ -41,6 +41,8 @@ _WORD_GAP = re.compile(r"[ .\-_*·]{2,}")
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{16,}={0,2}")
 _HEX = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){8,}(?![0-9A-Fa-f])")
 _COMMENT = re.compile(r"<!--(.*?)(?:-->|$)", re.DOTALL)
+# Markdown's comment: a link reference to "#" that no renderer shows ("[//]: # (text)").
+_MARKDOWN_COMMENT = re.compile(r"^[ \t]{0,3}\[[^\]\n]*\]:[ \t]*#[ \t]*[(\"'](.*)[)\"'][ \t]*$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,8 @@ def readings(text: str) -> Readings:
             parts += [folded[at:start], _joined(folded[start:end])]
             at = end
         folded = "".join(parts) + folded[at:]
-    comments = tuple(fold(match.group(1)) for match in _COMMENT.finditer(text) if match.group(1).strip()) \
-        if "<!--" in text else ()
+    comments = tuple(fold(match.group(1)) for pattern, opening in ((_COMMENT, "<!--"), (_MARKDOWN_COMMENT, "]:"))
+                     if opening in text for match in pattern.finditer(text) if match.group(1).strip())
     found = Readings(folded if folded != text else None, decoded_runs(folded), comments,
                      tuple(re.sub(r"[^A-Za-z]", "", unjoined[start:end]).lower() for start, end in spaced))
     return NONE if found.empty else found
