@@ -61,7 +61,10 @@ def committed_corpora() -> Iterator[Sample]:
             record = json.loads(line)
             if record.get("guardrail", "output_injection") != "output_injection":
                 continue  # a case for another guardrail (personal data, consent, deputy): bench/output_attacks.py
-            yield Sample(record["corpus"], record["label"], record["place"], record["text"], id=record["id"])
+            if "servers" in record or record.get("kind") == "instructions":
+                continue  # a set of servers, or a server's instructions: bench/definition_attacks.py reads those
+            yield Sample(record["corpus"], record["label"], record["place"], record["text"],
+                         definition=record.get("definition"), id=record["id"])
 
 
 def bfcl_tools() -> list[dict]:

@@ -195,6 +195,8 @@ def test_measured_rates_on_the_public_corpora_hold():
     rate = {(row.corpus, row.label): row.flagged / row.total for row in rows}
     assert rate[("invariant-demos", 1)] == 1.0
     assert rate[("agentdojo-injections", 1)] >= 0.85
+    assert rate[("definition-attacks", 1)] == 1.0  # issue 28's single definitions (sets of servers: their own test)
+    assert rate[("definition-attacks", 0)] == 0.0
     for benign in ("agentdojo-environment", "bipia-contexts", "invariant-demos", "mcpsecbench", "injection-research-docs"):
         assert rate[(benign, 0)] == 0.0, benign
     if ("bfcl-catalog", 0) in rate:  # ../shared/data/routing/ is there
