@@ -34,12 +34,14 @@ def screen_builders(entries: Mapping[str, Mapping[str, Any]] | None = None) -> l
 def inner_builders() -> list[Builder]:
     """The builders of the guardrails inside the policy, outermost first."""
     from bastion.guardrails.deputy import build as build_deputy
+    from bastion.guardrails.flow import build as build_flow
     from bastion.guardrails.injection import build_output
     from bastion.guardrails.sampling import build as build_sampling
     from bastion.guardrails.scanning import build as build_scanning
     from bastion.guardrails.taint import build as build_taint
 
-    return [build_deputy, build_taint, build_sampling, build_output, build_scanning]
+    # Flow is outermost: the answers it remembers values of are the ones the client gets, already redacted.
+    return [build_flow, build_deputy, build_taint, build_sampling, build_output, build_scanning]
 
 
 @dataclass(frozen=True, slots=True)
