@@ -27,6 +27,7 @@ from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.scanning import ScannerInBackground
 from bastion.guardrails.taint import (
     TAINT_REFUSED,
+    VALUE_RUN,
     ValueMemory,
     answering_server,
     ask_person,
@@ -74,24 +75,28 @@ class FlowGuard:
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
         sent: list[bytes] = []
         if request.method == _CALL:
-            entry = request.target
-            if entry is None and type(request.params.get("name")) is msgspec.Raw:  # the client's JSON, undecoded
-                entry = request.catalog.tool(named(request.params, "name") or "")
-            if entry is not None:
-                sent = await self._check(request, entry)
+            arguments = request.params.get("arguments")
+            # Nothing to look at unless the arguments hold a run of 12 or more token characters with a letter and a
+            # digit: every distinctive value is one, and so is nearly every secret the detectors know (most calls stop
+            # here, after one pass of one expression).
+            text = bytes(arguments) if type(arguments) is msgspec.Raw else normalized_json(arguments)
+            if b"\\u" in text:  # escaped as the client chose: read as written plainly
+                text = normalized_json(text)
+            if VALUE_RUN.search(text) is not None:
+                entry = request.target
+                if entry is None and type(request.params.get("name")) is msgspec.Raw:  # the client's JSON, undecoded
+                    entry = request.catalog.tool(named(request.params, "name") or "")
+                if entry is not None:
+                    sent = await self._check(request, entry, text)
         result = await call_next(request)
         if self._remembers:
             self._note(request, result, sent)
         return result
 
     # ------------------------------------------------------------------------------------------ arguments
-    async def _check(self, request: GatewayRequest, entry: ToolEntry) -> list[bytes]:
-        """Hold or refuse the call (raises the refusal); the distinctive values its arguments carry."""
-        params = request.params
-        arguments = params.get("arguments") if isinstance(params, dict) else None
-        if arguments is None:
-            return []
-        text = normalized_json(arguments)
+    async def _check(self, request: GatewayRequest, entry: ToolEntry, text: bytes) -> list[bytes]:
+        """Hold or refuse the call whose arguments are ``text`` (raises the refusal); the distinctive values they
+        carry."""
         sent = distinctive_values(text)
         secrets_mode = self._secrets(entry.server)
         if secrets_mode != "off" and self._scanner is not None:
@@ -100,7 +105,7 @@ class FlowGuard:
                 why = f"its arguments carry a secret ({', '.join(kinds)}) for server '{entry.server}'"
                 await self._hold(request, entry, secrets_mode, "argument_secrets", "secret-in-arguments", why,
                                  {"kinds": kinds})
-        flow_mode = self._flow(entry.server)
+        flow_mode = self._flow(entry.server) if sent else "off"
         if flow_mode != "off":
             sources = self._memory.sources(request.session.identity, sent, entry.server)
             if sources:
@@ -113,7 +118,7 @@ class FlowGuard:
         return sent
 
     async def _secret_kinds(self, text: bytes) -> list[str]:
-        scanner = await self._scanner.get()  # type: ignore[union-attr]
+        scanner = self._scanner.ready() or await self._scanner.get()  # type: ignore[union-attr]
         if not scanner.finds_any(text):
             return []
         found = scanner.find_in(text.decode("utf-8", "replace"))
@@ -146,10 +151,14 @@ class FlowGuard:
         """Remember the distinctive values of an answer, for the caller, under the server that gave them; not those
         the call itself sent (a server echoing what it was given did not give it)."""
         if type(result) is RawResponse:
-            text = normalized_json(result.result)
+            text = bytes(result.result)
+            if b"\\u" in text:
+                text = normalized_json(text)
         elif isinstance(result, dict):
             text = orjson.dumps(result)
         else:
+            return
+        if VALUE_RUN.search(text) is None:
             return
         values = distinctive_values(text)
         if sent and values:
