@@ -210,10 +210,18 @@ def distinctive(token: bytes) -> bool:
     return entropy >= MIN_VALUE_ENTROPY
 
 
+# Runs of one message judged at most: each costs a few microseconds on the event loop, and an answer of megabytes of
+# ids must not hold it for seconds. Values past them are not remembered or checked (docs/guardrails.md).
+MAX_RUNS_PER_MESSAGE = 1024
+
+
 def distinctive_values(json_text: bytes) -> list[bytes]:
     """The distinctive values in a JSON text (a result's, or a call's arguments): the same bytes for the same value
     in either, since both are read as JSON text with non-ASCII written as itself (``normalized_json``)."""
-    return [token for token in VALUE_RUN.findall(json_text) if distinctive(token)]
+    runs = VALUE_RUN.findall(json_text)
+    if len(runs) > MAX_RUNS_PER_MESSAGE:
+        runs = runs[:MAX_RUNS_PER_MESSAGE]
+    return [token for token in runs if distinctive(token)]
 
 
 class ValueMemory:

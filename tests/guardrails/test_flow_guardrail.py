@@ -4,6 +4,8 @@ value memory and the argument reading on their own, then end to end through ``ba
 
 from __future__ import annotations
 
+import hashlib
+
 import anyio
 import pytest
 from mcp import MCPError
@@ -124,3 +126,33 @@ async def test_both_off_pass_everything(tmp_path) -> None:
             await session.call_tool("web__open_ticket", {})
             assert text_of(await session.call_tool("notes__write_note", {"text": f"{TICKET} {AWS_KEY}"}))
     assert person.elicitation_requests == []
+
+
+def test_a_huge_message_is_judged_in_bounded_time_and_memory() -> None:
+    from bastion.guardrails.taint import MAX_RUNS_PER_MESSAGE
+
+    ids = (hashlib.sha256(b"%d" % n).hexdigest()[:16].encode() for n in range(60_000))
+    huge = b'{"text":"' + b" ".join(ids) + b'"}'  # 1 MB of distinct ids
+    values = distinctive_values(huge)
+    assert 0 < len(values) <= MAX_RUNS_PER_MESSAGE
+    memory = ValueMemory(seconds=60, callers=1, per_caller=4096)
+    for _ in range(10):
+        memory.note(Identity("a"), "web", distinctive_values(huge))
+    assert len(memory) <= 4096
+
+
+async def test_a_2026_07_28_caller_is_held_across_its_requests_and_refused_with_the_reason(tmp_path) -> None:
+    # Each request of such a client is a session of its own: the value is remembered per caller, not per session.
+    from tests.guardrails.test_taint_memory import modern_client
+
+    setup = _setup(tmp_path)
+    with anyio.fail_after(DEADLINE):
+        async with modern_client(setup.config) as session:
+            assert TICKET in text_of(await session.call_tool("web__open_ticket", {}))
+            typed = await session.call_tool("notes__write_note", {"text": "typed-9d8c7b6a5f4e3d2c"})
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("notes__write_note", {"text": TICKET})
+    assert text_of(typed) == "wrote typed-9d8c7b6a5f4e3d2c"
+    assert "'web' (1 value)" in refused.value.error.message
+    assert "no person could be asked" in refused.value.error.message
+    assert not any(TICKET in line for line in setup.event_lines() if line.startswith("notes write_note"))
