@@ -61,12 +61,13 @@ def _call(client: RawClient, number: int, text: str) -> dict:
     return client.request(number, "tools/call", {"name": "remote__echo", "arguments": {"text": text}}, timeout=120)
 
 
+@pytest.mark.parametrize("era", ["legacy", "modern"])
 @pytest.mark.parametrize("http1_only", [False, True], ids=["http2", "http1.1"])
-def test_the_pinned_key_is_served_over_either_http_version(tmp_path, remote_server, http1_only):
+def test_the_pinned_key_is_served_over_either_http_version_and_era(tmp_path, remote_server, http1_only, era):
     authority = Authority(tmp_path)
     tls, pin = authority.issue()
     server = remote_server(*tls, *(["--http1-only"] if http1_only else []))
-    client = _client(tmp_path, server.url, authority, pin)
+    client = _client(tmp_path, server.url, authority, pin, era=era)
     try:
         seen = json.loads(_text(client.request(1, "tools/call", {"name": "remote__headers", "arguments": {}},
                                                timeout=120)))
@@ -95,6 +96,22 @@ def test_an_impersonator_with_a_certificate_of_the_same_ca_is_refused_before_any
     assert impostor_pin in message and real_pin in message, message
     assert impostor_pin in stderr and "refused before any request was sent" in stderr, stderr
     # The impostor saw TLS handshakes and nothing more: no request line reached its application.
+    assert not events.exists() or events.read_text() == "", events.read_text()
+    assert status == 0 and "Traceback" not in stderr, stderr
+
+
+def test_an_impersonator_over_http_sse_is_refused_too(tmp_path, remote_server):
+    authority = Authority(tmp_path)
+    _, real_pin = authority.issue()
+    tls, impostor_pin = authority.issue()
+    events = tmp_path / "impostor-events.log"
+    server = remote_server("--transport", "sse", *tls, events=events)
+    client = _client(tmp_path, server.url, authority, real_pin, transport="sse")
+    try:
+        refused = _call(client, 1, "x")
+    finally:
+        status, stderr = client.close()
+    assert "error" in refused and impostor_pin in refused["error"]["message"], refused
     assert not events.exists() or events.read_text() == "", events.read_text()
     assert status == 0 and "Traceback" not in stderr, stderr
 
@@ -161,3 +178,28 @@ def test_a_pin_on_a_plain_http_url_is_refused_naming_the_key(tmp_path):
     checked = subprocess.run([sys.executable, "-m", "bastion", "check", str(config)], capture_output=True, text=True,
                              timeout=120)
     assert checked.returncode != 0 and "pinned_public_keys" in checked.stderr and "https://" in checked.stderr
+
+
+def test_a_remote_entry_pointed_at_another_url_is_held_as_configuration_drift(tmp_path, remote_server, monkeypatch):
+    # The same program at another address (a copied entry, an edited url): its definitions are the same, and still
+    # not served until a person accepts the new entry.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    first, second = remote_server(), remote_server()
+
+    def call(url: str) -> dict:
+        config = write_config(tmp_path / "bastion.json", {"remote": {"url": url}}, guardrails={"taint": "off"})
+        client = RawClient(config)
+        try:
+            client.initialize()
+            return _call(client, 1, "drift")
+        finally:
+            client.close()
+
+    assert _text(call(first.url)) == "echo: drift"
+    held = call(second.url)
+    assert "configuration entry changed" in held["error"]["message"], held
+    assert "url" in held["error"]["message"]
+    accepted = subprocess.run([sys.executable, "-m", "bastion", "pins", "accept", "remote"], capture_output=True,
+                              text=True, timeout=120)
+    assert accepted.returncode == 0, accepted.stderr
+    assert _text(call(second.url)) == "echo: drift"
