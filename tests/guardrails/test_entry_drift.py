@@ -121,3 +121,31 @@ def test_the_pinned_form_of_an_entry() -> None:
     assert pinned_entry(other)["package"] == "@evil/server"
     remote = ServerConfig.model_validate({"url": "https://example.test/mcp", "headers": {"X": "secret"}})
     assert pinned_entry(remote) == {"url": "https://example.test/mcp"}
+
+
+# ------------------------------------------------------------------------------------------ the book, no I/O
+def test_a_held_servers_first_definitions_are_offers_until_its_entry_is_accepted() -> None:
+    from bastion.guardrails.pin_book import ENTRY_KEY, ENTRY_KIND, PinBook, accept, reconcile
+
+    entry = ("rug", ENTRY_KIND, ENTRY_KEY)
+    tool = {"name": "new", "description": "never seen"}
+    book, _, _ = reconcile(PinBook(), [(*entry, {"command": "a"})], "t0")  # first use: pinned
+    book, _, verdicts = reconcile(book, [(*entry, {"command": "b"})], "t1")
+    assert verdicts[0].withheld
+    book, seen, _ = reconcile(book, [("rug", "tools", "new", tool)], "t1", frozenset({"rug"}))
+    assert [o.action for o in seen] == ["offer"] and book.get("rug", "tools", "new").pinned is None
+    again, seen, _ = reconcile(book, [("rug", "tools", "new", tool)], "t2", frozenset({"rug"}))
+    assert seen == [] and again == book  # steady while held: nothing written again
+    # Accepting the entry alone: its server is no longer held, and the offer is then pinned as first seen.
+    book, accepted = accept(book, "rug", ENTRY_KEY, "t3")
+    assert accepted == [entry]
+    book, seen, verdicts = reconcile(book, [("rug", "tools", "new", tool)], "t4")
+    assert book.get("rug", "tools", "new").pinned == tool and not verdicts[0].withheld
+
+
+def test_a_pins_file_from_before_entries_pins_the_entry_on_first_use() -> None:
+    from bastion.guardrails.pin_book import ENTRY_KEY, ENTRY_KIND, PinBook, PinRecord, reconcile
+
+    old = PinBook({("rug", "tools", "add"): PinRecord(pinned={"name": "add"}, pinned_at="t0")})
+    book, seen, verdicts = reconcile(old, [("rug", ENTRY_KIND, ENTRY_KEY, {"command": "a"})], "t1")
+    assert [o.action for o in seen] == ["pin"] and not verdicts[0].withheld
