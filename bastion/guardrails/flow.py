@@ -127,9 +127,12 @@ class FlowGuard:
     async def _hold(self, request: GatewayRequest, entry: ToolEntry, mode: str, guardrail: str, kind: str, why: str,
                     data: dict[str, Any]) -> None:
         """Ask a person (``approve``) or refuse (``refuse``, or nobody to ask): raises the refusal."""
-        problem = "guardrails." + guardrail + ' is "refuse" for this server' if mode == "refuse" else \
-            await ask_person(self._config, request.session, f"{why[0].upper()}{why[1:]}. Allow the tool "
-                             f"'{entry.original_name}' on server '{entry.server}' to run with them?")
+        if mode == "refuse":
+            problem: str | None = f'guardrails.{guardrail} is "refuse" for this server'
+        else:
+            question = (f"{why[0].upper()}{why[1:]}. Allow the tool '{entry.original_name}' on server "
+                        f"'{entry.server}' to run with them?")
+            problem = await ask_person(self._config, request.session, question)
         if problem is None:
             self._tell(request, "approved", entry, guardrail, kind, f"a person approved the call: {why}")
             return
@@ -139,12 +142,10 @@ class FlowGuard:
 
     def _tell(self, request: GatewayRequest, action: str, entry: ToolEntry, guardrail: str, kind: str,
               detail: str) -> None:
+        mode = (self._secrets if guardrail == "argument_secrets" else self._flow)(entry.server)
         self._report.report(Intervention(guardrail, action, entry.server, entry.exposed_name, kind,
-                                         f"{guardrail}-{self._mode_of(guardrail, entry.server)}", detail,
-                                         request.session.session_id, request.session.identity))
-
-    def _mode_of(self, guardrail: str, server: str) -> str:
-        return (self._secrets if guardrail == "argument_secrets" else self._flow)(server)
+                                         f"{guardrail}-{mode}", detail, request.session.session_id,
+                                         request.session.identity))
 
     # ------------------------------------------------------------------------------------------ answers
     def _note(self, request: GatewayRequest, result: Any, sent: list[bytes]) -> None:
