@@ -88,6 +88,7 @@ def test_a_changed_entry_holds_every_definition_until_a_person_accepts_it(tmp_pa
     assert called["error"]["data"]["status"] == "changed-configuration"
     assert "guardrail pinning withheld changed-configuration on server rug, configuration entry @entry" in stderr
 
+    assert "accept it with: bastion pins accept rug\n" in pins("diff", "rug/@entry").stdout
     rows = {(row["kind"], row["name"]): row for row in json.loads(pins("diff", "rug", "--json").stdout)}
     assert rows[("configuration entry", "@entry")]["status"] == "changed"
     assert "secret" not in json.dumps(list(rows.values()))
