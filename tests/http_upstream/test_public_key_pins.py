@@ -203,3 +203,18 @@ def test_a_remote_entry_pointed_at_another_url_is_held_as_configuration_drift(tm
                               text=True, timeout=120)
     assert accepted.returncode == 0, accepted.stderr
     assert _text(call(second.url)) == "echo: drift"
+
+
+def test_only_the_leaf_counts_a_pin_of_the_ca_that_issued_it_is_refused(tmp_path, remote_server):
+    # A CA's pin would admit every certificate the CA issues, the impersonator's included: it is not a pin here.
+    authority = Authority(tmp_path)
+    tls, leaf_pin = authority.issue()
+    ca_der = x509.load_pem_x509_certificate(authority.ca.cert_pem.bytes()).public_bytes(Encoding.DER)
+    server = remote_server(*tls)
+    client = _client(tmp_path, server.url, authority, [spki_pin(ca_der)])
+    try:
+        refused = _call(client, 1, "x")
+    finally:
+        status, stderr = client.close()
+    assert "error" in refused and leaf_pin in refused["error"]["message"], refused
+    assert status == 0 and "Traceback" not in stderr, stderr
