@@ -409,6 +409,15 @@ class GatewayConfig(BaseModel):
         return servers
 
     @model_validator(mode="after")
+    def _policy_names_servers(self) -> "GatewayConfig":
+        # A misspelt name would leave the server it meant under the gateway-wide setting without a word.
+        unknown = sorted(set(self.policy.servers) - set(self.servers)) if self.policy is not None else []
+        if unknown:
+            raise ValueError(f"policy.servers names {', '.join(map(repr, unknown))}, which is not a configured "
+                             "server: use a name from the servers table, or remove the entry")
+        return self
+
+    @model_validator(mode="after")
     def _guardrails_name_servers(self) -> "GatewayConfig":
         unknown = sorted(set(self.guardrails.servers) - set(self.servers)) if self.guardrails is not None else []
         if unknown:

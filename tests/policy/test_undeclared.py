@@ -114,3 +114,16 @@ def test_a_wrong_per_server_value_names_the_key_and_the_choices() -> None:
         engine(servers={"fs": {"undeclared_arguments": "yes"}})
     assert "policy.servers.<name>.undeclared_arguments is 'yes'" in str(caught.value)
     assert '"allow"' in str(caught.value)
+
+
+def test_a_per_server_setting_for_a_server_not_configured_is_an_error(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"fs": {"command": "true"}},
+                                  "policy": {"servers": {"sf": {"undeclared_arguments": "allow"}}}}))
+    checked = subprocess.run([sys.executable, "-m", "bastion", "check", str(config)], capture_output=True, text=True,
+                             timeout=120)
+    assert checked.returncode == 2 and "policy.servers names 'sf'" in checked.stderr, checked.stderr
