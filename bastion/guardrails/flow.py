@@ -16,7 +16,6 @@ decoding when they came as bytes) and an answer as the JSON text the server sent
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import msgspec
@@ -36,8 +35,6 @@ from bastion.guardrails.taint import (
 )
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, ToolEntry
 from bastion.protocol.jsonrpc import RawResponse
-
-log = logging.getLogger("bastion.guardrails")
 
 _CALL = "tools/call"
 _ANSWERS = frozenset({_CALL, "resources/read", "prompts/get"})

@@ -25,7 +25,6 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from bastion.public_key_pins import HOW_TO_PIN, PIN_PREFIX
 
 
-
 class PinMismatch(httpcore2.ConnectError):
     """The server presented a key no pin names; raised as a connection error, so nothing is sent and it is retried
     (the operator may be mid-rotation), each attempt saying why."""
