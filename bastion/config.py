@@ -25,6 +25,7 @@ from bastion.auth.config import AuthConfig
 from bastion.clients.grants import with_inferred_grants
 from bastion.credentials.config import UpstreamAuth
 from bastion.finding import Finding
+from bastion.public_key_pins import pin_problem
 from bastion.plaintext import PLAINTEXT_ERROR, PLAINTEXT_FIX, is_plaintext_remote, plaintext_refusal
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
@@ -59,6 +60,10 @@ class ServerConfig(BaseModel):
                                   "it such a url is refused (loopback, https:// need nothing)")
     ca_file: str | None = Field(default=None, description="a remote server's certificate authorities (PEM), for a "
                                 "private CA; default: the system's trust store")
+    pinned_public_keys: list[str] = Field(
+        default_factory=list, description="https:// remote only: the sha256//BASE64 pins (HPKP, curl --pinnedpubkey) "
+        "of the public keys the server's leaf certificate may carry, one string or a list for a rotation; a "
+        "connection presenting another key is refused before any request is sent")
     auth: UpstreamAuth | None = Field(default=None, description="how Bastion authenticates to a remote server "
                                       "(OAuth client credentials, token exchange, per-user authorization); never "
                                       "the caller's own token")
@@ -121,6 +126,17 @@ class ServerConfig(BaseModel):
             raise ValueError(f"url must start with http:// or https://, not {value!r}")
         return value
 
+    @field_validator("pinned_public_keys", mode="before")
+    @classmethod
+    def _pins(cls, value: Any) -> Any:
+        pins = [value] if isinstance(value, str) else value
+        if isinstance(pins, list):
+            for pin in pins:
+                problem = pin_problem(pin) if isinstance(pin, str) else "each pin must be a string"
+                if problem is not None:
+                    raise ValueError(f"pinned_public_keys: {problem}")
+        return pins
+
     @field_validator("headers")
     @classmethod
     def _header_names(cls, headers: dict[str, str]) -> dict[str, str]:
@@ -149,7 +165,7 @@ class ServerConfig(BaseModel):
         if server.command is not None and server.url is not None:
             raise ValueError("give either command (a local server) or url (a remote one), not both")
         remote_only = {"headers", "transport", "sse_idle_timeout", "ca_file", "auth", "client_cert",
-                       "client_key", "allow_plaintext"} & server.model_fields_set
+                       "client_key", "allow_plaintext", "pinned_public_keys"} & server.model_fields_set
         if server.url is None and remote_only:
             raise ValueError(f"{', '.join(sorted(remote_only))}: for remote (url) servers only")
         local_only = {"args", "env", "cwd", "sandbox", "identity_env"} & server.model_fields_set
@@ -160,6 +176,8 @@ class ServerConfig(BaseModel):
             raise ValidationError.from_exception_data(cls.__name__, [{
                 "type": PydanticCustomError(PLAINTEXT_ERROR, "{message}", {"message": plaintext_refusal(server.url)}),
                 "loc": ("url",), "input": server.url}])
+        if server.pinned_public_keys and not (server.url or "").lower().startswith("https://"):
+            raise ValueError("pinned_public_keys: a pin is checked in the TLS handshake, so the url must be https://")
         _check_credentials(server)
         return server
 
@@ -389,6 +407,15 @@ class GatewayConfig(BaseModel):
             if not name or "/" in name or name != name.strip():
                 raise ValueError(f"server name {name!r} must be non-empty, without '/' or surrounding spaces")
         return servers
+
+    @model_validator(mode="after")
+    def _policy_names_servers(self) -> "GatewayConfig":
+        # A misspelt name would leave the server it meant under the gateway-wide setting without a word.
+        unknown = sorted(set(self.policy.servers) - set(self.servers)) if self.policy is not None else []
+        if unknown:
+            raise ValueError(f"policy.servers names {', '.join(map(repr, unknown))}, which is not a configured "
+                             "server: use a name from the servers table, or remove the entry")
+        return self
 
     @model_validator(mode="after")
     def _guardrails_name_servers(self) -> "GatewayConfig":

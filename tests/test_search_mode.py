@@ -107,7 +107,10 @@ def test_an_always_listed_name_no_server_offers_is_reported_once(tmp_path):
 
 def _listed_bytes(tmp_path, name, extra_tools):
     config = tmp_path / f"{name}.json"
-    config.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT, "servers": {
+    # Each gateway its own pins: the two run different command lines under the same server names, which one pins
+    # file would rightly take for a changed entry (configuration drift) and withhold.
+    config.write_text(json.dumps({"policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT,
+                                  "guardrails": {"pins": {"path": str(tmp_path / f"{name}-pins.json")}}, "servers": {
         "b": raw_server(tag=f"{name}-b", env={"RAW_SERVER_EXTRA_TOOLS": json.dumps(extra_tools)}),
         "a": raw_server(tag=f"{name}-a")}}))
     client = RawClient(config)

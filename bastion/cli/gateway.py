@@ -145,7 +145,8 @@ def _check(args: argparse.Namespace) -> int:
         return 0 if ok else 2
     for name, server in config.servers.items():
         state = "" if server.enabled else " (disabled)"
-        target = f"{server.url} (remote)" if server.url is not None else f"{server.command} {' '.join(server.args)}"
+        target = f"{server.url} (remote{_key_pins(server)})" if server.url is not None \
+            else f"{server.command} {' '.join(server.args)}"
         print(f"{name}: {target}{state}", file=sys.stderr)
     if config.policy is None:
         print("policy: off (every call is allowed, nothing is audited)", file=sys.stderr)
@@ -163,6 +164,15 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if ok else 2
 
 
+def _key_pins(server: Any) -> str:
+    """A remote server's public-key pin status, as `bastion check` shows it."""
+    if server.pinned_public_keys:
+        return f"; public key pinned: {', '.join(server.pinned_public_keys)}"
+    if server.url.lower().startswith("https://"):
+        return "; public key not pinned: any certificate the trust store accepts"
+    return ""
+
+
 def _print_check_report(source: str | None, servers: dict, findings: list, policy: str | None, ok: bool = False) -> None:
     import orjson
 
@@ -171,7 +181,8 @@ def _print_check_report(source: str | None, servers: dict, findings: list, polic
         # Variable names only: values may be secrets, and a report is made to be pasted.
         "servers": {name: {"command": s.command, "args": list(s.args), "cwd": s.cwd, "env": sorted(s.env),
                            "enabled": s.enabled, "auto_approve": list(s.auto_approve),
-                           **({"url": s.url, "headers": sorted(s.headers)} if s.url is not None else {})}
+                           **({"url": s.url, "headers": sorted(s.headers),
+                               "pinned_public_keys": list(s.pinned_public_keys)} if s.url is not None else {})}
                     for name, s in servers.items()},
         "policy": policy,
         "findings": [f.as_dict() for f in findings],

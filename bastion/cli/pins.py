@@ -155,6 +155,7 @@ def _known_book(store: Any, server: str | None, name: str | None) -> Any:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    from bastion.guardrails.pin_book import ENTRY_KEY
     from bastion.guardrails.pin_diff import unified
 
     server, name = _target(args.target)
@@ -184,7 +185,9 @@ def _diff(args: argparse.Namespace) -> int:
                 print(f"  * {change}")
             print(unified(row["pinned"], row["offered"], before_label, f"{reference} offered {row['offered_at']}"),
                   end="")
-            print(f"  accept it with: bastion pins accept {reference}\n")
+            # A changed entry is accepted with what its program offers: the whole server.
+            accept = row["server"] if row["name"] == ENTRY_KEY else reference
+            print(f"  accept it with: bastion pins accept {accept}\n")
         return EXIT_OK
 
     return _run(args, command)

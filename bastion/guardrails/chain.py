@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from functools import partial
+from typing import Any, Callable, Iterable, Mapping
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.raw import RawResults
@@ -19,28 +20,30 @@ from bastion.model import CatalogView, Interceptor
 Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Interceptor | None"]
 
 
-def screen_builders() -> list[Builder]:
+def screen_builders(entries: Mapping[str, Mapping[str, Any]] | None = None) -> list[Builder]:
     """The builders of the guardrails that screen definitions, outermost first; each returns None when its
-    guardrail is off everywhere."""
+    guardrail is off everywhere. ``entries``: the servers' configuration entries, which pinning pins too."""
     from bastion.guardrails.injection import build_metadata
     from bastion.guardrails.pinning import build as build_pinning
     from bastion.guardrails.taint import build_recall as build_taint_recall
 
     # The metadata scan refuses calls to the tools it withholds itself (one layer, not two).
-    return [build_pinning, build_metadata, build_taint_recall]
+    return [partial(build_pinning, entries=entries), build_metadata, build_taint_recall]
 
 
 def inner_builders() -> list[Builder]:
     """The builders of the guardrails inside the policy, outermost first."""
     from bastion.guardrails.consent import build as build_consent
     from bastion.guardrails.deputy import build as build_deputy
+    from bastion.guardrails.flow import build as build_flow
     from bastion.guardrails.injection import build_output
     from bastion.guardrails.sampling import build as build_sampling
     from bastion.guardrails.scanning import build as build_scanning
     from bastion.guardrails.taint import build as build_taint
 
+    # Flow is outermost: the answers it remembers values of are the ones the client gets, already redacted.
     # Consent's budget refuses before the output scan marks: a request over it is never scanned nor shown.
-    return [build_deputy, build_taint, build_sampling, build_consent, build_output, build_scanning]
+    return [build_flow, build_deputy, build_taint, build_sampling, build_consent, build_output, build_scanning]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +55,13 @@ class GuardrailChain:
         return [*self.screens, *self.inner]
 
 
-def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> GuardrailChain:
+def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
+                     entries: Mapping[str, Mapping[str, Any]] | None = None) -> GuardrailChain:
     def built(builders: list[Builder]) -> list[Interceptor]:
         made = (builder(config, report, catalog) for builder in builders)
         return [interceptor for interceptor in made if interceptor is not None]
 
-    chain = GuardrailChain(screened(built(screen_builders())), staged(built(inner_builders())))
+    chain = GuardrailChain(screened(built(screen_builders(entries))), staged(built(inner_builders())))
     # The guardrails that read a call's result as the server's bytes share one decoder, so that a result is decoded
     # once however many of them read it (bastion.guardrails.raw).
     shared = RawResults()

@@ -38,6 +38,12 @@ class GuardrailSwitches(_Strict):
         default=None, description="instructions aimed at the model in results: mark labels them untrusted data")
     taint: Literal["approve", "refuse", "off"] | None = Field(
         default=None, description="after untrusted content, a destructive call on another server needs approval")
+    argument_secrets: Literal["approve", "refuse", "off"] | None = Field(
+        default=None, description="a credential in a call's arguments (to the called server): approve waits for a "
+        "person, refuse refuses the call")
+    flow: Literal["approve", "refuse", "off"] | None = Field(
+        default=None, description="a distinctive value from one server's answers in a call to another server: approve "
+        "waits for a person, refuse refuses the call")
     sampling: Literal["enforce", "off"] | None = Field(
         default=None, description="a server's sampling requests: origin, budgets, scanning")
     deputy: Literal["enforce", "off"] | None = Field(
@@ -48,7 +54,8 @@ class GuardrailSwitches(_Strict):
 
 DEFAULT_SWITCHES = GuardrailSwitches(
     pinning="enforce", secrets="redact", pii="redact", metadata_injection="withhold", output_injection="mark",
-    taint="approve", sampling="enforce", deputy="enforce", elicitation="enforce",
+    taint="approve", argument_secrets="approve", flow="approve", sampling="enforce", deputy="enforce",
+    elicitation="enforce",
 )
 
 

@@ -16,8 +16,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from bastion.guardrails.pin_diff import Change, describe_changes, same
 
-KINDS = ("tools", "prompts", "resourceTemplates")
-SINGULAR = {"tools": "tool", "prompts": "prompt", "resourceTemplates": "resource template"}
+# ``entry``: the server's configuration entry (bastion/server_entry.py), under ENTRY_KEY, pinned with its
+# definitions: while a changed entry is withheld, so is everything the server offers.
+ENTRY_KIND = "entry"
+ENTRY_KEY = "@entry"  # not a valid tool name (letters, digits, _ - . /), so no definition's key is ever it
+KINDS = ("tools", "prompts", "resourceTemplates", ENTRY_KIND)
+SINGULAR = {"tools": "tool", "prompts": "prompt", "resourceTemplates": "resource template",
+            ENTRY_KIND: "configuration entry"}
 # What a rename leaves as it was: comparing the rest tells a renamed definition from a new one.
 _NAMING_FIELDS = ("name", "title")
 
@@ -213,7 +218,8 @@ def apply(book: PinBook, observations: Iterable[Observation], now: str) -> PinBo
         address = (seen.server, seen.kind, seen.key)
         record = records.get(address)
         if seen.action == "pin":
-            if record is None:
+            # Also an offer recorded while its server's entry was held, not a rename: that server is trusted again.
+            if record is None or (record.pinned is None and record.matches is None):
                 records[address] = PinRecord(pinned=seen.definition, pinned_at=now)
         elif seen.action == "offer":
             base = record if record is not None else PinRecord()
@@ -230,10 +236,13 @@ def apply(book: PinBook, observations: Iterable[Observation], now: str) -> PinBo
 Offered = tuple[str, str, str, Mapping[str, Any]]  # (server, kind, key, definition)
 
 
-def reconcile(book: PinBook, offered: Sequence[Offered], now: str) -> tuple[PinBook, list[Observation], list[Verdict]]:
+def reconcile(book: PinBook, offered: Sequence[Offered], now: str, held: frozenset[str] = frozenset(),
+              ) -> tuple[PinBook, list[Observation], list[Verdict]]:
     """Judge everything a catalog offers at once: the book with what it asks to record, those records, and each
     item's verdict. A change and a new name that carries it can arrive in one list update, so the changes' offers
-    are recorded first and the new names judged against them."""
+    are recorded first and the new names judged against them. What the servers in ``held`` (whose configuration
+    entry changed) offer for the first time is recorded as an offer, never pinned: it came from the changed entry,
+    and is trusted only when a person accepts that."""
     present: dict[tuple[str, str], set[str]] = {}
     for server, kind, key, _ in offered:
         present.setdefault((server, kind), set()).add(key)
@@ -246,13 +255,23 @@ def reconcile(book: PinBook, offered: Sequence[Offered], now: str) -> tuple[PinB
     verdicts = verdicts_of(book)
     for offers_only in (True, False):
         seen = [o for (server, kind, key, definition), verdict in zip(offered, verdicts)
-                if (o := observation(book, server, kind, key, definition, verdict)) is not None
+                if (o := _held(book, observation(book, server, kind, key, definition, verdict), held)) is not None
                 and (o.action == "offer" or not offers_only)]
         if seen:
             book = apply(book, seen, now)
             recorded += seen
             verdicts = verdicts_of(book)
     return book, recorded, verdicts
+
+
+def _held(book: PinBook, seen: Observation | None, held: frozenset[str]) -> Observation | None:
+    """``seen``, with a first pin of a held server's definition turned into an offer (None once it is one)."""
+    if seen is None or seen.action != "pin" or seen.server not in held:
+        return seen
+    record = book.get(seen.server, seen.kind, seen.key)
+    if record is not None and record.offered is not None and same(record.offered, seen.definition):
+        return None
+    return replace(seen, action="offer")
 
 
 def accept(book: PinBook, server: str, key: str | None, now: str) -> tuple[PinBook, list[Address]]:

@@ -24,6 +24,8 @@ import orjson
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.pin_book import (
+    ENTRY_KEY,
+    ENTRY_KIND,
     RENAMED,
     SINGULAR,
     Observation,
@@ -74,21 +76,37 @@ class Withheld:
     key: str
     verdict: Verdict | None  # None: the pins file cannot be read, so nothing can be checked against it
     problem: str = ""
+    entry: Verdict | None = None  # the server's configuration entry changed: everything of it is withheld
 
     @property
     def reference(self) -> str:
-        return f"{self.server}/{self.key}"
+        return f"{self.server}/{self.key}" if self.entry is None else f"{self.server}/{ENTRY_KEY}"
+
+    @property
+    def accept(self) -> str:
+        """What a person runs to trust it: for a changed entry, the whole server (the entry and what it serves)."""
+        return f"bastion pins accept {self.reference if self.entry is None else self.server}"
 
     @property
     def intervention_kind(self) -> str:
         if self.verdict is None:
             return "unreadable-pins"
+        if self.entry is not None:
+            return "changed-configuration"
         return "renamed-definition" if self.verdict.status == RENAMED else "changed-definition"
 
     def sentence(self) -> str:
-        what = f"{SINGULAR[self.kind]} {self.exposed!r} of server {self.server!r} is withheld"
+        if self.kind == ENTRY_KIND:
+            what = f"server {self.server!r} is withheld"
+        else:
+            what = f"{SINGULAR[self.kind]} {self.exposed!r} of server {self.server!r} is withheld"
         if self.verdict is None:
             return f"{what}: it cannot be checked against the pinned definitions: {self.problem}"
+        if self.entry is not None:
+            since = f" on {self.entry.since}" if self.entry.since else ""
+            return (f"{what}: the server's configuration entry changed since it was pinned{since}: "
+                    f"{summary(list(self.entry.changes))}; everything the server offers is withheld until a person "
+                    f"reviews it with `bastion pins diff {self.reference}` and trusts it with `{self.accept}`")
         review = (f"a person can review it with `bastion pins diff {self.reference}` and trust it with "
                   f"`bastion pins accept {self.reference}`")
         if self.verdict.status == RENAMED:
@@ -100,10 +118,11 @@ class Withheld:
                 f"{review}")
 
     def data(self) -> dict[str, Any]:
+        changes = self.entry if self.entry is not None else self.verdict
         return {"guardrail": "pinning", "server": self.server, SINGULAR[self.kind].split()[-1]: self.key,
                 "status": self.intervention_kind,
-                "changes": [c.summary for c in self.verdict.changes] if self.verdict is not None else [],
-                "review": f"bastion pins diff {self.reference}", "accept": f"bastion pins accept {self.reference}"}
+                "changes": [c.summary for c in changes.changes] if changes is not None else [],
+                "review": f"bastion pins diff {self.reference}", "accept": self.accept}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +145,12 @@ class PinningGuard:
     reads_results = False
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore,
-                 catalog: CatalogView | None = None, *, watch_seconds: float = WATCH_SECONDS) -> None:
+                 catalog: CatalogView | None = None, *, watch_seconds: float = WATCH_SECONDS,
+                 entries: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         """``catalog``, when given, is judged again when the pins file changes while something is withheld, and the
-        clients that were served a list without it are told the list changed."""
+        clients that were served a list without it are told the list changed. ``entries``: each server's
+        configuration entry in its pinned form (bastion/server_entry.py), pinned beside its definitions."""
+        self._entries = dict(entries or {})
         self._catalog = catalog
         self._watch_seconds = watch_seconds
         self._watcher: asyncio.Task[None] | None = None
@@ -341,8 +363,10 @@ class PinningGuard:
                         for item in offered}
             self._report_new(withheld.values())
             return withheld
+        held = self._held_entries(offered)
         self._book, seen, verdicts = reconcile(
-            self._book, [(item.server, item.kind, item.key, item.definition) for item in offered], now())
+            self._book, [(item.server, item.kind, item.key, item.definition) for item in offered], now(),
+            frozenset(held))
         if seen:
             # In the pins file soon after. Should another process have pinned another definition first, the file
             # says so once written, and the next judgement follows it.
@@ -353,7 +377,27 @@ class PinningGuard:
         withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, verdict)
                     for item, verdict in zip(offered, verdicts) if verdict.withheld}
         self._report_new(withheld.values(), offered)
+        for item in offered:  # a changed entry holds all its server offers, changed or not
+            if item.server in held:
+                withheld[item.exposed] = Withheld(item.exposed, item.server, item.kind, item.key,
+                                                  held[item.server].verdict, entry=held[item.server].verdict)
         return withheld
+
+    def _held_entries(self, offered: list[_Offered]) -> dict[str, Withheld]:
+        """Judge the configuration entries of the servers in ``offered`` (pinned the first time) and return those
+        that changed since they were pinned, by server, each reported once."""
+        entries = [_Offered(f"{server}/{ENTRY_KEY}", server, ENTRY_KIND, ENTRY_KEY, self._entries[server])
+                   for server in sorted({item.server for item in offered}) if server in self._entries]
+        if not entries:
+            return {}
+        self._book, seen, verdicts = reconcile(
+            self._book, [(item.server, item.kind, item.key, item.definition) for item in entries], now())
+        if seen:
+            self._persist(seen)
+        held = {item.server: Withheld(item.exposed, item.server, item.kind, item.key, verdict, entry=verdict)
+                for item, verdict in zip(entries, verdicts) if verdict.withheld}
+        self._report_new(held.values(), entries)
+        return held
 
     def _persist(self, seen: list[Observation]) -> None:
         self._unwritten.extend(seen)
@@ -434,12 +478,13 @@ class PinningGuard:
         self._book = PinBook()  # a new object: every cached judgement is made again
 
 
-def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> PinningGuard | None:
+def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
+          entries: Mapping[str, Mapping[str, Any]] | None = None) -> PinningGuard | None:
     """The pinning interceptor, or None when pinning is off for every server. The pins file is read now, at start,
-    so that a client's first call waits for no disk."""
+    so that a client's first call waits for no disk. ``entries``: each server's configuration entry, pinned too."""
     if not config.on_anywhere("pinning"):
         return None
-    guard = PinningGuard(config, report, PinStore(config.pins_path()), catalog)
+    guard = PinningGuard(config, report, PinStore(config.pins_path()), catalog, entries=entries)
     guard.load_now()
     return guard
 

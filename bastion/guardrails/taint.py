@@ -18,9 +18,13 @@ still holds the next request's calls, its taint is kept per caller (``TaintMemor
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import math
+import os
+import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
@@ -185,6 +189,114 @@ class TaintMemory:
         return len(self._kept)
 
 
+# ------------------------------------------------------------------------------------------ values that flow
+# A distinctive value: a run of the characters tokens, keys, ids and URLs are written in, at least MIN_VALUE_LENGTH
+# long, with letters and digits both, and at least MIN_VALUE_ENTROPY bits per character. Words, numbers, paths and
+# URLs without a digit, and anything shorter, never count: they are common, and two servers saying them is no flow.
+MIN_VALUE_LENGTH = 12
+MIN_VALUE_ENTROPY = 3.0
+_TOKEN_CHAR = rb"[A-Za-z0-9_\-./+=:@%~]"
+# A whole run of token characters, 12 or more long, holding a digit and a letter: found by the expression alone, so
+# that text without one (most answers, most arguments) costs a single pass and no Python per word.
+VALUE_RUN = re.compile(
+    rb"(?<!%(c)s)(?=%(c)s{%(n)d})(?=%(c)s*?[0-9])(?=%(c)s*?[A-Za-z])%(c)s+"
+    % {b"c": _TOKEN_CHAR, b"n": MIN_VALUE_LENGTH})
+
+
+def distinctive(token: bytes) -> bool:
+    """A run ``VALUE_RUN`` found is distinctive when its characters are varied enough to be no word or count."""
+    length = len(token)
+    entropy = -sum(n / length * math.log2(n / length) for n in Counter(token).values())
+    return entropy >= MIN_VALUE_ENTROPY
+
+
+# Runs of one message judged at most: each costs a few microseconds on the event loop, and an answer of megabytes of
+# ids must not hold it for seconds. Values past them are not remembered or checked (docs/guardrails.md).
+MAX_RUNS_PER_MESSAGE = 1024
+
+
+def distinctive_values(json_text: bytes) -> list[bytes]:
+    """The distinctive values in a JSON text (a result's, or a call's arguments): the same bytes for the same value
+    in either, since both are read as JSON text with non-ASCII written as itself (``normalized_json``)."""
+    runs = VALUE_RUN.findall(json_text)
+    if len(runs) > MAX_RUNS_PER_MESSAGE:
+        runs = runs[:MAX_RUNS_PER_MESSAGE]
+    return [token for token in runs if distinctive(token)]
+
+
+class ValueMemory:
+    """Which server's answers carried each distinctive value a caller was given: per identity, keyed hashes (a
+    per-process random key, so the memory holds no value and a hash is no oracle across processes), each expiring
+    ``seconds`` after it was last seen. Bounded: ``per_caller`` values per identity (the oldest forgotten first) and
+    ``callers`` identities (the least recently seen forgotten first)."""
+
+    def __init__(self, seconds: float, callers: int, per_caller: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._seconds = seconds
+        self._callers = callers
+        self._per_caller = per_caller
+        self._clock = clock
+        self._key = os.urandom(32)
+        self._kept: OrderedDict[Identity, OrderedDict[bytes, tuple[frozenset[str], float]]] = OrderedDict()
+
+    def _digest(self, value: bytes) -> bytes:
+        return hashlib.blake2b(value, digest_size=16, key=self._key).digest()
+
+    def note(self, identity: Identity, server: str, values: list[bytes]) -> None:
+        """Remember that ``server``'s answer gave ``identity`` these ``values``."""
+        if not values:
+            return
+        kept = self._kept.get(identity)
+        if kept is None:
+            kept = self._kept[identity] = OrderedDict()
+            while len(self._kept) > self._callers:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(identity)
+        expires = self._clock() + self._seconds
+        for value in values:
+            digest = self._digest(value)
+            known = kept.pop(digest, None)
+            kept[digest] = ((known[0] | {server}) if known is not None and server not in known[0]
+                            else known[0] if known is not None else frozenset((server,)), expires)
+        while len(kept) > self._per_caller:
+            kept.popitem(last=False)
+
+    def sources(self, identity: Identity, values: list[bytes], server: str) -> dict[str, int]:
+        """The servers other than ``server`` whose answers gave ``identity`` any of ``values`` (and how many of
+        them), when ``server``'s own answers did not give that value too."""
+        kept = self._kept.get(identity)
+        if kept is None or not values:
+            return {}
+        now = self._clock()
+        found: dict[str, int] = {}
+        for value in values:
+            known = kept.get(self._digest(value))
+            if known is None or known[1] <= now or server in known[0]:
+                continue
+            for source in known[0]:
+                found[source] = found.get(source, 0) + 1
+        return found
+
+    def __len__(self) -> int:
+        return sum(len(kept) for kept in self._kept.values())
+
+
+async def ask_person(config: GuardrailsConfig, session: Session, message: str) -> str | None:
+    """Ask the person in the client; None when they approved, else why not."""
+    client = session.client
+    if session.era == "modern" or client is None or not client.supports("elicitation"):
+        return "no person could be asked (the client does not take elicitation requests in this session)"
+    timeout = config.cross_server.approval_timeout_seconds
+    params = elicitation(message, session.protocol_version >= "2025-11-25")
+    try:
+        answer = await asyncio.wait_for(client.request("elicitation/create", params), timeout)
+    except asyncio.TimeoutError:
+        return f"nobody answered within {timeout:g} s"
+    except GatewayError as error:
+        return f"the client could not ask ({error.message})"
+    return None if approves(answer) else "the person declined"
+
+
 # ------------------------------------------------------------------------------------------ the interceptors
 class TaintRecall:
     """Before the policy: a 2026-07-28 request starts with the taint its caller's earlier requests left (the policy,
@@ -303,19 +415,7 @@ class TaintGuard:
                    f"a person approved the call, told of {explain(sources)}")
 
     async def _ask(self, session: Session, message: str) -> str | None:
-        """Ask the person in the client; None when they approved, else why not."""
-        client = session.client
-        if session.era == "modern" or client is None or not client.supports("elicitation"):
-            return "no person could be asked (the client does not take elicitation requests in this session)"
-        timeout = self._config.cross_server.approval_timeout_seconds
-        params = elicitation(message, session.protocol_version >= "2025-11-25")
-        try:
-            answer = await asyncio.wait_for(client.request("elicitation/create", params), timeout)
-        except asyncio.TimeoutError:
-            return f"nobody answered within {timeout:g} s"
-        except GatewayError as error:
-            return f"the client could not ask ({error.message})"
-        return None if approves(answer) else "the person declined"
+        return await ask_person(self._config, session, message)
 
     @staticmethod
     def _refusal(entry: ToolEntry, sources: list[TaintSource], why: str) -> GatewayError:

@@ -176,6 +176,29 @@ class AuditConfig(_Strict):
 UNDECLARED_ARGUMENTS = ("refuse_untrusted", "refuse", "allow")
 
 
+def _undeclared_setting(value: Any, key: str) -> Any:
+    if value not in UNDECLARED_ARGUMENTS:
+        raise ValueError(
+            f'{key} is {value!r}; set it to "refuse_untrusted" (calls to an untrusted server\'s tool may carry only '
+            f'the argument names its input schema declares), "refuse" (the same whatever the server\'s trust) or '
+            f'"allow" (no such check)'
+        )
+    return value
+
+
+class ServerPolicy(_Strict):
+    """``[policy.servers.NAME]``: what differs for one server from the gateway-wide policy settings."""
+
+    undeclared_arguments: Literal["refuse_untrusted", "refuse", "allow"] | None = Field(
+        default=None, description="this server's own undeclared_arguments: refuse to be strict with one trusted "
+        "server, allow to let one untrusted server take free-form arguments; absent: the gateway-wide setting")
+
+    @field_validator("undeclared_arguments", mode="before")
+    @classmethod
+    def _undeclared(cls, value: Any) -> Any:
+        return value if value is None else _undeclared_setting(value, "policy.servers.<name>.undeclared_arguments")
+
+
 class PolicyConfig(_Strict):
     identity: IdentityConfig = Field(default_factory=IdentityConfig)
     policy_files: list[str] = Field(
@@ -191,6 +214,8 @@ class PolicyConfig(_Strict):
         "'properties' (nested objects too), whatever additionalProperties says: refuse_untrusted (the default) for "
         "tools of untrusted servers, refuse for every server, allow never",
     )
+    servers: dict[str, ServerPolicy] = Field(
+        default_factory=dict, description="per server: the settings that differ from the gateway-wide ones")
     guards: list[GuardConfig] = Field(default_factory=list)
     approval: ApprovalConfig = Field(default_factory=ApprovalConfig)
     rate_limits: list[RateLimitConfig] = Field(default_factory=list)
@@ -205,13 +230,15 @@ class PolicyConfig(_Strict):
     @field_validator("undeclared_arguments", mode="before")
     @classmethod
     def _undeclared(cls, value: Any) -> Any:
-        if value not in UNDECLARED_ARGUMENTS:
-            raise ValueError(
-                f'policy.undeclared_arguments is {value!r}; set it to "refuse_untrusted" (the default: calls to an '
-                f'untrusted server\'s tool may carry only the argument names its input schema declares), "refuse" '
-                f'(the same for every server) or "allow" (no such check)'
-            )
-        return value
+        return _undeclared_setting(value, "policy.undeclared_arguments")
+
+    def undeclared_setting(self, server: str) -> tuple[str, str]:
+        """``undeclared_arguments`` for ``server`` and the key it is read from: the server's own in
+        ``[policy.servers.NAME]``, else the gateway-wide one."""
+        own = self.servers.get(server)
+        if own is not None and own.undeclared_arguments is not None:
+            return own.undeclared_arguments, f"policy.servers.{server}.undeclared_arguments"
+        return self.undeclared_arguments, "policy.undeclared_arguments"
 
     @model_validator(mode="after")
     def _files_named(self) -> "PolicyConfig":

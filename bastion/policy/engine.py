@@ -219,7 +219,7 @@ class PolicyEngine:
 
     def refuses_undeclared(self, entry: ToolEntry) -> bool:
         """Whether ``policy.undeclared_arguments`` refuses arguments ``entry``'s input schema does not declare."""
-        setting = self.config.undeclared_arguments
+        setting, _ = self.config.undeclared_setting(entry.server)
         return setting == "refuse" or (
             setting == "refuse_untrusted" and entry.server_trust not in ("reviewed", "trusted")
         )
@@ -235,7 +235,7 @@ class PolicyEngine:
         # The common case, a flat schema and declared keys only, costs one set comparison.
         if declared is not None and not (type(arguments) is dict and not declared.nested
                                          and arguments.keys() <= declared.keys):
-            verdict = check_declared(arguments, declared, self.config.undeclared_arguments)
+            verdict = check_declared(arguments, declared, *self.config.undeclared_setting(entry.server))
             if verdict.reason is not None:
                 return Decision.deny(UNDECLARED_RULE, verdict.reason)
         by_name = type(arguments) is dict

@@ -42,7 +42,7 @@ import contextlib
 import logging
 import ssl
 from collections import deque
-from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Sequence
 
 import httpx2
 import orjson
@@ -65,6 +65,7 @@ from bastion.transport.http_events import (
 from bastion.protocol.mirrored_headers import annotated_params
 from bastion.transport.http_headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER, mirrored_headers
 from bastion.transport.http_sse import LegacySse
+from bastion.transport.spki import PinnedTransport
 from bastion.transport.interface import DIAGNOSTICS_KEPT, StartRefused, UpstreamReceiver
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class HttpTransport(EventStreams, LegacySse):
         client: httpx2.AsyncClient | None = None,
         credentials: UpstreamCredentials | None = None,
         client_cert: tuple[str, str | None] | None = None,
+        pinned_public_keys: Sequence[str] = (),
     ) -> None:
         if kind not in ("auto", "streamable-http", "sse"):
             raise ValueError(f"unknown HTTP transport {kind!r}")
@@ -144,10 +146,14 @@ class HttpTransport(EventStreams, LegacySse):
                 verify = context
             except (OSError, ssl.SSLError) as exc:
                 self._refused = f"its client_cert {client_cert[0]} cannot be used: {exc}"
+        limits = httpx2.Limits(max_connections=100, max_keepalive_connections=20)
+        # A pinned server is reached directly: a proxy from the environment would get a transport without the pins.
+        pinned = PinnedTransport(name, pinned_public_keys, verify=verify, http2=_has_http2(), limits=limits) \
+            if pinned_public_keys else None
         self._client = client or httpx2.AsyncClient(
             http2=_has_http2(), follow_redirects=False, verify=verify,
-            timeout=httpx2.Timeout(CONNECT_TIMEOUT, read=None),
-            limits=httpx2.Limits(max_connections=100, max_keepalive_connections=20))
+            timeout=httpx2.Timeout(CONNECT_TIMEOUT, read=None), limits=limits, transport=pinned,
+            trust_env=pinned is None)
         self.session_id: str | None = None
         self.protocol_version: str | None = None  # the legacy version negotiated by initialize
         self._legacy = False  # an initialize went out: the stateful wire, where notifications are POSTed too
@@ -169,7 +175,8 @@ class HttpTransport(EventStreams, LegacySse):
         assert config.url is not None
         return cls(name, config.url, config.headers, kind=config.transport, max_message_bytes=max_message_bytes,
                    sse_idle_timeout=config.sse_idle_timeout, ca_file=config.ca_file, credentials=credentials,
-                   client_cert=(config.client_cert, config.client_key) if config.client_cert else None)
+                   client_cert=(config.client_cert, config.client_key) if config.client_cert else None,
+                   pinned_public_keys=config.pinned_public_keys)
 
     # --------------------------------------------------------------------------------------- lifecycle
     async def ended(self) -> str:

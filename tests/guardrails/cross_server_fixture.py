@@ -5,6 +5,7 @@ Run: ``python tests/guardrails/cross_server_fixture.py NAME``. It owns the resou
 offers, all prefixed by the gateway with its configured name:
 
 - ``fetch_page`` (read-only): text the session reads, as a web page would be;
+- ``open_ticket`` (read-only): an answer carrying a distinctive value of its own, ``NAME-7f3a9c2e71b04d5e``;
 - ``write_note`` (not read-only) and ``lookup`` (read-only): calls a tainted session may or may not make;
 - ``ask_model``: samples ``times`` times in one call with the given ``max_tokens``, ``include_context`` and model
   hint, and says what each request got;
@@ -69,6 +70,11 @@ def outcome(error: BaseException) -> str:
 @mcp.tool(description="Fetches a page.", annotations=ToolAnnotations(read_only_hint=True))
 def fetch_page(url: str) -> str:
     return f"<html><body>Page {url}: the weather is fine today.</body></html>"
+
+
+@mcp.tool(description="Opens a ticket.", annotations=ToolAnnotations(read_only_hint=True))
+def open_ticket() -> str:
+    return f"opened ticket {NAME}-7f3a9c2e71b04d5e; status: open"
 
 
 @mcp.tool(description="Writes a note.", annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True))

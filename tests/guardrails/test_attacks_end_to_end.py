@@ -232,7 +232,9 @@ def test_a_renamed_changed_tool_does_not_dodge_the_pin(rug_pull: dict[str, Any])
 async def test_a_rug_pull_across_a_restart_is_withheld(world: World) -> None:
     inbox = Inbox()
     with anyio.fail_after(DEADLINE):
-        async with through_bastion(world, inbox) as client:
+        # The same entry both times (only a variable's value differs, which is not configuration drift): what is
+        # withheld is the server's own change of its definitions.
+        async with through_bastion(world, inbox, evil_env={"EVIL_DEFINITIONS": "original"}) as client:
             assert evil_tool("get_weather") in described((await client.list_tools()).tools)
         async with through_bastion(world, inbox, evil_env={"EVIL_DEFINITIONS": "changed"}) as client:
             upgraded = described((await client.list_tools()).tools)

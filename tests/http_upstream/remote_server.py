@@ -131,7 +131,7 @@ def recording(app, path: str):
     return recorded
 
 
-def serve_tls(app, path: str, port: int, cert: str, key: str) -> None:
+def serve_tls(app, path: str, port: int, cert: str, key: str, alpn: list[str]) -> None:
     """HTTPS with ALPN offering h2 and http/1.1 (hypercorn), as a production server behind TLS does."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
@@ -139,7 +139,7 @@ def serve_tls(app, path: str, port: int, cert: str, key: str) -> None:
     listener = socket.create_server(("127.0.0.1", port))
     config = Config()
     config.certfile, config.keyfile = cert, key
-    config.alpn_protocols = ["h2", "http/1.1"]
+    config.alpn_protocols = alpn
     config.loglevel = "WARNING"
     config.bind = [f"fd://{listener.fileno()}"]
     print(f"https://127.0.0.1:{listener.getsockname()[1]}{path}", flush=True)
@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--fastmcp", action="store_true")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve HTTPS (and HTTP/2) with hypercorn")
+    parser.add_argument("--http1-only", action="store_true", help="with --tls: offer only http/1.1 by ALPN")
     arguments = parser.parse_args()
     if arguments.fastmcp:
         app = build_fastmcp().http_app(path="/mcp", transport="http", json_response=arguments.json_response)
@@ -165,7 +166,8 @@ def main() -> None:
     if os.environ.get("REMOTE_EVENTS"):
         app = recording(app, os.environ["REMOTE_EVENTS"])
     if arguments.tls:
-        serve_tls(app, path, arguments.port, *arguments.tls)
+        serve_tls(app, path, arguments.port, *arguments.tls,
+                  alpn=["http/1.1"] if arguments.http1_only else ["h2", "http/1.1"])
         return
     listener = socket.create_server(("127.0.0.1", arguments.port))
     listener.set_inheritable(True)

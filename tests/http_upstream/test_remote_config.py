@@ -103,4 +103,4 @@ def test_servers_update_and_check_pass_over_a_remote_server(tmp_path):
                             timeout=60)
     assert "Traceback" not in update.stderr and "no server started by npx" in update.stderr
     check = subprocess.run([BASTION, "check", str(config)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0 and "r: https://x.example/mcp (remote)" in check.stderr
+    assert check.returncode == 0 and "r: https://x.example/mcp (remote; public key not pinned" in check.stderr

@@ -90,3 +90,40 @@ def test_declared_key_sets_are_worked_out_once_per_tool() -> None:
     plan = policy.argument_plan(tool)
     assert plan.declared is not None and plan.declared.keys == {"path", "options", "files", "free"}
     assert policy.argument_plan(tool) is plan
+
+
+def test_a_server_of_its_own_is_strict_while_the_others_keep_the_gateway_setting() -> None:
+    # A trusted server is spared by the default; its own key makes it strict, and the refusal names that key.
+    strict = engine(servers={"fs": {"undeclared_arguments": "refuse"}})
+    decision = strict.check_arguments(entry(OPEN_SCHEMA, "trusted"), {"path": "a", "exfil": "x"})
+    assert decision.rule == UNDECLARED_RULE
+    assert 'policy.servers.fs.undeclared_arguments = "refuse"' in (decision.reason or "")
+    other = ToolEntry("gh__write", "gh", "write", {"name": "gh__write", "inputSchema": OPEN_SCHEMA}, "trusted")
+    assert strict.check_arguments(other, {"path": "a", "exfil": "x"}).effect is Effect.ALLOW
+
+
+def test_one_untrusted_server_may_be_allowed_free_form_arguments() -> None:
+    lenient = engine(servers={"fs": {"undeclared_arguments": "allow"}})
+    assert lenient.check_arguments(entry(OPEN_SCHEMA), {"path": "a", "extra": 1}).effect is Effect.ALLOW
+    other = ToolEntry("gh__write", "gh", "write", {"name": "gh__write", "inputSchema": OPEN_SCHEMA}, "untrusted")
+    assert lenient.check_arguments(other, {"path": "a", "extra": 1}).rule == UNDECLARED_RULE
+
+
+def test_a_wrong_per_server_value_names_the_key_and_the_choices() -> None:
+    with pytest.raises(ValidationError) as caught:
+        engine(servers={"fs": {"undeclared_arguments": "yes"}})
+    assert "policy.servers.<name>.undeclared_arguments is 'yes'" in str(caught.value)
+    assert '"allow"' in str(caught.value)
+
+
+def test_a_per_server_setting_for_a_server_not_configured_is_an_error(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"fs": {"command": "true"}},
+                                  "policy": {"servers": {"sf": {"undeclared_arguments": "allow"}}}}))
+    checked = subprocess.run([sys.executable, "-m", "bastion", "check", str(config)], capture_output=True, text=True,
+                             timeout=120)
+    assert checked.returncode == 2 and "policy.servers names 'sf'" in checked.stderr, checked.stderr

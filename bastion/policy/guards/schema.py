@@ -118,14 +118,16 @@ def _shown(pointer: str) -> str:
     return repr(pointer if len(pointer) <= 40 else pointer[:37] + "...")
 
 
-def check_declared(arguments: Any, declared: DeclaredKeys, setting: str) -> GuardResult:
+def check_declared(arguments: Any, declared: DeclaredKeys, setting: str,
+                   key: str = "policy.undeclared_arguments") -> GuardResult:
+    """``key`` names the setting that refused, so the person knows which one to change."""
     found = undeclared_keys(arguments, declared)
     if not found:
         return PASS
     names = ", ".join(_shown(p) for p in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
     return refuse(
         f"undeclared argument{'s' if len(found) > 1 else ''} {names}: the tool's input schema does not declare "
-        f"{'them' if len(found) > 1 else 'it'} in 'properties' (policy.undeclared_arguments = \"{setting}\")"
+        f"{'them' if len(found) > 1 else 'it'} in 'properties' ({key} = \"{setting}\")"
     )
 
 
