@@ -108,6 +108,9 @@ def wheel_venv(wheel: Path, work: Path, wheelhouse: Path) -> Path:
 
 def _works(bastion: Path, python: Path, work: Path, env: dict[str, str]) -> None:
     """What a new user does first, with the installed command."""
+    # Each install is a new user: with one state folder, the server's entry (its command is this install's python)
+    # would be pinned by the first install's run and held as a changed configuration by the next.
+    env = {**env, "XDG_STATE_HOME": str(work / f"state-{bastion.parent.parent.name}")}
     version = _run([str(bastion), "--version"], env)
     assert version.stdout == f"bastion {__version__}\n"
     config = work / f"bastion-{bastion.parent.parent.name}.json"
