@@ -4,8 +4,8 @@ and the injection scanner (``scan_text``, ``sanitize_text``, ``strip_hidden``) o
 
 Oracle: each returns what it documents (findings inside the text, each value found a piece of the text; a verdict
 with a score; a string); text without hidden characters is what ``strip_hidden`` leaves; and the time each takes
-is bounded per character: 0.3 s plus 10 µs a character (a description of 200 KB then has 2.3 s, where linear
-work takes well under 0.2 s)."""
+is bounded per character: 0.5 s plus 50 µs a character, instrumented (200 KB then has 10.5 s, where linear
+work takes about 1 s at worst, dense telephone numbers each checked by phonenumbers; quadratic work, minutes)."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ _scanner: list = []
 
 
 def setup() -> None:
-    _scanner.append(default_scanner())  # its rules compiled once, as the gateway does at start
+    _scanner.append(default_scanner())  # the rules compiled once, as the gateway does at start: not timed
+    scan_text("warm up")
 
 
 def _timed(fn, text: str):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
     out = fn(text)
     spent = time.perf_counter() - started
-    assert spent < 0.3 + 1e-5 * len(text), (fn.__name__, len(text), spent, text[:120])
+    assert spent < 0.5 + 5e-5 * len(text), (fn.__name__, len(text), spent, text[:120])
     return out
 
 
