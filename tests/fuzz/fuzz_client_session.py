@@ -15,7 +15,7 @@ import orjson
 
 from bastion.protocol import client_session as cs
 from bastion.protocol.framing import EDGE, Oversize
-from bastion.protocol.jsonrpc import ErrorResponse, Response
+from bastion.protocol.jsonrpc import ErrorResponse, Response, is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS
 from tests.fuzz.common import json_value
 
@@ -94,7 +94,12 @@ def one_input(data: bytes) -> None:
             ids = sorted(live | dict.fromkeys(gone)) or [1]
             event = session.receive(_answer_frame(fdp, fdp.PickValueInList(ids) if fdp.ConsumeBool() else json_value(fdp)))
         elif step == 6:
-            event = session.receive(orjson.dumps(json_value(fdp)))
+            if fdp.ConsumeBool():  # a server's own notification, a cancellation most of all
+                event = session.receive(orjson.dumps({"jsonrpc": "2.0", "method": fdp.PickValueInList(
+                    ["notifications/cancelled", "notifications/progress", "notifications/message"]),
+                    "params": {"requestId": json_value(fdp), "progressToken": json_value(fdp)}}))
+            else:
+                event = session.receive(orjson.dumps(json_value(fdp)))
         else:
             event = session.receive(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 80)))
         assert type(event) in EVENTS, event
@@ -103,6 +108,8 @@ def one_input(data: bytes) -> None:
             assert upstream_id in live or upstream_id == session.listen_id or upstream_id not in gone, event
             live.pop(upstream_id, None)
             assert session.correlator.resolve(upstream_id) is None  # answered once: its entry is gone
+        if type(event) is cs.ServerCancelled:
+            assert is_valid_id(event.request_id), event  # what the gateway looks its relays up by
         if type(event) is cs.Dropped and event.reply is not None:
             assert event.reply.endswith(b"\n")
     session.drain()
