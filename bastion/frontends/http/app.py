@@ -39,6 +39,7 @@ from bastion.frontends.http.wire import (
 )
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
+from bastion.protocol.jsonrpc import is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, is_modern, is_modern_first_message
 
 log = logging.getLogger("bastion.http")
@@ -235,8 +236,9 @@ class HttpFrontend:
             exchange, detach = Exchange(top.id, accepts_sse=accepts_sse, release=release), None
         session.exchanges[top.id] = exchange
         meta = top.params.get("_meta") if isinstance(top.params, dict) else None
-        if isinstance(meta, dict) and meta.get("progressToken") is not None:
-            session.progress[meta["progressToken"]] = exchange
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        if is_valid_id(token):  # a token is a string or an integer; an object would not hash, and true is 1
+            session.progress[token] = exchange
         try:
             session.feed(body, decoded, exchange)
         except BaseException:
