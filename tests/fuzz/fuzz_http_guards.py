@@ -4,7 +4,8 @@ headers' value form) on random headers.
 Oracle: each returns what it documents and nothing else (a reason string or None, a bool, a ``Peer``); the Host
 check refuses every host outside the allowed set; a forwarded header is believed only from a trusted proxy; the
 ``=?base64?…?=`` form decodes back to every text it encodes; the mirrored-header checks find no mismatch in the
-headers written from the same body, and a mismatch once a mirrored value is changed."""
+headers written from the same body, and a mismatch once a mirrored value is changed; a ``Last-Event-ID`` gives a
+number only when it is ASCII digits, and then the number they spell."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from bastion.frontends.http.guards import (
     modern_header_mismatch,
     param_header_mismatch,
 )
+from bastion.frontends.http.streams import event_number
 from bastion.frontends.http.wire import headers_of
 from bastion.protocol.mirrored_headers import decode_header_value, encode_header_value, rendered
 from tests.fuzz.common import json_value
@@ -65,6 +67,9 @@ def one_input(data: bytes) -> None:
     assert accepts(_text(fdp, ["application/json", "*/*", "text/*;q=1", ""]), "text/event-stream") in (True, False)
     assert is_json_content(_text(fdp, ["application/json; charset=utf-8", "APPLICATION/JSON", "text/json"])) in (
         True, False)
+    event_id = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 24)).decode("latin-1")  # Last-Event-ID, as headers_of reads it
+    number = event_number(event_id)
+    assert number is None or (event_id.isascii() and event_id.isdigit() and number == int(event_id)), event_id
     _mirrored(fdp)
 
 

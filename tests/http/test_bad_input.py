@@ -196,3 +196,15 @@ async def test_a_progress_token_that_is_no_token_leaves_the_request_and_its_id_a
                 "jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {"_meta": {"progressToken": token}}})
             assert response.status_code == 200, response.text
             assert response.json()["result"]["tools"]
+
+
+@pytest.mark.parametrize("event_id", [b"\xb2", b"\xb9\xb3", b"1" * 5000])
+async def test_a_last_event_id_that_is_no_number_is_no_internal_error(bastion_http: Served, event_id: bytes) -> None:
+    # Found by fuzzing: the header's bytes are read as Latin-1, where str.isdigit admits "²", "³" and "¹", which int
+    # refuses, and int refuses over 4,300 digits: the GET answered 500. It now starts the stream where it would
+    # without the header (an answer stream's "key.N" goes through the same reading of N).
+    async with httpx2.AsyncClient(timeout=120) as http:
+        headers = await open_legacy_session(http, bastion_http.url, "resumer")
+        async with http.stream("GET", bastion_http.url, headers={**headers, "accept": "text/event-stream",
+                                                                  "last-event-id": event_id}) as response:
+            assert response.status_code == 200

@@ -23,7 +23,7 @@ from bastion.frontends.http.guards import accepts
 from bastion.frontends.http.modern import ModernPosts
 from bastion.frontends.http.quotas import Holder, SessionQuotas, holder_of
 from bastion.frontends.http.sessions import LegacySession, SseSession
-from bastion.frontends.http.streams import SseStream, priming_event, sse_event
+from bastion.frontends.http.streams import SseStream, event_number, priming_event, sse_event
 from bastion.frontends.http.wire import (
     Gone,
     HttpError,
@@ -264,7 +264,9 @@ class HttpFrontend:
             return
         if session.get_stream is not None:
             session.get_stream.finish()  # a client that reconnects may not have been seen to leave; the new one wins
-        start = int(resume) if resume.isdigit() else session.outbox.delivered
+        start = event_number(resume)
+        if start is None:
+            start = session.outbox.delivered
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
                            headers=((b"mcp-session-id", session.id.encode()),), on_sent=session.outbox.sent,
                            notice=self.answers.overflow_notice("messages after it were dropped; open the stream again"))
