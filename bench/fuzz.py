@@ -36,12 +36,17 @@ _RUNS = re.compile(r"^stat::number_of_executed_units:\s+(\d+)", re.MULTILINE)
 
 def fuzz(target: str, runs: int, seconds: int, artifacts: Path) -> dict[str, object]:
     """One target's run and what libFuzzer said of it."""
-    with tempfile.TemporaryDirectory(prefix=f"bastion-fuzz-{target}-") as found:
+    with tempfile.TemporaryDirectory(prefix=f"bastion-fuzz-{target}-") as top:
+        found, scratch = os.path.join(top, "found"), os.path.join(top, "scratch")
+        os.mkdir(found)
+        os.mkdir(scratch)
         command = [sys.executable, "-m", "tests.fuzz.run", target, f"-runs={runs}", f"-max_total_time={seconds}",
                    "-print_final_stats=1", f"-artifact_prefix={artifacts}/{target}-", "-timeout=30",
                    "-rss_limit_mb=2048", found, str(CORPUS / target)]
         started = time.monotonic()
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, errors="replace")
+        # libFuzzer ends the process with C's exit, past Python's atexit: scratch folders go in this one.
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, errors="replace",
+                              env={**os.environ, "TMPDIR": scratch})
         wall = time.monotonic() - started
     log = done.stderr
     progress = _PROGRESS.findall(log)

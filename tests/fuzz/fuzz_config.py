@@ -33,7 +33,7 @@ _place: dict[str, Path] = {}
 
 
 def setup() -> None:
-    top = Path(tempfile.mkdtemp(prefix="bastion-fuzz-config-"))
+    top = Path(tempfile.mkdtemp(prefix="bastion-fuzz-config-"))  # under the caller's TMPDIR, which it removes
     os.environ["XDG_STATE_HOME"] = str(top / "state")  # inferred grants name a memory folder under it
     os.environ["XDG_CONFIG_HOME"] = str(top / "config")
     for name in NAMES:

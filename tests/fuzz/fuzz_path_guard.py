@@ -9,10 +9,8 @@ inside the root; and a link-free path of plain names inside the root is allowed 
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,8 +27,7 @@ _state: dict[str, object] = {}
 
 
 def setup() -> None:
-    scratch = tempfile.mkdtemp(prefix="bastion-fuzz-paths-")
-    atexit.register(shutil.rmtree, scratch, True)
+    scratch = tempfile.mkdtemp(prefix="bastion-fuzz-paths-")  # under the caller's TMPDIR, which it removes
     top = Path(scratch).joinpath(*["level"] * 6)
     root, elsewhere, fake = top / "root", top / "elsewhere", top / "fake-slash"
     for directory in (root / "docs" / "sub", elsewhere / "deep" / "sub", fake / "etc"):

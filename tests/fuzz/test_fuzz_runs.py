@@ -4,6 +4,7 @@ each for a million. A failure shows the oracle that broke and the input, as libF
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,10 @@ def test_the_harness_finds_nothing_in_a_short_run(target: str, tmp_path: Path) -
     command = [sys.executable, "-m", "tests.fuzz.run", target, f"-runs={runs}", "-seed=1", "-max_total_time=120",
                "-timeout=30", f"-artifact_prefix={tmp_path}/", str(tmp_path / "found"), str(CORPUS / target)]
     (tmp_path / "found").mkdir()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, errors="replace", timeout=300)
+    # libFuzzer ends the process with C's exit, past Python's atexit: the harnesses' scratch folders go in tmp_path.
+    environment = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, errors="replace", timeout=300,
+                          env=environment)
     output = done.stdout + done.stderr
     report = "\n".join(line for line in output.splitlines() if not line.startswith(("#", "INFO:", "WARNING:", '"')))
     assert done.returncode == 0, report[-4000:]
