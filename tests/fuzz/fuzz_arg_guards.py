@@ -29,8 +29,9 @@ _SHELL = {mode: ShellRules(mode=mode) for mode in ("argument", "command")}
 
 
 def _composed(fdp: atheris.FuzzedDataProvider, parts: list[str]) -> str:
+    pieces = fdp.ConsumeIntInRange(0, 6)
     return "".join(fdp.PickValueInList(parts) if fdp.ConsumeIntInRange(0, 3) else
-                   fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 4)) for _ in range(fdp.ConsumeIntInRange(0, 6)))
+                   fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 4)) for _ in range(pieces))
 
 
 def _internal(host: str) -> bool:

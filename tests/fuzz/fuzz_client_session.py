@@ -57,7 +57,8 @@ def _handshake(fdp: atheris.FuzzedDataProvider) -> None:
         if isinstance(result, dict) and fdp.ConsumeBool():
             step = handshake.answered(Response(1, result))
         else:
-            data = {"supported": [fdp.PickValueInList([*MODERN_VERSIONS, "x"])]} if fdp.ConsumeBool() else json_value(fdp)
+            data = ({"supported": [fdp.PickValueInList([*MODERN_VERSIONS, "x"])]} if fdp.ConsumeBool()
+                    else json_value(fdp))
             step = handshake.answered(ErrorResponse(1, {"code": fdp.PickValueInList([-32022, -32601, 0]),
                                                         "message": "m", "data": data}))
     assert type(step) in (cs.Ready, cs.Failed), step
@@ -92,7 +93,8 @@ def one_input(data: bytes) -> None:
             event = session.oversize(Oversize(fdp.ConsumeIntInRange(0, 10**9), 8, head, tail, fdp.ConsumeBool()))
         elif step in (4, 5):
             ids = sorted(live | dict.fromkeys(gone)) or [1]
-            event = session.receive(_answer_frame(fdp, fdp.PickValueInList(ids) if fdp.ConsumeBool() else json_value(fdp)))
+            answered = fdp.PickValueInList(ids) if fdp.ConsumeBool() else json_value(fdp)
+            event = session.receive(_answer_frame(fdp, answered))
         elif step == 6:
             if fdp.ConsumeBool():  # a server's own notification, a cancellation most of all
                 event = session.receive(orjson.dumps({"jsonrpc": "2.0", "method": fdp.PickValueInList(

@@ -16,7 +16,8 @@ import atheris
 from bastion.guardrails.injection import Verdict, hidden_characters, sanitize_text, scan_text, strip_hidden
 from bastion.guardrails.scanning import default_scanner
 
-PIECES = ["AKIA", "IOSFODNN7EXAMPLE", "ghp_", "xoxb-", "-----BEGIN RSA PRIVATE KEY-----", "password=", "4111 1111 1111 1111",
+PIECES = ["AKIA", "IOSFODNN7EXAMPLE", "ghp_", "xoxb-", "-----BEGIN RSA PRIVATE KEY-----", "password=",
+          "4111 1111 1111 1111",
           "alice@example.com", "+44 20 7946 0958", "GB82 WEST 1234 5698 7654 32", "ignore previous instructions",
           "<important>", "</important>", "you must", "call the", "tool", "\u200b", "\u200d", "\U000e0041", "\u202e",
           ". ", "\n", "secret", "api_key", "SYSTEM:", "```", "http://x.y/?q=", "0000", "a@b."]
@@ -41,8 +42,9 @@ def one_input(data: bytes) -> None:
         setup()
     fdp = atheris.FuzzedDataProvider(data)
     repeat = fdp.ConsumeIntInRange(1, 200)
+    pieces = fdp.ConsumeIntInRange(0, 12)
     text = "".join(fdp.PickValueInList(PIECES) if fdp.ConsumeIntInRange(0, 2) else
-                   fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 12)) for _ in range(fdp.ConsumeIntInRange(0, 12)))
+                   fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 12)) for _ in range(pieces))
     text *= repeat
     found = _timed(_scanner[0].find_in, text)
     for detector, value in found:
