@@ -39,7 +39,8 @@ log = logging.getLogger("bastion.config")
 _FOREIGN_ENTRY_KEYS = {"type", "timeout", "description", "transportType"}
 # Keys a client entry has that Bastion reads itself (into enabled, auto_approve and env).
 _CLIENT_ENTRY_KEYS = {"disabled", "autoApprove", "alwaysAllow", "envFile"}
-_REMOTE_TYPES = {"http", "sse", "streamable-http", "streamableHttp"}
+# A tuple, not a set: the "type" looked up in it may be any JSON value, and a set cannot take an object.
+_REMOTE_TYPES = ("http", "sse", "streamable-http", "streamableHttp")
 _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
 
@@ -514,9 +515,13 @@ def _parse(file: Path, text: bytes) -> Any:
             return tomllib.loads(text.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+        except RecursionError:  # tomllib reads nested arrays and tables by recursion, with no bound of its own
+            raise ConfigError(f"{file}: not valid TOML: nested too deeply") from None
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:  # as deep as Python's recursion: no configuration nests so
+        raise ConfigError(f"{file}: not valid JSON: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # ValueError: JSONDecodeError, or an integer of over 4,300 digits
         hint = " (a .toml file name selects TOML)" if file.suffix != ".json" else ""
         raise ConfigError(f"{file}: not valid JSON: {exc}{hint}") from None
 
@@ -556,11 +561,20 @@ def _normalize(file: Path, data: dict[str, Any]) -> tuple[dict[str, Any], str, l
         notes.extend(found)
         if converted is not None and "url" in converted:
             servers[name] = converted  # remote: no process, so no sandbox grants to infer
-        elif converted is not None:
+        elif converted is not None and _inference_reads(converted):
             servers[name] = with_inferred_grants(name, converted, base_dir=str(folder),
                                                  memory_dir=paths.state_dir() / "memory")
+        elif converted is not None:
+            servers[name] = converted  # a key of the wrong type: validation names it, with the fix
     rest = {k: v for k, v in data.items() if k != key and k in GatewayConfig.model_fields}
     return {**rest, "servers": servers}, key, notes
+
+
+def _inference_reads(entry: dict[str, Any]) -> bool:
+    """Whether the keys grant inference reads have the types it reads them as (it runs before validation)."""
+    return (isinstance(entry.get("command", ""), str) and isinstance(entry.get("args", []), list)
+            and isinstance(entry.get("env", {}), dict) and isinstance(entry.get("cwd", ""), str)
+            and isinstance(entry.get("sandbox"), (dict, str, type(None))))
 
 
 def _client_servers_key(file: Path, data: dict[str, Any]) -> str | None:

@@ -70,6 +70,14 @@ def test_malformed_json_is_answered_and_the_connection_survives(client):
     _still_works(client)
 
 
+def test_a_cancellation_naming_an_object_leaves_the_connection_and_its_calls_alone(client):
+    # Found by fuzzing the client's session: an object as requestId raised TypeError (unhashable) out of it.
+    client.initialize()
+    client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"id": 1}}})
+    client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": [1]}})
+    _still_works(client)
+
+
 def test_invalid_utf8_is_a_parse_error(client):
     client.initialize()
     client.send_bytes(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "\xff\xfe"}}\n')

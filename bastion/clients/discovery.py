@@ -114,6 +114,9 @@ def read_client_file(path: Path, label: str, home: Path, *, expect_servers: bool
     except (ValueError, UnicodeDecodeError) as exc:
         result.problems.append(f"{path}: not valid JSON: {exc}")
         return result
+    except RecursionError:  # nested as deep as Python's recursion: no client's file nests so
+        result.problems.append(f"{path}: not valid JSON: nested too deeply")
+        return result
     if not isinstance(data, dict):
         result.problems.append(f"{path}: the top level must be an object, not {type(data).__name__}")
         return result

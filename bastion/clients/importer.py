@@ -26,7 +26,8 @@ from bastion.plaintext import is_plaintext_remote
 # Keys of client entries that Bastion's own form has no place for (handled or meaningless here).
 _CLIENT_ONLY_KEYS = {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "description", "envFile",
                      "transportType"}
-_REMOTE_TYPES = {"http", "sse", "streamable-http", "streamableHttp"}
+# A tuple, not a set: the "type" looked up in it may be any JSON value, and a set cannot take an object.
+_REMOTE_TYPES = ("http", "sse", "streamable-http", "streamableHttp")
 # Keys that mean the same in a client entry as in Bastion's (a client file may already carry Bastion's settings).
 _KEPT_AS_WRITTEN = ("sandbox", "prefix", "era", "request_timeout", "startup_timeout")
 _CONVERTED_KEYS = ("command", "args", "env", "cwd")
@@ -118,6 +119,8 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
                 f"docs/http.md{plaintext})")
     if not isinstance(entry.get("command"), str) or not entry["command"].strip():
         return f"{where}: no command; skipped"
+    if not isinstance(entry.get("args") or [], list):  # the client cannot start it either
+        return f"{where}: args is not a list; skipped"
     expander = client_variables.Variables(item.workspace, home, environ)
     notes: list[str] = []
     server: dict[str, Any] = {}

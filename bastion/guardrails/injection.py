@@ -637,11 +637,34 @@ def _findings_without_hidden(text: str, hits: dict[int, list[int]], data: bytes)
     return found
 
 
+_WRAPPER_OPEN = re.compile(r"<\s*(important|information|instructions?|system|hidden|secret)\s*>", re.IGNORECASE)
+
+
+def _without_wrapped(text: str) -> str:
+    """``text`` with each ``<important>…</important>`` (and the other wrappers) made a space, as the lazy pattern
+    ``<(name)>.*?</\\1>`` takes them, in linear time: that pattern looked for the closing tag from every opening
+    one, so a description of many unclosed ``<important>`` took seconds (220 KB: 35 s) of the event loop. A name
+    without a closing tag after one opening has none after any later one, so it is looked for once."""
+    kept: list[str] = []
+    unclosed: set[str] = set()
+    done = at = 0
+    while (opening := _WRAPPER_OPEN.search(text, at)) is not None:
+        name = opening.group(1).lower()
+        closing = None if name in unclosed else re.compile(
+            rf"<\s*/\s*{name}\s*>", re.IGNORECASE).search(text, opening.end())
+        if closing is None:
+            unclosed.add(name)
+            at = opening.start() + 1
+            continue
+        kept.extend((text[done:opening.start()], " "))
+        done = at = closing.end()
+    kept.append(text[done:])
+    return "".join(kept)
+
+
 def sanitize_text(text: str) -> str:
     """``text`` without hidden characters and without the sentences that carry instructions for the model."""
-    text = strip_hidden(text)
-    text = re.sub(r"<\s*(important|information|instructions?|system|hidden|secret)\s*>.*?<\s*/\s*\1\s*>", " ", text,
-                  flags=re.IGNORECASE | re.DOTALL)
+    text = _without_wrapped(strip_hidden(text))
     sentences = re.split(r"(?<=[.!?\n])\s+", text)
     kept = [sentence for sentence in sentences if not instruction_findings(sentence)]
     return re.sub(r"[ \t]{2,}", " ", " ".join(kept)).strip()

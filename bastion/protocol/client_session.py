@@ -455,5 +455,8 @@ class ClientSession:
                 return _IGNORED
             return ServerNotification(message.method, params, pending)
         if message.method == "notifications/cancelled":
-            return ServerCancelled(params.get("requestId"))
+            request_id = params.get("requestId")
+            # Only an id names a request: an object would not hash where the relay is looked up, and true or 1.0
+            # would cancel the relay of request 1 as equal to it.
+            return ServerCancelled(request_id) if is_valid_id(request_id) else _IGNORED
         return ServerNotification(message.method, params, None)

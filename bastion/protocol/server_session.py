@@ -23,6 +23,7 @@ from bastion.protocol.jsonrpc import (
     Notification,
     Request,
     Response,
+    is_valid_id,
     parse_message,
     read_frame,
 )
@@ -285,9 +286,12 @@ class ServerSession:
     def _notification(self, message: Notification) -> list[Event]:
         if message.method == "notifications/cancelled":
             request_id = (message.params or {}).get("requestId")
-            self._listens.pop(request_id, None)
-            if request_id in self._in_flight:
-                return [Cancel(request_id, message.params)]
+            # Only an id (a string or an integer) names a request: an object would not hash, and true or 1.0 would
+            # cancel request 1 as equal to it.
+            if is_valid_id(request_id):
+                self._listens.pop(request_id, None)
+                if request_id in self._in_flight:
+                    return [Cancel(request_id, message.params)]
         elif message.method == "notifications/roots/list_changed":
             return [RootsChanged(message.params)]
         return [Notified(message.method, message.params)]

@@ -182,3 +182,29 @@ def test_whitespace_around_a_header_value_is_not_part_of_it(bastion_http: Served
         while b"\r\n\r\n" not in answer:
             answer += sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+@pytest.mark.parametrize("token", [{"t": 1}, [1]])
+async def test_a_progress_token_that_is_no_token_leaves_the_request_and_its_id_alone(bastion_http: Served,
+                                                                                      token) -> None:
+    # Found by fuzzing: an object as a handshake-era request's progressToken raised TypeError (unhashable) after the
+    # request was registered, so its id stayed "in flight" for good and its admission slot was never given back.
+    async with httpx2.AsyncClient(timeout=120) as http:
+        headers = await open_legacy_session(http, bastion_http.url, "tokens")
+        for _ in range(2):  # the same id again: answered, not "already in flight"
+            response = await http.post(bastion_http.url, headers={**headers, "accept": "application/json"}, json={
+                "jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {"_meta": {"progressToken": token}}})
+            assert response.status_code == 200, response.text
+            assert response.json()["result"]["tools"]
+
+
+@pytest.mark.parametrize("event_id", [b"\xb2", b"\xb9\xb3", b"1" * 5000])
+async def test_a_last_event_id_that_is_no_number_is_no_internal_error(bastion_http: Served, event_id: bytes) -> None:
+    # Found by fuzzing: the header's bytes are read as Latin-1, where str.isdigit admits "²", "³" and "¹", which int
+    # refuses, and int refuses over 4,300 digits: the GET answered 500. It now starts the stream where it would
+    # without the header (an answer stream's "key.N" goes through the same reading of N).
+    async with httpx2.AsyncClient(timeout=120) as http:
+        headers = await open_legacy_session(http, bastion_http.url, "resumer")
+        async with http.stream("GET", bastion_http.url, headers={**headers, "accept": "text/event-stream",
+                                                                  "last-event-id": event_id}) as response:
+            assert response.status_code == 200

@@ -357,6 +357,13 @@ class TestReceive:
     def test_the_servers_cancellation_of_its_own_request(self):
         assert session().receive(frame(method="notifications/cancelled", params={"requestId": 4})) == ServerCancelled(4)
 
+    @pytest.mark.parametrize("request_id", [{"id": 4}, [4], True, 4.0, None])
+    def test_a_servers_cancellation_naming_no_id_is_ignored(self, request_id):
+        # Found by tests/fuzz/fuzz_client_session.py: the gateway looks the named relay up in a dict, where an object
+        # raised TypeError and true or 4.0 cancelled the relay of request 1 or 4.
+        event = session().receive(frame(method="notifications/cancelled", params={"requestId": request_id}))
+        assert isinstance(event, Ignored)
+
     def test_a_ping_is_a_server_request_like_any_other(self):
         # The gateway answers it, after the interceptor chain: the session writes no answer of its own.
         event = session().receive(frame(id="p1", method="ping"))

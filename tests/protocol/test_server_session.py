@@ -225,6 +225,17 @@ def test_cancellation_names_only_requests_in_flight() -> None:
     assert s.receive(Notification("notifications/cancelled", None)) == [Notified("notifications/cancelled", None)]
 
 
+@pytest.mark.parametrize("request_id", [{"a": 1}, [1], True, 1.0])
+def test_a_cancel_naming_no_id_cancels_nothing_and_keeps_the_session(request_id: Any) -> None:
+    # Found by tests/fuzz/fuzz_server_session.py: an object as requestId raised TypeError (unhashable) out of the
+    # session, and true or 1.0 cancelled request 1, as Python holds them equal to it.
+    s = legacy_ready()
+    s.receive(Request(1, "tools/call", {}))
+    cancel = Notification("notifications/cancelled", {"requestId": request_id})
+    assert s.receive(cancel) == [Notified("notifications/cancelled", {"requestId": request_id})]
+    assert s.in_flight() == {1}
+
+
 def test_roots_changed_and_unknown_notifications() -> None:
     s = legacy_ready()
     assert s.receive(Notification("notifications/roots/list_changed", None)) == [RootsChanged()]

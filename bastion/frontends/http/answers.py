@@ -11,7 +11,7 @@ import orjson
 
 from bastion.config import HttpConfig
 from bastion.frontends.http.exchanges import WITHDRAWN, Exchange
-from bastion.frontends.http.streams import SseStream, sse_event, wait_disconnect
+from bastion.frontends.http.streams import SseStream, event_number, sse_event, wait_disconnect
 from bastion.frontends.http.wire import NO_STORE, HttpError, Receive, Send, empty_response, json_response
 
 if TYPE_CHECKING:
@@ -68,9 +68,10 @@ class Answers:
     async def resume(self, session: "LegacySession", event_id: str, receive: Receive, send: Send) -> None:
         """A GET with the ``Last-Event-ID`` of a call's answer stream: that stream goes on here, from the event
         after that one to the answer."""
-        key, _, number = event_id.partition(".")
+        key, _, after = event_id.partition(".")
         exchange = session.resumable.get(key)
-        if exchange is None or not number.isdigit():
+        number = event_number(after)
+        if exchange is None or number is None:
             raise HttpError(400, -32600, f"no answer stream to resume at event {event_id!r}: its answer was sent, "
                                          f"or it waited more than {self.settings.resume_seconds:g} s for the client "
                                          "(http.resume_seconds)")
@@ -79,7 +80,7 @@ class Answers:
                            headers=(NO_STORE, (b"mcp-session-id", session.id.encode())),
                            notice=self.overflow_answer(exchange.request_id))
         stream.on_complete = _when_delivered(exchange, stream, lambda: session.forget(exchange))
-        exchange.resume(stream, int(number))
+        exchange.resume(stream, number)
         try:
             await self.stream_until_gone(stream, receive)
         finally:

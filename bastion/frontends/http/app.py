@@ -23,7 +23,7 @@ from bastion.frontends.http.guards import accepts
 from bastion.frontends.http.modern import ModernPosts
 from bastion.frontends.http.quotas import Holder, SessionQuotas, holder_of
 from bastion.frontends.http.sessions import LegacySession, SseSession
-from bastion.frontends.http.streams import SseStream, priming_event, sse_event
+from bastion.frontends.http.streams import SseStream, event_number, priming_event, sse_event
 from bastion.frontends.http.wire import (
     Gone,
     HttpError,
@@ -39,6 +39,7 @@ from bastion.frontends.http.wire import (
 )
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
+from bastion.protocol.jsonrpc import is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, is_modern, is_modern_first_message
 
 log = logging.getLogger("bastion.http")
@@ -235,8 +236,9 @@ class HttpFrontend:
             exchange, detach = Exchange(top.id, accepts_sse=accepts_sse, release=release), None
         session.exchanges[top.id] = exchange
         meta = top.params.get("_meta") if isinstance(top.params, dict) else None
-        if isinstance(meta, dict) and meta.get("progressToken") is not None:
-            session.progress[meta["progressToken"]] = exchange
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        if is_valid_id(token):  # a token is a string or an integer; an object would not hash, and true is 1
+            session.progress[token] = exchange
         try:
             session.feed(body, decoded, exchange)
         except BaseException:
@@ -262,7 +264,9 @@ class HttpFrontend:
             return
         if session.get_stream is not None:
             session.get_stream.finish()  # a client that reconnects may not have been seen to leave; the new one wins
-        start = int(resume) if resume.isdigit() else session.outbox.delivered
+        start = event_number(resume)
+        if start is None:
+            start = session.outbox.delivered
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
                            headers=((b"mcp-session-id", session.id.encode()),), on_sent=session.outbox.sent,
                            notice=self.answers.overflow_notice("messages after it were dropped; open the stream again"))

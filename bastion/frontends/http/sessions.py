@@ -17,7 +17,7 @@ from bastion.frontends.http.exchanges import Exchange, answer_to
 from bastion.frontends.http.quotas import Holder
 from bastion.frontends.http.streams import ReplayLog, SseStream, sse_event
 from bastion.model import Identity
-from bastion.protocol.jsonrpc import Notification, Outgoing
+from bastion.protocol.jsonrpc import Notification, Outgoing, is_valid_id
 
 if TYPE_CHECKING:
     from bastion.frontends.http.app import HttpFrontend
@@ -125,7 +125,7 @@ class LegacySession:
         elif type(message) is Notification and message.method == "notifications/progress":  # type: ignore[union-attr]
             params = message.params  # type: ignore[union-attr]
             token = params.get("progressToken") if isinstance(params, dict) else None
-            exchange = self.progress.get(token) if token is not None else None
+            exchange = self.progress.get(token) if is_valid_id(token) else None
             if exchange is not None:
                 exchange.deliver(frame, False)
                 return
@@ -158,7 +158,7 @@ class LegacySession:
 
     def withdraw(self, request_id: Any) -> None:
         """The client cancelled one of its requests: its POST is answered with nothing, now."""
-        exchange = self.exchanges.pop(request_id, None) if isinstance(request_id, (str, int)) else None
+        exchange = self.exchanges.pop(request_id, None) if is_valid_id(request_id) else None  # true is no id
         if exchange is not None:
             self._forget_progress(exchange)
             exchange.withdraw()

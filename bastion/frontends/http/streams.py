@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import re
 from typing import Any, Awaitable, Callable, Iterable
 
 log = logging.getLogger("bastion.http")
@@ -14,6 +15,15 @@ AsgiSend = Callable[[dict[str, Any]], Awaitable[None]]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store"),
                (b"x-accel-buffering", b"no")]
 _HEARTBEAT = b": keep-alive\n\n"
+
+
+_EVENT_NUMBER = re.compile(r"[0-9]{1,18}")
+
+
+def event_number(text: str) -> int | None:
+    """The number a ``Last-Event-ID`` (or its part after the dot) gives, None when it gives none: ASCII digits only,
+    fewer than 19 (``str.isdigit`` admits "²", which ``int`` refuses, and ``int`` refuses over 4,300 digits)."""
+    return int(text) if _EVENT_NUMBER.fullmatch(text) else None
 
 
 def sse_event(data: bytes, event_id: str | None = None, event: str | None = None) -> bytes:

@@ -25,6 +25,9 @@ _ARGUMENT_METACHARACTERS = frozenset(";&|`$()<>^'\"\\\n\r\x00{}*?[]!#")
 _OPERATORS_OUTSIDE_QUOTES = frozenset(";&|`$()<>^\n\r\x00")
 _EXPANDING_IN_DOUBLE_QUOTES = frozenset("`$\n\r\x00")
 _WHITESPACE = re.compile(r"\s")
+# Where a shell expands an unquoted tilde to a home directory: a word's start, and (bash) after the = or a : of a
+# word shaped like an assignment (``a=~``, ``PATH=x:~``).
+_TILDE_PREFIX = re.compile(r"(?:^|[=:])~")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,8 @@ def _readings(value: str) -> tuple[str, ...]:
 def _check_word(value: str, rules: ShellRules) -> str | None:
     if any(c in _ARGUMENT_METACHARACTERS for c in value):
         return "the argument contains shell metacharacters"
+    if _TILDE_PREFIX.search(value):
+        return "the argument would be expanded to a home directory (~)"
     if not rules.allow_whitespace and _WHITESPACE.search(value):
         return "the argument contains whitespace"
     if rules.positional and value.lstrip().startswith("-"):
