@@ -43,7 +43,8 @@ def _pointer_values(arguments: Any, where: str) -> Iterator[Any]:
             part = raw.replace("~1", "/").replace("~0", "~")
             if isinstance(node, Mapping):
                 node = node.get(part, _MISSING)
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            elif isinstance(node, list) and part.isascii() and part.isdigit() and len(part) < 19 \
+                    and int(part) < len(node):
                 node = node[int(part)]
             else:
                 node = _MISSING

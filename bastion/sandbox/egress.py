@@ -45,7 +45,8 @@ def split_host_port(authority: str, default_port: int) -> tuple[str, int]:
         raise RequestRejected(400, f"no host in {authority!r}")
     if not port_text:
         return host, default_port
-    if not port_text.isdigit():
+    # ASCII digits only: str.isdigit admits "²", which int refuses
+    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and 0 < int(port_text) < 65536):
         raise RequestRejected(400, f"bad port in {authority!r}")
     return host, int(port_text)
 

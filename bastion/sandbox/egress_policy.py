@@ -60,7 +60,8 @@ def parse_allow_rule(entry: str) -> AllowRule:
     """``host:port``, ``*.example.com:443``, ``127.0.0.1:8080`` or ``[::1]:8080``."""
     form = "write it as host:port, *.example.com:443 or [::1]:8080"
     host, sep, port_text = entry.strip().rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not sep or not host or not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5) \
+            or not 0 < int(port_text) < 65536:
         raise ValueError(f"network entry {entry!r} needs a port from 1 to 65535; {form}")
     port = int(port_text)
     if host.startswith("[") and host.endswith("]"):

@@ -36,6 +36,7 @@ def test_parse_allow_rule(entry, host, port, wildcard):
 @pytest.mark.parametrize("entry", [
     "example.com", "example.com:", "example.com:0", "example.com:65536", "example.com:https", ":443",
     "exa mple.com:443", "*.*.example.com:443", "ex*ample.com:443", "-bad.example.com:443", "bücher.de:443",
+    "example.com:\u00b2", "example.com:4\u0663", "example.com:" + "4" * 5000,
 ])
 def test_parse_allow_rule_rejects(entry):
     with pytest.raises(ValueError, match="host:port"):
@@ -172,3 +173,14 @@ def test_a_name_resolving_to_an_allowlisted_ip_is_allowed():
 
 def test_no_addresses_is_refused():
     assert not decide_addresses(ALLOW, 443, []).allowed
+
+
+@pytest.mark.parametrize("authority", ["example.com:\u00b2", "example.com:4\u0663", "[::1]:\u00b9",
+                                       "example.com:" + "4" * 5000, "example.com:0", "example.com:65536"])
+def test_a_proxy_request_whose_port_is_no_port_is_refused_with_400(authority):
+    """What a sandboxed server writes after CONNECT: digits int() refuses ("²", Arabic-Indic, over 4,300 of them)
+    are a bad request, never an exception in the proxy."""
+    from bastion.sandbox.egress import RequestRejected, split_host_port
+    with pytest.raises(RequestRejected) as refused:
+        split_host_port(authority, 443)
+    assert refused.value.status == 400 and "bad port" in refused.value.reason

@@ -37,8 +37,11 @@ class Gone(Exception):
 async def read_body(headers: dict[str, str], receive: Receive, limit: int, body_timeout: float) -> bytes:
     """The request's body, refused past ``limit`` bytes (http.max_body_bytes) or ``body_timeout`` seconds."""
     declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HttpError(413, -32600, f"the request body of {declared} bytes exceeds the limit of {limit} bytes "
+    # ASCII digits only (str.isdigit admits "²", which int refuses); past 18 digits it is over any limit
+    if declared is not None and declared.isascii() and declared.isdigit() and (
+            len(declared) > 18 or int(declared) > limit):
+        size_said = declared if len(declared) <= 18 else "over 10^18"
+        raise HttpError(413, -32600, f"the request body of {size_said} bytes exceeds the limit of {limit} bytes "
                                      "(http.max_body_bytes)")
     chunks: list[bytes] = []
     size = 0
