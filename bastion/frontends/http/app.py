@@ -68,7 +68,7 @@ class HttpFrontend:
         self.sessions: dict[str, LegacySession] = {}
         self.sse_sessions: dict[str, SseSession] = {}
         self.quotas = SessionQuotas(settings)  # both kinds, by holder: the gateway's bound and each caller's quota
-        self.modern = ModernPosts(gateway, self.admission, self.answers, self.quotas, self._holder)
+        self.modern = ModernPosts(gateway, self.admission, self.answers, self.quotas, self._place_for)
         self._reaper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------ lifetime
@@ -94,6 +94,19 @@ class HttpFrontend:
 
     def _holder(self, identity: Identity, peer: str) -> Holder:
         return holder_of(identity, peer, authenticated=self.auth.required, settings=self.settings)
+
+    def _place_for(self, identity: Identity, peer: str, top: Peeked) -> Holder:
+        """Whose quota a new session (or listen stream) opened by ``top`` counts against, once there is room in it
+        and in the gateway's bound; a refusal over the caller's own quota is audited."""
+        holder = self._holder(identity, peer)
+        try:
+            self.quotas.check(holder, top.id)
+        except HttpError as refusal:
+            if refusal.status == 429:
+                self.admission.audit_refusal(identity, top, "admission", holder.setting, refusal.message,
+                                             refusal.code)
+            raise
+        return holder
 
     async def _reap_idle_sessions(self) -> None:
         timeout = self.settings.session_idle_timeout
@@ -180,14 +193,7 @@ class HttpFrontend:
             await self.modern.post(body, top, message, headers, identity, peer, receive, send)
         elif top.method == "initialize":
             self.admission.check_method_scopes(identity, top)
-            holder = self._holder(identity, peer)
-            try:
-                self.quotas.check(holder, top.id)
-            except HttpError as refusal:
-                if refusal.status == 429:
-                    self.admission.audit_refusal(identity, top, "admission", holder.setting, refusal.message,
-                                                 refusal.code)
-                raise
+            holder = self._place_for(identity, peer, top)
             session = LegacySession(self, identity, holder)
             self.sessions[session.id] = session
             self.quotas.take(holder, session)

@@ -44,12 +44,12 @@ class ModernPosts:
     """The 2026-07-28 POSTs, each its own gateway connection while it runs."""
 
     def __init__(self, gateway: Gateway, admission: Admission, answers: Answers, quotas: SessionQuotas,
-                 holder: Callable[[Identity, str], Holder]) -> None:
+                 place_for: Callable[[Identity, str, Peeked], Holder]) -> None:
         self.gateway = gateway
         self.admission = admission
         self.answers = answers
         self.quotas = quotas
-        self.holder = holder
+        self.place_for = place_for
         self.connections: set[ClientConnection] = set()
 
     def _param_header_mismatch(self, params: dict[str, Any], headers: dict[str, str]) -> str | None:
@@ -91,14 +91,7 @@ class ModernPosts:
                                          "session-wide log level)", top.id)
         self.admission.check_method_scopes(identity, top)
         if top.method == "subscriptions/listen":
-            holder = self.holder(identity, peer)
-            try:
-                self.quotas.check(holder, top.id)
-            except HttpError as refusal:
-                if refusal.status == 429:
-                    self.admission.audit_refusal(identity, top, "admission", holder.setting, refusal.message,
-                                                 refusal.code)
-                raise
+            holder = self.place_for(identity, peer, top)
             listen = OpenListen(secrets.token_hex(8))
             self.quotas.take(holder, listen)
             try:
