@@ -25,6 +25,7 @@ from bastion.auth.config import AuthConfig
 from bastion.clients.grants import with_inferred_grants
 from bastion.credentials.config import UpstreamAuth
 from bastion.finding import Finding
+from bastion.jsonc import parse_jsonc
 from bastion.public_key_pins import pin_problem
 from bastion.plaintext import PLAINTEXT_ERROR, PLAINTEXT_FIX, is_plaintext_remote, plaintext_refusal
 from bastion.guardrails.config import GuardrailsConfig
@@ -518,7 +519,12 @@ def _parse(file: Path, text: bytes) -> Any:
         except RecursionError:  # tomllib reads nested arrays and tables by recursion, with no bound of its own
             raise ConfigError(f"{file}: not valid TOML: nested too deeply") from None
     try:
-        return json.loads(text)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            # Comments and trailing commas, as clients' files hold them (VS Code's by default): the same reading
+            # import gives the file, with positions as the editor shows them.
+            return parse_jsonc(text.decode("utf-8-sig"))
     except RecursionError:  # as deep as Python's recursion: no configuration nests so
         raise ConfigError(f"{file}: not valid JSON: nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:  # ValueError: JSONDecodeError, or an integer of over 4,300 digits

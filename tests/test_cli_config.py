@@ -169,3 +169,24 @@ def test_unknown_variables_are_refused_not_passed_through(tmp_path):
     with pytest.raises(VariableError, match="not a variable Bastion knows"):
         variables.expand("${command:pickFile}")
     assert variables.expand("plain $HOME and ${/}") == "plain $HOME and /"
+
+
+def test_a_client_file_with_comments_and_trailing_commas_is_read_as_import_reads_it(tmp_path):
+    """VS Code's .vscode/mcp.json has comments by default, and hand-edited Claude Desktop and Cursor files often
+    carry them or a trailing comma: run, check and serve read them as import does."""
+    vscode = tmp_path / "mcp.json"
+    vscode.write_text('\ufeff{\n  // Servers for this folder\n  "servers": {\n    "time": {\n'
+                      '      "type": "stdio", /* the reference time server */\n'
+                      '      "command": "mcp-server-time",\n      "args": ["--local-timezone=UTC",],\n    },\n  },\n}\n')
+    loaded = load_config(vscode)
+    assert loaded.servers["time"].command == "mcp-server-time"
+    assert loaded.servers["time"].args == ["--local-timezone=UTC"]
+    assert "// Servers" not in str(loaded.servers)
+
+
+def test_an_error_in_a_file_with_comments_is_reported_where_the_editor_shows_it(tmp_path):
+    config = tmp_path / "cursor.json"
+    config.write_text('{\n  /* a comment\n     over lines */\n  "mcpServers": {\n    "a": {"command": "x" "args": []}\n  }\n}\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    assert str(config) in str(err.value) and "line 5 column 26" in str(err.value)

@@ -8,11 +8,12 @@ also read a file in the project folder. Their formats differ only in where the s
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bastion.jsonc import parse_jsonc
 
 
 @dataclass(frozen=True)
@@ -157,39 +158,3 @@ def _workspace_of(path: Path) -> Path:
 def _tilde(path: Path, home: Path) -> str:
     text, home_text = str(path), str(home)
     return "~" + text[len(home_text):] if text.startswith(home_text + "/") else text
-
-
-def parse_jsonc(text: str) -> Any:
-    """JSON with the ``//`` and ``/* */`` comments and trailing commas VS Code's files allow."""
-    return json.loads(_strip_jsonc(text))
-
-
-def _strip_jsonc(text: str) -> str:
-    out: list[str] = []
-    index, length = 0, len(text)
-    while index < length:
-        char = text[index]
-        if char == '"':
-            end = index + 1
-            while end < length and text[end] != '"':
-                end += 2 if text[end] == "\\" else 1
-            out.append(text[index:end + 1])
-            index = end + 1
-        elif text.startswith("//", index):
-            newline = text.find("\n", index)
-            index = length if newline < 0 else newline
-        elif text.startswith("/*", index):
-            close = text.find("*/", index + 2)
-            index = length if close < 0 else close + 2
-        elif char in "}]":
-            # a comma before a closing bracket (whitespace between) is dropped
-            while out and out[-1].isspace():
-                out.pop()
-            if out and out[-1] == ",":
-                out.pop()
-            out.append(char)
-            index += 1
-        else:
-            out.append(char)
-            index += 1
-    return "".join(out)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bastion.clients.discovery import ClientSpec, parse_jsonc
+from bastion.clients.discovery import ClientSpec
+from bastion.jsonc import parse_jsonc
 
 ENTRY_NAME = "bastion"
 
