@@ -16,14 +16,23 @@ CANCEL_TAG = "\U000e007f"
 _TAG_SPEC = re.compile("[\U000e0030-\U000e0039\U000e0061-\U000e007a]{2,6}")
 
 
+# The longest run of tags an emoji tag sequence has: six letters or digits and the cancel tag. A run is measured
+# only this far each way, so that a text of nothing but tag characters costs a constant per character, not the run.
+_LONGEST = 7
+
+
+def _is_tag(char: str) -> bool:
+    return "\U000e0000" <= char <= "\U000e007f"
+
+
 def in_emoji_tag_sequence(text: str, at: int) -> bool:
     """Whether the tag character at ``text[at]`` belongs to an emoji tag sequence (a subdivision flag)."""
-    start = at
-    while start > 0 and "\U000e0000" <= text[start - 1] <= "\U000e007f":
+    start, low = at, max(0, at - _LONGEST)
+    while start > low and _is_tag(text[start - 1]):
         start -= 1
-    end = at
-    while end < len(text) and "\U000e0000" <= text[end] <= "\U000e007f":
+    end, high = at, min(len(text), at + _LONGEST)
+    while end < high and _is_tag(text[end]):
         end += 1
-    if start == 0 or text[start - 1] != BLACK_FLAG or text[end - 1] != CANCEL_TAG:
+    if end - start > _LONGEST or start == 0 or text[start - 1] != BLACK_FLAG or text[end - 1] != CANCEL_TAG:
         return False
     return _TAG_SPEC.fullmatch(text, start, end - 1) is not None

@@ -203,3 +203,26 @@ class _NoCatalog:
 def test_each_case_of_the_corpus_is_judged_right(case, tmp_path) -> None:
     caught, found = output_attacks.run_case(case, output_attacks.catalog(), tmp_path / "pins.json")
     assert caught is bool(case["label"]), found
+
+
+class _CountingText(str):
+    """A text that counts how many of its characters are read one by one."""
+
+    reads = 0
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        type(self).reads += 1
+        return str.__getitem__(self, key)
+
+
+@pytest.mark.parametrize("run", [10, 1_000, 100_000])
+def test_telling_a_flags_tags_from_smuggled_ones_reads_a_bounded_span_whatever_the_run(run: int) -> None:
+    """Found by the scanners' fuzzing: the check walked the whole run of tag characters for each one of them, so 8,000
+    took 10 s of the event loop. Now it reads at most a flag's length each way."""
+    from bastion.guardrails.emoji import in_emoji_tag_sequence
+    text = _CountingText("x" + "\U000e0041" * run + "y")
+    _CountingText.reads = 0
+    assert not in_emoji_tag_sequence(text, 1 + run // 2)
+    assert _CountingText.reads <= 20
+    flag = _CountingText("\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f")
+    assert all(in_emoji_tag_sequence(flag, at) for at in range(1, 7))
