@@ -51,8 +51,9 @@ def register(subparsers: Any) -> None:
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     verify = audit_sub.add_parser("verify", help="check the hash chain of audit files (exit 0 intact, 1 tampered)")
     verify.add_argument(
-        "paths", nargs="+",
-        help="audit trails (the configured audit.path brings in all its chains and rotated files) or single files",
+        "paths", nargs="*",
+        help="audit trails (the configured audit.path brings in all its chains and rotated files) or single files; "
+             "none: the default trail, the state directory's audit.jsonl",
     )
     verify.add_argument("--key-file", help="HMAC key file, when the trail was written with one")
     verify.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -151,12 +152,26 @@ def _audit_verify(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         _say(f"error: {args.key_file}: cannot use it as the audit key ({error}); give the audit.key_file the trail was written with")
         return EXIT_USAGE
-    trail = verify_paths(args.paths, key)
+    paths = args.paths or [_default_trail()]
+    if not args.paths and not Path(paths[0]).exists():
+        _say(f"error: no audit trail at {paths[0]} (the default audit.path); give the configured policy.audit.path "
+             "of the configuration whose trail to verify")
+        return EXIT_USAGE
+    if not args.paths:
+        _say(f"the default trail: {paths[0]}")
+    trail = verify_paths(paths, key)
     if args.json:
         sys.stdout.write(json.dumps(trail.to_json(), indent=2) + "\n")
     else:
         _say(*_audit_lines(trail))
     return 0 if trail.ok else 1
+
+
+def _default_trail() -> str:
+    """The trail a configuration that does not set policy.audit.path writes: what the README verifies."""
+    from bastion.policy.config import AuditConfig
+
+    return AuditConfig().path
 
 
 def _audit_lines(trail: Any) -> list[str]:
