@@ -11,11 +11,12 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -501,7 +502,7 @@ def load_config(path: str | os.PathLike[str] | None, *, log_notes: bool = True) 
     try:
         config = GatewayConfig.model_validate(data).with_source(file.resolve()).with_notes(notes, servers_key)
     except ValidationError as exc:
-        invalid = _validation_findings(exc, servers_key)
+        invalid = _validation_findings(exc, servers_key, file.suffix.lower() == ".toml")
         raise ConfigError(_explain(file, invalid), [*notes, *invalid]) from None
     if log_notes:
         for note in notes:
@@ -772,7 +773,7 @@ def _resolve_paths(entry: dict[str, Any], folder: Path) -> dict[str, Any]:
     return resolved
 
 
-def _validation_findings(exc: ValidationError, servers_key: str) -> list[Finding]:
+def _validation_findings(exc: ValidationError, servers_key: str, toml: bool = False) -> list[Finding]:
     findings = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
@@ -785,6 +786,8 @@ def _validation_findings(exc: ValidationError, servers_key: str) -> list[Finding
             fix = "add it"
         elif kind == PLAINTEXT_ERROR:
             fix = PLAINTEXT_FIX
+        elif (written := _what_to_write(kind, loc, err.get("input"), err.get("ctx") or {}, toml)) is not None:
+            fix = written
         elif isinstance(err.get("input"), (dict, list)):
             # A whole table is never echoed: it may hold a secret (an issuer's client_secret); the message says the fix.
             fix = "as the message says"
@@ -792,6 +795,56 @@ def _validation_findings(exc: ValidationError, servers_key: str) -> list[Finding
             fix = f"got {err.get('input')!r}"
         findings.append(Finding("error", ".".join(loc) or "(top level)", err["msg"], fix))
     return findings
+
+
+_LIST_TYPES = ("list_type", "tuple_type", "set_type", "frozen_set_type")
+_NUMBER_TYPES = ("int_type", "int_parsing", "int_from_float", "float_type", "float_parsing")
+_BOOL_TYPES = ("bool_type", "bool_parsing")
+_TABLE_TYPES = ("dict_type", "model_type", "model_attributes_type")
+
+
+def _what_to_write(kind: str, loc: list[str], value: Any, ctx: Mapping[str, Any], toml: bool) -> str | None:
+    """The fix of a value of the wrong type, as the line to write in the file's own syntax (None: no such line).
+    A table or a list given is never echoed: it may hold a secret."""
+    if not loc:
+        return None
+    item = loc[-1].isdigit() and len(loc) > 1  # an item of a list: named by the list, written as one of its items
+    key = loc[-2] if item else loc[-1]
+
+    def line(written: str) -> str:
+        return f"write {key} = {written}" if toml else f'write "{key}": {written}'
+
+    def scalar(text: Any) -> str | None:
+        return None if isinstance(text, (dict, list)) else str(text)
+
+    if kind in _LIST_TYPES:
+        words = shlex.split(value) if isinstance(value, str) and _splits(value) else None
+        example = json.dumps(words or (["first", "second"] if not isinstance(value, str) else [value]))
+        return line(example) + " (a list, one item per element)"
+    if kind == "string_type":
+        text = scalar(value)
+        quoted = json.dumps(text) if text is not None else '"..."'
+        if item:
+            return f"write each item of {key} as a string, quoted: {quoted}"
+        return line(quoted) + " (a string, quoted)"
+    if kind in _NUMBER_TYPES:
+        number = value if isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value) else None
+        return line(number.strip() if number else "10") + " (a number, without quotes)"
+    if kind in _BOOL_TYPES:
+        return line("true") + " or false (without quotes)"
+    if kind in _TABLE_TYPES:
+        return (f"write [{'.'.join(loc)}] as a table of its settings (docs/configuration.md)" if toml else
+                f'write "{key}": {{ ... }}, an object of its settings (docs/configuration.md)')
+    if kind == "literal_error" and isinstance(ctx.get("expected"), str):
+        return f"write one of {ctx['expected']} as {key}"
+    return None
+
+
+def _splits(text: str) -> bool:
+    try:
+        return bool(shlex.split(text))
+    except ValueError:  # an unbalanced quote: the value is given back as one item
+        return False
 
 
 def _explain(file: Path, findings: list[Finding]) -> str:

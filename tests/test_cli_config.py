@@ -52,6 +52,26 @@ def test_errors_name_the_file_the_key_and_the_fix(tmp_path, body, where, fix):
     assert str(config) in message and where in message and fix in message
 
 
+def test_a_type_error_says_what_to_write_in_the_files_own_syntax(tmp_path):
+    """Each type's fix is the line to write: a list, a string, a number, a boolean, a table."""
+    bad = tmp_path / "mcp.json"
+    bad.write_text(json.dumps({"mcpServers": {"x": {
+        "command": "server", "args": "--port 8080", "env": {"PORT": 8080}, "enabled": "maybe",
+        "request_timeout": "thirty", "sandbox": 3}}}))
+    said = _run("check", str(bad)).stderr
+    assert 'mcpServers.x.args: Input should be a valid list — fix: write "args": ["--port", "8080"]' in said
+    assert 'mcpServers.x.env.PORT: Input should be a valid string — fix: write "PORT": "8080"' in said
+    assert 'fix: write "enabled": true or false' in said
+    assert 'fix: write "request_timeout": 10 (a number, without quotes)' in said
+    assert 'mcpServers.x.sandbox: Input should be a valid dictionary' in said
+
+    toml = tmp_path / "bastion.toml"
+    toml.write_text('[servers.x]\ncommand = "server"\nargs = "--db-path \'my shop.db\'"\nsandbox = 3\n')
+    said = _run("check", str(toml)).stderr
+    assert 'servers.x.args: Input should be a valid list — fix: write args = ["--db-path", "my shop.db"]' in said
+    assert "fix: write [servers.x.sandbox] as a table of its settings" in said
+
+
 def test_unparseable_files_are_reported_with_their_name(tmp_path):
     toml = tmp_path / "b.toml"
     toml.write_text("[servers.a\ncommand = 1")
