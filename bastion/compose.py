@@ -16,7 +16,7 @@ from bastion.gateway.launch import launch_server
 from bastion.gateway.upstream import Launcher
 from bastion.guardrails.chain import GuardrailChain, build_guardrails
 from bastion.guardrails.report import InterventionLog
-from bastion.server_entry import pinned_entries
+from bastion.server_entry import pin_identities, pinned_entries
 from bastion.model import CatalogView, Interceptor
 from bastion.policy.interceptors import PolicyRuntime, build_policy_runtime
 
@@ -77,7 +77,7 @@ def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, c
         return GuardrailChain([], [])
     writer = policy.audit.writer if policy is not None else None
     report = InterventionLog(writer.write if writer is not None else None)
-    return build_guardrails(config.guardrails, report, catalog, pinned_entries(config))
+    return build_guardrails(config.guardrails, report, catalog, pinned_entries(config), pin_identities(config))
 
 
 def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:

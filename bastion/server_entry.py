@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bastion.guardrails.pin_book import server_id
 from bastion.launchers.plan import NotALauncher, plan_launch
 
 if TYPE_CHECKING:
@@ -47,3 +48,11 @@ def pinned_entry(server: "ServerConfig") -> dict[str, Any]:
 def pinned_entries(config: "GatewayConfig") -> dict[str, dict[str, Any]]:
     """The pinned form of every enabled server's entry, by server name."""
     return {name: pinned_entry(server) for name, server in config.servers.items() if server.enabled}
+
+
+def pin_identities(config: "GatewayConfig") -> dict[str, str]:
+    """The identity each enabled server is pinned under (pin_book.server_id): its configuration file and its name
+    there, so that servers of one name in two files never pass for one server that changed; by name alone for a
+    configuration that is no file."""
+    source = str(config.source) if config.source is not None else None
+    return {name: server_id(name, source) for name, server in config.servers.items() if server.enabled}

@@ -226,3 +226,12 @@ def free_port() -> int:
                 continue  # another program (a run beside this one) has it
             return port
     raise RuntimeError(f"every port of {first}-{first + _PORT_BLOCK - 1} is taken")
+
+
+def pinned_servers(pins_file: Path) -> dict:
+    """The servers of the one configuration file a test's pins file holds (pins are kept per configuration file
+    and server name: bastion/guardrails/pin_book.py)."""
+    import json
+
+    (servers,) = json.loads(pins_file.read_text())["configurations"].values()
+    return servers

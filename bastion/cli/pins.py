@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,14 @@ from bastion.cli.conventions import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 def register(subparsers: Any) -> None:
     pins = subparsers.add_parser(
         "pins", help="tool, prompt and template definitions pinned on first use, and changes withheld since",
-        description="Servers' tools, prompts and resource templates are pinned as first seen; a definition that "
-                    "changes later is withheld until accepted here.")
+        description="Servers' tools, prompts and resource templates are pinned as first seen, per configuration "
+                    "file and server name; a definition that changes later is withheld until accepted here.")
     commands = pins.add_subparsers(dest="pins_command", required=True)
     listing = commands.add_parser("list", help="every pinned definition and whether a change of it is withheld")
     listing.add_argument("--json", action="store_true", help="the pins as a JSON array on stdout")
-    diff = commands.add_parser("diff", help="what each withheld definition changed, as a readable diff")
+    diff = commands.add_parser("diff", help="every reason each withheld definition is withheld, with a readable diff")
     diff.add_argument("target", nargs="?", metavar="SERVER[/NAME]", help="one server, or one of its definitions")
-    diff.add_argument("--json", action="store_true", help="the withheld changes as a JSON array on stdout")
+    diff.add_argument("--json", action="store_true", help="the withheld definitions as a JSON array on stdout")
     accept = commands.add_parser("accept", help="trust what a server offers now instead of what was pinned")
     accept.add_argument("target", metavar="SERVER[/NAME]", help="a server (all its withheld changes) or one definition")
     forget = commands.add_parser(
@@ -36,7 +37,10 @@ def register(subparsers: Any) -> None:
     for command, handler in ((listing, _list), (diff, _diff), (accept, _accept), (forget, _forget)):
         command.add_argument("--config", "-c", metavar="FILE",
                              help="the configuration whose guardrails.pins.path to use (default: the state directory's "
-                                  "pins.json)")
+                                  "pins.json); its servers are the ones meant, unless --of says otherwise")
+        command.add_argument("--of", metavar="FILE",
+                             help="only the servers of this configuration file (it need not exist any more); '-' for "
+                                  "pins kept by server name alone (from before pins were kept per configuration file)")
         command.set_defaults(handler=handler)
 
 
@@ -54,6 +58,19 @@ def _store(args: argparse.Namespace) -> Any:
 
     config = load_config(Path(args.config), log_notes=False)
     return PinStore((config.guardrails or GuardrailsConfig()).pins_path())
+
+
+_BY_NAME = ""  # --of "-": the pins kept by name alone
+
+
+def _of(args: argparse.Namespace) -> str | None:
+    """The configuration file the command is restricted to (``_BY_NAME`` for pins by name alone), None for all."""
+    chosen = args.of if args.of is not None else args.config
+    if chosen is None:
+        return None
+    if chosen == "-":
+        return _BY_NAME
+    return str(Path(chosen).expanduser().resolve())
 
 
 def _run(args: argparse.Namespace, command: Any) -> int:
@@ -78,27 +95,121 @@ def _target(text: str | None) -> tuple[str | None, str | None]:
     return server, (name or None)
 
 
-def _rows(book: Any, server: str | None, name: str | None, *, withheld_only: bool) -> list[dict[str, Any]]:
-    from bastion.guardrails.pin_book import SINGULAR, judge
+def _identities(book: Any, name: str | None, of: str | None) -> list[str]:
+    """The pinned identities a command means: those of server ``name`` (every one when None) of configuration
+    ``of`` (every one when None)."""
+    from bastion.guardrails.pin_book import split_id
+
+    chosen = []
+    for server in book.servers():
+        configuration, own = split_id(server)
+        if (name is None or own == name) and (of is None or (configuration or _BY_NAME) == of):
+            chosen.append(server)
+    return chosen
+
+
+def _where(server: str) -> str:
+    """Which configuration pinned ``server``, in words."""
+    from bastion.guardrails.pin_book import split_id
+
+    configuration = split_id(server)[0]
+    return configuration or "no configuration file (pinned by server name alone)"
+
+
+def _rows(book: Any, servers: list[str], name: str | None, *, withheld_only: bool,
+          modes: Any = None) -> list[dict[str, Any]]:
+    """One row per pinned definition of ``servers`` (``name``'s only, when given): its status and, under
+    ``withheld_only``, only those withheld, each with every reason (``modes``: the metadata scan's switch of an
+    identity, to find the definitions it withholds)."""
+    from bastion.guardrails.pin_book import ENTRY_KEY, ENTRY_KIND, SINGULAR, judge, split_id
+    from bastion.guardrails.pin_diff import summary
 
     rows = []
     for (s, kind, key), record in sorted(book.records.items()):
-        if (server is not None and s != server) or (name is not None and key != name):
+        if s not in servers or (name is not None and key != name):
             continue
+        configuration, server_name = split_id(s)
+        base = {"server": server_name, "configuration": configuration, "kind": SINGULAR[kind], "name": key}
+        reasons = []
+        entry = book.get(s, ENTRY_KIND, ENTRY_KEY)
+        if kind != ENTRY_KIND and entry is not None and entry.offered is not None and entry.pinned is not None:
+            changes = judge(book, s, ENTRY_KIND, ENTRY_KEY, entry.offered).changes
+            reasons.append({"reason": "changed-configuration",
+                            "text": f"the server's configuration entry changed since it was pinned: "
+                                    f"{summary(list(changes))}; everything the server offers is withheld with it"})
+        current = record.offered if record.offered is not None else record.pinned
+        if kind != ENTRY_KIND and modes is not None and current is not None:
+            finding = _content_finding(current, modes(s))
+            if finding is not None:
+                reasons.append({"reason": "injection", "text": finding})
         if record.offered is None:
-            if withheld_only:
+            if withheld_only and not reasons:
                 continue
-            rows.append({"server": s, "kind": SINGULAR[kind], "name": key, "status": "pinned",
-                         "pinned_at": record.pinned_at})
+            rows.append({**base, "status": "withheld" if reasons else "pinned", "pinned_at": record.pinned_at,
+                         "reasons": reasons, "pinned": record.pinned, "offered": None})
             continue
         verdict = judge(book, s, kind, key, record.offered)
         status = "renamed" if verdict.status == "renamed" else "changed"
-        rows.append({"server": s, "kind": SINGULAR[kind], "name": key, "status": status,
-                     "pinned_at": record.pinned_at, "offered_at": record.offered_at, "matches": record.matches,
-                     "changes": [c.summary for c in verdict.changes],
+        what = ("configuration entry changed" if kind == ENTRY_KIND else
+                "a new name for a known definition" if status == "renamed" else "definition changed")
+        reasons.insert(0, {"reason": f"{status}-definition" if kind != ENTRY_KIND else "changed-configuration",
+                           "text": f"{what}: {summary(list(verdict.changes))}"})
+        rows.append({**base, "status": status, "pinned_at": record.pinned_at, "offered_at": record.offered_at,
+                     "matches": record.matches, "changes": [c.summary for c in verdict.changes], "reasons": reasons,
                      "pinned": record.pinned if record.pinned is not None else _source(book, s, kind, record.matches),
                      "offered": record.offered})
     return rows
+
+
+_WAY_OUT = ("accepting does not lift a content finding: review the server, then set metadata_injection = \"off\" "
+            "(or \"sanitize\", which serves it with the instructions cut out) for it under "
+            "[guardrails.servers.{server}] of {where}")
+
+
+def _quietly(read: Any) -> Any:
+    """``read()`` without the notes reading a configuration logs (what each server reads and writes): the command
+    reads it for its guardrail switches only."""
+    chatty = logging.getLogger("bastion.clients")
+    level = chatty.level
+    chatty.setLevel(logging.WARNING)
+    try:
+        return read()
+    finally:
+        chatty.setLevel(level)
+
+
+def _content_finding(definition: Any, mode: str) -> str | None:
+    from bastion.guardrails.injection import definition_finding
+
+    found = definition_finding(definition, mode)
+    return None if found is None else f"the metadata scan finds {found} in its definition"
+
+
+def _modes(servers: list[str]) -> Any:
+    """The metadata scan's switch for each identity, read from its configuration file (the defaults when it has
+    none or it cannot be read: said once)."""
+    from bastion.config import ConfigError, load_config
+    from bastion.guardrails.config import GuardrailsConfig
+    from bastion.guardrails.pin_book import split_id
+
+    configs: dict[str | None, Any] = {}
+
+    def mode(server: str) -> str:
+        configuration, name = split_id(server)
+        if configuration not in configs:
+            guardrails = GuardrailsConfig()
+            if configuration is not None and Path(configuration).exists():
+                try:
+                    loaded = _quietly(lambda: load_config(Path(configuration), log_notes=False))
+                    guardrails = loaded.guardrails
+                except ConfigError as exc:
+                    _say(f"{configuration}: cannot be read ({str(exc).splitlines()[0]}); its servers are scanned "
+                         "with the default guardrails")
+            configs[configuration] = guardrails
+        guardrails = configs[configuration]
+        return "off" if guardrails is None else guardrails.switch("metadata_injection", name)
+
+    return mode
 
 
 def _source(book: Any, server: str, kind: str, key: str | None) -> Any:
@@ -108,107 +219,163 @@ def _source(book: Any, server: str, kind: str, key: str | None) -> Any:
     return record.pinned if record.pinned is not None else record.offered
 
 
-def _unknown(book: Any, server: str | None, name: str | None) -> str | None:
-    """Why ``server``/``name`` names nothing in the pins, or None when it names something."""
+def _unknown(book: Any, server: str | None, name: str | None, of: str | None) -> str | None:
+    """Why ``server``/``name`` of ``of`` names nothing in the pins, or None when it names something."""
+    from bastion.guardrails.pin_book import split_id
+
+    where = "" if of is None else f" of {of or 'no configuration file'}"
     if server is None:
+        if of is not None and not _identities(book, None, of):
+            return f"no pins{where}; `bastion pins list` shows which configurations have pins"
         return None
-    servers = sorted({s for s, _, _ in book.records})
-    if server not in servers:
-        return (f"no pins of a server {server!r}; servers with pins: {', '.join(servers) or 'none yet'} "
+    chosen = _identities(book, server, of)
+    if not chosen:
+        servers = sorted({split_id(s)[1] for s in _identities(book, None, of)})
+        return (f"no pins of a server {server!r}{where}; servers with pins{where}: {', '.join(servers) or 'none yet'} "
                 "(a server is pinned when Bastion first lists its tools)")
-    if name is not None and not any(s == server and key == name for s, _, key in book.records):
+    if name is not None and not any(s in chosen and key == name for s, _, key in book.records):
         return f"server {server!r} has no pinned tool, prompt or template {name!r}; `bastion pins list` shows them"
     return None
+
+
+def _one(servers: list[str], what: str) -> str | None:
+    """Why a command that changes pins cannot act on ``servers`` at once (several configurations have a server of
+    that name, and it would be a guess which is meant), or None."""
+    if len(servers) < 2:
+        return None
+    return (f"{what} is pinned for {len(servers)} configurations: {'; '.join(_where(s) for s in servers)}; say which "
+            "with --of FILE (--of - for the pins kept by name alone)")
 
 
 # ------------------------------------------------------------------------------------------ the commands
 def _list(args: argparse.Namespace) -> int:
     def command(store: Any) -> int:
         book, _ = store.load()
-        rows = _rows(book, None, None, withheld_only=False)
+        of = _of(args) if args.of is not None else None  # --config alone lists every configuration's pins
+        if (why := _unknown(book, None, None, of)) is not None:
+            _say(why)
+            return EXIT_USAGE
+        rows = _rows(book, _identities(book, None, of), None, withheld_only=False)
         if args.json:
-            print(json.dumps([{k: v for k, v in row.items() if k not in ("pinned", "offered")} for row in rows],
-                             indent=2))
+            print(json.dumps([{k: v for k, v in row.items() if k not in ("pinned", "offered", "reasons")}
+                              for row in rows], indent=2))
             return EXIT_OK
         if not rows:
             _say(f"nothing pinned yet in {store.path}")
             return EXIT_OK
-        table = [("SERVER", "KIND", "NAME", "STATUS", "PINNED")]
+        configured = any(row["configuration"] for row in rows)
+        table = [("SERVER", "KIND", "NAME", "STATUS", "PINNED", "CONFIGURATION")]
         for row in rows:
             status = row["status"] if row["status"] == "pinned" else f"{row['status']}, withheld"
-            table.append((row["server"], row["kind"], row["name"], status, row["pinned_at"] or "-"))
-        widths = [max(len(r[i]) for r in table) for i in range(4)]
+            table.append((row["server"], row["kind"], row["name"], status, row["pinned_at"] or "-",
+                          row["configuration"] or "-"))
+        widths = [max(len(r[i]) for r in table) for i in range(5)]
         for row in table:
-            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4])
+            # A column of configuration files only when some server has one: a pins file of before has none.
+            cells = row[:5] if configured else row[:4]
+            print("  ".join(cell.ljust(width) for cell, width in zip(cells, widths)) + "  " + row[len(cells)])
         return EXIT_OK
 
     return _run(args, command)
 
 
-def _known_book(store: Any, server: str | None, name: str | None) -> Any:
-    """The pins, when they know ``server`` (and ``name``); None, having said why, when they do not."""
+def _known_book(store: Any, server: str | None, name: str | None, of: str | None) -> Any:
+    """The pins, when they know ``server`` (and ``name``) of ``of``; None, having said why, when they do not."""
     book, _ = store.load()
-    if (why := _unknown(book, server, name)) is not None:
+    if (why := _unknown(book, server, name, of)) is not None:
         _say(why)
         return None
     return book
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from bastion.guardrails.pin_book import ENTRY_KEY
     from bastion.guardrails.pin_diff import unified
 
     server, name = _target(args.target)
+    of = _of(args)
 
     def command(store: Any) -> int:
-        book = _known_book(store, server, name)
+        book = _known_book(store, server, name, of)
         if book is None:
             return EXIT_USAGE
-        rows = _rows(book, server, name, withheld_only=True)
+        servers = _identities(book, server, of)
+        rows = _rows(book, servers, name, withheld_only=True, modes=_modes(servers))
         if args.json:
             print(json.dumps(rows, indent=2, ensure_ascii=False))
             return EXIT_OK
         if not rows:
             _say(f"nothing withheld{f' of {args.target}' if args.target else ''}: every definition offered matches "
-                 "its pin")
+                 "its pin, and the metadata scan finds nothing in them")
             return EXIT_OK
         for row in rows:
             reference = f"{row['server']}/{row['name']}"
             if row["status"] == "renamed":
                 head = f"{reference} ({row['kind']}): withheld, a new name for {row['kind']} {row['matches']!r}"
                 before_label = f"{row['server']}/{row['matches']} (pinned)"
-            else:
+            elif row["status"] == "changed":
                 head = f"{reference} ({row['kind']}): withheld, changed since it was pinned {row['pinned_at']}"
                 before_label = f"{reference} pinned {row['pinned_at']}"
+            else:
+                head = f"{reference} ({row['kind']}): withheld, pinned {row['pinned_at']}"
+                before_label = ""
             print(head)
-            for change in row["changes"]:
+            print(f"  configuration: {row['configuration'] or _where(row['server'])}")
+            for reason in row["reasons"]:
+                print(f"  withheld: {reason['text']}")
+            for change in row.get("changes", []):
                 print(f"  * {change}")
-            print(unified(row["pinned"], row["offered"], before_label, f"{reference} offered {row['offered_at']}"),
-                  end="")
-            # A changed entry is accepted with what its program offers: the whole server.
-            accept = row["server"] if row["name"] == ENTRY_KEY else reference
-            print(f"  accept it with: bastion pins accept {accept}\n")
+            if row["offered"] is not None:
+                print(unified(row["pinned"], row["offered"], before_label, f"{reference} offered {row['offered_at']}"),
+                      end="")
+            print(f"  {_way_out(book, row)}\n")
         return EXIT_OK
 
     return _run(args, command)
+
+
+def _way_out(book: Any, row: dict[str, Any]) -> str:
+    """What lifts each reason of ``row``: accepting the changes (the whole server for a changed entry), and for a
+    content finding, the metadata scan's switch of the server."""
+    option = "" if len(_identities(book, row["server"], None)) < 2 else \
+        f" --of {row['configuration'] or '-'}"
+    reasons = {reason["reason"] for reason in row["reasons"]}
+    ways = []
+    if reasons & {"changed-configuration"}:
+        ways.append(f"accept it with: bastion pins accept {row['server']}{option}")
+    elif reasons & {"changed-definition", "renamed-definition"}:
+        ways.append(f"accept it with: bastion pins accept {row['server']}/{row['name']}{option}")
+    if "injection" in reasons:
+        ways.append(_WAY_OUT.format(server=row["server"], where=row["configuration"] or "its configuration"))
+    return "; ".join(ways)
 
 
 def _accept(args: argparse.Namespace) -> int:
     from bastion.guardrails.pin_book import SINGULAR
 
     server, name = _target(args.target)
+    of = _of(args)
 
     def command(store: Any) -> int:
-        book = _known_book(store, server, name)
+        book = _known_book(store, server, name, of)
         if book is None:
             return EXIT_USAGE
-        who = getpass.getuser()
-        accepted, _ = store.accept(server, name, by=who)
-        if not accepted:
-            _say(f"nothing to accept for {args.target}: nothing of it is withheld")
+        # Only the configurations with something to accept count: a namesake with nothing withheld is no doubt.
+        pending = [s for s in _identities(book, server, of) if any(
+            a == s and (name is None or key == name) and r.offered is not None for (a, _, key), r in book.records.items())]
+        if (why := _one(pending, f"server {server!r} has changes withheld and")) is not None:
+            _say(why)
+            return EXIT_USAGE
+        if not pending:
+            _say(f"nothing to accept for {args.target}: nothing of it is withheld by a changed definition")
+            _still_withheld(book, _identities(book, server, of), name)
             return EXIT_FAILED
+        who = getpass.getuser()
+        accepted, after = store.accept(pending[0], name, by=who)
         for s, kind, key in accepted:
-            print(f"accepted {s}/{key} ({SINGULAR[kind]})")
+            print(f"accepted {server}/{key} ({SINGULAR[kind]})")
+        _say(f"accepted {len(accepted)} change{'s' if len(accepted) != 1 else ''} of server {server!r} of "
+             f"{_where(pending[0])}")
+        _still_withheld(after, pending, None)
         _say(f"recorded as accepted by {who} in {store.reviews_path}")
         _say("running gateways serve the accepted definitions at the next list or call")
         return EXIT_OK
@@ -216,17 +383,31 @@ def _accept(args: argparse.Namespace) -> int:
     return _run(args, command)
 
 
+def _still_withheld(book: Any, servers: list[str], name: str | None) -> None:
+    """Say what of ``servers`` stays withheld, and why, after an acceptance."""
+    rows = _rows(book, servers, name, withheld_only=True, modes=_modes(servers))
+    for row in rows:
+        why = "; ".join(reason["text"] for reason in row["reasons"])
+        _say(f"{row['kind']} {row['name']!r} of server {row['server']!r} stays withheld: {why} "
+             f"({_way_out(book, row)})")
+
+
 def _forget(args: argparse.Namespace) -> int:
     from bastion.guardrails.pin_book import SINGULAR
 
     server, name = _target(args.target)
+    of = _of(args)
 
     def command(store: Any) -> int:
-        book = _known_book(store, server, name)
+        book = _known_book(store, server, name, of)
         if book is None:
             return EXIT_USAGE
-        for s, kind, key in store.forget(server, name):
-            print(f"forgot {s}/{key} ({SINGULAR[kind]})")
+        chosen = _identities(book, server, of)
+        if (why := _one(chosen, f"server {server!r}")) is not None:
+            _say(why)
+            return EXIT_USAGE
+        for s, kind, key in store.forget(chosen[0], name):
+            print(f"forgot {server}/{key} ({SINGULAR[kind]})")
         _say("what the server offers is trusted on first use again: the next gateway to judge it pins it afresh")
         return EXIT_OK
 

@@ -20,15 +20,17 @@ from bastion.model import CatalogView, Interceptor
 Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Interceptor | None"]
 
 
-def screen_builders(entries: Mapping[str, Mapping[str, Any]] | None = None) -> list[Builder]:
+def screen_builders(entries: Mapping[str, Mapping[str, Any]] | None = None,
+                    identities: Mapping[str, str] | None = None) -> list[Builder]:
     """The builders of the guardrails that screen definitions, outermost first; each returns None when its
-    guardrail is off everywhere. ``entries``: the servers' configuration entries, which pinning pins too."""
+    guardrail is off everywhere. ``entries``: the servers' configuration entries, which pinning pins too;
+    ``identities``: the identity each server is pinned under."""
     from bastion.guardrails.injection import build_metadata
     from bastion.guardrails.pinning import build as build_pinning
     from bastion.guardrails.taint import build_recall as build_taint_recall
 
     # The metadata scan refuses calls to the tools it withholds itself (one layer, not two).
-    return [partial(build_pinning, entries=entries), build_metadata, build_taint_recall]
+    return [partial(build_pinning, entries=entries, identities=identities), build_metadata, build_taint_recall]
 
 
 def inner_builders() -> list[Builder]:
@@ -56,12 +58,13 @@ class GuardrailChain:
 
 
 def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
-                     entries: Mapping[str, Mapping[str, Any]] | None = None) -> GuardrailChain:
+                     entries: Mapping[str, Mapping[str, Any]] | None = None,
+                     identities: Mapping[str, str] | None = None) -> GuardrailChain:
     def built(builders: list[Builder]) -> list[Interceptor]:
         made = (builder(config, report, catalog) for builder in builders)
         return [interceptor for interceptor in made if interceptor is not None]
 
-    chain = GuardrailChain(screened(built(screen_builders(entries))), staged(built(inner_builders())))
+    chain = GuardrailChain(screened(built(screen_builders(entries, identities))), staged(built(inner_builders())))
     # The guardrails that read a call's result as the server's bytes share one decoder, so that a result is decoded
     # once however many of them read it (bastion.guardrails.raw).
     shared = RawResults()

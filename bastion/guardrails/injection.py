@@ -813,6 +813,21 @@ def sanitize_definition(definition: Mapping[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
+def definition_finding(definition: Mapping[str, Any], mode: str) -> str | None:
+    """What the metadata scan finds in ``definition`` alone that withholds it under the ``metadata_injection``
+    switch ``mode`` (a sanitised definition that reads clean is served), in words; None when it passes. What the
+    catalog adds at run time (an order split across tools, a look-alike or another server's tool named) is not
+    here: it depends on the other servers running with it."""
+    if mode == "off":
+        return None
+    verdict = scan_definition(definition).verdict
+    if not verdict.flagged:
+        return None
+    if mode == "sanitize" and not scan_definition(sanitize_definition(definition)).flagged:
+        return None
+    return verdict.reason()
+
+
 def _distinctive_names(entries: Any, server: str | None) -> frozenset[str]:
     """Tool names of servers other than ``server`` that cannot be ordinary words (they have a separator or a
     capital inside), under both their exposed and their upstream names."""

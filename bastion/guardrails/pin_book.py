@@ -7,12 +7,19 @@ nothing and writes nothing, so every rule here is tested without a file or a gat
 
 Kinds are ``tools`` and ``prompts`` (keyed by the server's own name) and ``resourceTemplates`` (keyed by their
 ``name``, else their ``uriTemplate``).
+
+A server is pinned under its identity: the configuration file it is configured in and its name there
+(``server_id``), so two projects' ``filesystem`` servers are two servers, never one that changed. Its command,
+url and package are not part of the identity but its pinned configuration entry: an edit of them in the same file
+is drift to review, not a new server trusted on first use. A server of a configuration that is no file (the
+built-in one) and pins written before identities (version 1 files) are keyed by name alone; ``claim`` hands such
+pins, and those of a configuration file that is gone (a moved file), to the first identity whose entry they match.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from bastion.guardrails.pin_diff import Change, describe_changes, same
 
@@ -53,7 +60,19 @@ class PinRecord:
                    offered_at=data.get("offered_at"), matches=data.get("matches"))
 
 
-Address = tuple[str, str, str]  # (server, kind, key)
+Address = tuple[str, str, str]  # (server identity, kind, key)
+
+
+def server_id(name: str, configuration: str | None) -> str:
+    """The identity a server is pinned under: ``name`` in the configuration file ``configuration`` (a resolved
+    path), or ``name`` alone for a configuration that is no file. A name holds no "/", so the identity splits back."""
+    return name if configuration is None else f"{configuration}/{name}"
+
+
+def split_id(server: str) -> tuple[str | None, str]:
+    """(configuration file or None, server name) of a pinned identity."""
+    configuration, _, name = server.rpartition("/")
+    return (configuration or None), name
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,30 +90,49 @@ class PinBook:
         return any(s == server and k == kind for (s, k, _) in self.records)
 
     def to_json(self) -> dict[str, Any]:
+        """Version 2: servers pinned by name alone under ``servers`` (where version 1 kept them all, so an older
+        Bastion still reads those), servers of a configuration file under ``configurations``, by file and name."""
         servers: dict[str, dict[str, dict[str, Any]]] = {}
+        configurations: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
         for (server, kind, key), record in sorted(self.records.items()):
-            servers.setdefault(server, {}).setdefault(kind, {})[key] = record.to_json()
-        return {"version": 1, "servers": servers}
+            configuration, name = split_id(server)
+            holder = servers if configuration is None else configurations.setdefault(configuration, {})
+            holder.setdefault(name, {}).setdefault(kind, {})[key] = record.to_json()
+        return {"version": 2, "servers": servers, "configurations": configurations}
 
     @classmethod
     def from_json(cls, data: Any) -> "PinBook":
-        """A book from the pins file's JSON; ValueError saying what is wrong where, for a file that is not one."""
+        """A book from the pins file's JSON (version 1 or 2); ValueError saying what is wrong where, for a file
+        that is not one."""
         if not isinstance(data, dict) or not isinstance(data.get("servers"), dict):
             raise ValueError('the top level must be an object with a "servers" object')
+        configurations = data.get("configurations", {})
+        if not isinstance(configurations, dict) or not all(
+                isinstance(servers, dict) and path.startswith("/") for path, servers in configurations.items()):
+            raise ValueError('"configurations" must be an object mapping configuration files (absolute paths) to '
+                             "their servers")
         records: dict[Address, PinRecord] = {}
-        for server, kinds in data["servers"].items():
-            if not isinstance(kinds, dict):
-                raise ValueError(f"servers.{server} must be an object")
-            for kind, items in kinds.items():
-                if kind not in KINDS or not isinstance(items, dict):
-                    raise ValueError(f"servers.{server}.{kind}: the kinds are {', '.join(KINDS)}, each an object")
-                for key, record in items.items():
-                    if not isinstance(record, dict) or not any(
-                            isinstance(record.get(part), dict) for part in ("pinned", "offered")):
-                        raise ValueError(f"servers.{server}.{kind}.{key} must be an object with a pinned or an "
-                                         "offered definition")
-                    records[(server, kind, key)] = PinRecord.from_json(record)
+        groups = [(None, "servers", data["servers"]),
+                  *((path, f"configurations.{path}", servers) for path, servers in configurations.items())]
+        for configuration, at, servers in groups:
+            for name, kinds in servers.items():
+                server = server_id(name, configuration)
+                if not isinstance(kinds, dict) or "/" in name:
+                    raise ValueError(f"{at}.{name} must be an object, under a server name without '/'")
+                for kind, items in kinds.items():
+                    if kind not in KINDS or not isinstance(items, dict):
+                        raise ValueError(f"{at}.{name}.{kind}: the kinds are {', '.join(KINDS)}, each an object")
+                    for key, record in items.items():
+                        if not isinstance(record, dict) or not any(
+                                isinstance(record.get(part), dict) for part in ("pinned", "offered")):
+                            raise ValueError(f"{at}.{name}.{kind}.{key} must be an object with a pinned or an "
+                                             "offered definition")
+                        records[(server, kind, key)] = PinRecord.from_json(record)
         return cls(records)
+
+    def servers(self) -> list[str]:
+        """Every pinned identity, sorted."""
+        return sorted({server for server, _, _ in self.records})
 
 
 # ------------------------------------------------------------------------------------------ verdicts
@@ -292,3 +330,31 @@ def forget(book: PinBook, server: str, key: str | None) -> tuple[PinBook, list[A
     gone = [address for address in sorted(book.records)
             if address[0] == server and (key is None or address[2] == key)]
     return PinBook({a: r for a, r in book.records.items() if a not in set(gone)}), gone
+
+
+# ------------------------------------------------------------------------------------------ identities
+def unclaimed(book: PinBook, server: str, gone: Callable[[str], bool]) -> list[str]:
+    """The identities of ``server``'s name whose pins no configuration file holds: pinned by name alone (a version 1
+    file), or of a configuration file that is ``gone`` (moved or deleted). ``server`` itself never."""
+    configuration, name = split_id(server)
+    if configuration is None:
+        return []
+    return [other for other in book.servers() if other != server and split_id(other)[1] == name
+            and ((owner := split_id(other)[0]) is None or gone(owner))]
+
+
+def claim(book: PinBook, server: str, entry: Mapping[str, Any], gone: Callable[[str], bool],
+          ) -> tuple[PinBook, str | None]:
+    """``book`` with an unclaimed identity's pins moved to ``server``, when ``server`` has none yet and that
+    identity's pinned configuration entry is ``entry`` (the same program: a moved file, an old pins file), and
+    the identity they came from; else ``book`` as it is and None. An entry that differs is another server that had
+    the name: it keeps its pins, and ``server`` is trusted on first use."""
+    if any(s == server for s, _, _ in book.records):
+        return book, None
+    for other in unclaimed(book, server, gone):
+        record = book.get(other, ENTRY_KIND, ENTRY_KEY)
+        if record is not None and record.pinned is not None and record.offered is None and same(record.pinned, entry):
+            moved = {((server, kind, key) if s == other else (s, kind, key)): r
+                     for (s, kind, key), r in book.records.items()}
+            return PinBook(moved), other
+    return book, None

@@ -19,12 +19,17 @@ import os
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from bastion.files import exclusive_lock, file_signature, replace_atomically
-from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply, forget
+from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply, claim, forget
 
 Signature = tuple[int, int, int] | None  # (inode, size, mtime in ns) of the file; None when there is none
+
+
+def _gone(configuration: str) -> bool:
+    """Whether a configuration file no longer exists (moved or deleted): its pins are for the taking."""
+    return not os.path.lexists(configuration)
 
 
 class PinStoreError(Exception):
@@ -108,6 +113,22 @@ class PinStore:
         except OSError as exc:
             raise PinStoreError(f"{self.reviews_path}: the definitions were accepted but who accepted them could not "
                                 f"be recorded: {exc.strerror}") from None
+
+    def claim(self, entries: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+        """Move to each identity of ``entries`` (identity -> its pinned configuration entry) that has no pins yet the
+        pins of the same server kept by name alone or under a configuration file that is gone, when they pinned the
+        same entry (pin_book.claim); return (identity, where its pins came from) for each moved."""
+        moved: list[tuple[str, str]] = []
+
+        def change(book: PinBook) -> PinBook:
+            for server, entry in sorted(entries.items()):
+                book, source = claim(book, server, entry, _gone)
+                if source is not None:
+                    moved.append((server, source))
+            return book
+
+        self._update(change)
+        return moved
 
     def forget(self, server: str, key: str | None) -> list[Address]:
         """Drop what is pinned of ``server`` (``key`` only, when given) and return what was dropped."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
@@ -34,6 +35,8 @@ from bastion.guardrails.pin_book import (
     apply,
     item_key,
     reconcile,
+    split_id,
+    unclaimed,
 )
 from bastion.guardrails.pin_diff import summary
 from bastion.guardrails.pin_store import PinStore, PinStoreError, Signature, now
@@ -146,11 +149,15 @@ class PinningGuard:
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore,
                  catalog: CatalogView | None = None, *, watch_seconds: float = WATCH_SECONDS,
-                 entries: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 entries: Mapping[str, Mapping[str, Any]] | None = None,
+                 identities: Mapping[str, str] | None = None) -> None:
         """``catalog``, when given, is judged again when the pins file changes while something is withheld, and the
         clients that were served a list without it are told the list changed. ``entries``: each server's
-        configuration entry in its pinned form (bastion/server_entry.py), pinned beside its definitions."""
+        configuration entry in its pinned form (bastion/server_entry.py), pinned beside its definitions.
+        ``identities``: the identity each server name is pinned under (pin_book.server_id); a server not in it is
+        pinned under its name."""
         self._entries = dict(entries or {})
+        self._ids = dict(identities or {})
         self._catalog = catalog
         self._watch_seconds = watch_seconds
         self._watcher: asyncio.Task[None] | None = None
@@ -365,15 +372,15 @@ class PinningGuard:
             return withheld
         held = self._held_entries(offered)
         self._book, seen, verdicts = reconcile(
-            self._book, [(item.server, item.kind, item.key, item.definition) for item in offered], now(),
-            frozenset(held))
+            self._book, [(self._id(item.server), item.kind, item.key, item.definition) for item in offered], now(),
+            frozenset(self._id(server) for server in held))
         if seen:
             # In the pins file soon after. Should another process have pinned another definition first, the file
             # says so once written, and the next judgement follows it.
             self._persist(seen)
             pinned = [o.server for o in seen if o.action == "pin"]
             for server in sorted(set(pinned)):
-                log.info("pinned %d definitions of server %s on first use", pinned.count(server), server)
+                log.info("pinned %d definitions of server %s on first use", pinned.count(server), _described(server))
         withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, verdict)
                     for item, verdict in zip(offered, verdicts) if verdict.withheld}
         self._report_new(withheld.values(), offered)
@@ -391,13 +398,16 @@ class PinningGuard:
         if not entries:
             return {}
         self._book, seen, verdicts = reconcile(
-            self._book, [(item.server, item.kind, item.key, item.definition) for item in entries], now())
+            self._book, [(self._id(item.server), item.kind, item.key, item.definition) for item in entries], now())
         if seen:
             self._persist(seen)
         held = {item.server: Withheld(item.exposed, item.server, item.kind, item.key, verdict, entry=verdict)
                 for item, verdict in zip(entries, verdicts) if verdict.withheld}
         self._report_new(held.values(), entries)
         return held
+
+    def _id(self, server: str) -> str:
+        return self._ids.get(server, server)
 
     def _persist(self, seen: list[Observation]) -> None:
         self._unwritten.extend(seen)
@@ -479,17 +489,57 @@ class PinningGuard:
 
 
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
-          entries: Mapping[str, Mapping[str, Any]] | None = None) -> PinningGuard | None:
+          entries: Mapping[str, Mapping[str, Any]] | None = None,
+          identities: Mapping[str, str] | None = None) -> PinningGuard | None:
     """The pinning interceptor, or None when pinning is off for every server. The pins file is read now, at start,
-    so that a client's first call waits for no disk. ``entries``: each server's configuration entry, pinned too."""
+    so that a client's first call waits for no disk. ``entries``: each server's configuration entry, pinned too;
+    ``identities``: the identity each server is pinned under (by name when absent)."""
     if not config.on_anywhere("pinning"):
         return None
-    guard = PinningGuard(config, report, PinStore(config.pins_path()), catalog, entries=entries)
+    store = PinStore(config.pins_path())
+    guard = PinningGuard(config, report, store, catalog, entries=entries, identities=identities)
+    claim_pins(store, entries or {}, identities or {})
     guard.load_now()
     return guard
 
 
+def claim_pins(store: PinStore, entries: Mapping[str, Mapping[str, Any]], identities: Mapping[str, str]) -> None:
+    """At start, before anything is judged: each server that has no pins under its identity yet takes those of
+    its name kept by name alone (a pins file from before identities) or under a configuration file that is gone (a
+    moved file), when they pinned the same entry; said in the log, as is a namesake whose entry differs (it keeps
+    its pins, and this server is trusted on first use)."""
+    claims = {identities[name]: entry for name, entry in entries.items() if identities.get(name, name) != name}
+    if not claims:
+        return
+    try:
+        before, _ = store.load()
+        moved = dict(store.claim(claims))
+        book, _ = store.load()
+    except PinStoreError as exc:  # said by the guard, which reads the file next (or writes it, for a lock)
+        log.debug("pins not carried over: %s", exc)
+        return
+    gone = lambda path: not os.path.lexists(path)  # noqa: E731
+    for server in sorted(claims):
+        if server in moved:
+            source = moved[server]
+            log.warning("the pins of server %s carry over from %s: its configuration entry is the one they pinned",
+                        _described(server), _described(source) if split_id(source)[0] else
+                        "the pins file of before pins were kept per configuration file (by name alone)")
+        elif not any(s == server for s in before.servers()):
+            for other in unclaimed(book, server, gone):
+                owner = split_id(other)[0]
+                log.warning("server %s is trusted on first use: the pins of %s have another configuration entry, so "
+                            "they stay apart (`bastion pins forget %s --of %s` drops them)", _described(server),
+                            _described(other), split_id(other)[1], owner or "-")
+
+
 # ------------------------------------------------------------------------------------------ helpers
+def _described(server: str) -> str:
+    """A pinned identity in words: ``'fs' of /home/me/project/.cursor/mcp.json`` (a name alone: ``'fs'``)."""
+    configuration, name = split_id(server)
+    return f"{name!r}" + (f" of {configuration}" if configuration else "")
+
+
 def _listed(catalog: CatalogView, kind: str, page: list[Any]) -> Iterable[_Offered]:
     """The prompts or templates of ``page`` with the server that offers each and its own definition."""
     view: PinnedCatalog = catalog  # type: ignore[assignment]

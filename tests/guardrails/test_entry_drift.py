@@ -13,7 +13,7 @@ import pytest
 
 from bastion.config import ServerConfig
 from bastion.server_entry import pinned_entry
-from tests.support import BASTION, FIXTURES, READY_TIMEOUT, RawClient
+from tests.support import BASTION, FIXTURES, READY_TIMEOUT, RawClient, pinned_servers
 
 RUG = str(FIXTURES / "rug_pull_server.py")
 DEADLINE = 90
@@ -59,7 +59,7 @@ def base() -> dict:
 def test_an_unchanged_entry_rotated_env_values_and_a_reformatted_file_are_not_drift(tmp_path: Path,
                                                                                    state: Path) -> None:
     assert listed(write(tmp_path, base()))[0] == TOOLS
-    recorded = json.loads((state / "pins.json").read_text())["servers"]["rug"]["entry"]["@entry"]["pinned"]
+    recorded = pinned_servers(state / "pins.json")["rug"]["entry"]["@entry"]["pinned"]
     assert recorded["env"] == ["API_TOKEN", "RUG_STAGE"] and "first-secret" not in json.dumps(recorded)
     rotated = {**base(), "env": {"API_TOKEN": "rotated-secret", "RUG_STAGE": "0"}}
     rotated["env"] = dict(reversed(list(rotated["env"].items())))  # written in another order
@@ -105,7 +105,7 @@ def test_first_definitions_of_a_changed_entry_are_held_not_pinned(tmp_path: Path
     assert listed(write(tmp_path, base()))[0] == TOOLS
     changed = {**base(), "env": {"RUG_STAGE": "1", "API_TOKEN": "x", "EXTRA": "1"}}
     assert listed(write(tmp_path, changed))[0] == set()
-    recorded = json.loads((state / "pins.json").read_text())["servers"]["rug"]["tools"]
+    recorded = pinned_servers(state / "pins.json")["rug"]["tools"]
     assert "pinned" not in recorded["multiply"] and "offered" in recorded["multiply"]
     # Put back as it was: the entry matches its pin again, and what the old entry serves is served.
     tools, _, _ = listed(write(tmp_path, base()))

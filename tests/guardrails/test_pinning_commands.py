@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BASTION, FIXTURES, READY_TIMEOUT, RawClient
+from tests.support import BASTION, FIXTURES, READY_TIMEOUT, RawClient, pinned_servers
 
 DEADLINE = 90
 AWS_KEY = "AKIAQ3EGRV7HZ2K4MPXN"
@@ -97,7 +97,7 @@ COMMANDS = {"tools": tools, "call": call, "run": run}
 @pytest.mark.parametrize("first", list(COMMANDS))
 def test_every_command_pins_and_compares_the_servers_own_definitions(first: str, config: Path, state: Path) -> None:
     COMMANDS[first](config)
-    pins = json.loads((state / "pins.json").read_text())["servers"]["raw"]
+    pins = pinned_servers(state / "pins.json")["raw"]
     # Pinned as the server sent them, secrets and all (the pins file is the user's own, 0600): a redacted form
     # would differ from the server's definition, and from what the other commands compare.
     assert pins["tools"]["echo"]["pinned"]["description"] == ECHO
@@ -111,5 +111,5 @@ def test_every_command_pins_and_compares_the_servers_own_definitions(first: str,
     rows = json.loads(listed.stdout)
     assert SECRET_BEARING <= {(row["kind"], row["name"]) for row in rows}
     assert {row["status"] for row in rows} == {"pinned"}, rows
-    after = json.loads((state / "pins.json").read_text())["servers"]["raw"]
+    after = pinned_servers(state / "pins.json")["raw"]
     assert after == pins  # nothing offered as changed, nothing pinned again

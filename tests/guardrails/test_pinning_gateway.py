@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BASTION, FIXTURES, READY_TIMEOUT, RawClient
+from tests.support import BASTION, FIXTURES, READY_TIMEOUT, RawClient, pinned_servers
 
 RUG = str(FIXTURES / "rug_pull_server.py")
 DEADLINE = 90
@@ -82,9 +82,9 @@ def test_a_rug_pull_across_restarts_is_withheld_until_a_person_accepts_it(tmp_pa
         assert names(first, 3, "resources/templates/list", "resourceTemplates") == {"notes://{id}"}
     finally:
         first.close()
-    recorded = json.loads((state / "pins.json").read_text())
-    assert set(recorded["servers"]["rug"]["tools"]) == {"add", "delete_file", "advance"}
-    assert recorded["servers"]["rug"]["tools"]["add"]["pinned"]["description"] == "Adds two numbers"
+    recorded = pinned_servers(state / "pins.json")
+    assert set(recorded["rug"]["tools"]) == {"add", "delete_file", "advance"}
+    assert recorded["rug"]["tools"]["add"]["pinned"]["description"] == "Adds two numbers"
 
     # An upgrade: add wants a new required parameter and carries instructions; delete_file claims to be read-only.
     second = RawClient(reviewed_file(tmp_path, 1))
@@ -192,7 +192,7 @@ def test_a_tool_changed_after_list_changed_is_withheld_at_once_and_calls_to_it_r
     finally:
         _, stderr = client.close()
     assert "guardrail pinning withheld changed-definition on server rug, tool add" in stderr
-    record = json.loads((state / "pins.json").read_text())["servers"]["rug"]["tools"]["add"]
+    record = pinned_servers(state / "pins.json")["rug"]["tools"]["add"]
     assert record["pinned"]["description"] == "Adds two numbers" and "IMPORTANT" in record["offered"]["description"]
 
 
@@ -227,7 +227,7 @@ def test_withheld_tools_are_never_found_or_called_in_search_mode(tmp_path: Path,
     listed = subprocess.run([BASTION, "tools", str(config)], capture_output=True, text=True, timeout=DEADLINE,
                             stdin=subprocess.DEVNULL)
     assert listed.returncode == 0, listed.stderr
-    assert "add" in json.loads((state / "pins.json").read_text())["servers"]["rug"]["tools"]  # pinned on first use
+    assert "add" in pinned_servers(state / "pins.json")["rug"]["tools"]  # pinned on first use
     configure(1)
     client = RawClient(config)
     try:
@@ -265,5 +265,5 @@ def test_a_broken_pins_file_withholds_what_it_cannot_check_until_it_is_repaired(
     finally:
         _, stderr = client.close()
     assert stderr.count("not a pins file") == 1 and "can be read again" in stderr
-    assert set(json.loads((state / "pins.json").read_text())["servers"]["rug"]["tools"]) == {
+    assert set(pinned_servers(state / "pins.json")["rug"]["tools"]) == {
         "add", "delete_file", "advance"}
