@@ -187,7 +187,7 @@ class Report:
 
 
 def dry_run(subject: Subject, guardrails: Any, server: str, prefix: str, trust: str,
-            tool_definition: dict[str, Any] | None, name: str) -> Report:
+            tool_definition: dict[str, Any] | None, name: str, identity: str | None = None) -> Report:
     """``subject`` through the guardrail chain ``guardrails`` builds, as the gateway would pass it."""
     from bastion.gateway.catalog import Catalog, ServerFacts
     from bastion.gateway.pipeline import build_pipeline
@@ -207,7 +207,8 @@ def dry_run(subject: Subject, guardrails: Any, server: str, prefix: str, trust: 
         exposed = _exposed(catalog, subject.method, server, name)
         params["name"] = exposed if exposed is not None else name
     interventions: list[dict[str, Any]] = []
-    chain = build_guardrails(guardrails, InterventionLog(interventions.append), catalog).all()
+    chain = build_guardrails(guardrails, InterventionLog(interventions.append), catalog,
+                             identities={server: identity} if identity is not None else None).all()
     toward_client = subject.method in _SERVER_TO_CLIENT
     if toward_client:  # the gateway passes a server's request only through the interceptors that name its method
         chain = [each for each in chain if subject.method in (getattr(each, "methods", None) or ())]
@@ -300,13 +301,30 @@ def _guard_check(args: argparse.Namespace) -> int:
     configured = config.servers.get(args.server) if config is not None else None
     trust = args.trust or (configured.trust if configured is not None else "untrusted")
     prefix = configured.prefix if configured is not None and configured.prefix is not None else args.server
+    identity = _identity(config, args.server)
     with tempfile.TemporaryDirectory(prefix="bastion-guard-check-") as scratch:
-        report = dry_run(subject, _with_scratch_pins(guardrails, Path(scratch)), args.server, prefix, trust,
-                         tool_definition, args.name)
+        scratched = _with_scratch_pins(guardrails, Path(scratch))
+        if identity is not None:  # pins kept by name alone are this server's as the gateway would take them
+            from bastion.guardrails.pin_store import PinStore
+            from bastion.guardrails.pinning import claim_pins
+            from bastion.server_entry import pinned_entry
+
+            claim_pins(PinStore(scratched.pins_path()), {args.server: pinned_entry(configured)},
+                       {args.server: identity})
+        report = dry_run(subject, scratched, args.server, prefix, trust, tool_definition, args.name, identity)
     if args.json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
     _say(*report.lines())
     return report.exit_code
+
+
+def _identity(config: Any, server: str) -> str | None:
+    """The identity the gateway pins ``server`` under, when it is a server of ``config``'s file (else by name)."""
+    from bastion.guardrails.pin_book import server_id
+
+    if config is None or config.source is None or server not in config.servers:
+        return None
+    return server_id(server, str(config.source))
 
 
 def _with_scratch_pins(guardrails: Any, scratch: Path) -> Any:

@@ -95,6 +95,29 @@ def test_a_definition_that_differs_from_its_pin_is_withheld_and_the_pins_file_is
     assert check(tmp_path, PLAIN_TOOL, "--config", str(config), "--server", "weather").returncode == 0
 
 
+def test_a_configured_server_is_judged_against_its_own_configurations_pins(tmp_path: Path) -> None:
+    """Pins are kept per configuration file and server name: another project's `weather` is not this one."""
+    from bastion.guardrails.pin_book import Observation, server_id
+    from bastion.guardrails.pin_store import PinStore
+
+    pins = tmp_path / "pins.json"
+    ours, theirs = tmp_path / "ours" / "bastion.toml", tmp_path / "theirs" / "bastion.toml"
+    for config in (ours, theirs):
+        config.parent.mkdir()
+        config.write_text(f'[guardrails.pins]\npath = "{pins}"\n[servers.weather]\ncommand = "weather-server"\n')
+    PinStore(pins).record([Observation("pin", server_id("weather", str(theirs.resolve())), "tools", "get_weather",
+                                       PLAIN_TOOL)])
+    changed = {**PLAIN_TOOL, "description": evil.CHANGED_WEATHER}
+
+    def pinning(config: Path) -> list[dict]:
+        done = check(tmp_path, changed, "--config", str(config), "--server", "weather", "--json")
+        assert done.returncode in (0, 3), done.stderr
+        return [each for each in json.loads(done.stdout)["interventions"] if each["guardrail"] == "pinning"]
+
+    assert pinning(ours) == []  # first seen here: the other project's pin is not its pin
+    assert [each["found"] for each in pinning(theirs)] == ["changed-definition"]
+
+
 def test_a_greedy_sampling_request_is_capped(tmp_path: Path) -> None:
     request = {"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {
         "messages": [{"role": "user", "content": {"type": "text", "text": "Summarize the weather."}}],
