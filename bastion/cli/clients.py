@@ -190,6 +190,11 @@ def run_install(args: argparse.Namespace) -> int:
         _say(f"{spec.label}'s file {client_file} is backed up as {installed.backup}")
     _say(f"{spec.label} now starts Bastion: {' '.join(installed.command)}; restart {spec.label} to use it, and "
          f"`bastion client uninstall {spec.key}` to undo")
+    if installed.remote:
+        _say(f"kept in {client_file}: the remote server{'s' if len(installed.remote) > 1 else ''} "
+             f"{', '.join(installed.remote)}, which {spec.label} keeps reaching directly, not through Bastion (to put "
+             "one behind Bastion, add it to the configuration with url and headers, docs/http.md, and remove it "
+             "from the client's file)")
     if spec.key == "claude-code":
         _say("servers Claude Code keeps per project (projects.*.mcpServers in ~/.claude.json, a project's "
              ".mcp.json) still start directly; import them with `bastion import` and remove them there")
@@ -218,8 +223,11 @@ def _warn_about_servers_left_behind(client_file: Path, spec: Any, places: Any, c
         return
     mine = set(load_config(configuration, log_notes=False).servers)
     client = read_client_file(client_file, spec.label, places.home)
-    missing = [server.name for server in client.servers
-               if not server.table.startswith("projects.") and server.name not in mine]
+    from bastion.clients.importer import is_remote_entry
+
+    missing = [server.name for server in client.servers  # a remote entry stays in the client's file
+               if not server.table.startswith("projects.") and server.name not in mine
+               and not is_remote_entry(server.entry)]
     if missing:
         _say(f"{configuration} has no server named {', '.join(missing)}: once {spec.label} starts Bastion they "
              f"will not start (they stay in the backup); add them with `bastion import {client_file} --output "

@@ -104,19 +104,26 @@ def import_servers(found: list[FoundServer], *, home: Path, allow_home: bool = F
     return result
 
 
+def is_remote_entry(entry: Any) -> bool:
+    """A client's entry the client reaches by URL, with no process to start: import leaves it to the client, and
+    install keeps it in the client's file (one rule, so that what the review says is what install does)."""
+    return isinstance(entry, dict) and ("url" in entry or "serverUrl" in entry or entry.get("type") in _REMOTE_TYPES)
+
+
 def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]] | str:
     """Bastion's form of one client entry and notes about it, or why it is not imported."""
     entry, where = item.entry, f"{item.name!r} from {item.origin}"
     if not isinstance(entry, dict):
         return f"{where}: the entry is not an object; skipped"
-    if "url" in entry or "serverUrl" in entry or entry.get("type") in _REMOTE_TYPES:
+    if is_remote_entry(entry):
         url = entry.get("url", entry.get("serverUrl"))
         plaintext = (f"; its url {url} is plain http:// to a host that is not loopback, which Bastion refuses "
                      "unless you use https:// or add allow_plaintext = true to the entry"
                      if isinstance(url, str) and is_plaintext_remote(url) else "")
         return (f"{where}: a remote server (url); import copies local (command) servers only, so the client "
-                "keeps reaching it directly; skipped (add it to Bastion's file by hand with url and headers: "
-                f"docs/http.md{plaintext})")
+                "keeps reaching it directly, not through Bastion (`bastion client install` leaves it in the "
+                "client's file); skipped (to put it behind Bastion, add it to Bastion's file by hand with url and "
+                f"headers, docs/http.md, and remove it from the client's file{plaintext})")
     if not isinstance(entry.get("command"), str) or not entry["command"].strip():
         return f"{where}: no command; skipped"
     if not isinstance(entry.get("args") or [], list):  # the client cannot start it either

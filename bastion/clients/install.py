@@ -1,7 +1,8 @@
 """Pointing a client at Bastion, and back: ``bastion client install|uninstall CLIENT``.
 
 Install keeps a timestamped copy of the client's file beside it, then replaces the file's server table by one
-``bastion`` entry that runs ``bastion run <configuration>``; every other key of the file is kept. What was done
+``bastion`` entry that runs ``bastion run <configuration>`` and the remote (url) entries the table had, which import
+leaves to the client (``importer.is_remote_entry``); every other key of the file is kept. What was done
 is recorded in Bastion's state folder (the backup, and a hash of the file as install wrote it), so uninstall
 puts the backup back only while the file is as install left it: a change made since would be lost.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.clients.discovery import ClientSpec
+from bastion.clients.importer import is_remote_entry
 from bastion.jsonc import parse_jsonc
 
 ENTRY_NAME = "bastion"
@@ -33,6 +35,7 @@ class Installed:
     client_file: Path
     backup: Path | None   # None: the client had no file before
     command: list[str]
+    remote: tuple[str, ...] = ()  # the remote servers kept in the client's file, which it reaches directly
 
 
 def bastion_command() -> list[str]:
@@ -62,6 +65,11 @@ def install(spec: ClientSpec, client_file: Path, configuration: Path, state_dir:
                 from None
         if not isinstance(data, dict):
             raise InstallError(f"{client_file}: the top level is not an object; nothing was changed")
+    table = data.get(spec.servers_key)
+    remote = {name: entry for name, entry in table.items() if is_remote_entry(entry)} if isinstance(table, dict) else {}
+    if ENTRY_NAME in remote:
+        raise InstallError(f"{client_file}: a remote server is named {ENTRY_NAME!r}, the name install gives its entry; "
+                           "rename it in the file first, nothing was changed")
     backup = None
     if original is not None:
         backup = client_file.with_name(f"{client_file.name}.bastion-backup-{time.strftime('%Y%m%dT%H%M%S')}")
@@ -70,7 +78,7 @@ def install(spec: ClientSpec, client_file: Path, configuration: Path, state_dir:
     entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
     if spec.servers_key == "servers":
         entry = {"type": "stdio", **entry}
-    written = {**data, spec.servers_key: {ENTRY_NAME: entry}}
+    written = {**data, spec.servers_key: {ENTRY_NAME: entry, **remote}}
     text = (json.dumps(written, indent=2) + "\n").encode("utf-8")
     client_file.parent.mkdir(parents=True, exist_ok=True)
     _write(client_file, text)
@@ -80,7 +88,7 @@ def install(spec: ClientSpec, client_file: Path, configuration: Path, state_dir:
                                   "installed_sha256": hashlib.sha256(text).hexdigest(),
                                   "installed_servers": written[spec.servers_key],
                                   "configuration": str(configuration.absolute())}, indent=2) + "\n")
-    return Installed(client_file, backup, command)
+    return Installed(client_file, backup, command, tuple(remote))
 
 
 @dataclass(frozen=True)

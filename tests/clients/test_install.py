@@ -7,6 +7,7 @@ import tomllib
 
 import pytest
 
+from bastion.jsonc import parse_jsonc
 from tests.clients.conftest import BASTION, claude_desktop_file
 
 # Written by hand, as people do: two-space indents, a key order and spacing json.dumps would not reproduce.
@@ -135,3 +136,51 @@ def test_install_refuses_a_configuration_that_does_not_load(machine, tmp_path):
     done = machine.bastion("client", "install", "cursor", "--config", str(broken))
     assert done.returncode == 2 and "comand" in done.stderr and "nothing was changed" in done.stderr
     assert client_file.read_bytes() == before and not list(client_file.parent.glob("*.bastion-backup-*"))
+
+
+# Cursor's file as the issue met it: local servers and one remote (url) server with a header.
+CURSOR_WITH_REMOTE = """{
+  "mcpServers": {
+    "files": { "command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "~/Documents"] },
+    "linear": { "url": "https://mcp.linear.app/mcp", "headers": { "Authorization": "Bearer ${env:LINEAR_TOKEN}" } }
+  }
+}"""
+
+# VS Code's, as it writes it: comments, a `servers` key, a `type` on every entry.
+VSCODE_WITH_REMOTE = """// MCP servers of this user
+{
+  "servers": {
+    "files": { "type": "stdio", "command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "~/Documents"] },
+    /* reached over HTTP */
+    "github": { "type": "http", "url": "https://api.githubcopilot.com/mcp/", "headers": { "X-Team": "core" } },
+  },
+  "inputs": []
+}"""
+
+
+@pytest.mark.parametrize("client, place, text, remote", [
+    ("cursor", (".cursor", "mcp.json"), CURSOR_WITH_REMOTE, "linear"),
+    ("vscode", ("CONFIG", "Code", "User", "mcp.json"), VSCODE_WITH_REMOTE, "github"),
+])
+def test_install_keeps_remote_servers_where_import_says_they_stay(machine, client, place, text, remote):
+    folder = machine.config_home if place[0] == "CONFIG" else machine.home / place[0]
+    client_file = folder.joinpath(*place[1:])
+    client_file.parent.mkdir(parents=True, exist_ok=True)
+    client_file.write_text(text)
+    original = client_file.read_bytes()
+    before = machine.bastion("import", str(client_file), "--dry-run")
+    said = before.stdout + before.stderr
+    assert f"'{remote}'" in said and "keeps reaching it directly" in said and "client install` leaves it" in said
+
+    installed = machine.bastion("client", "install", client)
+    assert installed.returncode == 0, installed.stderr
+    key = "servers" if client == "vscode" else "mcpServers"
+    servers = json.loads(client_file.read_text())[key]
+    assert servers[remote] == parse_jsonc(text)[key][remote]  # as it was, headers and all
+    assert set(servers) == {"bastion", remote}  # the local server now runs behind Bastion
+    assert f"kept in {client_file}: the remote server {remote}" in installed.stderr
+    assert remote not in tomllib.loads(machine.bastion_toml.read_text())["servers"]
+
+    removed = machine.bastion("client", "uninstall", client)
+    assert removed.returncode == 0, removed.stderr
+    assert client_file.read_bytes() == original
