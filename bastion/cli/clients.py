@@ -92,8 +92,9 @@ def _import_files(files: list[Any], output: Path, home: Path, *, force: bool, al
     found = [server for file in files for server in file.servers]
     from bastion import paths
 
-    result = import_servers(found, home=home, allow_home=allow_home,
-                            memory_dir=None if dry_run else paths.state_dir() / "memory")
+    # The dry run makes the very plan the import makes, so its review is the import's: a memory server is given its
+    # file in Bastion's state folder either way (that folder is made so that its grant is the one the import gets).
+    result = import_servers(found, home=home, allow_home=allow_home, memory_dir=paths.state_dir() / "memory")
     text = render_toml(result, [f"{file.label}: {file.path}" for file in files if file.servers])
     error = _invalid(text)
     written = backup = None

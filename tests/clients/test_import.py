@@ -177,3 +177,20 @@ def test_a_memory_server_keeps_its_memory_where_it_may_write(machine):
     assert memory.env == {"MEMORY_FILE_PATH": str(folder / "memory.json")}
     assert memory.sandbox.writable == (str(folder),) and folder.is_dir()
     assert "~/.local/state/bastion/memory/memory.json" in done.stdout
+
+
+def test_the_dry_run_says_what_the_import_does(machine):
+    """A memory server without MEMORY_FILE_PATH: the import gives it a file in Bastion's state folder itself, so the
+    dry run says that (not a warning to set it), and the review is the import's, line for line."""
+    machine.write_json(".cursor/mcp.json", {"mcpServers": {
+        "memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"]}}})
+    dry = machine.bastion("import", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "MEMORY_FILE_PATH): beside its own program it would be read-only" in dry.stdout, dry.stdout
+    assert "set MEMORY_FILE_PATH" not in dry.stdout
+    assert not machine.bastion_toml.exists()
+    done = machine.bastion("import")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == dry.stdout  # the dry run's review is the import's
+    written = tomllib.loads(machine.bastion_toml.read_text())["servers"]["memory"]
+    assert written["env"]["MEMORY_FILE_PATH"].endswith("/memory/memory.json")
