@@ -511,6 +511,15 @@ def load_config(path: str | os.PathLike[str] | None, *, log_notes: bool = True) 
     return config
 
 
+def written(file: Path) -> Any:
+    """The file's data as written, before variables are expanded: what `bastion check` reads to tell a value given
+    in plain text from one that comes from ``${env:NAME}``."""
+    try:
+        return _parse(file, file.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read the configuration: {exc.strerror}") from None
+
+
 def _parse(file: Path, text: bytes) -> Any:
     if file.suffix == ".toml":
         try:

@@ -32,6 +32,50 @@ def diagnose(config: "GatewayConfig") -> list[Finding]:
                 findings.extend(_command_findings(where, server))
             findings.extend(_cwd_findings(where, server))
     findings.extend(launcher_findings(config))
+    findings.extend(plain_text_secrets(config))
+    return findings
+
+
+def plain_text_secrets(config: "GatewayConfig") -> list[Finding]:
+    """A local server's ``env`` value written in the file itself that reads as a credential (the secrets
+    guardrail's detectors, told the variable's name as gitleaks is told a key): the fix is the line that takes it
+    from the environment instead. Values written as ``${...}`` are not in the file, and never read here."""
+    source = config.source
+    if source is None:
+        return []
+    from bastion.config import ConfigError, written
+    from bastion.guardrails.matching import Matcher
+    from bastion.guardrails.secrets import secret_detectors
+
+    try:
+        data = written(source)
+    except ConfigError:
+        return []
+    table = data.get(config.servers_key) if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        return []
+    toml = source.suffix.lower() == ".toml"
+    matcher: Matcher | None = None
+    findings = []
+    for name, entry in table.items():
+        server = config.servers.get(name)
+        env = entry.get("env") if isinstance(entry, dict) else None
+        if server is None or not server.enabled or server.url is not None or not isinstance(env, dict):
+            continue
+        for variable, value in env.items():
+            if not isinstance(value, str) or "${" in value or not value.strip():
+                continue
+            matcher = matcher or Matcher(secret_detectors())
+            found = matcher.find(f'{variable}="{value}"'.encode())
+            if not found:
+                continue
+            line = (f'{variable} = "${{env:{variable}}}" under [servers.{name}.env]' if toml else
+                    f'"{variable}": "${{env:{variable}}}"')
+            findings.append(Finding(
+                "warning", f"{config.servers_key}.{name}.env.{variable}",
+                f"a {found[0].detector.kind} written in plain text in the file (value not shown): anyone who reads or copies "
+                "the file has it", f"write {line} and set {variable} in the environment Bastion is started with "
+                f"(or keep it in a file of its own: \"${{file:PATH}}\")"))
     return findings
 
 

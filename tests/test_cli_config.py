@@ -72,6 +72,27 @@ def test_a_type_error_says_what_to_write_in_the_files_own_syntax(tmp_path):
     assert "fix: write [servers.x.sandbox] as a table of its settings" in said
 
 
+TOKEN = "ghp_" + "R3aLl00kingTok3nValue0123456789abcdE"  # a GitHub token's form, made up
+
+
+def test_check_suggests_env_for_a_token_written_in_a_local_servers_env(tmp_path):
+    cursor = tmp_path / "mcp.json"
+    cursor.write_text(json.dumps({"mcpServers": {"github": {"command": "/bin/true", "env": {
+        "GITHUB_PERSONAL_ACCESS_TOKEN": TOKEN, "PORT": "8080", "FROM_ENV": "${env:HOME}"}}}}))
+    done = _run("check", str(cursor))
+    assert done.returncode == 0, done.stderr  # a warning: the file works as it is
+    assert ('warning: mcpServers.github.env.GITHUB_PERSONAL_ACCESS_TOKEN: a github-pat written in plain text'
+            in done.stderr)
+    assert 'fix: write "GITHUB_PERSONAL_ACCESS_TOKEN": "${env:GITHUB_PERSONAL_ACCESS_TOKEN}"' in done.stderr
+    assert TOKEN not in done.stderr and "PORT" not in done.stderr.split("policy:")[1]
+    assert "FROM_ENV" not in done.stderr.split("policy:")[1]  # taken from the environment already
+
+    own = tmp_path / "bastion.toml"
+    own.write_text(f'[servers.gh]\ncommand = "/bin/true"\n[servers.gh.env]\nGH_TOKEN = "{TOKEN}"\n')
+    said = _run("check", str(own)).stderr
+    assert 'fix: write GH_TOKEN = "${env:GH_TOKEN}" under [servers.gh.env]' in said
+
+
 def test_unparseable_files_are_reported_with_their_name(tmp_path):
     toml = tmp_path / "b.toml"
     toml.write_text("[servers.a\ncommand = 1")
