@@ -63,14 +63,16 @@ def _store(args: argparse.Namespace) -> Any:
 _BY_NAME = ""  # --of "-": the pins kept by name alone
 
 
-def _of(args: argparse.Namespace) -> str | None:
-    """The configuration file the command is restricted to (``_BY_NAME`` for pins by name alone), None for all."""
-    chosen = args.of if args.of is not None else args.config
-    if chosen is None:
-        return None
-    if chosen == "-":
-        return _BY_NAME
-    return str(Path(chosen).expanduser().resolve())
+def _scope(book: Any, server: str | None, args: argparse.Namespace) -> str | None:
+    """The configuration file the command is about (``_BY_NAME`` for pins by name alone), None for every one:
+    ``--of`` strictly; ``--config`` when that file has pins of ``server`` (else it only names the pins file)."""
+    if args.of is not None:
+        return _BY_NAME if args.of == "-" else str(Path(args.of).expanduser().resolve())
+    if args.config is not None:
+        mine = str(Path(args.config).expanduser().resolve())
+        if _identities(book, server, mine):
+            return mine
+    return None
 
 
 def _run(args: argparse.Namespace, command: Any) -> int:
@@ -251,7 +253,7 @@ def _one(servers: list[str], what: str) -> str | None:
 def _list(args: argparse.Namespace) -> int:
     def command(store: Any) -> int:
         book, _ = store.load()
-        of = _of(args) if args.of is not None else None  # --config alone lists every configuration's pins
+        of = _scope(book, None, args) if args.of is not None else None  # --config alone lists every one's pins
         if (why := _unknown(book, None, None, of)) is not None:
             _say(why)
             return EXIT_USAGE
@@ -279,23 +281,25 @@ def _list(args: argparse.Namespace) -> int:
     return _run(args, command)
 
 
-def _known_book(store: Any, server: str | None, name: str | None, of: str | None) -> Any:
-    """The pins, when they know ``server`` (and ``name``) of ``of``; None, having said why, when they do not."""
+def _known_book(store: Any, server: str | None, name: str | None, args: argparse.Namespace,
+                ) -> tuple[Any, str | None]:
+    """The pins and the configuration meant (``_scope``), when they know ``server`` (and ``name``) there; None,
+    having said why, when they do not."""
     book, _ = store.load()
+    of = _scope(book, server, args)
     if (why := _unknown(book, server, name, of)) is not None:
         _say(why)
-        return None
-    return book
+        return None, of
+    return book, of
 
 
 def _diff(args: argparse.Namespace) -> int:
     from bastion.guardrails.pin_diff import unified
 
     server, name = _target(args.target)
-    of = _of(args)
 
     def command(store: Any) -> int:
-        book = _known_book(store, server, name, of)
+        book, of = _known_book(store, server, name, args)
         if book is None:
             return EXIT_USAGE
         servers = _identities(book, server, of)
@@ -353,10 +357,9 @@ def _accept(args: argparse.Namespace) -> int:
     from bastion.guardrails.pin_book import SINGULAR
 
     server, name = _target(args.target)
-    of = _of(args)
 
     def command(store: Any) -> int:
-        book = _known_book(store, server, name, of)
+        book, of = _known_book(store, server, name, args)
         if book is None:
             return EXIT_USAGE
         # Only the configurations with something to accept count: a namesake with nothing withheld is no doubt.
@@ -396,10 +399,9 @@ def _forget(args: argparse.Namespace) -> int:
     from bastion.guardrails.pin_book import SINGULAR
 
     server, name = _target(args.target)
-    of = _of(args)
 
     def command(store: Any) -> int:
-        book = _known_book(store, server, name, of)
+        book, of = _known_book(store, server, name, args)
         if book is None:
             return EXIT_USAGE
         chosen = _identities(book, server, of)

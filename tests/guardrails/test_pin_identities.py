@@ -46,15 +46,15 @@ def rug(stage: int) -> dict:
     return {"command": sys.executable, "args": [RUG], "env": {"RUG_STAGE": str(stage)}}
 
 
-async def _listed(config: Path) -> set[str]:
+async def _listed(config: Path, mode: str = "legacy") -> set[str]:
     parameters = StdioServerParameters(command=BASTION, args=["run", str(config), "-q"])  # the small environment
     with anyio.fail_after(DEADLINE):
-        async with Client(parameters, mode="legacy", read_timeout_seconds=DEADLINE) as client:
+        async with Client(parameters, mode=mode, read_timeout_seconds=DEADLINE) as client:
             return {tool.name for tool in (await client.list_tools()).tools}
 
 
-def listed(config: Path) -> set[str]:
-    return anyio.run(_listed, config)
+def listed(config: Path, mode: str = "legacy") -> set[str]:
+    return anyio.run(_listed, config, mode)
 
 
 def pins(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,14 +66,17 @@ def pins_file(state: Path) -> dict:
     return json.loads((state / "pins.json").read_text())
 
 
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 def test_two_projects_servers_of_one_name_raise_no_alarm_and_a_rug_pull_is_still_caught(tmp_path: Path,
-                                                                                         state: Path) -> None:
+                                                                                         state: Path, mode: str) -> None:
     one = cursor_file(tmp_path / "shop", rug(0))
     other = cursor_file(tmp_path / "blog", raw_server(tag="blog-files"))  # another program, the same name
-    assert listed(one) == RUG_TOOLS
-    others = listed(other)
+    assert listed(one, mode) == RUG_TOOLS
+    others = listed(other, mode)
     assert others and all(name.startswith("filesystem__") for name in others)
-    assert listed(one) == RUG_TOOLS and listed(other) == others  # no alarm either way, run after run
+    assert listed(one, mode) == RUG_TOOLS and listed(other, mode) == others  # no alarm either way, run after run
+    # A link to the shop's file is the shop's configuration: one identity, not a new one trusted afresh.
+    (tmp_path / "link.json").symlink_to(one)
     recorded = pins_file(state)["configurations"]
     assert set(recorded) == {str(one.resolve()), str(other.resolve())}
     table = pins("list")
@@ -82,8 +85,9 @@ def test_two_projects_servers_of_one_name_raise_no_alarm_and_a_rug_pull_is_still
     # The shop's server is upgraded into a rug pull: caught, and only there.
     cursor_file(tmp_path / "shop", rug(1))
     # add (changed, and poisoned) and delete_file (now claims to be read-only) are withheld; multiply is new
-    assert listed(one) == {"filesystem__advance", "filesystem__multiply"}
-    assert listed(other) == others
+    assert listed(tmp_path / "link.json", mode) == {"filesystem__advance", "filesystem__multiply"}
+    assert listed(one, mode) == {"filesystem__advance", "filesystem__multiply"}
+    assert listed(other, mode) == others
 
     diff = pins("diff", "filesystem")
     assert diff.returncode == 0, diff.stderr
@@ -139,3 +143,30 @@ def test_a_moved_configuration_file_keeps_its_pins_and_says_so(tmp_path: Path, s
     assert set(pins_file(state)["configurations"]) == {str(moved.resolve())}
     moved.write_text(json.dumps({"mcpServers": {"filesystem": rug(1)}, "ready_timeout": READY_TIMEOUT}))
     assert "filesystem__add" not in listed(moved)  # still held to the pins it carried over
+
+
+def test_servers_of_one_name_started_at_once_each_keep_their_own_pins(tmp_path: Path, state: Path) -> None:
+    """Two gateways meeting two namesakes for the first time at once, one of them taking over a pins file of
+    before: each is trusted on first use as itself, and neither is held against the other's pins."""
+    one = cursor_file(tmp_path / "shop", rug(0))
+    assert listed(one) == RUG_TOOLS
+    written = pins_file(state)
+    (state / "pins.json").write_text(json.dumps({"version": 1, "servers": written["configurations"][
+        str(one.resolve())]}))
+    others = [cursor_file(tmp_path / f"blog-{n}", raw_server(tag=f"blog-{n}")) for n in range(2)]
+    found: dict[Path, set[str]] = {}
+
+    async def each(config: Path) -> None:
+        found[config] = await _listed(config)
+
+    async def together() -> None:
+        async with anyio.create_task_group() as group:
+            for config in (one, *others):
+                group.start_soon(each, config)
+
+    anyio.run(together)
+    assert found[one] == RUG_TOOLS
+    assert found[others[0]] and found[others[0]] == found[others[1]]
+    after = pins_file(state)
+    assert set(after["configurations"]) == {str(config.resolve()) for config in (one, *others)}
+    assert after["servers"] == {}  # the pins of before went to the one server whose entry they pinned

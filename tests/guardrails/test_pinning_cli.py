@@ -120,3 +120,43 @@ def test_forget_drops_a_definition_or_a_whole_server(state: Path) -> None:
     assert list(json.loads((state / "bastion" / "pins.json").read_text())["servers"]) == ["git"]
     gone = bastion("forget", "fs", state=state)
     assert gone.returncode == 2 and "no pins of a server 'fs'" in gone.stderr
+
+
+def test_servers_of_one_name_in_two_configurations_are_told_apart(tmp_path: Path) -> None:
+    """Pins are kept per configuration file and server name: a command that changes pins does not guess which
+    configuration's server is meant, `--of FILE` says it (`--of -`: the pins kept by name alone), and `--config`
+    means its own file's server when it has one."""
+    from bastion.guardrails.pin_book import server_id
+
+    home = tmp_path / "state"
+    shop, blog = tmp_path / "shop" / "mcp.json", tmp_path / "blog" / "mcp.json"
+    store = PinStore(home / "bastion" / "pins.json")
+    ids = [server_id("fs", str(shop)), server_id("fs", str(blog)), "fs"]
+    store.record([Observation("pin", each, "tools", "echo", ECHO) for each in ids])
+    store.record([Observation("offer", each, "tools", "echo", POISONED) for each in ids])
+
+    listed = bastion("list", state=home)
+    assert listed.stdout.splitlines()[0].split() == ["SERVER", "KIND", "NAME", "STATUS", "PINNED", "CONFIGURATION"]
+    assert {line.split()[-1] for line in listed.stdout.splitlines()[1:]} == {str(shop), str(blog), "-"}
+    diff = bastion("diff", "fs", state=home)
+    assert f"configuration: {shop}" in diff.stdout and f"configuration: {blog}" in diff.stdout
+    assert "configuration: no configuration file (pinned by server name alone)" in diff.stdout
+    assert f"accept it with: bastion pins accept fs/echo --of {shop}" in diff.stdout
+
+    guessed = bastion("accept", "fs", state=home)
+    assert guessed.returncode == 2 and "pinned for 3 configurations" in guessed.stderr and "--of FILE" in guessed.stderr
+    one = bastion("accept", "fs", "--of", str(shop), state=home)
+    assert one.returncode == 0 and one.stdout == "accepted fs/echo (tool)\n", one.stderr
+    assert f"accepted 1 change of server 'fs' of {shop}" in one.stderr
+    shop.parent.mkdir()
+    shop.write_text('{"mcpServers": {}}')
+    blog.parent.mkdir()
+    blog.write_text('{"mcpServers": {}}')
+    mine = bastion("accept", "fs", "--config", str(blog), state=home)  # its own file's server
+    assert mine.returncode == 0 and f"of {blog}" in mine.stderr, mine.stderr
+    legacy = bastion("forget", "fs", "--of", "-", state=home)
+    assert legacy.returncode == 0 and legacy.stdout == "forgot fs/echo (tool)\n"
+    data = json.loads((home / "bastion" / "pins.json").read_text())
+    assert data["servers"] == {} and set(data["configurations"]) == {str(shop), str(blog)}
+    nothing = bastion("diff", "fs", "--of", str(tmp_path / "other.json"), state=home)
+    assert nothing.returncode == 2 and "no pins of a server 'fs' of" in nothing.stderr
