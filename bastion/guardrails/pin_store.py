@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from bastion.files import exclusive_lock, file_signature, replace_atomically
-from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply, claim, forget
+from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply, claim, forget, split_id
 
 Signature = tuple[int, int, int] | None  # (inode, size, mtime in ns) of the file; None when there is none
 
@@ -94,7 +94,8 @@ class PinStore:
         return accepted, book
 
     def reviews(self) -> list[dict[str, str]]:
-        """Every accepted definition, oldest first: ``{"at", "by", "server", "kind", "key"}``."""
+        """Every accepted definition, oldest first: ``{"at", "by", "server", "configuration", "kind", "key"}`` (the
+        configuration file of the server, None for one pinned by name alone)."""
         try:
             text = self.reviews_path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -104,8 +105,8 @@ class PinStore:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def _review(self, at: str, by: str, accepted: list[Address]) -> None:
-        lines = "".join(json.dumps({"at": at, "by": by, "server": s, "kind": kind, "key": key}, ensure_ascii=False)
-                        + "\n" for s, kind, key in accepted)
+        lines = "".join(json.dumps({"at": at, "by": by, "server": split_id(s)[1], "configuration": split_id(s)[0],
+                                    "kind": kind, "key": key}, ensure_ascii=False) + "\n" for s, kind, key in accepted)
         try:
             fd = os.open(self.reviews_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             with os.fdopen(fd, "a", encoding="utf-8") as f:

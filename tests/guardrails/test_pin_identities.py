@@ -107,7 +107,9 @@ def test_two_projects_servers_of_one_name_raise_no_alarm_and_a_rug_pull_is_still
     assert f"accepted 3 changes of server 'filesystem' of {one.resolve()}" in accepted.stderr
     assert "tool 'add' of server 'filesystem' stays withheld: the metadata scan finds instructions" in accepted.stderr
     assert "accepting does not lift a content finding" in accepted.stderr
-    served = listed(one)
+    reviews = [json.loads(line) for line in (state / "pins.json.reviews.jsonl").read_text().splitlines()]
+    assert {(each["server"], each["configuration"]) for each in reviews} == {("filesystem", str(one.resolve()))}
+    served = listed(one, mode)
     assert "filesystem__delete_file" in served and "filesystem__add" not in served  # the scan still withholds it
 
 
