@@ -91,6 +91,10 @@ def test_a_changed_entry_holds_every_definition_until_a_person_accepts_it(tmp_pa
     assert "accept it with: bastion pins accept rug\n" in pins("diff", "rug/@entry").stdout
     rows = {(row["kind"], row["name"]): row for row in json.loads(pins("diff", "rug", "--json").stdout)}
     assert rows[("configuration entry", "@entry")]["status"] == "changed"
+    # Every definition the server offers is listed as withheld with it, saying why.
+    held = rows[("tool", "add")]
+    assert held["status"] == "withheld" and [r["reason"] for r in held["reasons"]] == ["changed-configuration"]
+    assert "the server's configuration entry changed since it was pinned" in held["reasons"][0]["text"]
     assert "secret" not in json.dumps(list(rows.values()))
 
     accepted = pins("accept", "rug")
