@@ -120,47 +120,73 @@ def _where(server: str) -> str:
 
 def _rows(book: Any, servers: list[str], name: str | None, *, withheld_only: bool,
           modes: Any = None) -> list[dict[str, Any]]:
-    """One row per pinned definition of ``servers`` (``name``'s only, when given): its status and, under
-    ``withheld_only``, only those withheld, each with every reason (``modes``: the metadata scan's switch of an
-    identity, to find the definitions it withholds)."""
-    from bastion.guardrails.pin_book import ENTRY_KEY, ENTRY_KIND, SINGULAR, judge, split_id
-    from bastion.guardrails.pin_diff import summary
+    """One row per pinned definition of ``servers`` (``name``'s only, when given) with its status and every reason
+    it is withheld (``modes``: the metadata scan's switch of an identity, to find what the scan withholds);
+    ``withheld_only``: the withheld ones alone."""
+    from bastion.guardrails.pin_book import SINGULAR, judge, split_id
 
     rows = []
     for (s, kind, key), record in sorted(book.records.items()):
         if s not in servers or (name is not None and key != name):
             continue
         configuration, server_name = split_id(s)
-        base = {"server": server_name, "configuration": configuration, "kind": SINGULAR[kind], "name": key}
-        reasons = []
-        entry = book.get(s, ENTRY_KIND, ENTRY_KEY)
-        if kind != ENTRY_KIND and entry is not None and entry.offered is not None and entry.pinned is not None:
-            changes = judge(book, s, ENTRY_KIND, ENTRY_KEY, entry.offered).changes
-            reasons.append({"reason": "changed-configuration",
-                            "text": f"the server's configuration entry changed since it was pinned: "
-                                    f"{summary(list(changes))}; everything the server offers is withheld with it"})
-        current = record.offered if record.offered is not None else record.pinned
-        if kind != ENTRY_KIND and modes is not None and current is not None:
-            finding = _content_finding(current, modes(s))
-            if finding is not None:
-                reasons.append({"reason": "injection", "text": finding})
+        row: dict[str, Any] = {"server": server_name, "configuration": configuration, "kind": SINGULAR[kind],
+                               "name": key, "pinned_at": record.pinned_at}
+        reasons = _held_by_entry(book, s, kind) + _content_reasons(record, kind, modes and modes(s))
         if record.offered is None:
-            if withheld_only and not reasons:
-                continue
-            rows.append({**base, "status": "withheld" if reasons else "pinned", "pinned_at": record.pinned_at,
-                         "reasons": reasons, "pinned": record.pinned, "offered": None})
+            if not (withheld_only and not reasons):
+                rows.append({**row, "status": "withheld" if reasons else "pinned", "reasons": reasons,
+                             "pinned": record.pinned, "offered": None})
             continue
         verdict = judge(book, s, kind, key, record.offered)
-        status = "renamed" if verdict.status == "renamed" else "changed"
-        what = ("configuration entry changed" if kind == ENTRY_KIND else
-                "a new name for a known definition" if status == "renamed" else "definition changed")
-        reasons.insert(0, {"reason": f"{status}-definition" if kind != ENTRY_KIND else "changed-configuration",
-                           "text": f"{what}: {summary(list(verdict.changes))}"})
-        rows.append({**base, "status": status, "pinned_at": record.pinned_at, "offered_at": record.offered_at,
-                     "matches": record.matches, "changes": [c.summary for c in verdict.changes], "reasons": reasons,
+        rows.append({**row, "status": "renamed" if verdict.status == "renamed" else "changed",
+                     "offered_at": record.offered_at, "matches": record.matches,
+                     "changes": [c.summary for c in verdict.changes], "reasons": [_change_reason(kind, verdict),
+                                                                                  *reasons],
                      "pinned": record.pinned if record.pinned is not None else _source(book, s, kind, record.matches),
                      "offered": record.offered})
     return rows
+
+
+def _change_reason(kind: str, verdict: Any) -> dict[str, str]:
+    """The reason a changed definition (or entry, or a rename) is withheld, with its changes."""
+    from bastion.guardrails.pin_book import ENTRY_KIND, RENAMED
+    from bastion.guardrails.pin_diff import summary
+
+    if kind == ENTRY_KIND:
+        reason, what = "changed-configuration", "configuration entry changed"
+    elif verdict.status == RENAMED:
+        reason, what = "renamed-definition", "a new name for a known definition"
+    else:
+        reason, what = "changed-definition", "definition changed"
+    return {"reason": reason, "text": f"{what}: {summary(list(verdict.changes))}"}
+
+
+def _held_by_entry(book: Any, server: str, kind: str) -> list[dict[str, str]]:
+    """The reason every definition of ``server`` is withheld while its configuration entry's change is."""
+    from bastion.guardrails.pin_book import ENTRY_KEY, ENTRY_KIND, judge
+    from bastion.guardrails.pin_diff import summary
+
+    entry = book.get(server, ENTRY_KIND, ENTRY_KEY)
+    if kind == ENTRY_KIND or entry is None or entry.offered is None or entry.pinned is None:
+        return []
+    changes = judge(book, server, ENTRY_KIND, ENTRY_KEY, entry.offered).changes
+    return [{"reason": "changed-configuration",
+             "text": f"the server's configuration entry changed since it was pinned: {summary(list(changes))}; "
+                     "everything the server offers is withheld with it"}]
+
+
+def _content_reasons(record: Any, kind: str, mode: str | None) -> list[dict[str, str]]:
+    """The metadata scan's finding in what the server offers now (its changed definition, else the pinned one)."""
+    from bastion.guardrails.injection import definition_finding
+    from bastion.guardrails.pin_book import ENTRY_KIND
+
+    current = record.offered if record.offered is not None else record.pinned
+    if kind == ENTRY_KIND or mode is None or current is None:
+        return []
+    found = definition_finding(current, mode)
+    return [] if found is None else [{"reason": "injection",
+                                      "text": f"the metadata scan finds {found} in its definition"}]
 
 
 _WAY_OUT = ("accepting does not lift a content finding: review the server, then set metadata_injection = \"off\" "
@@ -178,13 +204,6 @@ def _quietly(read: Any) -> Any:
         return read()
     finally:
         chatty.setLevel(level)
-
-
-def _content_finding(definition: Any, mode: str) -> str | None:
-    from bastion.guardrails.injection import definition_finding
-
-    found = definition_finding(definition, mode)
-    return None if found is None else f"the metadata scan finds {found} in its definition"
 
 
 def _modes(servers: list[str]) -> Any:
