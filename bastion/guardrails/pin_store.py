@@ -27,7 +27,7 @@ from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, a
 Signature = tuple[int, int, int] | None  # (inode, size, mtime in ns) of the file; None when there is none
 
 
-def _gone(configuration: str) -> bool:
+def configuration_gone(configuration: str) -> bool:
     """Whether a configuration file no longer exists (moved or deleted): its pins are for the taking."""
     return not os.path.lexists(configuration)
 
@@ -123,7 +123,7 @@ class PinStore:
 
         def change(book: PinBook) -> PinBook:
             for server, entry in sorted(entries.items()):
-                book, source = claim(book, server, entry, _gone)
+                book, source = claim(book, server, entry, configuration_gone)
                 if source is not None:
                     moved.append((server, source))
             return book

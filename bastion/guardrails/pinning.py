@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
@@ -39,7 +38,7 @@ from bastion.guardrails.pin_book import (
     unclaimed,
 )
 from bastion.guardrails.pin_diff import summary
-from bastion.guardrails.pin_store import PinStore, PinStoreError, Signature, now
+from bastion.guardrails.pin_store import PinStore, PinStoreError, Signature, configuration_gone, now
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Session
 
@@ -513,20 +512,22 @@ def claim_pins(store: PinStore, entries: Mapping[str, Mapping[str, Any]], identi
         return
     try:
         before, _ = store.load()
+        known = set(before.servers())
+        if known.issuperset(claims):  # every start but a server's first: nothing to carry over, no lock taken
+            return
         moved = dict(store.claim(claims))
         book, _ = store.load()
     except PinStoreError as exc:  # said by the guard, which reads the file next (or writes it, for a lock)
         log.debug("pins not carried over: %s", exc)
         return
-    gone = lambda path: not os.path.lexists(path)  # noqa: E731
     for server in sorted(claims):
         if server in moved:
             source = moved[server]
             log.warning("the pins of server %s carry over from %s: its configuration entry is the one they pinned",
                         _described(server), _described(source) if split_id(source)[0] else
                         "the pins file of before pins were kept per configuration file (by name alone)")
-        elif not any(s == server for s in before.servers()):
-            for other in unclaimed(book, server, gone):
+        elif server not in known:
+            for other in unclaimed(book, server, configuration_gone):
                 owner = split_id(other)[0]
                 log.warning("server %s is trusted on first use: the pins of %s have another configuration entry, so "
                             "they stay apart (`bastion pins forget %s --of %s` drops them)", _described(server),
