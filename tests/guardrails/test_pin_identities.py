@@ -62,6 +62,12 @@ def pins(*args: str) -> subprocess.CompletedProcess[str]:
                           stdin=subprocess.DEVNULL)
 
 
+def tools(config: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    """``bastion tools``, whose log (what pinning says at start) is read from its stderr."""
+    return subprocess.run([BASTION, "tools", str(config)], capture_output=True, text=True, timeout=DEADLINE,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "XDG_STATE_HOME": str(state.parent)})
+
+
 def pins_file(state: Path) -> dict:
     return json.loads((state / "pins.json").read_text())
 
@@ -121,7 +127,11 @@ def test_a_pins_file_from_before_is_carried_over_without_an_alarm(tmp_path: Path
     (state / "pins.json").write_text(json.dumps({"version": 1, "servers": written["configurations"][
         str(one.resolve())]}))
     other = cursor_file(tmp_path / "blog", raw_server(tag="blog-files"))
-    assert listed(other)  # another entry of that name: trusted on first use, the old pins left to their own
+    # Another entry of that name: trusted on first use, the old pins left to their own, and said.
+    first = tools(other, state)
+    assert first.returncode == 0 and "filesystem__" in first.stdout, first.stderr
+    assert (f"server 'filesystem' of {other.resolve()} is trusted on first use: the pins of 'filesystem' have "
+            "another configuration entry" in first.stderr and "bastion pins forget filesystem --of -" in first.stderr)
     assert "filesystem" in pins_file(state)["servers"]
     assert listed(one) == RUG_TOOLS  # the same entry: the old pins are its own, carried over, no alarm
     after = pins_file(state)
@@ -138,8 +148,7 @@ def test_a_moved_configuration_file_keeps_its_pins_and_says_so(tmp_path: Path, s
     moved = tmp_path / "renamed-shop" / ".cursor" / "mcp.json"
     moved.parent.mkdir(parents=True)
     shutil.move(one, moved)
-    run = subprocess.run([BASTION, "tools", str(moved)], capture_output=True, text=True, timeout=DEADLINE,
-                         stdin=subprocess.DEVNULL, env={**os.environ, "XDG_STATE_HOME": str(state.parent)})
+    run = tools(moved, state)
     assert run.returncode == 0, run.stderr
     assert f"the pins of server 'filesystem' of {moved.resolve()} carry over from 'filesystem' of {one}" in run.stderr
     assert set(pins_file(state)["configurations"]) == {str(moved.resolve())}
