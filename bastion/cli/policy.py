@@ -53,8 +53,10 @@ def register(subparsers: Any) -> None:
     verify.add_argument(
         "paths", nargs="*",
         help="audit trails (the configured audit.path brings in all its chains and rotated files) or single files; "
-             "none: the default trail, the state directory's audit.jsonl",
+             "none: the trail of --config, else the default trail, the state directory's audit.jsonl",
     )
+    verify.add_argument("--config", "-c", metavar="FILE",
+                        help="verify the trail this configuration writes (its policy.audit.path and key_file)")
     verify.add_argument("--key-file", help="HMAC key file, when the trail was written with one")
     verify.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     verify.set_defaults(handler=_audit_verify)
@@ -145,20 +147,18 @@ def _audit_verify(args: argparse.Namespace) -> int:
     from bastion.policy.approval import load_secret
     from bastion.policy.audit import verify_paths
 
+    chosen = _trail_to_verify(args)
+    if isinstance(chosen, str):
+        _say(f"error: {chosen}")
+        return EXIT_USAGE
+    paths, key_file = chosen
     try:
-        if args.key_file and not Path(args.key_file).expanduser().is_file():
+        if key_file and not Path(key_file).expanduser().is_file():
             raise FileNotFoundError("no such file")  # load_secret would make a new key, which nothing was sealed with
-        key = load_secret(args.key_file) if args.key_file else None
+        key = load_secret(key_file) if key_file else None
     except (OSError, ValueError) as error:
-        _say(f"error: {args.key_file}: cannot use it as the audit key ({error}); give the audit.key_file the trail was written with")
+        _say(f"error: {key_file}: cannot use it as the audit key ({error}); give the audit.key_file the trail was written with")
         return EXIT_USAGE
-    paths = args.paths or [_default_trail()]
-    if not args.paths and not Path(paths[0]).exists():
-        _say(f"error: no audit trail at {paths[0]} (the default audit.path); give the configured policy.audit.path "
-             "of the configuration whose trail to verify")
-        return EXIT_USAGE
-    if not args.paths:
-        _say(f"the default trail: {paths[0]}")
     trail = verify_paths(paths, key)
     if args.json:
         sys.stdout.write(json.dumps(trail.to_json(), indent=2) + "\n")
@@ -167,11 +167,30 @@ def _audit_verify(args: argparse.Namespace) -> int:
     return 0 if trail.ok else 1
 
 
-def _default_trail() -> str:
-    """The trail a configuration that does not set policy.audit.path writes: what the README verifies."""
+def _trail_to_verify(args: argparse.Namespace) -> tuple[list[str], str | None] | str:
+    """The files to verify and the key file, as given; else the trail of --config, else the default trail (what
+    the README verifies), said on stderr; or why there is none to verify."""
+    from bastion.config import ConfigError, load_config
     from bastion.policy.config import AuditConfig
 
-    return AuditConfig().path
+    if args.paths:
+        return list(args.paths), args.key_file
+    if args.config is None:
+        trail, key_file, which = AuditConfig().path, args.key_file, "the default trail"
+    else:
+        try:
+            config = load_config(Path(args.config), log_notes=False)
+        except ConfigError as error:
+            return str(error)
+        if config.policy is None or not config.policy.audit.enabled:
+            return f"{args.config} writes no audit trail (its policy or its audit is off)"
+        audit = config.policy.audit
+        trail, key_file, which = audit.path, args.key_file or audit.key_file, f"the trail of {args.config}"
+    if not Path(trail).expanduser().exists():
+        return (f"no audit trail at {trail} ({which}); give the policy.audit.path of the configuration whose "
+                "trail to verify, or the configuration with --config")
+    _say(f"{which}: {trail}")
+    return [trail], key_file
 
 
 def _audit_lines(trail: Any) -> list[str]:

@@ -43,3 +43,24 @@ def test_verify_without_a_path_and_no_default_trail_says_what_to_give(tmp_path, 
     missing = _verify()
     assert missing.returncode == 2
     assert "no audit trail at" in missing.stderr and "policy.audit.path" in missing.stderr
+
+
+def test_verify_with_a_configuration_checks_the_trail_it_writes_with_its_key(tmp_path):
+    audit = tmp_path / "trail" / "audit.jsonl"
+    key = tmp_path / "audit.key"
+    config = write_config(tmp_path / "bastion.json", {"raw": raw_server()},
+                          policy={"audit": {"path": str(audit), "key_file": str(key)}})
+    client = RawClient(config)
+    try:
+        client.initialize()
+        client.request(1, "tools/list", {})
+    finally:
+        client.close()
+    intact = _verify("--config", str(config))
+    assert intact.returncode == 0, intact.stderr
+    assert f"the trail of {config}: {audit}" in intact.stderr and "intact" in intact.stderr
+    unkeyed = _verify(str(audit))  # without the key the trail was sealed with, it does not verify
+    assert unkeyed.returncode != 0
+    off = write_config(tmp_path / "off.json", {"raw": raw_server()}, policy="off")
+    refused = _verify("--config", str(off))
+    assert refused.returncode == 2 and "writes no audit trail" in refused.stderr
