@@ -172,6 +172,14 @@ def run_install(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         # Only the servers this file starts for every project are replaced by Bastion's entry; so only those move.
         client.servers = [server for server in client.servers if not server.table.startswith("projects.")]
+        from bastion.clients.importer import is_remote_entry
+
+        if client.servers and all(is_remote_entry(server.entry) for server in client.servers):
+            _say(f"every server of {client_file} is remote ({', '.join(s.name for s in client.servers)}): {spec.label} "
+                 "reaches them directly and keeps them, so there is nothing to put behind Bastion; nothing was "
+                 "changed (to federate them, write a configuration with their url and headers, docs/http.md, and "
+                 "give it with --config)")
+            return EXIT_FAILED
         status = _import_files([client], configuration, places.home, force=False, allow_home=args.allow_home,
                                dry_run=False, as_json=False)
         if status != EXIT_OK:

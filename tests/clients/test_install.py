@@ -184,3 +184,11 @@ def test_install_keeps_remote_servers_where_import_says_they_stay(machine, clien
     removed = machine.bastion("client", "uninstall", client)
     assert removed.returncode == 0, removed.stderr
     assert client_file.read_bytes() == original
+
+
+def test_install_of_a_file_of_remote_servers_only_changes_nothing_and_says_why(machine):
+    client_file = machine.write_json(".cursor/mcp.json", {"mcpServers": {"linear": {"url": "https://mcp.linear.app/mcp"}}})
+    original = client_file.read_bytes()
+    done = machine.bastion("client", "install", "cursor")
+    assert done.returncode == 1 and "every server of" in done.stderr and "nothing was changed" in done.stderr
+    assert client_file.read_bytes() == original and not machine.bastion_toml.exists()
