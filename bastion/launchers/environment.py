@@ -149,13 +149,24 @@ class InstallEnvironment:
                          f"{self._npm.get('userconfig', '(not read)')}")
         else:
             parts.append(f"pip config files {', '.join(pip_config_files(env)) or 'none'}")
-        proxy = next((f"{name}={env[name]}" for name in _PROXIES if env.get(name)), "none")
+        proxy = next((f"{name}={_without_credentials(env[name])}" for name in _PROXIES if env.get(name)), "none")
         ca = [name for name in _CA if env.get(name)]
         parts.append(f"proxy: {proxy}")
         parts.append(f"CA variables: {', '.join(ca) or 'none'}")
         login = f"from the login shell: {', '.join(self._added) or 'nothing'}"
         parts.append(f"{login} ({self._note})" if self._note else login)
         return "; ".join(parts)
+
+
+def _without_credentials(url: str) -> str:
+    """A proxy URL as a log may show it: ``http://user:secret@proxy:3128`` -> ``http://…@proxy:3128``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "…@" + authority.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{authority}{slash}{path}"
 
 
 async def _npm_config_files(npm: str, env: Mapping[str, str]) -> dict[str, str]:

@@ -52,8 +52,7 @@ async def prepare(name: str, config: ServerConfig, *, env: Mapping[str, str] | N
             log.info("server %s: locked %s %s in %s", name, installed.package, installed.version, lock_file)
         except LockFileError as exc:
             log.warning("server %s: %s", name, exc)
-    if _stale(locked, installed) or locked is not own:
-        await asyncio.to_thread(_index, state, [entry])
+    await asyncio.to_thread(_index_unless_there, state, entry)
     return installed_config(config, plan, installed)
 
 
@@ -68,6 +67,17 @@ def _index(state: Path, entries: Iterable[LockEntry]) -> None:
         record(user_index_path(state), {request_id(entry.ecosystem, entry.requested): entry for entry in entries})
     except LockFileError as exc:
         log.warning("the user-wide lock index: %s", exc)
+
+
+def _index_unless_there(state: Path, entry: LockEntry) -> None:
+    """Keep the user-wide index in step with what this start locked (a file locked before the index existed, an
+    index deleted), writing it only when it says something else."""
+    try:
+        there = read_lock(user_index_path(state)).get(request_id(entry.ecosystem, entry.requested))
+    except LockFileError:
+        there = None  # rewritten whole below, with every readable entry lost: it only saves resolves
+    if there != entry:
+        _index(state, [entry])
 
 
 def _user_entry(state: Path, name: str, plan: LaunchPlan) -> LockEntry | None:

@@ -28,7 +28,7 @@ import trustme
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from bastion.launchers.environment import login_environment, merged
+from bastion.launchers.environment import InstallEnvironment, login_environment, merged
 from tests.support import BASTION, ROOT, free_port
 
 PACKAGE = "bastion-test-echo-server"
@@ -215,6 +215,14 @@ def test_only_proxy_ca_and_package_client_variables_are_taken_and_the_clients_ow
     assert env["PIP_CERT"] == "/from/client.pem"  # what Bastion was given wins
     assert "AWS_SECRET_ACCESS_KEY" not in env and "LD_PRELOAD" not in env
     assert "PIP_CERT" not in added and "PIP_INDEX_URL (from UV_INDEX_URL)" in added
+
+
+def test_a_failure_names_the_proxy_without_its_credentials() -> None:
+    installs = InstallEnvironment({"HOME": "/nonexistent", "https_proxy": "http://me:s3cret@proxy.corp:3128/x",
+                                   "NODE_EXTRA_CA_CERTS": "/etc/corp.pem"})
+    said = installs.describe("npm")
+    assert "proxy: https_proxy=http://…@proxy.corp:3128/x" in said and "s3cret" not in said
+    assert "CA variables: NODE_EXTRA_CA_CERTS" in said
 
 
 def test_a_login_profile_that_hangs_or_fails_gives_nothing_and_says_why(tmp_path: Path) -> None:

@@ -1,0 +1,123 @@
+"""One package cache and lock for the user: an imported file runs what its client's file locked, configurations
+asking for the same thing share one install, and an install is never reused for another request (``uvx --with
+"mcp<2"``). Real installs, offline from the caches scripts/setup.sh fills."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bastion.config import ServerConfig, load_config
+from bastion.launchers.lock import LockEntry, lock_path, read_lock, record, user_index_path
+from bastion.launchers.prepare import prepare
+from tests.launchers.test_real_launchers import (  # noqa: F401  (offline_package_clients: autouse fixture)
+    MEMORY, START_S, lock_file_of, npx, offline_package_clients, run_and_close, wait_for_tools)
+from tests.support import BASTION
+
+SQLITE = "mcp-server-sqlite==2025.4.25"
+
+
+def state() -> Path:
+    return Path(os.environ["XDG_STATE_HOME"]) / "bastion"
+
+
+def installs() -> set[str]:
+    packages = state() / "packages"
+    return {f"{kind.name}/{folder.name}" for kind in packages.iterdir() if kind.is_dir()
+            for folder in kind.iterdir() if not folder.name.startswith(".")} if packages.is_dir() else set()
+
+
+def test_an_imported_file_runs_what_the_clients_file_locked_without_resolving_again(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    cursor = home / ".cursor" / "mcp.json"
+    cursor.parent.mkdir(parents=True)
+    cursor.write_text(json.dumps({"mcpServers": {
+        "memory": npx(MEMORY), "time": {"command": "uvx", "args": ["mcp-server-time"]}},
+        "policy": "off", "ready_timeout": START_S, "tools": {"exposure": "all"}}))
+    run_and_close(cursor, lambda client: wait_for_tools(client, {"memory", "time"}))
+    assert sorted(os.listdir(cursor.parent)) == ["mcp.json"]  # no lock left in the client's folder
+    locked = read_lock(lock_file_of(cursor))
+    assert sorted(locked) == ["memory", "time"]
+    before = installs()
+
+    output = tmp_path / "bastion.toml"
+    imported = subprocess.run([BASTION, "import", str(cursor), "--output", str(output)], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "HOME": str(home)})
+    assert imported.returncode == 0, imported.stderr
+    own_lock = output.with_name("bastion.toml.lock.json")  # Bastion's own file keeps its lock beside it
+    assert f"carried the locked versions of memory, time over to {own_lock}" in imported.stderr
+    assert read_lock(own_lock) == locked
+
+    # What another file locked is not what makes it reuse them: its own lock does.
+    user_index_path(state()).unlink()
+    output.write_text(f"ready_timeout = {START_S}\n{output.read_text()}\n[tools]\nexposure = \"all\"\n")
+    stderr = run_and_close(output, lambda client: wait_for_tools(client, {"memory", "time"}))
+    for name in ("memory", "time"):
+        assert f"{locked[name].package} {locked[name].version} (locked)" in stderr, stderr[-3000:]
+    assert installs() == before  # nothing installed again
+    assert read_lock(own_lock) == locked
+
+    # A third file asking for the same package reuses what is locked for the user, in the same install folder.
+    other = tmp_path / "project" / ".vscode" / "mcp.json"
+    other.parent.mkdir(parents=True)
+    other.write_text(json.dumps({"servers": {"mem": npx(MEMORY)}, "policy": "off", "ready_timeout": START_S, "tools": {"exposure": "all"}}))
+    stderr = run_and_close(other, lambda client: wait_for_tools(client, {"mem"}))
+    assert (f"server mem: {MEMORY} {locked['memory'].version} is locked for the same request by another "
+            "configuration; using it") in stderr, stderr[-3000:]
+    assert installs() == before
+    assert read_lock(lock_file_of(other))["mem"] == locked["memory"]
+    assert sorted(os.listdir(other.parent)) == ["mcp.json"]
+
+    update = subprocess.run([BASTION, "servers", "update", "--config", str(other)], capture_output=True, text=True,
+                            timeout=START_S)
+    assert update.returncode == 0, update.stderr
+    assert f"lock file {lock_file_of(other)}" in update.stderr
+
+
+def sqlite(*launcher: str) -> ServerConfig:
+    server = ServerConfig(command="uvx", args=[*launcher, SQLITE, "--db-path", "/tmp/never-opened.db"])
+    return server
+
+
+def mcp_in(installed: ServerConfig) -> str:
+    venv = Path(installed.command).parent.parent
+    found = [p.name for p in venv.glob("lib/python*/site-packages/mcp-*.dist-info")]
+    assert len(found) == 1, found
+    return found[0].removesuffix(".dist-info").split("-")[1]
+
+
+def test_with_an_older_sdk_is_a_tree_of_its_own_and_a_lock_that_contradicts_its_request_is_refused(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = tmp_path / "bastion.json"  # Bastion's own format: its lock is beside it
+    config.write_text(json.dumps({"servers": {"plain": sqlite().model_dump(include={"command", "args"}),
+                                              "older": sqlite("--with", "mcp<2").model_dump(
+                                                  include={"command", "args"})}}))
+    servers = load_config(config).servers
+    lock = lock_path(config.resolve())
+    assert lock == tmp_path / "bastion.json.lock.json"
+
+    plain = asyncio.run(prepare("plain", servers["plain"]))
+    older = asyncio.run(prepare("older", servers["older"]))
+    assert mcp_in(plain).startswith("2.") and mcp_in(older) == "1.30.0"
+    assert plain.command != older.command  # the same package and version, two trees: two installs
+    entries = read_lock(lock)
+    assert entries["older"].tree["mcp"]["version"] == "1.30.0" and entries["older"].requested == f"{SQLITE} mcp<2"
+
+    # A lock that records the newer SDK for the request that refuses it (written by hand, or by an older Bastion
+    # that reused the first install) is refused, said so, and the request installed again.
+    wrong = entries["plain"]
+    record(lock, {"older": LockEntry("python", wrong.package, f"{SQLITE} mcp<2", wrong.version, wrong.integrity,
+                                     wrong.tree)})
+    with caplog.at_level(logging.WARNING, logger="bastion.launchers"):
+        again = asyncio.run(prepare("older", servers["older"]))
+    assert mcp_in(again) == "1.30.0" and again.command == older.command
+    assert any(f"records a tree that does not satisfy {SQLITE} mcp<2 (the locked tree has mcp "
+               f"{wrong.tree['mcp']['version']}, which is not <2); refused" in record.getMessage()
+               for record in caplog.records), [r.getMessage() for r in caplog.records]
+    assert read_lock(lock)["older"].tree["mcp"]["version"] == "1.30.0"
