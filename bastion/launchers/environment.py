@@ -4,7 +4,7 @@ dropped, so an install sees what the user's own ``npx``/``uvx`` would.
 Clients start servers with a small environment (HOME, LOGNAME, PATH, SHELL, TERM, USER). Proxy and CA variables,
 registry mirrors and package-client settings a user exports in their login profile are then missing, and an install
 that works from a terminal fails (``SELF_SIGNED_CERT_IN_CHAIN`` behind a TLS-inspecting proxy). They are read from
-the user's login shell (``$SHELL -l -c 'env -0'``: the profile files the terminal that works read), outside the
+the user's login shell (``$SHELL -l -c '/usr/bin/env -0 > FILE'``: the profile files the terminal that works read), outside the
 sandbox, with no stdin and within a time bound, only when a package client is about to run; only the variables
 below are taken, and a variable Bastion's own environment has is never replaced.
 
@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -77,29 +79,40 @@ async def login_environment(shell: str | None, home: str | None,
     """The login shell's environment, and a note when it could not be read (then: empty).
 
     The shell runs in a session of its own with no stdin, so a profile that asks something gets end-of-file, and one
-    that hangs is killed with everything it started when the time is up."""
+    that hangs is killed with everything it started when the time is up. The environment is written to a file of a
+    private folder (a redirection every shell reads alike), so whatever a chatty profile prints is not mixed in."""
     if not shell or not os.path.isabs(shell):
         return {}, "no login shell ($SHELL is not an absolute path)"
     env = {key: value for key, value in (("HOME", home), ("SHELL", shell)) if value}
     env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+    folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="bastion-login-env-")
+    target = os.path.join(folder, "env")
     try:
-        process = await asyncio.create_subprocess_exec(
-            shell, "-l", "-c", "env -0", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, env=env, cwd=home or "/", start_new_session=True)
-    except OSError as exc:
-        return {}, f"login shell {shell} could not run: {exc.strerror}"
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), timeout_s)
-    except asyncio.TimeoutError:
-        _kill_group(process.pid)
-        await process.wait()
-        return {}, f"login shell {shell} did not finish within {timeout_s:g}s"
-    except asyncio.CancelledError:
-        _kill_group(process.pid)
-        raise
-    if process.returncode != 0:
-        return {}, f"login shell {shell} exited with status {process.returncode}"
-    return parse_env0(output), ""
+        try:
+            process = await asyncio.create_subprocess_exec(
+                shell, "-l", "-c", f"/usr/bin/env -0 > {target}", stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=home or "/",
+                start_new_session=True)
+        except OSError as exc:
+            return {}, f"login shell {shell} could not run: {exc.strerror}"
+        try:
+            await asyncio.wait_for(process.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            _kill_group(process.pid)
+            await process.wait()
+            return {}, f"login shell {shell} did not finish within {timeout_s:g}s"
+        except asyncio.CancelledError:
+            _kill_group(process.pid)
+            raise
+        if process.returncode != 0:
+            return {}, f"login shell {shell} exited with status {process.returncode}"
+        try:
+            output = await asyncio.to_thread(Path(target).read_bytes)
+        except OSError:
+            return {}, f"login shell {shell} wrote no environment"
+        return parse_env0(output), ""
+    finally:
+        await asyncio.to_thread(shutil.rmtree, folder, True)
 
 
 def _kill_group(pid: int) -> None:

@@ -40,13 +40,14 @@ async def prepare(name: str, config: ServerConfig, *, env: Mapping[str, str] | N
     state = state_dir()
     lock_file = lock_path(config.config_file, config.client_file, state)
     own = await asyncio.to_thread(_locked_entry, lock_file, name, plan)
+    moved = None  # an entry of the lock an older Bastion left beside a client's file: moved into the state directory
     if own is None and config.client_file and config.config_file is not None:
-        own = await asyncio.to_thread(_locked_entry, legacy_lock_path(config.config_file), name, plan)
-    locked = own or await asyncio.to_thread(_user_entry, state, name, plan)
+        moved = await asyncio.to_thread(_locked_entry, legacy_lock_path(config.config_file), name, plan)
+    locked = own or moved or await asyncio.to_thread(_user_entry, state, name, plan)
     installed = await _install(name, plan, locked, InstallEnvironment(os.environ if env is None else env))
     entry = LockEntry(installed.ecosystem, installed.package, plan.key, installed.version, installed.integrity,
                       installed.tree)
-    if lock_file is not None and _stale(own, installed):
+    if lock_file is not None and (moved is not None or _stale(own, installed)):
         try:
             await asyncio.to_thread(record, lock_file, {name: entry})
             log.info("server %s: locked %s %s in %s", name, installed.package, installed.version, lock_file)

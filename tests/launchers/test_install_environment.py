@@ -203,6 +203,7 @@ async def _login(home: Path, shell: str = "/bin/sh", timeout_s: float = 30.0) ->
 
 def test_only_proxy_ca_and_package_client_variables_are_taken_and_the_clients_own_win(tmp_path: Path) -> None:
     (tmp_path / ".profile").write_text(
+        "echo 'Welcome! a profile that talks'\nprintf 'and one that ends without a newline'\n"
         "export HTTPS_PROXY=http://127.0.0.1:3128 no_proxy=localhost SSL_CERT_FILE=/etc/corp.pem\n"
         "export UV_INDEX_URL=https://127.0.0.1:9/simple npm_config_cafile=/etc/corp.pem\n"
         "export AWS_SECRET_ACCESS_KEY=x LD_PRELOAD=/tmp/evil.so PIP_CERT=/from/profile.pem\n")

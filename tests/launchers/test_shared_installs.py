@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from bastion.config import ServerConfig, load_config
 from bastion.launchers.lock import LockEntry, lock_path, read_lock, record, user_index_path
 from bastion.launchers.prepare import prepare
 from tests.launchers.test_real_launchers import (  # noqa: F401  (offline_package_clients: autouse fixture)
-    MEMORY, START_S, lock_file_of, npx, offline_package_clients, run_and_close, wait_for_tools)
+    MEMORY, OLDER_MEMORY, START_S, cached_npm, lock_file_of, npx, offline_package_clients, run_and_close,
+    wait_for_tools)
 from tests.support import BASTION
 
 SQLITE = "mcp-server-sqlite==2025.4.25"
@@ -121,3 +123,53 @@ def test_with_an_older_sdk_is_a_tree_of_its_own_and_a_lock_that_contradicts_its_
                f"{wrong.tree['mcp']['version']}, which is not <2); refused" in record.getMessage()
                for record in caplog.records), [r.getMessage() for r in caplog.records]
     assert read_lock(lock)["older"].tree["mcp"]["version"] == "1.30.0"
+
+
+def test_several_npx_packages_are_installed_in_one_tree_and_installed_again_from_its_lock(tmp_path: Path) -> None:
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"both": {"command": "npx", "args": [
+        "-y", "-p", MEMORY, "--package=@modelcontextprotocol/server-filesystem", "mcp-server-filesystem", "/tmp"]}}}))
+    server = load_config(config).servers["both"]
+    installed = asyncio.run(prepare("both", server))
+    # the program comes from the second package, which the first does not depend on
+    assert installed.command.endswith("/node_modules/.bin/mcp-server-filesystem") and installed.args == ["/tmp"]
+    entry = read_lock(lock_path(config.resolve()))["both"]
+    assert entry.package == MEMORY and entry.requested == f"{MEMORY} @modelcontextprotocol/server-filesystem"
+    assert {f"node_modules/{MEMORY}", "node_modules/@modelcontextprotocol/server-filesystem"} <= set(entry.tree)
+
+    # Another machine, or a cleared packages folder: the locked tree of both is installed again (npm ci).
+    tree = Path(installed.command).parent.parent.parent
+    subprocess.run(["rm", "-rf", str(tree)], check=True)
+    again = asyncio.run(prepare("both", server))
+    assert again.command == installed.command and Path(again.command).exists()
+    assert read_lock(lock_path(config.resolve()))["both"] == entry
+
+
+def test_the_python_a_command_line_asks_for_is_found_or_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bastion.launchers.install import PackageInstallFailed, python_interpreter
+    from bastion.launchers.plan import plan_launch
+
+    asked = plan_launch("uvx", ["-p", "3.11", "mcp-server-time"])
+    missing = plan_launch("uvx", ["--python", "9.99", "mcp-server-time"])
+    assert asked is not None and missing is not None
+    found = shutil.which("python3.11", path="/usr/bin")
+    assert found is not None
+    assert python_interpreter(asked, "/usr/bin") == os.path.realpath(found)
+    with pytest.raises(PackageInstallFailed, match=r"asks for Python '9.99', and no python9.99 is on PATH"):
+        python_interpreter(missing, "/usr/bin")
+
+
+def test_a_lock_an_older_bastion_left_beside_a_clients_file_is_read_and_moved_to_the_state_directory(
+        tmp_path: Path) -> None:
+    client = tmp_path / "claude_desktop_config.json"
+    client.write_text(json.dumps({"mcpServers": {"mem": npx(MEMORY)}}))
+    legacy = tmp_path / "claude_desktop_config.json.lock.json"
+    legacy.write_text(json.dumps({"version": 1, "servers": {"mem": {
+        "ecosystem": "npm", "package": MEMORY, "requested": MEMORY, "version": OLDER_MEMORY,
+        "integrity": cached_npm("dist.integrity", f"{MEMORY}@{OLDER_MEMORY}")}}}))
+    before = legacy.read_text()
+    user_index_path(state()).unlink(missing_ok=True)  # what is reused comes from the old lock, not the user's index
+    asyncio.run(prepare("mem", load_config(client).servers["mem"]))
+    moved = read_lock(lock_file_of(client))["mem"]
+    assert moved.version == OLDER_MEMORY and f"node_modules/{MEMORY}" in moved.tree
+    assert legacy.read_text() == before  # read, never written
