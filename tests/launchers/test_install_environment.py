@@ -18,6 +18,7 @@ import os
 import shutil
 import ssl
 import tarfile
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -195,6 +196,82 @@ def test_an_npx_server_installs_with_the_users_global_npmrc_and_login_environmen
     assert (f"npm global config {tmp_path / 'node' / 'etc' / 'npmrc'}, user config {home / '.npmrc'}; proxy: none; "
             "CA variables: none; from the login shell: npm_config_registry") in log, log[-4000:]
     assert "UNRELATED_SECRET" not in log and "hunter2" not in log
+
+
+class SimpleIndex:
+    """A PEP 503 package index on loopback serving the wheelhouse scripts/setup.sh fills, over TLS with a private CA."""
+
+    def __init__(self, folder: Path, wheelhouse: Path) -> None:
+        self.ca = trustme.CA()
+        self.ca_file = folder / "index-ca.pem"
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
+        self.files = {wheel.name: wheel for wheel in wheelhouse.glob("*.whl")}
+        self.requests: list[str] = []
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ca.issue_cert("127.0.0.1").configure_cert(context)
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+                index.requests.append(self.path)
+                body, kind = index.answer(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/simple/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer(self, path: str) -> tuple[bytes | None, str]:
+        if path.startswith("/files/") and path[len("/files/"):] in self.files:
+            return self.files[path[len("/files/"):]].read_bytes(), "application/octet-stream"
+        if path.startswith("/simple/"):
+            project = path[len("/simple/"):].strip("/")
+            links = [f'<a href="/files/{name}#sha256={hashlib.sha256(wheel.read_bytes()).hexdigest()}">{name}</a>'
+                     for name, wheel in sorted(self.files.items())
+                     if name.split("-")[0].lower().replace("_", "-") == project]
+            if links:
+                return f"<html><body>{''.join(links)}</body></html>".encode(), "text/html"
+        return None, "text/html"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_uvx_server_installs_from_the_index_and_ca_of_the_users_login_environment(tmp_path: Path) -> None:
+    wheelhouse = ROOT / ".cache" / "wheelhouse"
+    if not any(wheelhouse.glob("mcp_server_time-*.whl")):
+        pytest.fail(f"{wheelhouse} has no mcp-server-time wheel: run scripts/setup.sh")
+    index = SimpleIndex(tmp_path, wheelhouse)
+    # a short state path: pip writes a `#!` line naming the environment's Python only up to 127 characters
+    short_state = Path(tempfile.mkdtemp(prefix="bst-"))
+    try:
+        home = tmp_path / "home"
+        (home / ".config" / "pip").mkdir(parents=True)
+        closed = free_port()
+        # pip's own user configuration names an index where nothing listens (and never the internet)...
+        (home / ".config" / "pip" / "pip.conf").write_text(
+            f"[global]\nindex-url = https://127.0.0.1:{closed}/simple/\nretries = 0\n")
+        # ... and the login profile, as a uvx user writes it, the index and the CA that work
+        (home / ".profile").write_text(f"export UV_INDEX_URL={index.url}\nexport PIP_CERT={index.ca_file}\n")
+        config = tmp_path / "claude_desktop_config.json"
+        config.write_text(json.dumps({"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}},
+                                      "policy": "off", "ready_timeout": 240}))
+        env = client_environment(home, "/usr/bin:/bin", short_state)
+        tools, log = asyncio.run(session_tools(config, env))
+    finally:
+        index.close()
+        shutil.rmtree(short_state, ignore_errors=True)
+    assert "time__get_current_time" in tools, log[-4000:]
+    assert any(path.startswith("/files/mcp_server_time-") for path in index.requests)
 
 
 async def _login(home: Path, shell: str = "/bin/sh", timeout_s: float = 30.0) -> tuple[dict[str, str], str]:
