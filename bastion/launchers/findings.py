@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from bastion.finding import Finding
 from bastion.launchers.install import PackageInstallFailed, installed_facts, packages_dir, python_interpreter
-from bastion.launchers.lock import LockEntry, LockFileError, lock_path, read_lock, request_id, user_index_path
+from bastion.launchers.lock import (LockEntry, LockFileError, legacy_lock_path, lock_path, read_lock, request_id,
+                                    user_index_path)
 from bastion.launchers.plan import NotALauncher, plan_launch
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ def launcher_findings(config: "GatewayConfig") -> list[Finding]:
     lock_file = lock_path(config.source, config.client_file, state)
     try:
         locked = read_lock(lock_file) if lock_file is not None else {}
+        if config.client_file and config.source is not None:  # what an older Bastion locked beside the file
+            locked = {**read_lock(legacy_lock_path(config.source)), **locked}
     except LockFileError as exc:
         return [Finding("error", str(lock_file), str(exc), "delete the lock file, or run `bastion servers update`")]
     try:

@@ -44,7 +44,16 @@ async def prepare(name: str, config: ServerConfig, *, env: Mapping[str, str] | N
     if own is None and config.client_file and config.config_file is not None:
         moved = await asyncio.to_thread(_locked_entry, legacy_lock_path(config.config_file), name, plan)
     locked = own or moved or await asyncio.to_thread(_user_entry, state, name, plan)
-    installed = await _install(name, plan, locked, InstallEnvironment(os.environ if env is None else env))
+    installs = InstallEnvironment(os.environ if env is None else env)
+    try:
+        installed = await _install(name, plan, locked, installs)
+    except PackageInstallFailed as exc:
+        if own is not None or locked is None:
+            raise  # this file's own lock is kept to: a changed package is refused, never silently replaced
+        # What another configuration locked only saved a resolve (it may have been made for another Python)
+        log.warning("server %s: the version locked elsewhere could not be installed here (%s); resolving it again",
+                    name, str(exc).splitlines()[0])
+        installed = await _install(name, plan, None, installs)
     entry = LockEntry(installed.ecosystem, installed.package, plan.key, installed.version, installed.integrity,
                       installed.tree)
     if lock_file is not None and (moved is not None or _stale(own, installed)):
@@ -73,10 +82,14 @@ def _index(state: Path, entries: Iterable[LockEntry]) -> None:
 def _index_unless_there(state: Path, entry: LockEntry) -> None:
     """Keep the user-wide index in step with what this start locked (a file locked before the index existed, an
     index deleted), writing it only when it says something else."""
+    index = user_index_path(state)
     try:
-        there = read_lock(user_index_path(state)).get(request_id(entry.ecosystem, entry.requested))
-    except LockFileError:
-        there = None  # rewritten whole below, with every readable entry lost: it only saves resolves
+        there = read_lock(index).get(request_id(entry.ecosystem, entry.requested))
+    except LockFileError as exc:
+        # It only saves resolves, and every start would stumble on it again: it is started afresh.
+        log.warning("%s; starting it afresh", exc)
+        index.unlink(missing_ok=True)
+        there = None
     if there != entry:
         _index(state, [entry])
 

@@ -173,3 +173,30 @@ def test_a_lock_an_older_bastion_left_beside_a_clients_file_is_read_and_moved_to
     moved = read_lock(lock_file_of(client))["mem"]
     assert moved.version == OLDER_MEMORY and f"node_modules/{MEMORY}" in moved.tree
     assert legacy.read_text() == before  # read, never written
+
+
+def test_what_other_files_locked_only_saves_a_resolve(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    index = user_index_path(state())
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text("{not json")
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({"servers": {"memory": npx(MEMORY)}}))
+    server = load_config(config).servers["memory"]
+    with caplog.at_level(logging.WARNING, logger="bastion.launchers"):
+        installed = asyncio.run(prepare("memory", server))
+    assert Path(installed.command).exists()
+    assert any("not valid JSON" in r.getMessage() and "starting it afresh" in r.getMessage() for r in caplog.records)
+    good = read_lock(index)[f"npm: {MEMORY}"]
+    assert good == read_lock(lock_path(config.resolve()))["memory"]
+
+    # An entry there that cannot be installed here (another Python's wheels, a package changed since) is not this
+    # file's lock: the request is resolved again instead of the server failing.
+    record(index, {f"npm: {MEMORY}": LockEntry("npm", MEMORY, MEMORY, OLDER_MEMORY, "sha512-" + "C" * 86 + "==")})
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"servers": {"memory": npx(MEMORY)}}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bastion.launchers"):
+        again = asyncio.run(prepare("memory", load_config(other).servers["memory"]))
+    assert again.command == installed.command
+    assert any("the version locked elsewhere could not be installed here" in r.getMessage() for r in caplog.records)
+    assert read_lock(lock_path(other.resolve()))["memory"] == good
