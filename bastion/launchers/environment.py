@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -90,7 +91,7 @@ async def login_environment(shell: str | None, home: str | None,
     try:
         try:
             process = await asyncio.create_subprocess_exec(
-                shell, "-l", "-c", f"/usr/bin/env -0 > {target}", stdin=asyncio.subprocess.DEVNULL,
+                shell, "-l", "-c", f"/usr/bin/env -0 > {shlex.quote(target)}", stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=home or "/",
                 start_new_session=True)
         except OSError as exc:

@@ -57,7 +57,7 @@ def lock_path(config_file: Path | None, client_file: bool = False, state: Path |
     if state is None:
         raise ValueError("a client file's lock lives in the state directory, which was not given")
     digest = hashlib.sha256(str(config_file).encode()).hexdigest()[:16]
-    return state / "locks" / f"{config_file.name}-{digest}.lock.json"
+    return state / "locks" / f"{config_file.name[:64]}-{digest}.lock.json"  # a file name has at most 255 bytes
 
 
 def legacy_lock_path(config_file: Path) -> Path:

@@ -320,3 +320,14 @@ def test_a_login_profile_that_hangs_or_fails_gives_nothing_and_says_why(tmp_path
     missing = str(tmp_path / "no-such-shell")
     assert asyncio.run(_login(tmp_path, shell=missing))[1].startswith(f"login shell {missing} could not run")
     assert shutil.which("sh")
+
+
+def test_the_login_environment_is_read_through_a_temporary_folder_with_odd_characters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    odd = tmp_path / "it's a $folder"
+    odd.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(odd))
+    (tmp_path / ".profile").write_text("export HTTPS_PROXY=http://127.0.0.1:3128\n")
+    login, note = asyncio.run(_login(tmp_path))
+    assert note == "" and login["HTTPS_PROXY"] == "http://127.0.0.1:3128"
+    assert os.listdir(odd) == []  # the environment written there, secrets and all, is gone
