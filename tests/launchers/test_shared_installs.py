@@ -200,3 +200,24 @@ def test_what_other_files_locked_only_saves_a_resolve(tmp_path: Path, caplog: py
     assert again.command == installed.command
     assert any("the version locked elsewhere could not be installed here" in r.getMessage() for r in caplog.records)
     assert read_lock(lock_path(other.resolve()))["memory"] == good
+
+
+def test_two_processes_installing_the_same_request_at_once_leave_one_install(tmp_path: Path) -> None:
+    own_state = tmp_path / "s"  # fresh, so both processes really install
+    env = {**os.environ, "XDG_STATE_HOME": str(own_state)}
+    configs = []
+    for name in ("one", "two"):
+        config = tmp_path / f"{name}.json"
+        config.write_text(json.dumps({"servers": {name: {"command": "uvx", "args": ["mcp-server-time"]},
+                                                  f"{name}-memory": npx(MEMORY)}}))
+        configs.append(config)
+    processes = [subprocess.Popen([BASTION, "servers", "update", "--config", str(config)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for config in configs]
+    outputs = [process.communicate(timeout=START_S) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    packages = own_state / "bastion" / "packages"
+    assert len([p for p in (packages / "python").iterdir() if not p.name.startswith(".")]) == 1
+    assert len([p for p in (packages / "npm").iterdir() if not p.name.startswith(".")]) == 1
+    index = read_lock(user_index_path(own_state / "bastion"))
+    assert sorted(index) == [f"npm: {MEMORY}", "python: mcp-server-time"]
+    assert read_lock(lock_path(configs[0].resolve()))["one"] == read_lock(lock_path(configs[1].resolve()))["two"]
