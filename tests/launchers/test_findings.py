@@ -71,3 +71,17 @@ def test_a_launcher_form_bastion_cannot_install_is_a_warning(tmp_path: Path, sta
     found = findings_of(tmp_path / "c.json", {"shell": {"command": "npx", "args": ["-c", "mcp-thing --serve"]}})
     assert [(f.level, f.where) for f in found] == [("warning", "mcpServers.shell.args")]
     assert "'-c'" in found[0].message and "network" in found[0].message
+
+
+def test_a_request_another_configuration_locked_and_installed_needs_no_network(tmp_path: Path, state: Path) -> None:
+    from bastion.launchers.lock import user_index_path
+
+    tree = {f"node_modules/{MEMORY}": {"version": "1.0.0", "integrity": "sha512-x"}}
+    record(user_index_path(state.parent), {f"npm: {MEMORY}": LockEntry("npm", MEMORY, MEMORY, "1.0.0", "sha512-x",
+                                                                       tree)})
+    folder = install_folder(state, "npm", MEMORY, "1.0.0", tree)
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text(json.dumps({"version": "1.0.0"}))
+    assert findings_of(tmp_path / "mcp.json", {"memory": {"command": "npx", "args": ["-y", MEMORY]}}) == []
+    pinned = findings_of(tmp_path / "mcp.json", {"memory": {"command": "npx", "args": ["-y", f"{MEMORY}@1.0.0"]}})
+    assert len(pinned) == 1 and "not locked yet" in pinned[0].message  # another request
