@@ -16,6 +16,7 @@ otherwise (``/usr/etc/npmrc`` on a Debian host, where the CA file may be set); t
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import shutil
@@ -25,6 +26,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+
+log = logging.getLogger("bastion.launchers")
 
 LOGIN_SHELL_TIMEOUT_S = 10.0  # a profile that waits on something (a prompt, a network mount) is given up on
 NPM_CONFIG_TIMEOUT_S = 30.0
@@ -152,6 +155,9 @@ class InstallEnvironment:
         if self._ready is None:
             login, self._note = await login_environment(self.base.get("SHELL"), self.base.get("HOME"))
             self._ready, self._added = merged(self.base, login)
+            if self._added or self._note:
+                log.info("package installs take from the login environment: %s%s", ", ".join(self._added) or "nothing",
+                         f" ({self._note})" if self._note else "")
         return self._ready
 
     def describe(self, ecosystem: str) -> str:

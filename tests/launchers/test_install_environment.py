@@ -195,6 +195,7 @@ def test_an_npx_server_installs_with_the_users_global_npmrc_and_login_environmen
     assert failure, log[-4000:]
     assert (f"npm global config {tmp_path / 'node' / 'etc' / 'npmrc'}, user config {home / '.npmrc'}; proxy: none; "
             "CA variables: none; from the login shell: npm_config_registry") in log, log[-4000:]
+    assert "package installs take from the login environment: npm_config_registry\n" in log
     assert "UNRELATED_SECRET" not in log and "hunter2" not in log
 
 
