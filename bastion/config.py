@@ -103,12 +103,18 @@ class ServerConfig(BaseModel):
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description='OS sandbox profile and grants; "none" only when written explicitly'
     )
-    # The configuration file the server was read from (None: built in); its launcher lock file lives beside it.
+    # The configuration file the server was read from (None: built in); its launcher lock file is found from it.
     _config_file: Path | None = PrivateAttr(default=None)
+    # Whether that file is a client's (mcpServers, VS Code's servers): its lock is kept in the state directory.
+    _client_file: bool = PrivateAttr(default=False)
 
     @property
     def config_file(self) -> Path | None:
         return self._config_file
+
+    @property
+    def client_file(self) -> bool:
+        return self._client_file
 
     @property
     def is_remote(self) -> bool:
@@ -362,6 +368,7 @@ class GatewayConfig(BaseModel):
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)
+    _client_file: bool = PrivateAttr(default=False)
     # What loading noticed and let through (a remote entry skipped, a client key ignored); `bastion check` reports it.
     _notes: tuple[Finding, ...] = PrivateAttr(default=())
     # The key the servers were read from ("mcpServers" in a client's file), so findings name the key the user wrote.
@@ -371,11 +378,18 @@ class GatewayConfig(BaseModel):
     def source(self) -> Path | None:
         return self._source
 
-    def with_source(self, source: Path | None) -> "GatewayConfig":
+    def with_source(self, source: Path | None, client_file: bool = False) -> "GatewayConfig":
         self._source = source
+        self._client_file = client_file
         for server in self.servers.values():
             server._config_file = source
+            server._client_file = client_file
         return self
+
+    @property
+    def client_file(self) -> bool:
+        """Whether the configuration is a client's file (``mcpServers``, VS Code's ``servers``), not Bastion's own."""
+        return self._client_file
 
     @property
     def load_notes(self) -> tuple[Finding, ...]:
@@ -494,13 +508,15 @@ def load_config(path: str | os.PathLike[str] | None, *, log_notes: bool = True) 
     data = _parse(file, text)
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be an object/table, not {type(data).__name__}")
+    client_file = _client_servers_key(file, data) is not None
     data, servers_key, notes = _normalize(file, data)
     policy = data.get("policy")
     if isinstance(policy, dict) and "base_dir" not in policy:
         # Policy files named relative to the configuration are read from beside it.
         data = {**data, "policy": {**policy, "base_dir": str(file.resolve().parent)}}
     try:
-        config = GatewayConfig.model_validate(data).with_source(file.resolve()).with_notes(notes, servers_key)
+        config = GatewayConfig.model_validate(data).with_source(file.resolve(), client_file).with_notes(notes,
+                                                                                                        servers_key)
     except ValidationError as exc:
         invalid = _validation_findings(exc, servers_key, file.suffix.lower() == ".toml")
         raise ConfigError(_explain(file, invalid), [*notes, *invalid]) from None

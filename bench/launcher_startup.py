@@ -153,6 +153,14 @@ async def directly(programs: dict[str, tuple[str, list[str]]], env: dict[str, st
     return max(answered), sum(counts)
 
 
+def lock_file_of(config: Path) -> Path | None:
+    """Where Bastion keeps the lock of this client-format file: in its state directory, not beside the file."""
+    from bastion.config import load_config
+    from bastion.launchers.prepare import config_lock_path
+
+    return config_lock_path(load_config(config, log_notes=False))
+
+
 async def installed_programs(config: Path) -> dict[str, tuple[str, list[str]]]:
     """Each server's installed program and arguments, as Bastion runs it (installing it first when needed)."""
     from bastion.config import load_config
@@ -191,7 +199,7 @@ async def measure(rounds: int, folder: Path) -> dict:
         "servers": list(SERVERS),
         "tools": {"direct": direct_tools, "bastion": bastion_tools},
         "first_complete_tools_list": {path: summary(values) for path, values in samples.items()},
-        "lock_file": str(config.with_name(config.name + ".lock.json")),
+        "lock_file": str(lock_file_of(config)),
     }
     medians = report["first_complete_tools_list"]
     report["ratio"] = medians["bastion"]["median_ms"] / medians["direct"]["median_ms"]

@@ -69,6 +69,9 @@ if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; the
     done
     rm -rf .cache/npm-warm
     .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-time==2026.10.19 >&2
+    # `uvx --with "mcp<2" mcp-server-sqlite`: the older SDK beside the newest, so a request for it is told apart
+    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-sqlite==2025.4.25 >&2
+    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp==1.30.0 >&2
     touch "$launcher_stamp"
 fi
 

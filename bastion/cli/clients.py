@@ -84,6 +84,24 @@ def run_import(args: argparse.Namespace) -> int:
                          force=args.force, allow_home=args.allow_home, dry_run=args.dry_run, as_json=args.json)
 
 
+def _carry_locks(written: Path, result: Any) -> None:
+    """The imported servers' package versions, already installed and locked for the client's file, carried over to
+    the new file's lock: its first start reuses them instead of resolving and installing them again."""
+    from bastion.config import ConfigError, load_config
+    from bastion.launchers.lock import LockFileError
+    from bastion.launchers.prepare import carry_over, config_lock_path
+
+    try:
+        config = load_config(written, log_notes=False)
+        carried = carry_over([(server.name, server.found.name, server.found.file) for server in result.servers],
+                             config)
+    except (ConfigError, LockFileError) as exc:
+        _say(f"the client files' lock entries were not carried over ({exc}); the first start resolves them again")
+        return
+    if carried:
+        _say(f"carried the locked versions of {', '.join(carried)} over to {config_lock_path(config)}")
+
+
 def _import_files(files: list[Any], output: Path, home: Path, *, force: bool, allow_home: bool, dry_run: bool,
                   as_json: bool) -> int:
     from bastion.clients.importer import ImportRefused, import_servers, render_toml, write_configuration
@@ -122,6 +140,7 @@ def _import_files(files: list[Any], output: Path, home: Path, *, force: bool, al
     if backup is not None:
         _say(f"the previous {output} is kept as {backup}")
     if written is not None:
+        _carry_locks(written, result)
         _say(f"wrote {written} ({len(result.servers)} servers); check it with `bastion check {written}` and "
              f"run it with `bastion run {written}`, or point a client at it with `bastion client install CLIENT`")
     else:

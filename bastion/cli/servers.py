@@ -21,7 +21,8 @@ def register(subparsers: Any) -> None:
         "update", help="install the newest version of launcher servers and rewrite the lock file",
         description="For each NAME (default: every server started by npx, uvx, pipx run or bunx), resolve the newest "
                     "version its command line allows with the host's package client, install it, record it in the "
-                    "lock file beside the configuration and print the old and new versions.")
+                    "lock file of the configuration (beside Bastion's own file; in Bastion's state directory for a "
+                    "client's file) and print the old and new versions.")
     update.add_argument("names", nargs="*", metavar="NAME", help="servers to update (default: all launcher servers)")
     update.add_argument("--config", "-c", metavar="FILE",
                         help="the configuration (default: $XDG_CONFIG_HOME/bastion/bastion.toml)")
@@ -33,7 +34,7 @@ def run_update(args: argparse.Namespace) -> int:
     from bastion.config import ConfigError, load_config
     from bastion.launchers.install import PackageInstallFailed
     from bastion.launchers.lock import LockFileError
-    from bastion.launchers.prepare import launcher_servers, update
+    from bastion.launchers.prepare import config_lock_path, launcher_servers, update
     from bastion.paths import config_dir
 
     path = Path(args.config) if args.config else config_dir() / "bastion.toml"
@@ -61,6 +62,8 @@ def run_update(args: argparse.Namespace) -> int:
     except LockFileError as exc:
         print(f"bastion servers update: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    # The lock of a client's file is in Bastion's state directory, not beside the file: say where it is.
+    print(f"bastion servers update: lock file {config_lock_path(config)}", file=sys.stderr)
     failed = False
     for name, outcome in zip(names, outcomes, strict=True):
         if isinstance(outcome, PackageInstallFailed):

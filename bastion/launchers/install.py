@@ -1,8 +1,9 @@
 """Install a launcher's package with the host's own package client, outside the sandbox, into Bastion's cache.
 
-The cache lives in Bastion's state directory (``$XDG_STATE_HOME/bastion/packages``), one folder per package and
-exact version: ``npm/@scope+name@1.2.3`` (an ``npm install --prefix`` tree) and ``python/name==1.2.3`` (a virtual
-environment). It is state rather than a cache that may vanish: a sandboxed server has no network, so a deleted
+The cache lives in Bastion's state directory (``$XDG_STATE_HOME/bastion/packages``), one folder per installed tree:
+``npm/@scope+name@1.2.3-<digest>`` (an ``npm install --prefix`` tree) and ``python/name==1.2.3-<digest>`` (a virtual
+environment), the digest naming every package of the tree with its version and hash, so configurations asking for
+the same tree share one install and an install never stands for another tree of the same version. It is state rather than a cache that may vanish: a sandboxed server has no network, so a deleted
 install would turn into a server that cannot start until the registry is reached again.
 
 npm runs with ``--ignore-scripts``: an install script would run with the user's full rights, outside the sandbox
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import glob
+import hashlib
 import importlib.util
 import json
 import os
@@ -31,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from bastion.launchers.plan import LaunchPlan, python_extras
+from bastion.launchers.environment import InstallEnvironment
+from bastion.launchers.plan import LaunchPlan, python_extras, split_npm_spec
+from bastion.launchers.satisfy import unsatisfied
 
 INSTALL_TIMEOUT_S = 600.0  # a cold install of a large package over a slow link; never reached offline
 QUOTED_LINES = 8  # of the package client's error output, quoted when an install fails
@@ -48,6 +53,7 @@ class PackageInstallFailed(Exception):
     """
 
     permanent = True
+    ran_client = False  # True when the package client ran and failed: the message then names its configuration
 
 
 @dataclass(frozen=True)
@@ -67,27 +73,82 @@ def packages_dir(state: Path) -> Path:
     return state / "packages"
 
 
-def installed_facts(cache: Path, ecosystem: str, package: str, version: str) -> dict[str, Any] | None:
-    """What the cache records of ``package`` ``version`` when it is installed there, else None."""
-    return _read_marker(cache / ecosystem / install_folder_name(package, version, ecosystem))
+def tree_digest(tree: Mapping[str, Any], interpreter: str = "") -> str:
+    """What names an install folder: every package of the tree with its version and hash (and, for Python, the
+    interpreter its environment runs on). Two configurations asking for the same tree share one folder."""
+    canonical = {name: [str(facts.get("version", "")), str(facts.get("integrity", ""))]
+                 for name, facts in tree.items() if name and isinstance(facts, Mapping)}
+    text = json.dumps({"tree": canonical, "interpreter": interpreter}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def install_folder_name(package: str, version: str, ecosystem: str) -> str:
+def install_folder(cache: Path, ecosystem: str, package: str, version: str, tree: Mapping[str, Any],
+                   interpreter: str = "") -> Path:
+    """``npm/@scope+name@1.2.3-<digest>`` or ``python/name==1.2.3-<digest>``: the package and version for people to
+    read, the digest of the whole tree so that an install never stands for another tree of the same version."""
     safe = package.replace("/", "+")
-    return f"{safe}@{version}" if ecosystem == "npm" else f"{safe}=={version}"
+    head = f"{safe}@{version}" if ecosystem == "npm" else f"{safe}=={version}"
+    return cache / ecosystem / f"{head}-{tree_digest(tree, interpreter)}"
 
 
-async def install(plan: LaunchPlan, cache: Path, env: Mapping[str, str], *, version: str | None = None,
+def installed_facts(cache: Path, ecosystem: str, package: str, version: str, tree: Mapping[str, Any],
+                    interpreter: str = "") -> dict[str, Any] | None:
+    """What the cache records of that locked tree when it is installed there, else None."""
+    if not tree:
+        return None
+    return _read_marker(install_folder(cache, ecosystem, package, version, tree, interpreter))
+
+
+def _installed_folder(cache: Path, plan: LaunchPlan, version: str, tree: Mapping[str, Any],
+                      interpreter: str) -> tuple[Path, dict[str, Any] | None]:
+    """The install of a locked version: its tree's own folder; for a lock that records no tree (an older lock
+    file), any install of that version whose tree satisfies the request."""
+    if tree:
+        folder = install_folder(cache, plan.ecosystem, plan.package, version, tree, interpreter)
+        return folder, _read_marker(folder)
+    safe = plan.package.replace("/", "+")
+    head = f"{safe}@{version}-" if plan.ecosystem == "npm" else f"{safe}=={version}-"
+    for folder in sorted((cache / plan.ecosystem).glob(glob.escape(head) + "*")):
+        facts = _read_marker(folder)
+        if (facts is not None and unsatisfied(plan, version, facts.get("tree") or {}) is None
+                and (not interpreter or os.path.realpath(folder / "bin" / "python") == interpreter)):
+            return folder, facts
+    return cache / plan.ecosystem / head, None
+
+
+def python_interpreter(plan: LaunchPlan, path: str | None) -> str:
+    """The interpreter a Python server's environment is made with: Bastion's own, or the one ``-p``/``--python``
+    names (``3.12`` -> ``python3.12`` on PATH, a name, or a path), resolved to its real file."""
+    if plan.python is None:
+        return os.path.realpath(getattr(sys, "_base_executable", sys.executable) or sys.executable)
+    wanted = plan.python
+    if wanted.replace(".", "").isdigit():
+        wanted = f"python{wanted}"
+    found = wanted if os.path.isabs(wanted) and os.access(wanted, os.X_OK) else shutil.which(wanted, path=path)
+    if found is None:
+        raise PackageInstallFailed(f"{plan.launcher} asks for Python {plan.python!r}, and no {wanted} is on PATH; "
+                                   "install that Python, or drop the option to use the Python running Bastion")
+    return os.path.realpath(found)
+
+
+async def install(plan: LaunchPlan, cache: Path, env: InstallEnvironment, *, version: str | None = None,
                   integrity: str | None = None, tree: Mapping[str, Any] | None = None) -> Installed:
     """The installed package for ``plan``: ``version`` exactly (checked against ``integrity``) or the newest the
     plan's request allows. An install already in the cache is used without running the package client.
 
     ``tree`` (what a lock file recorded with ``version``) installs exactly those dependencies, each checked by the
-    package client against its recorded hash (``npm ci``, ``pip --require-hashes``)."""
-    if plan.ecosystem == "npm":
-        installed = await _install_npm(plan, cache / "npm", env, version, tree or {})
-    else:
-        installed = await _install_python(plan, cache / "python", env, version, tree or {})
+    package client against its recorded hash (``npm ci``, ``pip --require-hashes``). A failure names the
+    configuration the package client was given."""
+    try:
+        if plan.ecosystem == "npm":
+            installed = await _install_npm(plan, cache / "npm", env, version, tree or {})
+        else:
+            installed = await _install_python(plan, cache / "python", env, version, tree or {})
+    except PackageInstallFailed as exc:
+        if not exc.ran_client:
+            raise
+        used = await asyncio.to_thread(env.describe, plan.ecosystem)
+        raise PackageInstallFailed(f"{exc}\n    configuration used: {used}") from None
     if integrity and installed.integrity != integrity:
         raise PackageInstallFailed(
             f"{installed.package} {installed.version} installed with integrity {installed.integrity}, but the lock "
@@ -97,40 +158,44 @@ async def install(plan: LaunchPlan, cache: Path, env: Mapping[str, str], *, vers
 
 
 # ------------------------------------------------------------------------------------------------------ npm
-async def _install_npm(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None,
+async def _install_npm(plan: LaunchPlan, cache: Path, envs: InstallEnvironment, version: str | None,
                        tree: Mapping[str, Any]) -> Installed:
     if version is not None:
-        final = cache / install_folder_name(plan.package, version, "npm")
-        found = await asyncio.to_thread(_read_marker, final)
+        final, found = await asyncio.to_thread(_installed_folder, cache.parent, plan, version, tree, "")
         if found is not None:
             return _npm_installed(plan, final, found)
-    npm = shutil.which("npm", path=env.get("PATH"))
+    npm = shutil.which("npm", path=envs.base.get("PATH"))
     if npm is None:
         raise PackageInstallFailed(f"{plan.launcher} server needs npm to install {plan.package}, and npm is not on "
                                    "PATH; install Node.js (which brings npm)")
+    env = await envs.for_npm(npm)
     await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
     partial = cache / f".partial-{secrets.token_hex(6)}"
     spec = plan.requested if version is None else f"{plan.package}@{version}"
     quiet = ["--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"]
     try:
         if version is not None and tree:
-            await asyncio.to_thread(_write_npm_project, partial, plan.package, version, tree)
+            await asyncio.to_thread(_write_npm_project, partial, plan, version, tree)
             await _run([npm, "ci", "--prefix", str(partial), *quiet], env, what=f"npm ci {spec} (locked tree)")
         else:
-            await _run([npm, "install", "--prefix", str(partial), "--no-save", *quiet, spec], env,
-                       what=f"npm install {spec}")
+            await _run([npm, "install", "--prefix", str(partial), "--no-save", *quiet, spec, *plan.extras], env,
+                       what=f"npm install {' '.join([spec, *plan.extras])}")
         facts = await asyncio.to_thread(_npm_facts, partial, plan.package)
-        final = cache / install_folder_name(plan.package, facts["version"], "npm")
+        final = install_folder(cache.parent, "npm", plan.package, facts["version"], facts["tree"])
         await asyncio.to_thread(_settle_npm, partial, final, facts)
     finally:
         await asyncio.to_thread(shutil.rmtree, partial, True)
     return _npm_installed(plan, final, facts)
 
 
-def _write_npm_project(folder: Path, package: str, version: str, tree: Mapping[str, Any]) -> None:
+def _write_npm_project(folder: Path, plan: LaunchPlan, version: str, tree: Mapping[str, Any]) -> None:
     """A project whose lock file is the recorded tree, for ``npm ci`` to install exactly that."""
     folder.mkdir(parents=True)
-    root = {"name": "bastion-install", "private": True, "dependencies": {package: version}}
+    dependencies = {plan.package: version}
+    for extra in plan.extras:
+        name = split_npm_spec(extra)[0]
+        dependencies[name] = str((tree.get(f"node_modules/{name}") or {}).get("version", "*"))
+    root = {"name": "bastion-install", "private": True, "dependencies": dependencies}
     lock = {"name": "bastion-install", "lockfileVersion": 3, "requires": True,
             "packages": {"": {k: v for k, v in root.items() if k != "private"}, **tree}}
     (folder / "package.json").write_text(json.dumps(root, indent=2) + "\n")
@@ -197,21 +262,29 @@ def _npm_program(modules: Path, plan: LaunchPlan) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------- python
-async def _install_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None,
+async def _install_python(plan: LaunchPlan, cache: Path, envs: InstallEnvironment, version: str | None,
                           tree: Mapping[str, Any]) -> Installed:
     if importlib.util.find_spec("pip") is None:
         raise PackageInstallFailed(f"{plan.launcher} servers are installed with pip, which the Python running Bastion "
                                    f"({sys.executable}) does not have; install it there (`{sys.executable} -m "
                                    "ensurepip`)")
+    interpreter = python_interpreter(plan, envs.base.get("PATH"))
+    if version is not None:
+        final, found = await asyncio.to_thread(_installed_folder, cache.parent, plan, version, tree, interpreter)
+        if found is not None:
+            return _python_installed(plan, final, found)
+    if version is not None and tree:
+        locked = True
+    else:
+        # A virtual environment cannot be moved once made (its programs name its interpreter by path), so the tree
+        # is found first, by a resolve that installs nothing; its folder is named by it, and may be there already.
+        resolved = await _resolve_python(plan, cache, await envs.for_pip(), version, interpreter)
+        version, tree, locked = resolved["version"], resolved["tree"], False
+        final = install_folder(cache.parent, "python", plan.package, version, tree, interpreter)
     await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
-    if version is None:
-        # A virtual environment cannot be moved once made (its programs name its interpreter by path), so the
-        # newest version is found first, by a resolve that installs nothing.
-        version = await _resolve_python(plan, cache, env)
-    final = cache / install_folder_name(plan.package, version, "python")
     found = await asyncio.to_thread(_read_marker, final)
     if found is None:
-        found = await _create_venv(plan, final, version, env, tree)
+        found = await _create_venv(plan, final, version, await envs.for_pip(), tree, interpreter, locked)
     return _python_installed(plan, final, found)
 
 
@@ -231,19 +304,22 @@ def _hashed_requirements(tree: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def _resolve_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str]) -> str:
+async def _resolve_python(plan: LaunchPlan, cache: Path, env: Mapping[str, str], version: str | None,
+                          interpreter: str) -> dict[str, Any]:
+    await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
     report = cache / f".resolve-{secrets.token_hex(6)}.json"
     try:
-        await _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-input",
-                    "--disable-pip-version-check", "--quiet", WHEELS_ONLY, "--report", str(report),
-                    *_python_requirements(plan, None)], env, what=f"pip install {plan.requested}")
-        return (await asyncio.to_thread(_report_facts, report, plan.package))["version"]
+        await _run([sys.executable, "-m", "pip", "--python", interpreter, "install", "--dry-run",
+                    "--ignore-installed", "--no-input", "--disable-pip-version-check", "--quiet", WHEELS_ONLY,
+                    "--report", str(report), *_python_requirements(plan, version)], env,
+                   what=f"pip install {' '.join(_python_requirements(plan, version))}")
+        return await asyncio.to_thread(_report_facts, report, plan.package)
     finally:
         await asyncio.to_thread(_unlink, report)
 
 
 async def _create_venv(plan: LaunchPlan, final: Path, version: str, env: Mapping[str, str],
-                       tree: Mapping[str, Any]) -> dict[str, Any]:
+                       tree: Mapping[str, Any], interpreter: str, locked: bool) -> dict[str, Any]:
     guard = final.with_name(f".{final.name}.lck")
     report = final.with_name(f".{final.name}.report.json")
     pinned = final.with_name(f".{final.name}.requirements.txt")
@@ -253,17 +329,14 @@ async def _create_venv(plan: LaunchPlan, final: Path, version: str, env: Mapping
             return found
         await asyncio.to_thread(shutil.rmtree, final, True)
         try:
-            await _run([sys.executable, "-m", "venv", "--without-pip", str(final)], env, what="python -m venv")
-            # Bastion's own pip installs into the new environment, which therefore needs no pip of its own.
-            if tree:
-                await asyncio.to_thread(pinned.write_text, _hashed_requirements(tree))
-                requirements = ["--require-hashes", "-r", str(pinned)]
-            else:
-                requirements = _python_requirements(plan, version)
+            await _run([interpreter, "-m", "venv", "--without-pip", str(final)], env, what=f"{interpreter} -m venv")
+            # Bastion's own pip installs into the new environment, which therefore needs no pip of its own. What is
+            # installed is exactly the tree resolved (or locked), every file checked against its hash.
+            await asyncio.to_thread(pinned.write_text, _hashed_requirements(tree))
             await _run([sys.executable, "-m", "pip", "--python", str(final / "bin" / "python"), "install",
-                        "--no-input", "--disable-pip-version-check", "--quiet", WHEELS_ONLY, "--report", str(report),
-                        *requirements], env,
-                       what=f"pip install {plan.package}=={version}" + (" (locked tree)" if tree else ""))
+                        "--no-input", "--disable-pip-version-check", "--quiet", WHEELS_ONLY, "--no-deps",
+                        "--report", str(report), "--require-hashes", "-r", str(pinned)], env,
+                       what=f"pip install {plan.package}=={version}" + (" (locked tree)" if locked else ""))
             facts = await asyncio.to_thread(_report_facts, report, plan.package)
             await asyncio.to_thread((final / MARKER).write_text, json.dumps(facts, indent=2) + "\n")
         except BaseException:
@@ -369,5 +442,7 @@ async def _run(argv: list[str], env: Mapping[str, str], *, what: str) -> None:
     if process.returncode != 0:
         lines = [line for line in output.decode("utf-8", "replace").splitlines() if line.strip()]
         quoted = "\n".join(f"    {line}" for line in lines[-QUOTED_LINES:]) or "    (it printed nothing)"
-        raise PackageInstallFailed(f"{what} failed (exit status {process.returncode}):\n{quoted}")
+        failed = PackageInstallFailed(f"{what} failed (exit status {process.returncode}):\n{quoted}")
+        failed.ran_client = True
+        raise failed
 

@@ -1,6 +1,9 @@
-"""The lock file beside a configuration: for each launcher server, the exact package version and its hash.
+"""The lock file of a configuration: for each launcher server, the exact package version and its hash.
 
-``claude_desktop_config.json`` is locked by ``claude_desktop_config.json.lock.json`` in the same folder::
+A Bastion configuration of the user's own (``bastion.toml``) is locked by ``bastion.toml.lock.json`` beside it. A
+client's file (``mcpServers``, or VS Code's ``servers``) is not written beside: its lock lives in Bastion's state
+directory, ``locks/<name>-<digest of its path>.lock.json``, so nothing is left in ``~/.cursor/`` or a client's
+folder. Either holds::
 
     {"version": 1, "servers": {"memory": {"ecosystem": "npm", "package": "@modelcontextprotocol/server-memory",
      "requested": "@modelcontextprotocol/server-memory", "version": "2026.8.31", "integrity": "sha512-…"}}}
@@ -14,6 +17,7 @@ event loop run them on a thread.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -42,9 +46,33 @@ class LockFileError(Exception):
     """A lock file that cannot be read or written; the message names the file and the fix."""
 
 
-def lock_path(config_file: Path | None) -> Path | None:
-    """Where the lock file of ``config_file`` lives; None for a configuration not read from a file."""
-    return None if config_file is None else config_file.with_name(config_file.name + ".lock.json")
+def lock_path(config_file: Path | None, client_file: bool = False, state: Path | None = None) -> Path | None:
+    """Where the lock file of ``config_file`` lives; None for a configuration not read from a file.
+
+    ``client_file``: the file is a client's, kept in ``state``'s ``locks`` folder under a name made of its path."""
+    if config_file is None:
+        return None
+    if not client_file:
+        return config_file.with_name(config_file.name + ".lock.json")
+    if state is None:
+        raise ValueError("a client file's lock lives in the state directory, which was not given")
+    digest = hashlib.sha256(str(config_file).encode()).hexdigest()[:16]
+    return state / "locks" / f"{config_file.name[:64]}-{digest}.lock.json"  # a file name has at most 255 bytes
+
+
+def legacy_lock_path(config_file: Path) -> Path:
+    """Where Bastion kept a client file's lock before it moved to the state directory: read, never written."""
+    return config_file.with_name(config_file.name + ".lock.json")
+
+
+def user_index_path(state: Path) -> Path:
+    """The user-wide index: every request any configuration locked, so another asking the same is not resolved
+    again."""
+    return state / "locks" / "requests.lock.json"
+
+
+def request_id(ecosystem: str, key: str) -> str:
+    return f"{ecosystem}: {key}"
 
 
 def read_lock(path: Path) -> dict[str, LockEntry]:
@@ -78,6 +106,7 @@ def read_lock(path: Path) -> dict[str, LockEntry]:
 def record(path: Path, updates: dict[str, LockEntry]) -> None:
     """Write ``updates`` into the lock file, keeping every other server's entry as it is."""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(path.name + ".lck"), "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)  # released when the guard is closed
             entries = read_lock(path)

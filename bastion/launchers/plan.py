@@ -39,12 +39,13 @@ class LaunchPlan:
     pinned: str | None  # the exact version the configuration names ("1.2.3"), or None for a range/latest
     bin: str | None  # the program to run; None: the package's own (npm: its only or same-named bin)
     args: tuple[str, ...]  # the server's own arguments
-    extras: tuple[str, ...] = ()  # further packages installed beside it (uvx --with)
+    extras: tuple[str, ...] = ()  # further packages installed beside it (uvx --with, npx's further --package)
+    python: str | None = None  # the interpreter asked for (uvx -p, pipx run --python): "3.12", "python3.12", a path
 
     @property
     def key(self) -> str:
         """What the configuration asks for; a lock entry recorded for another request is not reused."""
-        return " ".join([self.requested, *self.extras])
+        return " ".join([self.requested, *self.extras, *(["--python", self.python] if self.python else [])])
 
 
 class NotALauncher(ValueError):
@@ -103,13 +104,14 @@ def _plan_npx(launcher: str, words: list[str], flags: set[str] = _NPX_FLAGS) -> 
     if not positional:
         raise NotALauncher(f"{launcher} is given no package to run")
     if packages:
-        if len(packages) > 1:
-            raise NotALauncher(f"{launcher} is given several --package options; Bastion installs one package")
+        # Several --package options install them all, and the program is looked up among all their programs.
         spec, program, rest = packages[0], positional[0], positional[1:]
     else:
         spec, program, rest = positional[0], None, positional[1:]
     package, version = split_npm_spec(spec)
-    return LaunchPlan(launcher, "npm", package, spec, _exact_npm(version), program, tuple(rest))
+    for other in packages[1:]:
+        split_npm_spec(other)
+    return LaunchPlan(launcher, "npm", package, spec, _exact_npm(version), program, tuple(rest), tuple(packages[1:]))
 
 
 def split_npm_spec(spec: str) -> tuple[str, str | None]:
@@ -132,9 +134,20 @@ def python_extras(requested: str) -> str:
     return (match.group("extras") or "") if match else ""
 
 
+# Options that would install from somewhere Bastion does not read (a file that may change, a working tree).
+_PYTHON_REFUSED = {
+    "--with-requirements": "reads a requirements file, which Bastion does not install from; name the packages "
+                           "with --with PKG instead",
+    "--with-editable": "installs a local working tree, which Bastion does not install; give the installed "
+                       "program as the command instead",
+    "--pip-args": "passes options to pip that Bastion cannot check; set them in pip.conf instead",
+}
+
+
 def _plan_python(launcher: str, words: list[str], flags: set[str], from_option: str) -> LaunchPlan:
     source: str | None = None
     extras: list[str] = []
+    python: str | None = None
     index = 0
     while index < len(words) and words[index].startswith("-"):
         word = words[index]
@@ -148,6 +161,10 @@ def _plan_python(launcher: str, words: list[str], flags: set[str], from_option: 
         elif launcher == "uvx" and (word in ("-w", "--with") or word.startswith("--with=")):
             value, index = _option_value(words, index, "--with")
             extras.extend(part.strip() for part in value.split(",") if part.strip())
+        elif (launcher == "uvx" and word in ("-p", "--python")) or word == "--python" or word.startswith("--python="):
+            python, index = _option_value(words, index, "--python")
+        elif word.split("=", 1)[0] in _PYTHON_REFUSED:
+            raise NotALauncher(f"{launcher} option {word.split('=', 1)[0]} {_PYTHON_REFUSED[word.split('=', 1)[0]]}")
         else:
             raise NotALauncher(f"{launcher} option {word!r} is not one Bastion can run without the launcher")
     positional = words[index:]
@@ -175,4 +192,5 @@ def _plan_python(launcher: str, words: list[str], flags: set[str], from_option: 
     for extra in extras:
         if not _PY_SPEC.match(extra):
             raise NotALauncher(f"--with {extra!r} is not a PyPI package name")
-    return LaunchPlan(launcher, "python", package, requested, pinned, program or package, tuple(rest), tuple(extras))
+    return LaunchPlan(launcher, "python", package, requested, pinned, program or package, tuple(rest), tuple(extras),
+                      python)

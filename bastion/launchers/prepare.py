@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from bastion.config import GatewayConfig, ServerConfig, state_dir
+from bastion.launchers.environment import InstallEnvironment
 from bastion.launchers.install import Installed, PackageInstallFailed, install, packages_dir
-from bastion.launchers.lock import LockEntry, LockFileError, lock_path, read_lock, record
+from bastion.launchers.lock import (LockEntry, LockFileError, legacy_lock_path, lock_path, read_lock, record,
+                                    request_id, user_index_path)
 from bastion.launchers.plan import LaunchPlan, NotALauncher, plan_launch
+from bastion.launchers.satisfy import unsatisfied
 from bastion.progress import step
 
 log = logging.getLogger("bastion.launchers")
@@ -34,19 +37,80 @@ async def prepare(name: str, config: ServerConfig, *, env: Mapping[str, str] | N
         return config
     if plan is None:
         return config
-    lock_file = lock_path(config.config_file)
-    locked = await asyncio.to_thread(_locked_entry, lock_file, name, plan)
-    installed = await _install(name, plan, locked, env)
-    stale = locked is None or locked.version != installed.version or (installed.tree and not locked.tree)
-    if lock_file is not None and stale:
-        entry = LockEntry(installed.ecosystem, installed.package, plan.key, installed.version, installed.integrity,
-                          installed.tree)
+    state = state_dir()
+    lock_file = lock_path(config.config_file, config.client_file, state)
+    own = await asyncio.to_thread(_locked_entry, lock_file, name, plan)
+    moved = None  # an entry of the lock an older Bastion left beside a client's file: moved into the state directory
+    if own is None and config.client_file and config.config_file is not None:
+        moved = await asyncio.to_thread(_locked_entry, legacy_lock_path(config.config_file), name, plan)
+    locked = own or moved or await asyncio.to_thread(_user_entry, state, name, plan)
+    installs = InstallEnvironment(os.environ if env is None else env)
+    try:
+        installed = await _install(name, plan, locked, installs)
+    except PackageInstallFailed as exc:
+        if own is not None or locked is None:
+            raise  # this file's own lock is kept to: a changed package is refused, never silently replaced
+        # What another configuration locked only saved a resolve (it may have been made for another Python)
+        log.warning("server %s: the version locked elsewhere could not be installed here (%s); resolving it again",
+                    name, str(exc).splitlines()[0])
+        installed = await _install(name, plan, None, installs)
+    entry = LockEntry(installed.ecosystem, installed.package, plan.key, installed.version, installed.integrity,
+                      installed.tree)
+    if lock_file is not None and (moved is not None or _stale(own, installed)):
         try:
             await asyncio.to_thread(record, lock_file, {name: entry})
             log.info("server %s: locked %s %s in %s", name, installed.package, installed.version, lock_file)
         except LockFileError as exc:
             log.warning("server %s: %s", name, exc)
+    await asyncio.to_thread(_index_unless_there, state, entry)
     return installed_config(config, plan, installed)
+
+
+def _stale(locked: LockEntry | None, installed: Installed) -> bool:
+    return (locked is None or locked.version != installed.version or locked.integrity != installed.integrity
+            or (bool(installed.tree) and dict(locked.tree) != dict(installed.tree)))
+
+
+def _index(state: Path, entries: Iterable[LockEntry]) -> None:
+    """Record what was locked in the user-wide index; it only saves a resolve, so a failure to write it is a note."""
+    try:
+        record(user_index_path(state), {request_id(entry.ecosystem, entry.requested): entry for entry in entries})
+    except LockFileError as exc:
+        log.warning("the user-wide lock index: %s", exc)
+
+
+def _index_unless_there(state: Path, entry: LockEntry) -> None:
+    """Keep the user-wide index in step with what this start locked (a file locked before the index existed, an
+    index deleted), writing it only when it says something else."""
+    index = user_index_path(state)
+    try:
+        there = read_lock(index).get(request_id(entry.ecosystem, entry.requested))
+    except LockFileError as exc:
+        # It only saves resolves, and every start would stumble on it again: it is started afresh.
+        log.warning("%s; starting it afresh", exc)
+        index.unlink(missing_ok=True)
+        there = None
+    if there != entry:
+        _index(state, [entry])
+
+
+def _user_entry(state: Path, name: str, plan: LaunchPlan) -> LockEntry | None:
+    """What another configuration of this user locked for the same request, when it satisfies it."""
+    try:
+        entry = read_lock(user_index_path(state)).get(request_id(plan.ecosystem, plan.key))
+    except LockFileError as exc:
+        log.warning("server %s: %s; resolving it again", name, exc)
+        return None
+    if entry is None or entry.package != plan.package or entry.ecosystem != plan.ecosystem:
+        return None
+    reason = unsatisfied(plan, entry.version, entry.tree)
+    if reason is not None:
+        log.warning("server %s: the user-wide lock index records a tree for %s that does not satisfy it (%s); "
+                    "resolving it again", name, plan.key, reason)
+        return None
+    log.info("server %s: %s %s is locked for the same request by another configuration; using it", name,
+             entry.package, entry.version)
+    return entry
 
 
 def installed_config(config: ServerConfig, plan: LaunchPlan, installed: Installed) -> ServerConfig:
@@ -58,12 +122,11 @@ def installed_config(config: ServerConfig, plan: LaunchPlan, installed: Installe
     return config.model_copy(update=update)
 
 
-async def _install(name: str, plan: LaunchPlan, locked: LockEntry | None,
-                   env: Mapping[str, str] | None) -> Installed:
+async def _install(name: str, plan: LaunchPlan, locked: LockEntry | None, env: InstallEnvironment) -> Installed:
     version = locked.version if locked else None
     label = f"installing {plan.package}" + (f" {version}" if version else "") + f" for server {name}"
     async with step(label):
-        installed = await install(plan, packages_dir(state_dir()), os.environ if env is None else env,
+        installed = await install(plan, packages_dir(state_dir()), env,
                                   version=version, integrity=locked.integrity if locked and locked.integrity else None,
                                   tree=locked.tree if locked else None)
     log.info("server %s: %s %s %s %s, installed in %s", name, plan.launcher, installed.package, installed.version,
@@ -84,6 +147,11 @@ def _locked_entry(lock_file: Path | None, name: str, plan: LaunchPlan) -> LockEn
     if entry.package != plan.package or entry.ecosystem != plan.ecosystem or entry.requested != plan.key:
         log.info("server %s: the configuration now asks for %s (locked: %s); resolving it again",
                  name, plan.key, entry.requested)
+        return None
+    reason = unsatisfied(plan, entry.version, entry.tree)
+    if reason is not None:
+        log.warning("server %s: %s records a tree that does not satisfy %s (%s); refused, resolving and installing "
+                    "it again", name, lock_file, plan.key, reason)
         return None
     return entry
 
@@ -122,13 +190,14 @@ async def update(config: GatewayConfig, names: Iterable[str], *,
 
     The servers are installed at once; each gets its Change, or the failure that kept it at its locked version.
     """
-    lock_file = lock_path(config.source)
+    lock_file = config_lock_path(config)
     if lock_file is None:
         raise LockFileError("the built-in configuration has no lock file; give a configuration file")
     plans = launcher_servers(config)
     before = await asyncio.to_thread(read_lock, lock_file)
     chosen = list(names)
-    outcomes = await asyncio.gather(*(_install(name, plans[name], None, env) for name in chosen),
+    installs = InstallEnvironment(os.environ if env is None else env)  # the login shell read once for them all
+    outcomes = await asyncio.gather(*(_install(name, plans[name], None, installs) for name in chosen),
                                     return_exceptions=True)
     results: list[Change | PackageInstallFailed] = []
     updates: dict[str, LockEntry] = {}
@@ -146,4 +215,40 @@ async def update(config: GatewayConfig, names: Iterable[str], *,
                               outcome.version))
     if updates:
         await asyncio.to_thread(record, lock_file, updates)
+        await asyncio.to_thread(_index, state_dir(), updates.values())
     return results
+
+
+def config_lock_path(config: GatewayConfig) -> Path | None:
+    """Where ``config``'s lock file is: beside Bastion's own file, in the state directory for a client's."""
+    return lock_path(config.source, config.client_file, state_dir())
+
+
+def carry_over(sources: Iterable[tuple[str, str, Path]], config: GatewayConfig) -> list[str]:
+    """Copy the lock entries of imported servers from their client files' locks into ``config``'s lock, so the
+    imported file runs the versions already installed and locked instead of resolving them again.
+
+    ``sources``: (name in ``config``, name in the client file, the client file). Returns the names carried over."""
+    lock_file = config_lock_path(config)
+    plans = launcher_servers(config)
+    if lock_file is None:
+        return []
+    carried: dict[str, LockEntry] = {}
+    for name, old_name, client in sources:
+        plan = plans.get(name)
+        if plan is None:
+            continue
+        for path in (lock_path(client.resolve(), True, state_dir()), legacy_lock_path(client)):
+            try:
+                entry = read_lock(path).get(old_name) if path is not None else None
+            except LockFileError as exc:
+                log.warning("server %s: %s; not carried over", name, exc)
+                continue
+            if (entry is not None and entry.requested == plan.key and entry.package == plan.package
+                    and unsatisfied(plan, entry.version, entry.tree) is None):
+                carried[name] = entry
+                break
+    if carried:
+        record(lock_file, carried)
+        _index(state_dir(), carried.values())
+    return sorted(carried)

@@ -9,8 +9,11 @@ import pytest
 
 from bastion.config import load_config
 from bastion.diagnostics import diagnose
-from bastion.launchers.install import MARKER, install_folder_name
-from bastion.launchers.lock import LockEntry, record
+import os
+import sys
+
+from bastion.launchers.install import MARKER, install_folder
+from bastion.launchers.lock import LockEntry, lock_path, record
 
 MEMORY = "@modelcontextprotocol/server-memory"
 
@@ -39,14 +42,22 @@ def test_unlocked_then_locked_but_absent_then_installed(tmp_path: Path, state: P
     assert f"bastion servers update memory --config {config}" in unlocked[0].fix
     assert not any("not on PATH" in f.message for f in unlocked), "uvx is never run, so it need not exist"
 
-    record(config.with_name(config.name + ".lock.json"), {
-        "memory": LockEntry("npm", MEMORY, MEMORY, "1.0.0", "sha512-x"),
-        "time": LockEntry("python", "mcp-server-time", "mcp-server-time", "2026.10.19", "sha256=y")})
+    npm_tree = {f"node_modules/{MEMORY}": {"version": "1.0.0", "integrity": "sha512-x"}}
+    python_tree = {"mcp-server-time": {"version": "2026.10.19", "integrity": "sha256=y"}}
+    # a client's file is locked in the state directory, never beside it
+    lock = lock_path(config.resolve(), True, state.parent)
+    assert lock is not None and lock.parent == state.parent / "locks"
+    record(lock, {
+        "memory": LockEntry("npm", MEMORY, MEMORY, "1.0.0", "sha512-x", npm_tree),
+        "time": LockEntry("python", "mcp-server-time", "mcp-server-time", "2026.10.19", "sha256=y", python_tree)})
     absent = findings_of(config, servers)
     assert len(absent) == 2 and all("locked but not installed" in f.message for f in absent)
 
-    for ecosystem, package, version in (("npm", MEMORY, "1.0.0"), ("python", "mcp-server-time", "2026.10.19")):
-        folder = state / ecosystem / install_folder_name(package, version, ecosystem)
+    interpreter = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    for ecosystem, package, version, tree, python in (
+            ("npm", MEMORY, "1.0.0", npm_tree, ""),
+            ("python", "mcp-server-time", "2026.10.19", python_tree, interpreter)):
+        folder = install_folder(state, ecosystem, package, version, tree, python)
         folder.mkdir(parents=True)
         (folder / MARKER).write_text(json.dumps({"version": version}))
     assert findings_of(config, servers) == []
@@ -60,3 +71,17 @@ def test_a_launcher_form_bastion_cannot_install_is_a_warning(tmp_path: Path, sta
     found = findings_of(tmp_path / "c.json", {"shell": {"command": "npx", "args": ["-c", "mcp-thing --serve"]}})
     assert [(f.level, f.where) for f in found] == [("warning", "mcpServers.shell.args")]
     assert "'-c'" in found[0].message and "network" in found[0].message
+
+
+def test_a_request_another_configuration_locked_and_installed_needs_no_network(tmp_path: Path, state: Path) -> None:
+    from bastion.launchers.lock import user_index_path
+
+    tree = {f"node_modules/{MEMORY}": {"version": "1.0.0", "integrity": "sha512-x"}}
+    record(user_index_path(state.parent), {f"npm: {MEMORY}": LockEntry("npm", MEMORY, MEMORY, "1.0.0", "sha512-x",
+                                                                       tree)})
+    folder = install_folder(state, "npm", MEMORY, "1.0.0", tree)
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text(json.dumps({"version": "1.0.0"}))
+    assert findings_of(tmp_path / "mcp.json", {"memory": {"command": "npx", "args": ["-y", MEMORY]}}) == []
+    pinned = findings_of(tmp_path / "mcp.json", {"memory": {"command": "npx", "args": ["-y", f"{MEMORY}@1.0.0"]}})
+    assert len(pinned) == 1 and "not locked yet" in pinned[0].message  # another request

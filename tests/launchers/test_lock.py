@@ -22,6 +22,18 @@ def test_the_lock_file_is_named_after_the_configuration(tmp_path: Path) -> None:
     assert lock_path(None) is None
 
 
+def test_a_clients_file_is_locked_in_the_state_directory_by_its_full_path(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    one = lock_path(tmp_path / "a" / ".cursor" / "mcp.json", True, state)
+    other = lock_path(tmp_path / "b" / ".cursor" / "mcp.json", True, state)
+    assert one is not None and other is not None and one != other
+    assert one.parent == other.parent == state / "locks" and one.name.startswith("mcp.json-")
+    long_name = lock_path(tmp_path / ("x" * 250 + ".json"), True, state)
+    assert long_name is not None and len(long_name.name) < 100
+    with pytest.raises(ValueError):
+        lock_path(tmp_path / "mcp.json", True)
+
+
 def test_record_keeps_the_other_servers_entries(tmp_path: Path) -> None:
     path = tmp_path / "bastion.toml.lock.json"
     assert read_lock(path) == {}

@@ -56,6 +56,20 @@ def test_uvx_forms() -> None:
     assert extras.key == "mcp-server-time[cli]>=2025 tzdata"
 
 
+def test_options_that_change_what_is_installed_are_part_of_the_request() -> None:
+    python = plan_launch("uvx", ["-p", "3.11", "--with", "mcp<2", "mcp-server-sqlite", "--db-path", "x.db"])
+    assert python is not None and (python.python, python.extras, python.args) == ("3.11", ("mcp<2",), ("--db-path", "x.db"))
+    assert python.key == "mcp-server-sqlite mcp<2 --python 3.11"
+    pipx = plan_launch("pipx", ["run", "--python=python3.11", "mcp-server-time"])
+    assert pipx is not None and pipx.python == "python3.11" and pipx.key == "mcp-server-time --python python3.11"
+    # several --package options are all installed; the program is looked up among them all
+    several = plan_launch("npx", ["-y", "-p", "@acme/tools@3.0.0", "--package", "helper@^1", "acme-mcp", "serve"])
+    assert several is not None
+    assert (several.package, several.extras, several.bin, several.args) == (
+        "@acme/tools", ("helper@^1",), "acme-mcp", ("serve",))
+    assert several.key == "@acme/tools@3.0.0 helper@^1"
+
+
 def test_pipx_run() -> None:
     plan = plan_launch("pipx", ["run", "--spec", "mcp-server-time==2026.10.19", "mcp-server-time", "--x"])
     assert plan is not None
@@ -75,7 +89,11 @@ def test_other_commands_are_not_launchers() -> None:
     ("npx", ["-y"], "no package"),
     ("npx", ["github:user/repo"], "not an npm registry package"),
     ("npx", ["./local.tgz"], "not an npm registry package"),
-    ("uvx", ["--python", "3.12", "pkg"], "'--python'"),
+    ("uvx", ["--with-requirements", "req.txt", "pkg"], "--with-requirements reads a requirements file"),
+    ("uvx", ["--with-requirements=req.txt", "pkg"], "name the packages with --with"),
+    ("uvx", ["--with-editable", ".", "pkg"], "--with-editable installs a local working tree"),
+    ("pipx", ["run", "--pip-args=--pre", "pkg"], "--pip-args"),
+    ("npx", ["-p", "@acme/tools", "-p", "github:user/repo", "acme"], "not an npm registry package"),
     ("uvx", ["git+https://example.invalid/x"], "not a PyPI package"),
     ("npx", ["--package"], "needs a value"),
 ])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bastion.launchers.lock import lock_path, user_index_path
 from tests.support import BASTION, ROOT, RawClient
 
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
@@ -46,8 +47,16 @@ def npx(package: str, *args: str) -> dict:
     return {"command": "npx", "args": ["-y", package, *args]}
 
 
+def lock_file_of(config: Path) -> Path:
+    """A client's file is locked in Bastion's state directory, never beside it."""
+    lock = lock_path(config.resolve(), True, Path(os.environ["XDG_STATE_HOME"]) / "bastion")
+    assert lock is not None
+    return lock
+
+
 def lock_of(config: Path) -> dict:
-    return json.loads(config.with_name(config.name + ".lock.json").read_text())["servers"]
+    assert not config.with_name(config.name + ".lock.json").exists()
+    return json.loads(lock_file_of(config).read_text())["servers"]
 
 
 def cached_npm(what: str, spec: str) -> str:
@@ -141,7 +150,13 @@ def test_a_stock_claude_desktop_file_of_npx_and_uvx_servers_works_sandboxed_offl
     assert lock_of(config) == lock
 
 
+def forget_what_other_files_locked() -> None:
+    """This user's other configurations' locks (earlier tests') would be reused for the same request."""
+    user_index_path(Path(os.environ["XDG_STATE_HOME"]) / "bastion").unlink(missing_ok=True)
+
+
 def test_a_locked_older_version_is_honoured_and_servers_update_moves_it_on(tmp_path: Path) -> None:
+    forget_what_other_files_locked()
     config = stock_file(tmp_path, {"memory": npx(MEMORY)}, policy="off")
     older_integrity = cached_npm("dist.integrity", f"{MEMORY}@{OLDER_MEMORY}")
     newest = cached_npm("version", MEMORY)
@@ -150,7 +165,8 @@ def test_a_locked_older_version_is_honoured_and_servers_update_moves_it_on(tmp_p
     unlocked = check(config)
     assert any("not locked yet" in finding["message"] for finding in unlocked), unlocked
 
-    config.with_name(config.name + ".lock.json").write_text(json.dumps({"version": 1, "servers": {"memory": {
+    lock_file_of(config).parent.mkdir(parents=True, exist_ok=True)
+    lock_file_of(config).write_text(json.dumps({"version": 1, "servers": {"memory": {
         "ecosystem": "npm", "package": MEMORY, "requested": MEMORY, "version": OLDER_MEMORY,
         "integrity": older_integrity}}}))
     stderr = run_and_close(config, lambda client: wait_for_tools(client, {"memory"}))
@@ -178,7 +194,8 @@ def test_a_lock_whose_hash_does_not_match_refuses_the_package(tmp_path: Path) ->
     config = stock_file(tmp_path, {"memory": npx(MEMORY), "time": {"command": "uvx", "args": ["mcp-server-time"]}},
                         policy="off")
     forged = "sha512-" + "A" * 86 + "=="
-    config.with_name(config.name + ".lock.json").write_text(json.dumps({"version": 1, "servers": {"memory": {
+    lock_file_of(config).parent.mkdir(parents=True, exist_ok=True)
+    lock_file_of(config).write_text(json.dumps({"version": 1, "servers": {"memory": {
         "ecosystem": "npm", "package": MEMORY, "requested": MEMORY, "version": OLDER_MEMORY, "integrity": forged}}}))
     stderr = run_and_close(config, lambda client: (wait_for_tools(client, {"time"}), time.sleep(2)))
     assert f"the lock file records {forged}" in stderr
@@ -213,7 +230,8 @@ def test_a_package_that_cannot_be_installed_says_why_in_the_package_clients_word
 def test_a_dependency_changed_since_it_was_locked_is_refused_by_the_package_client(tmp_path: Path) -> None:
     config = stock_file(tmp_path, {"memory": npx(MEMORY), "time": {"command": "uvx", "args": ["mcp-server-time"]}},
                        policy="off")
-    lock_file = config.with_name(config.name + ".lock.json")
+    lock_file = lock_file_of(config)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
     lock_file.write_text(json.dumps({"version": 1, "servers": {"memory": {
         "ecosystem": "npm", "package": MEMORY, "requested": MEMORY, "version": OLDER_MEMORY,
         "integrity": cached_npm("dist.integrity", f"{MEMORY}@{OLDER_MEMORY}")}}}))
@@ -224,8 +242,8 @@ def test_a_dependency_changed_since_it_was_locked_is_refused_by_the_package_clie
     # Another machine, or a cleared packages folder: the locked trees are installed again, with one dependency's
     # hash no longer the one recorded.
     packages = Path(os.environ["XDG_STATE_HOME"]) / "bastion" / "packages"
-    for installed in (packages / "npm" / f"{MEMORY.replace('/', '+')}@{OLDER_MEMORY}",
-                      packages / "python" / f"mcp-server-time=={lock['time']['version']}"):
+    for installed in [*(packages / "npm").glob(f"{MEMORY.replace('/', '+')}@{OLDER_MEMORY}-*"),
+                      *(packages / "python").glob(f"mcp-server-time=={lock['time']['version']}-*")]:
         subprocess.run(["rm", "-rf", str(installed)], check=True)
     lock["memory"]["tree"]["node_modules/ajv"]["integrity"] = "sha512-" + "B" * 86 + "=="
     lock["time"]["tree"]["tzdata"]["integrity"] = "sha256=" + "0" * 64
