@@ -366,7 +366,8 @@ def plan_sandbox(
     binds += [path for path in runtime_paths(SHELL, DEFAULT_PATH)[0] if path not in binds]
     mounts = system_mounts() + identity_files(workdir, home)
     mounts += [Mount("tmpfs", "/tmp"), Mount("tmpfs", home)]
-    mounts += [Mount("ro", path, path) for path in binds + arg_paths(args, cwd, home)]
+    mounts += [Mount("ro", path, path) for path in binds + arg_paths(args, cwd, home, config.writable,
+                                                                      config.read_only)]
     for path in config.read_only:
         if os.path.exists(path):
             mounts.append(Mount("ro", path, path))
