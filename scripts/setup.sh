@@ -68,8 +68,10 @@ if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; the
         npm install --prefix .cache/npm-warm --no-save --no-audit --no-fund --ignore-scripts --loglevel=error "$spec" >&2
     done
     rm -rf .cache/npm-warm
-    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-time==2026.10.19 \
-        mcp-server-sqlite==2025.4.25 'mcp[cli]<2' >&2  # sqlite's server needs the SDK before 2.0 (uvx --with 'mcp<2')
+    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-time==2026.10.19 >&2
+    # sqlite's server needs the SDK before 2.0 (uvx --with 'mcp<2'), which time's cannot share: resolved apart
+    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-sqlite==2025.4.25 \
+        'mcp[cli]<2' >&2
     touch "$launcher_stamp"
 fi
 
