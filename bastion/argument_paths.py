@@ -43,6 +43,18 @@ def home_and_above(home: str) -> list[str]:
     return found
 
 
+def absolute_argument(arg: str, folder: str) -> str:
+    """``.``, ``./x`` and ``../x``, alone or as an option's value (``--db-path=./shop.db``), made absolute against
+    ``folder``, where the client would run the server: a sandboxed server's working folder is ``/``, so left
+    relative they would name other files there than the review and the sandbox's binds were decided for."""
+    if arg.startswith("-") and "=" in arg:
+        option, value = arg.split("=", 1)
+        return f"{option}={absolute_argument(value, folder)}" if value else arg
+    if arg in (".", "..") or arg.startswith(("./", "../")):
+        return os.path.normpath(os.path.join(folder, arg))
+    return arg
+
+
 def named_paths(args: Iterable[str], base: str, home: str) -> list[str]:
     """The absolute paths ``args`` name (``/data``, ``~/notes``, ``./x``, ``--root=/srv``), normalised: a word
     that does not look like a path is not one."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bastion.argument_paths import argument_binds, granting
+from bastion.argument_paths import absolute_argument, argument_binds, granting
 from bastion.clients.grants import review
 from bastion.sandbox import SandboxConfig
 from bastion.sandbox.engine import find_engine
@@ -205,3 +205,12 @@ def test_a_symlink_a_server_left_in_its_folder_does_not_show_what_it_points_to(t
     assert "PRIVATE KEY" not in done.stdout
     assert done.stdout == "No such file or directory\n", done.stderr
     assert os.path.islink(data / "shop.db")
+
+
+def test_relative_arguments_are_made_absolute_alone_or_as_an_options_value() -> None:
+    assert absolute_argument("./shop.db", "/srv/p") == "/srv/p/shop.db"
+    assert absolute_argument("--db-path=./data/../shop.db", "/srv/p") == "--db-path=/srv/p/shop.db"
+    assert absolute_argument(".", "/srv/p") == "/srv/p" and absolute_argument("..", "/srv/p") == "/srv"
+    assert absolute_argument("--db-path=", "/srv/p") == "--db-path="
+    assert absolute_argument("data/shop.db", "/srv/p") == "data/shop.db", "a bare word may not be a path"
+    assert absolute_argument("--level=.5", "/srv/p") == "--level=.5"
