@@ -214,3 +214,15 @@ def test_relative_arguments_are_made_absolute_alone_or_as_an_options_value() -> 
     assert absolute_argument("--db-path=", "/srv/p") == "--db-path="
     assert absolute_argument("data/shop.db", "/srv/p") == "data/shop.db", "a bare word may not be a path"
     assert absolute_argument("--level=.5", "/srv/p") == "--level=.5"
+
+
+def test_a_grant_reached_through_a_symlink_keeps_the_database_in_it_writable(tmp_path: Path) -> None:
+    real = tmp_path / "disk" / "data"
+    real.mkdir(parents=True)
+    link = tmp_path / "data"
+    link.symlink_to(real)
+    with sqlite3.connect(real / "shop.db") as connection:
+        connection.execute("CREATE TABLE items (name TEXT)")
+    connection.close()
+    done = sandboxed(["--writable", str(link)], SQLITE_WRITE, str(link / "shop.db"), "delete")
+    assert done.returncode == 0 and done.stdout == "1\n", done.stderr
