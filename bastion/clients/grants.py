@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from bastion.argument_paths import NEVER_SHOWN, argument_binds
+from bastion.argument_paths import NEVER_SHOWN, argument_binds, granting
 
 # Folders in the home directory that hold credentials: granted when a user listed them, but said out loud.
 _CREDENTIAL_DIRS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".password-store",
@@ -360,7 +360,8 @@ def review(name: str, server: Mapping[str, Any], *, origin: str = "", warnings: 
     # The sandbox's own rule: a path named in the arguments inside a grant is as the grant shows it.
     binds = argument_binds(args, base=base or os.getcwd(), home=home, writable=writes, read_only=read_grants)
     reads += [path for path in binds.read_only if path not in reads]
-    if isinstance(cwd, str) and os.path.isabs(cwd) and cwd not in reads and cwd not in [home, *home_ancestors(home)]:
+    if (isinstance(cwd, str) and os.path.isabs(cwd) and granting(os.path.normpath(cwd), [*writes, *read_grants]) is None
+            and cwd not in [home, *home_ancestors(home)]):
         reads.append(os.path.normpath(cwd))
     result.writes = [tilde(path, home) for path in dict.fromkeys(writes)]
     result.reads = [tilde(path, home) for path in dict.fromkeys(reads)]

@@ -226,3 +226,14 @@ def test_a_grant_reached_through_a_symlink_keeps_the_database_in_it_writable(tmp
     connection.close()
     done = sandboxed(["--writable", str(link)], SQLITE_WRITE, str(link / "shop.db"), "delete")
     assert done.returncode == 0 and done.stdout == "1\n", done.stderr
+
+
+def test_a_working_folder_inside_a_writable_grant_stays_writable(tmp_path: Path, data: Path) -> None:
+    (data / "sub").mkdir()
+    done = subprocess.run([sys.executable, "-m", "bastion", "sandbox", "run", "--quiet", "--writable", str(data),
+                           "--cwd", str(data / "sub"), "--", "/usr/bin/python3", "-c", APPEND, "./made-here.txt"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.stdout == "written\n", done.stderr
+    assert (data / "sub" / "made-here.txt").read_text() == "changed\n"
+    described = review("s", {"command": "/bin/cat", "cwd": str(data / "sub"), "sandbox": {"writable": [str(data)]}})
+    assert described.reads == [str(data)] and described.writes == [str(data)]
