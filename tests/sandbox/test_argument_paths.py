@@ -237,3 +237,31 @@ def test_a_working_folder_inside_a_writable_grant_stays_writable(tmp_path: Path,
     assert (data / "sub" / "made-here.txt").read_text() == "changed\n"
     described = review("s", {"command": "/bin/cat", "cwd": str(data / "sub"), "sandbox": {"writable": [str(data)]}})
     assert described.reads == [str(data)] and described.writes == [str(data)]
+
+
+MANY_WRITES = """
+import sqlite3, sys
+connection = sqlite3.connect(sys.argv[1], timeout=120)
+connection.execute("PRAGMA journal_mode=wal")
+for _ in range(100):
+    with connection:
+        connection.execute("INSERT INTO items VALUES ('widget')")
+print("done")
+"""
+
+
+def test_two_sandboxed_servers_write_one_database_in_their_shared_folder_at_once(data: Path) -> None:
+    # Two sandboxes see the one folder (each its own bind of it): sqlite's locks and WAL index hold across them.
+    database = data / "shared.db"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE items (name TEXT)")
+    connection.close()
+    command = [sys.executable, "-m", "bastion", "sandbox", "run", "--quiet", "--writable", str(data), "--",
+               "/usr/bin/python3", "-c", MANY_WRITES, str(database)]
+    writers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                stdin=subprocess.DEVNULL) for _ in range(2)]
+    outputs = [writer.communicate(timeout=300) for writer in writers]
+    assert [out for out, _ in outputs] == ["done\n", "done\n"], outputs
+    with sqlite3.connect(database) as connection:
+        assert connection.execute("SELECT count(*) FROM items").fetchone() == (200,)
+    connection.close()
