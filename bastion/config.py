@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_core import PydanticCustomError
 
 from bastion import paths
+from bastion.argument_paths import absolute_argument
 from bastion.auth.config import AuthConfig
 from bastion.clients.grants import with_inferred_grants
 from bastion.credentials.config import UpstreamAuth
@@ -664,7 +665,18 @@ def _client_entry(where: str, entry: dict[str, Any], folder: Path, variables: Va
             converted["env"] = {**loaded, **converted.get("env", {})}  # env given in the entry wins, as in VS Code
     if errors:
         return None, [*notes, *errors]
-    return _resolve_paths(converted, folder), notes
+    return _absolute_arguments(_resolve_paths(converted, folder), folder), notes
+
+
+def _absolute_arguments(entry: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``./x`` in the arguments read from where the client runs the server (its ``cwd``, else the file's folder), as
+    import writes them: the sandboxed server's working folder is ``/``, and the review and the sandbox's binds are
+    decided for the file the client meant."""
+    args, cwd = entry.get("args"), entry.get("cwd")
+    if not isinstance(args, list):
+        return entry  # the wrong type: validation names it, with the fix
+    base = cwd if isinstance(cwd, str) and os.path.isabs(cwd) else str(folder)
+    return {**entry, "args": [absolute_argument(arg, base) if isinstance(arg, str) else arg for arg in args]}
 
 
 def _expand_entry(where: str, entry: dict[str, Any], variables: Variables) -> list[Finding]:

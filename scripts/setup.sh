@@ -57,7 +57,7 @@ fi
 
 # What the launcher tests install offline (npx and uvx servers of a stock client file, through Bastion's own
 # installs): `npm ci` caches tarballs but not the registry documents a fresh `npm install PKG` resolves with, so
-# one throwaway install per package puts both in ~/.npm; the Python server's wheels go into a wheelhouse.
+# one throwaway install per package puts both in ~/.npm; the Python servers' wheels go into a wheelhouse.
 launcher_stamp=.cache/launchers.stamp
 if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; then
     echo "setup: caching the launcher tests' npm packages and Python wheels" >&2
@@ -69,9 +69,9 @@ if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; the
     done
     rm -rf .cache/npm-warm
     .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-time==2026.10.19 >&2
-    # `uvx --with "mcp<2" mcp-server-sqlite`: the older SDK beside the newest, so a request for it is told apart
-    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-sqlite==2025.4.25 >&2
-    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp==1.30.0 >&2
+    # sqlite's server needs the SDK before 2.0 (uvx --with 'mcp<2'), which time's cannot share: resolved apart
+    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-sqlite==2025.4.25 \
+        'mcp[cli]<2' >&2
     touch "$launcher_stamp"
 fi
 

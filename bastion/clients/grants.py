@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-# Folders the sandbox never shows because an argument names them (mirrors bastion.sandbox.view).
-_NEVER_SHOWN = ("/proc", "/sys", "/dev")
+from bastion.argument_paths import NEVER_SHOWN, argument_binds, granting
+
 # Folders in the home directory that hold credentials: granted when a user listed them, but said out loud.
 _CREDENTIAL_DIRS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".password-store",
                     os.path.join(".config", "gcloud"), os.path.join(".config", "gh"))
@@ -206,7 +206,7 @@ class _Grants:
             self.warn(f"server {self._name!r}: not granting your home directory {shown} whole ({why}): it sees an "
                       "empty private home there instead; list the folders it needs (such as ~/Documents), or import "
                       "with --allow-home to grant it anyway")
-        elif any(path == root or path.startswith(root + "/") for root in _NEVER_SHOWN):
+        elif any(path == root or path.startswith(root + "/") for root in NEVER_SHOWN):
             self.warn(f"server {self._name!r}: not granting {shown}: the sandbox never shows /proc, /sys or /dev")
         elif not os.path.exists(path):
             self.warn(f"server {self._name!r}: {shown} ({why}) does not exist, so it is not granted; create it "
@@ -353,34 +353,20 @@ def review(name: str, server: Mapping[str, Any], *, origin: str = "", warnings: 
                           receives=receives, enabled=server.get("enabled", True) is not False,
                           sandboxed=sandbox.get("profile") != "none", warnings=list(warnings))
     writes = [_normalised(path, home) for path in _strings(sandbox.get("writable"))]
-    reads = writes + [_normalised(path, home) for path in _strings(sandbox.get("read_only"))]
+    read_grants = [_normalised(path, home) for path in _strings(sandbox.get("read_only"))]
+    reads = writes + read_grants
     cwd = server.get("cwd")
     base = cwd if isinstance(cwd, str) and os.path.isabs(cwd) else base_dir
-    reads += [path for path in argument_paths(args, base, home) if path not in reads]
-    if isinstance(cwd, str) and os.path.isabs(cwd) and cwd not in reads and cwd not in [home, *home_ancestors(home)]:
+    # The sandbox's own rule: a path named in the arguments inside a grant is as the grant shows it.
+    binds = argument_binds(args, base=base or os.getcwd(), home=home, writable=writes, read_only=read_grants)
+    reads += [path for path in binds.read_only if path not in reads]
+    if (isinstance(cwd, str) and os.path.isabs(cwd) and granting(os.path.normpath(cwd), [*writes, *read_grants]) is None
+            and cwd not in [home, *home_ancestors(home)]):
         reads.append(os.path.normpath(cwd))
     result.writes = [tilde(path, home) for path in dict.fromkeys(writes)]
     result.reads = [tilde(path, home) for path in dict.fromkeys(reads)]
     result.reaches = _strings(sandbox.get("network"))
     return result
-
-
-def argument_paths(args: list[str], base: str | None, home: str) -> list[str]:
-    """Existing paths the arguments name, which the sandbox shows read-only (the same rule as the sandbox's)."""
-    found = []
-    for arg in args:
-        candidates = [arg]
-        if arg.startswith("-") and "=" in arg:
-            candidates.append(arg.split("=", 1)[1])
-        for candidate in candidates:
-            if not candidate.startswith(("/", "~", "./", "../")):
-                continue
-            path = _resolve(candidate, home, base or os.getcwd())
-            if (path is None or not os.path.exists(path) or path in home_ancestors(home) or path == home
-                    or any(path == root or path.startswith(root + "/") for root in _NEVER_SHOWN)):
-                continue
-            found.append(path)
-    return found
 
 
 def _normalised(path: str, home: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import tomli_w
 
 from bastion import variables as client_variables
+from bastion.argument_paths import absolute_argument
 from bastion.clients.discovery import FoundServer
 from bastion.clients.grants import ServerReview, infer_grants, keep_memory_in, merge_sandbox, review, tilde
 from bastion.plaintext import is_plaintext_remote
@@ -134,7 +135,7 @@ def convert_entry(item: FoundServer, *, home: Path, environ: Mapping[str, str]) 
     try:
         server["command"] = _absolute_command(expander.expand(entry["command"]), item.workspace)
         if entry.get("args"):
-            server["args"] = [_absolute_argument(expander.expand(str(arg)), item.workspace)
+            server["args"] = [absolute_argument(expander.expand(str(arg)), str(item.workspace))
                               for arg in entry["args"]]
             if any(_reads_environment(str(arg)) for arg in entry["args"]):
                 notes.append("args: their environment variables were expanded at this import and the values written "
@@ -209,13 +210,6 @@ def _absolute_command(command: str, workspace: Path) -> str:
     if "/" in command and not os.path.isabs(command):
         return os.path.normpath(os.path.join(workspace, command))
     return command
-
-
-def _absolute_argument(arg: str, workspace: Path) -> str:
-    """``.``, ``./x`` and ``../x`` are the client's working folder (the project); the sandbox's is ``/``."""
-    if arg in (".", "..") or arg.startswith(("./", "../")):
-        return os.path.normpath(os.path.join(workspace, arg))
-    return arg
 
 
 def _same_server(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:

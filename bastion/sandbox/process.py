@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from bastion.argument_paths import granting
 from bastion.sandbox import seccomp
 from bastion.sandbox.cgroups import ResourceLimits, detect_host
 from bastion.sandbox.config import SandboxConfig, format_bytes
@@ -366,7 +367,8 @@ def plan_sandbox(
     binds += [path for path in runtime_paths(SHELL, DEFAULT_PATH)[0] if path not in binds]
     mounts = system_mounts() + identity_files(workdir, home)
     mounts += [Mount("tmpfs", "/tmp"), Mount("tmpfs", home)]
-    mounts += [Mount("ro", path, path) for path in binds + arg_paths(args, cwd, home)]
+    mounts += [Mount("ro", path, path) for path in binds + arg_paths(args, cwd, home, config.writable,
+                                                                      config.read_only)]
     for path in config.read_only:
         if os.path.exists(path):
             mounts.append(Mount("ro", path, path))
@@ -382,7 +384,11 @@ def plan_sandbox(
         if not os.path.isdir(workdir_inside):
             raise SandboxError(f"working directory {workdir_inside} does not exist; fix the server's cwd")
         protected = workdir_inside in protected_dirs(home) or workdir_inside == home
-        mounts.append(Mount("dir", workdir_inside) if protected else Mount("ro", workdir_inside, workdir_inside))
+        if protected:
+            mounts.append(Mount("dir", workdir_inside))
+        elif granting(workdir_inside, [*config.writable, *config.read_only]) is None:
+            # Inside a grant it is as the grant shows it: bound read-only on top, a writable folder's would not be.
+            mounts.append(Mount("ro", workdir_inside, workdir_inside))
     argv_inside = [executable, *args]
     if egress_socket is not None:
         forwarder_runtime, _ = runtime_paths(sys.executable, search_path)

@@ -2,8 +2,8 @@
 
 Only what the server needs to run is bound, read-only: the system's /usr and a few harmless /etc
 files, the executable with its interpreter or runtime install (a virtual environment, a pyenv or
-Node prefix), paths named in its arguments that exist, and the user's grants. /tmp and $HOME are
-private, empty and writable; the rest of the root is read-only.
+Node prefix), paths named in its arguments that exist and no grant shows, and the user's grants.
+/tmp and $HOME are private, empty and writable; the rest of the root is read-only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Literal
+
+from bastion.argument_paths import argument_binds, under
 
 log = logging.getLogger("bastion.sandbox")
 
@@ -27,7 +29,6 @@ ETC_FILES = (
     "/etc/hosts", "/etc/host.conf", "/etc/gai.conf", "/etc/mime.types", "/etc/alternatives",
     "/etc/os-release", "/etc/protocols", "/etc/services", "/etc/locale.alias", "/etc/nodejs",
 )
-NEVER_AUTO_BIND = ("/proc", "/sys", "/dev")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 SANDBOX_UID = 65534
 RUN_DIR = "/run/bastion"
@@ -99,10 +100,6 @@ def resolve_shim(executable: str, env: dict[str, str], cwd: str | None) -> str:
     return executable
 
 
-def under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def is_system_path(path: str) -> bool:
     """Already visible through the /usr bind (symlinks out of it are still followed)."""
     return any(under(path, tree) for tree in SYSTEM_TREES) or any(
@@ -117,6 +114,22 @@ def _venv_root(path: str) -> str | None:
             return directory
         directory = os.path.dirname(directory)
     return None
+
+
+def _venv_interpreter(venv: str) -> str:
+    """The interpreter every program of a virtual environment runs with, and so the base Python its link leads to.
+
+    Followed whatever names it: a ``#!`` line does, but where the venv's path makes that line longer than the
+    kernel's 127 characters pip writes a ``#!/bin/sh`` wrapper instead (``'''exec' VENV/bin/python "$0" "$@"``),
+    which names it only in the shell's words. Binding it for every venv program, rather than rewriting the
+    command to run the script with the venv's python, keeps the program as its package made it (argv[0], its
+    own wrapper) and also covers a program that starts ``sys.executable`` or another console script of its venv.
+    """
+    for name in ("python", "python3"):
+        candidate = os.path.join(venv, "bin", name)
+        if os.path.lexists(candidate):
+            return candidate
+    return os.path.join(venv, "bin", "python")
 
 
 def _node_modules_root(path: str) -> str | None:
@@ -172,9 +185,12 @@ def runtime_paths(executable: str, search_path: str) -> tuple[list[str], list[st
             target = os.path.join(os.path.dirname(current), os.readlink(current))
             pending.append(os.path.normpath(target))
         if not is_system_path(current):
-            root = _venv_root(current) or _node_modules_root(current) or _prefix_root(current) or current
+            venv = _venv_root(current)
+            root = venv or _node_modules_root(current) or _prefix_root(current) or current
             if root not in binds:
                 binds.append(root)
+            if venv:
+                pending.append(_venv_interpreter(venv))
         interpreter = _shebang_interpreter(current, search_path)
         if interpreter:
             pending.append(interpreter)
@@ -192,25 +208,15 @@ def protected_dirs(home: str) -> list[str]:
     return protected
 
 
-def arg_paths(args: list[str], cwd: str | None, home: str) -> list[str]:
-    """Existing paths the arguments name (``/data``, ``~/notes``, ``--root=/srv``), to bind read-only."""
-    found: list[str] = []
-    for arg in args:
-        candidates = [arg]
-        if arg.startswith("-") and "=" in arg:
-            candidates.append(arg.split("=", 1)[1])
-        for candidate in candidates:
-            if not candidate.startswith(("/", "~", "./", "../")):
-                continue
-            path = os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(candidate)))
-            if not os.path.exists(path) or any(under(path, root) for root in NEVER_AUTO_BIND):
-                continue
-            if path in protected_dirs(home):
-                log.warning("not exposing %s named in the server's arguments: it would reveal the home "
-                            "directory or the whole filesystem; grant narrower paths instead", path)
-                continue
-            found.append(path)
-    return found
+def arg_paths(args: list[str], cwd: str | None, home: str, writable: tuple[str, ...] = (),
+              read_only: tuple[str, ...] = ()) -> list[str]:
+    """Paths named in the arguments to bind read-only: those no grant shows (bastion.argument_paths decides, for
+    the review too)."""
+    binds = argument_binds(args, base=cwd or os.getcwd(), home=home, writable=writable, read_only=read_only)
+    for path in binds.refused:
+        log.warning("not exposing %s named in the server's arguments: it would reveal the home "
+                    "directory or the whole filesystem; grant narrower paths instead", path)
+    return list(binds.read_only)
 
 
 def system_mounts() -> list[Mount]:

@@ -67,3 +67,20 @@ def test_a_memory_server_run_from_a_client_file_keeps_its_memory_in_the_state_fo
     read = machine.bastion("call", str(path), "memory__read_graph")
     assert read.returncode == 0, read.stdout + read.stderr
     assert "remembers across runs" in read.stdout
+
+
+def test_relative_paths_in_a_client_files_arguments_are_read_from_its_folder(machine, monkeypatch, caplog):
+    # The sandboxed server runs in /: left relative, ./data/shop.db would be /data/shop.db to it, another file than
+    # the one its folder's grant and the review were decided for (and the sandbox bound from Bastion's own folder).
+    monkeypatch.setenv("HOME", str(machine.home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(machine.state_home))
+    folder = machine.home / "projects" / "site"
+    (folder / "data").mkdir()
+    path = machine.write_json("mcp.json", {"mcpServers": {"shop": {
+        "command": "uvx", "args": ["mcp-server-sqlite", "--db-path=./data/shop.db"]}}}, base=folder)
+    with caplog.at_level(logging.INFO, logger="bastion"):
+        shop = load_config(path).servers["shop"]
+    assert shop.args == ["mcp-server-sqlite", f"--db-path={folder}/data/shop.db"]
+    assert shop.sandbox.writable == (str(folder / "data"),)
+    assert any("server 'shop' reads ~/projects/site/data; writes ~/projects/site/data;" in record.getMessage()
+               for record in caplog.records)

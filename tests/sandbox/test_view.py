@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def test_arguments_naming_existing_paths(tmp_path):
     home = os.path.expanduser("~")
     found = arg_paths([str(data), f"--root={data}", "/does/not/exist", "plain-word", "/", "/proc/self", home + "/..",
                        os.path.dirname(home)], None, home)
-    assert found == [str(data), str(data)]
+    assert found == [str(data)]  # named twice, bound once
 
 
 def test_parents_are_mounted_before_children_and_writable_wins():
@@ -77,3 +78,16 @@ def test_a_node_package_binary_binds_its_node_modules_tree():
         pytest.skip("node_modules not installed")
     binds, _ = runtime_paths(str(binary), os.environ["PATH"])
     assert binds == [str(REPO / "node_modules")]
+
+
+def test_a_venv_program_pip_wrapped_in_sh_binds_the_interpreter_its_venv_links_to(tmp_path):
+    # Past 127 characters of #! line pip writes this wrapper, which names the venv's python only in shell words.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    program = venv / "bin" / "mcp-server-time"
+    program.write_text(f"#!/bin/sh\n'''exec' {venv}/bin/python \"$0\" \"$@\"\n' '''\nimport sys\n")
+    program.chmod(0o755)
+    binds, _ = runtime_paths(str(program), os.environ["PATH"])
+    base = os.path.realpath(os.path.join(os.path.dirname(os.path.realpath(venv / "bin" / "python")), ".."))
+    assert str(venv) in binds
+    assert base in binds or base.startswith("/usr/"), binds
