@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import msgspec
 
-from bastion.model import CatalogView, GatewayRequest, Handler, Session
+from bastion.model import CatalogView, GatewayRequest, Handler, Session, withheld_tools
 from bastion.search.index import EMBED_CHUNK, IndexClosed, ToolIndex
 from bastion.search.meta_tools import (
     CALL_TOOL_NAME,
@@ -191,7 +191,7 @@ class SearchExposure:
         if name == CALL_TOOL_NAME:
             index = await self._index.current()
             visible = await self._visible(request, call_next)
-            resolved = call_tool(index, request.params.get("arguments"), visible)
+            resolved = call_tool(index, request.params.get("arguments"), visible, withheld_tools(request.session))
             if not isinstance(resolved, ResolvedCall):
                 return resolved
             params = {**request.params, "name": resolved.name, "arguments": resolved.arguments}
