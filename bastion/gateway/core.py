@@ -125,7 +125,7 @@ class Gateway:
         self.input_rounds = InputRounds(self.upstreams, self.pools, self.relay.toward_client)
         self.router = Router(config, self.catalog, self.upstreams, self.pools, self.subscriptions,
                              self.input_rounds, self._catalog_may_grow, self.relay.notices.pending,
-                             self.log_levels)
+                             self.log_levels, lists_fetched=self.refresh.wait)
         self.handle = self.chain.handle
         self.takes_raw_params = self.chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
 
@@ -160,7 +160,8 @@ class Gateway:
         if not report:
             return
         for name, upstream in self.upstreams.items():
-            if not upstream.ready.is_set() and not upstream.stopped:  # a stopped server has said why, once
+            # A server whose start failed has said why, once, and says what happens next itself.
+            if upstream.status in ("starting", "restarting"):
                 log.warning("server %s is not ready yet (%s); it joins when it is", name, upstream.failure or "starting")
 
     def servers_settled(self) -> bool:
