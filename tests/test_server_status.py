@@ -7,6 +7,7 @@ command brings it in once it is fixed; a server that fails once and then works j
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,7 +109,7 @@ async def test_a_server_that_crashes_at_every_start_is_failed_once_and_retried_o
     assert "retry: bastion servers retry crashy" in shown.stdout
     assert "steady: ready" in shown.stdout
 
-    assert "server 'crashy' failed to start" in message and "exited with status 1" in message
+    assert "server 'crashy' is not available: it failed to start" in message and "exited with status 1" in message
     assert "RuntimeError: settings file missing" in message
     assert "`bastion servers retry crashy`" in message
 
@@ -127,9 +128,50 @@ async def test_a_server_that_fails_once_then_works_joins(tmp_path, state) -> Non
     assert result.content[0].text == "hello from flaky"
     assert status.get("status") == "ready"
     assert stderr.count(TRACEBACK) == 1 and stderr.count("RuntimeError: first start") == 1, stderr
-    assert "server flaky failed to start" in stderr and "retrying in" in stderr
+    assert "server flaky failed to start" in stderr and "restarting in" in stderr
 
 
 async def test_retry_names_what_no_running_gateway_has(state) -> None:
     done = await anyio.to_thread.run_sync(lambda: _cli("retry", "nothing-of-the-kind"))
     assert done.returncode == 1 and "no running gateway has a server 'nothing-of-the-kind'" in done.stderr
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_while_a_server_is_starting_clients_get_search_tools_and_are_told_what_it_is_doing(tmp_path, state,
+                                                                                                mode) -> None:
+    gate = _flags(tmp_path) / "gate"
+    os.mkfifo(gate)
+    config = _config(tmp_path, steady={}, gated={"START_GATE": str(gate)})
+    settings = json.loads(config.read_text())
+    del settings["tools"]  # exposure "auto", the default: two tools in all, once both servers are in
+    settings["ready_timeout"] = 1  # the client's start waits this long at most for the gated server; it never comes
+    config.write_text(json.dumps(settings))
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as errlog, anyio.fail_after(DEADLINE):
+        async with _client(config, errlog, mode) as session:
+            listed = {tool.name for tool in (await session.list_tools()).tools}
+            found = await session.call_tool("search_tools", {"query": "say hello"})
+            through = await session.call_tool("call_tool", {"name": "gated__hello"})
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("gated__hello", {})
+            starting = _status("gated")
+
+            await anyio.to_thread.run_sync(lambda: gate.open("wb").close())  # the server may answer now
+            assert await anyio.to_thread.run_sync(
+                lambda: wait_for(lambda: _status("gated").get("status") == "ready", DEADLINE))
+            joined = await session.call_tool("gated__hello", {})
+            meta = await session.call_tool("search_tools", {"query": "say hello"})  # still answered, never unknown
+    stderr = errors.read_text()
+
+    # Search mode from the first moment: the catalog's size is not known while a server is starting.
+    assert listed == {"search_tools", "call_tool"}
+    assert json.loads(found.content[0].text)["starting"] == [{"server": "gated", "doing": "starting"}]
+    assert not found.is_error
+    assert through.is_error and "gated: starting" in "".join(c.text for c in through.content)
+    assert "server 'gated' is not available: starting; it joins when it is ready" in refused.value.error.message
+    assert "Unknown tool" not in refused.value.error.message
+    assert starting == {"status": "starting", "reason": "starting"}
+    assert "servers still starting" in stderr and "server gated is not ready yet (starting)" in stderr
+
+    assert joined.content[0].text == "hello from gated"
+    assert not meta.is_error and "starting" not in json.loads(meta.content[0].text)

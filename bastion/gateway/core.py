@@ -162,7 +162,14 @@ class Gateway:
         for name, upstream in self.upstreams.items():
             # A server whose start failed has said why, once, and says what happens next itself.
             if upstream.status in ("starting", "restarting"):
-                log.warning("server %s is not ready yet (%s); it joins when it is", name, upstream.failure or "starting")
+                log.warning("server %s is not ready yet (%s); it joins when it is", name,
+                            upstream.doing or upstream.failure or "starting")
+
+    def starting_servers(self) -> list[tuple[str, str]]:
+        """The servers not ready yet that have never been (none of their starts failed), with what each is doing
+        ("installing PKG VERSION for server NAME", "starting"): their tools are not in the catalog yet."""
+        return [(name, upstream.doing or "starting") for name, upstream in self.upstreams.items()
+                if upstream.status == "starting"]
 
     def servers_settled(self) -> bool:
         """Whether ``wait_ready`` has nothing left to wait for: every server is ready with its lists fetched, or has
@@ -189,7 +196,8 @@ class Gateway:
 
     async def _catalog_may_grow(self) -> bool:
         """Before calling a name unknown, wait for servers still starting: the name may be theirs."""
-        if all(u.ready.is_set() or u.settled.is_set() for u in self.upstreams.values()) or not self._started:
+        if not self._started or (all(u.ready.is_set() or u.settled.is_set() for u in self.upstreams.values())
+                                 and self.refresh.settled()):  # a server just ready: its lists may be on their way
             return False
         await self.wait_ready(report=False)  # the client's start said which servers were missing
         return True

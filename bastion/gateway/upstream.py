@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from bastion import __version__
+from bastion import __version__, progress
 from bastion.config import ServerConfig
 from bastion.transport.credentials import CredentialsError, UpstreamCredentials
 from bastion.credentials.secrets import IdentitySecrets
@@ -104,6 +104,8 @@ class Upstream:
         self._retry = asyncio.Event()  # a person or a call asks for a start now
         self._outcome = asyncio.Event()  # set when a start ends, ready or failed; cleared when one is asked for
         self._told: tuple[str, tuple[str, ...]] | None = None  # the failure last said at WARNING, said once
+        # What its start is doing now, when a slow step says (bastion/progress.py): "installing PKG VERSION ...".
+        self.doing: str | None = None
         # Whoever shows the servers' states (the status file of `bastion servers`) is told when this one's changes.
         self.on_status: Callable[[], None] = lambda: None
         self._ran = False  # whether this start got as far as ready
@@ -227,14 +229,21 @@ class Upstream:
     def failed_message(self) -> str:
         """Why the server is not available and what retries it, for the error of a call to one of its tools."""
         if self.status != "failed":
-            return f"server {self.name!r} is not available: {self.failure or 'starting'}"
+            return (f"server {self.name!r} is not available: {self.doing or self.failure or 'starting'}; it joins "
+                    f"when it is ready (clients are told with notifications/tools/list_changed)")
         if self.stopped:
-            return f"server {self.name!r} failed to start: {self.failure}; fix its configuration, then restart Bastion"
+            return f"server {self.name!r} is not available: {self.failure}; fix its configuration, then restart Bastion"
         stderr = quoted_stderr(self.last_stderr, remote=self.config.url is not None, spawned=True)
-        return (f"server {self.name!r} failed to start ({self.failed_starts} time{'s' if self.failed_starts > 1 else ''}"
-                f" in a row): {self.failure}{stderr}\n{retry_hint(self.name)}")
+        times = f"{self.failed_starts} time{'s' if self.failed_starts > 1 else ''} in a row"
+        return (f"server {self.name!r} is not available: it failed to start ({times}): {self.failure}{stderr}\n"
+                f"{retry_hint(self.name)}")
+
+    def _doing(self, step: str | None) -> None:
+        self.doing = step
+        self.on_status()
 
     async def _supervise(self) -> None:
+        progress.watch(self._doing)  # this task's own: what a step of this server's start does is this server's
         backoff = Backoff(jitter=self.config.url is not None)
         while not self._closing:
             self._started_at = time.monotonic()
@@ -297,10 +306,10 @@ class Upstream:
             return
         if delay is not None:
             if news:
-                self.log.warning("server %s failed to start: %s; retrying in %.1fs%s", self.name, reason, delay,
+                self.log.warning("server %s failed to start: %s; restarting in %.1fs%s", self.name, reason, delay,
                                  self._quoted_stderr())
             else:
-                self.log.debug("server %s failed to start again, as before; retrying in %.1fs", self.name, delay)
+                self.log.debug("server %s failed to start again, as before; restarting in %.1fs", self.name, delay)
             return
         self.log.warning("server %s failed: %d starts in a row failed (%s)%s; it is not started again until asked: "
                          "%s", self.name, self.failed_starts, reason,

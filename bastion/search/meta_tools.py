@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Container, Iterable, Mapping
+from typing import Any, Container, Iterable, Mapping, Sequence
 
 import orjson
 
@@ -167,6 +167,22 @@ def call_tool(
     if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME) or (name not in _seen(index, visible) and name not in withheld):
         return error_result(f"unknown tool {name!r}; use search_tools to find available tools")
     return ResolvedCall(name=name, arguments=dict(inner))
+
+
+def with_starting(result: dict[str, Any], starting: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """A meta-tool's ``CallToolResult`` that says which servers are still starting and what each is doing (their
+    tools are found once they join), in its text and its structured content; as it was when none is."""
+    if not starting:
+        return result
+    pending = [{"server": server, "doing": doing} for server, doing in starting]
+    note = ("servers still starting, whose tools are not found yet (search again once they join): "
+            + "; ".join(f"{server}: {doing}" for server, doing in starting))
+    structured = result.get("structuredContent")
+    if isinstance(structured, dict):  # a search's answer: its text is its structured content as JSON
+        structured = {**structured, "starting": pending}
+        text = orjson.dumps(structured, option=orjson.OPT_SORT_KEYS).decode()
+        return {**result, "structuredContent": structured, "content": [{"type": "text", "text": text}]}
+    return {**result, "content": [*result.get("content", []), {"type": "text", "text": note}]}
 
 
 def search_mode_listing(
