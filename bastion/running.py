@@ -138,9 +138,11 @@ class StatusBoard:
                 log.debug("the status file %s could not be written: %s", self._path, exc)
 
     def _write(self, data: bytes) -> None:
-        self._directory.mkdir(parents=True, exist_ok=True)
+        # The user's own: a server's stderr lines may say more than the user would show another account.
+        self._directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         temporary = self._path.with_name(f".{self._path.name}.{uuid.uuid4().hex}")
-        temporary.write_bytes(data)
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+            out.write(data)
         os.replace(temporary, self._path)
 
     def _retry_requested(self) -> None:

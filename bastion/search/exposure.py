@@ -175,6 +175,7 @@ class SearchExposure:
         self._always = tuple(always_list)
         self._starting = starting
         self._servers_joined = servers_joined
+        self._told_starting: Sequence[tuple[str, str]] = ()
         self._reported_unknown: set[str] = set()
         self._visible = _VisibleTools()
 
@@ -183,9 +184,10 @@ class SearchExposure:
             return await call_next(request)
         if request.method == "tools/list":
             starting = self._starting()
-            if starting:
+            if starting and starting != self._told_starting:  # said when it changes, not at every listing
                 log.info("tools/list: servers still starting, whose tools search_tools finds once they join: %s",
                          ", ".join(f"{server} ({doing})" for server, doing in starting))
+            self._told_starting = starting
             index = await self._index.current()
             visible = await self._visible(request, call_next)
             self._report_unknown(request.catalog)
