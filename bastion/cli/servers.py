@@ -80,7 +80,7 @@ def run_retry(args: argparse.Namespace) -> int:
         asked += 1
         state = gateway.servers[args.name].get("status")
         print(f"asked gateway {gateway.pid} ({gateway.config or 'the demo configuration'}) to start {args.name} "
-              f"again (it was {state}); `bastion servers {args.name}` shows how it went", file=sys.stderr)
+              f"again (it was {state}); `bastion servers status {args.name}` shows how it went", file=sys.stderr)
     if not asked:
         print(f"bastion servers retry: no running gateway has a server {args.name!r}; `bastion servers` lists them",
               file=sys.stderr)

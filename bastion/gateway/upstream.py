@@ -104,6 +104,7 @@ class Upstream:
         self._retry = asyncio.Event()  # a person or a call asks for a start now
         self._outcome = asyncio.Event()  # set when a start ends, ready or failed; cleared when one is asked for
         self._told: tuple[str, tuple[str, ...]] | None = None  # the failure last said at WARNING, said once
+        self._gave_up_told = False  # whether giving up on that failure was said
         # What its start is doing now, when a slow step says (bastion/progress.py): "installing PKG VERSION ...".
         self.doing: str | None = None
         # Whoever shows the servers' states (the status file of `bastion servers`) is told when this one's changes.
@@ -301,6 +302,8 @@ class Upstream:
         told = (reason, tuple(self.stderr_tail[-STDERR_QUOTED:]))
         news = told != self._told
         self._told = told
+        if news:
+            self._gave_up_told = False
         if not self.failed_starts:  # it ran, then ended: restarted after the backoff
             self.log.warning("server %s: %s; restarting in %.1fs%s", self.name, reason, delay, self._quoted_stderr())
             return
@@ -311,6 +314,10 @@ class Upstream:
             else:
                 self.log.debug("server %s failed to start again, as before; restarting in %.1fs", self.name, delay)
             return
+        if not news and self._gave_up_told:  # a retry that was asked for failed as before: its caller is told
+            self.log.debug("server %s failed to start again, as before; not started again until asked", self.name)
+            return
+        self._gave_up_told = True
         self.log.warning("server %s failed: %d starts in a row failed (%s)%s; it is not started again until asked: "
                          "%s", self.name, self.failed_starts, reason,
                          self._quoted_stderr() + "\n" if news else "", retry_hint(self.name))
