@@ -175,3 +175,38 @@ async def test_while_a_server_is_starting_clients_get_search_tools_and_are_told_
 
     assert joined.content[0].text == "hello from gated"
     assert not meta.is_error and "starting" not in json.loads(meta.content[0].text)
+
+
+async def test_a_server_that_fails_instead_of_joining_ends_search_mode_with_list_changed(tmp_path, state) -> None:
+    gate = _flags(tmp_path) / "gate"
+    config = _config(tmp_path, steady={}, crashy={"START_GATE": str(gate),
+                                                   "START_CRASH_UNLESS": str(_flags(tmp_path) / "never")})
+    settings = json.loads(config.read_text())
+    del settings["tools"]  # exposure "auto"
+    settings["ready_timeout"] = 1
+    config.write_text(json.dumps(settings))
+    changed = [anyio.Event()]
+
+    async def on_message(message) -> None:
+        if getattr(getattr(message, "root", message), "method", None) == "notifications/tools/list_changed":
+            changed[0].set()
+
+    params = StdioServerParameters(command=BASTION, args=["run", str(config)])
+    with (tmp_path / "stderr.txt").open("w") as errlog, anyio.fail_after(DEADLINE):
+        async with Client(stdio_client(params, errlog=errlog), mode="legacy", read_timeout_seconds=DEADLINE,
+                          message_handler=on_message) as session:
+            first = {tool.name for tool in (await session.list_tools()).tools}
+            # The steady server in, its list_changed delivered (before the answer of a call that waited for its lists):
+            # what comes after the gate opens is the crashing server's news alone.
+            assert await anyio.to_thread.run_sync(
+                lambda: wait_for(lambda: _status("steady").get("status") == "ready", DEADLINE))
+            assert (await session.call_tool("steady__hello", {})).content[0].text == "hello from steady"
+            changed[0] = anyio.Event()
+            gate.touch()  # it crashes now: it will not join
+            while True:  # each list_changed, listed again, until the list is whole: never without one
+                await changed[0].wait()
+                changed[0] = anyio.Event()
+                listed = {tool.name for tool in (await session.list_tools()).tools}
+                if listed == {"steady__hello"}:
+                    break
+    assert first == {"search_tools", "call_tool"}

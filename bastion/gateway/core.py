@@ -226,6 +226,10 @@ class Gateway:
     def upstream_down(self, upstream: Upstream, reason: str) -> None:
         # The upstream itself says why at WARNING, with its last stderr lines and what happens next.
         log.debug("server %s is down: %s", upstream.name, reason)
+        if upstream.failed_starts == 1:
+            # No longer starting: the exposure "auto" may now show every tool rather than search mode, with no
+            # change to the catalog to announce it.
+            self.refresh.tell("tools")
 
     def _instance_maker(self, name: str, config: Any, listener: InstanceListener,
                         launcher: Launcher) -> Callable[[Identity], Upstream]:
