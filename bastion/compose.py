@@ -44,19 +44,38 @@ def build_gateway(
     exposure: list[Interceptor] = []
     from bastion.search.stack import announce
 
+    # The exposure asks the gateway, made after it, which servers are still starting.
+    servers = ServersStarting()
     announce()  # what search runs on, a warning when it is less than the hybrid: before the first search needs it
     if config.tools.exposure == "search":
         # Imported only here: the index brings numpy and a model runtime that "all" mode never needs.
         from bastion.search.exposure import SearchExposure
 
         tool_index = catalog_index(catalog, config.tools)
-        exposure.append(SearchExposure(tool_index, config.tools.always_list))
+        exposure.append(SearchExposure(tool_index, config.tools.always_list, servers.starting, servers.joined))
     else:
         tool_index = LazyCatalogIndex(catalog, config.tools)
         if config.tools.exposure == "auto":
-            exposure.append(auto_exposure(catalog, config.tools, tool_index))
-    return Gateway(config, catalog=catalog, policy=policy, exposure=exposure, screens=guardrails.screens,
-                   interceptors=[*guardrails.inner, *interceptors], tool_index=tool_index, launcher=launcher)
+            exposure.append(auto_exposure(catalog, config.tools, tool_index, servers))
+    gateway = Gateway(config, catalog=catalog, policy=policy, exposure=exposure, screens=guardrails.screens,
+                      interceptors=[*guardrails.inner, *interceptors], tool_index=tool_index, launcher=launcher)
+    servers.gateway = gateway
+    return gateway
+
+
+class ServersStarting:
+    """The gateway's servers that have not joined yet, for the search exposure, which is built before the gateway."""
+
+    def __init__(self) -> None:
+        self.gateway: Gateway | None = None
+
+    def starting(self) -> list[tuple[str, str]]:
+        return self.gateway.starting_servers() if self.gateway is not None else []
+
+    async def joined(self) -> None:
+        """Until the servers still starting have joined, within the gateway's ``ready_timeout``."""
+        if self.gateway is not None:
+            await self.gateway.wait_ready(report=False)
 
 
 def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
@@ -92,16 +111,20 @@ def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:
     return CatalogIndex(catalog, lambda: ToolIndex(cache_dir=cache, doc_max_tokens=tokens))
 
 
-def auto_exposure(catalog: CatalogView, tools: ToolsConfig, index: "LazyCatalogIndex") -> Interceptor:
-    """Exposure "auto": search mode past the size bound, built (with the index's libraries) only once it is."""
+def auto_exposure(catalog: CatalogView, tools: ToolsConfig, index: "LazyCatalogIndex",
+                  servers: ServersStarting | None = None) -> Interceptor:
+    """Exposure "auto": search mode past the size bound or while servers are still starting, built (with the
+    index's libraries) only once it is."""
     from bastion.search.auto import AutoExposure
+
+    servers = servers or ServersStarting()
 
     def search_exposure() -> Interceptor:
         from bastion.search.exposure import SearchExposure
 
-        return SearchExposure(index, tools.always_list)
+        return SearchExposure(index, tools.always_list, servers.starting, servers.joined)
 
-    return AutoExposure(catalog, search_exposure)
+    return AutoExposure(catalog, search_exposure, starting=servers.starting)
 
 
 class LazyCatalogIndex:

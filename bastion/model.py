@@ -103,6 +103,24 @@ class CatalogView(Protocol):
         never one changed in place, so a caller can tell that nothing changed by identity."""
 
 
+# ``session.facts[WITHHELD_TOOLS]``: per screen that withholds definitions from lists (pinning, the metadata scan), the
+# exposed names of the tools it left out of this session's latest tools/list; it refuses calls to them itself. The
+# search exposure passes a ``call_tool`` of such a name on, so the call gets that screen's refusal (what was withheld
+# and how a person reviews it) rather than "unknown tool"; a name no screen withheld stays unknown.
+WITHHELD_TOOLS = "screens.withheld_tools"
+
+
+def withheld_tools(session: "Session") -> frozenset[str]:
+    """The tools some screen withheld from this session's latest tools/list (see ``WITHHELD_TOOLS``)."""
+    by_screen = session.facts.get(WITHHELD_TOOLS) or {}
+    return frozenset().union(*by_screen.values()) if by_screen else frozenset()
+
+
+def note_withheld_tools(session: "Session", screen: str, names: frozenset[str]) -> None:
+    """Record which tools ``screen`` withheld from the tools/list it just served this session."""
+    session.facts.setdefault(WITHHELD_TOOLS, {})[screen] = names
+
+
 # ``session.facts[TAINTED_BY]``: the servers whose content this session has received and that taints it (an untrusted
 # server's, or content the injection scan flagged), each with the first such content, in the order they came.
 TAINTED_BY = "guardrails.tainted_by"

@@ -12,14 +12,27 @@ by sleeping, so it neither holds the event loop nor the step's own thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
 from types import TracebackType
+from typing import Callable
 
 log = logging.getLogger("bastion.progress")
 
 ANNOUNCE_AFTER_SECONDS = 1.0
+
+# Who wants to know, in the task (or thread) that runs a step, what it is doing now: told each step's label when it
+# starts and None when it ends (the gateway's supervisor of a server: what that server's start is doing, for the
+# clients and `bastion servers`). A context variable, so each server's start tells its own supervisor only.
+_WATCHER: contextvars.ContextVar[Callable[[str | None], None] | None] = contextvars.ContextVar(
+    "bastion.progress.watcher", default=None)
+
+
+def watch(doing: Callable[[str | None], None]) -> None:
+    """Tell ``doing`` of every step run from now on in this task (or thread, and the tasks it starts)."""
+    _WATCHER.set(doing)
 
 
 class Step:
@@ -34,10 +47,12 @@ class Step:
         self._finished = False
         self._lock = threading.Lock()
         self._cancel_timer = lambda: None
+        self._watcher: Callable[[str | None], None] | None = None
 
     # -- sync ---------------------------------------------------------------------------------------------------
     def __enter__(self) -> "Step":
         self._started = time.monotonic()
+        self._tell_watcher(self.label)
         timer = threading.Timer(self.announce_after, self._announce)
         timer.daemon = True  # a step still running at exit must not hold the process
         timer.start()
@@ -50,6 +65,7 @@ class Step:
     # -- async --------------------------------------------------------------------------------------------------
     async def __aenter__(self) -> "Step":
         self._started = time.monotonic()
+        self._tell_watcher(self.label)
         handle = asyncio.get_running_loop().call_later(self.announce_after, self._announce)
         self._cancel_timer = handle.cancel
         return self
@@ -74,8 +90,14 @@ class Step:
             self._log.info("%s…", self.label)
             self._announced = True
 
+    def _tell_watcher(self, label: str | None) -> None:
+        watcher = self._watcher = _WATCHER.get() if label is not None else self._watcher
+        if watcher is not None:
+            watcher(label)
+
     def _finish(self, kind: type[BaseException] | None) -> None:
         self._cancel_timer()
+        self._tell_watcher(None)
         elapsed = self.elapsed
         with self._lock:
             self._finished = True

@@ -501,7 +501,7 @@ def test_a_server_whose_discover_answer_is_malformed_is_reported_and_retried_whi
         assert answer["result"]["content"][0]["text"] == "fine"
     finally:
         _, stderr = client.close()
-    assert "server bad: handshake failed" in stderr
+    assert "server bad failed to start: handshake failed" in stderr
     assert "restarting in" in stderr
 
 

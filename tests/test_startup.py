@@ -217,7 +217,8 @@ def _stderr_beside_a_failing_server(tmp_path: Path, name: str, script: str) -> s
     client = RawClient(config, log=log)
     try:
         client.initialize()
-        assert wait_for(lambda: f"bastion.server.{name}: server {name}: exited" in logged(log), DEADLINE)
+        assert wait_for(lambda: f"bastion.server.{name}: server {name} failed to start: exited" in logged(log),
+                        DEADLINE)
     finally:
         _, stderr = client.close()
     return stderr
@@ -229,10 +230,10 @@ def test_a_failing_servers_warning_quotes_its_last_stderr_lines(tmp_path: Path) 
               "print('boom: the database is locked', file=sys.stderr)\n"
               "sys.exit(1)\n")
     stderr = _stderr_beside_a_failing_server(tmp_path, "failing", script)
-    warning, quoted = stderr.split("bastion WARNING bastion.server.failing: server failing: exited", 1)[1].split(
-        "\n", 1)
+    warning, quoted = stderr.split("bastion WARNING bastion.server.failing: server failing failed to start: exited",
+                                   1)[1].split("\n", 1)
     assert "restarting in" in warning  # a crash keeps its backoff
     assert "its last stderr lines:" in warning
-    # The last five lines, as the server wrote them, right under the warning.
-    assert quoted.splitlines()[:5] == [f"    loading part {n}" for n in (4, 5, 6, 7)] + [
+    # Its last lines (up to ten), as the server wrote them, right under the warning.
+    assert quoted.splitlines()[:9] == [f"    loading part {n}" for n in range(8)] + [
         "    boom: the database is locked"]

@@ -86,9 +86,22 @@ def _run(args: argparse.Namespace) -> int:
     # What is loaded by now (modules, configuration, policy) lives as long as the process: left in the collected
     # generations, every full collection would walk it again while requests wait.
     gc.freeze()
-    if run_loop(serve_stdio(gateway, protocol_fd, gateway.identity)) == signal.SIGINT:
+    if run_loop(with_status_board(gateway, serve_stdio(gateway, protocol_fd, gateway.identity))) == signal.SIGINT:
         raise KeyboardInterrupt  # the servers are stopped by now; said and exited like Ctrl-C anywhere else
     return 0
+
+
+async def with_status_board(gateway: Any, serving) -> Any:
+    """``serving`` with the status file `bastion servers` reads kept up to date, and its retries taken."""
+    from bastion.running import StatusBoard
+
+    source = gateway.config.source
+    board = StatusBoard(gateway.upstreams, str(source) if source is not None else None)
+    board.start()
+    try:
+        return await serving
+    finally:
+        await board.close()
 
 
 def run_loop(coroutine) -> Any:

@@ -1,7 +1,9 @@
-"""``bastion servers update [NAME...]``: move launcher servers (npx, uvx, ...) on to the newest version and lock it.
+"""``bastion servers [status]``: each running gateway's servers and their state (a failed one with why, its last
+stderr lines and the command that retries it); ``bastion servers retry NAME``: start a failed server again now;
+``bastion servers update [NAME...]``: move launcher servers (npx, uvx, ...) on to the newest version and lock it.
 
-What changed is the command's answer, printed on stdout, one line per server (``memory: PKG 1.0.0 -> 1.1.0``);
-progress and errors go to stderr.
+The answer goes to stdout (``memory: PKG 1.0.0 -> 1.1.0``, one line per server, for ``update``); progress and
+errors go to stderr.
 """
 
 from __future__ import annotations
@@ -15,8 +17,25 @@ from bastion.cli.conventions import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def register(subparsers: Any) -> None:
-    servers = subparsers.add_parser("servers", help="the packages of servers started by npx, uvx, pipx run or bunx")
-    commands = servers.add_subparsers(dest="servers_command", required=True)
+    servers = subparsers.add_parser("servers", help="the running gateways' servers and their state; retry a failed "
+                                                    "one; update the packages of servers started by npx, uvx, ...")
+    servers.set_defaults(handler=run_status, names=[], json=False)
+    commands = servers.add_subparsers(dest="servers_command")
+    status = commands.add_parser(
+        "status", help="each running gateway's servers: ready, starting, failed (why, and what retries it)",
+        description="Read the status files of the gateways running for this user (bastion run, bastion serve) and "
+                    "print each server's state; a failed one with why, its last stderr lines and the command that "
+                    "starts it again.")
+    status.add_argument("names", nargs="*", metavar="NAME", help="only these servers")
+    status.add_argument("--json", action="store_true", help="the status files as one JSON list on stdout")
+    status.set_defaults(handler=run_status)
+    retry = commands.add_parser(
+        "retry", help="start a failed server of the running gateways again now",
+        description="Ask every running gateway with a server NAME whose starts failed to start it again now (a "
+                    "gateway stops restarting a local server after 5 failed starts in a row). Exit 1 when no running "
+                    "gateway has a server of that name.")
+    retry.add_argument("name", metavar="NAME", help="the server's name, as `bastion servers` shows it")
+    retry.set_defaults(handler=run_retry)
     update = commands.add_parser(
         "update", help="install the newest version of launcher servers and rewrite the lock file",
         description="For each NAME (default: every server started by npx, uvx, pipx run or bunx), resolve the newest "
@@ -27,6 +46,47 @@ def register(subparsers: Any) -> None:
     update.add_argument("--config", "-c", metavar="FILE",
                         help="the configuration (default: $XDG_CONFIG_HOME/bastion/bastion.toml)")
     update.set_defaults(handler=run_update)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    import json
+
+    from bastion.running import running_gateways, status_lines
+
+    gateways = running_gateways()
+    if args.json:
+        print(json.dumps([{"pid": g.pid, "config": g.config, "servers": g.servers} for g in gateways], indent=2))
+        return EXIT_OK
+    if not gateways:
+        print("bastion servers: no gateway is running (bastion run, bastion serve)", file=sys.stderr)
+        return EXIT_OK
+    wanted = set(args.names)
+    for line in status_lines(gateways, lambda name: not wanted or name in wanted):
+        print(line)
+    return EXIT_OK
+
+
+def run_retry(args: argparse.Namespace) -> int:
+    from bastion.running import ask_retry, running_gateways
+
+    asked = 0
+    for gateway in running_gateways():
+        if args.name not in gateway.servers:
+            continue
+        try:
+            ask_retry(gateway, args.name)
+        except OSError as exc:
+            print(f"bastion servers retry: could not ask gateway {gateway.pid}: {exc}", file=sys.stderr)
+            continue
+        asked += 1
+        state = gateway.servers[args.name].get("status")
+        print(f"asked gateway {gateway.pid} ({gateway.config or 'the demo configuration'}) to start {args.name} "
+              f"again (it was {state}); `bastion servers status {args.name}` shows how it went", file=sys.stderr)
+    if not asked:
+        print(f"bastion servers retry: no running gateway has a server {args.name!r}; `bastion servers` lists them",
+              file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def run_update(args: argparse.Namespace) -> int:

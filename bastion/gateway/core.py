@@ -125,7 +125,7 @@ class Gateway:
         self.input_rounds = InputRounds(self.upstreams, self.pools, self.relay.toward_client)
         self.router = Router(config, self.catalog, self.upstreams, self.pools, self.subscriptions,
                              self.input_rounds, self._catalog_may_grow, self.relay.notices.pending,
-                             self.log_levels)
+                             self.log_levels, lists_fetched=self.refresh.wait)
         self.handle = self.chain.handle
         self.takes_raw_params = self.chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
 
@@ -160,8 +160,16 @@ class Gateway:
         if not report:
             return
         for name, upstream in self.upstreams.items():
-            if not upstream.ready.is_set() and not upstream.stopped:  # a stopped server has said why, once
-                log.warning("server %s is not ready yet (%s); it joins when it is", name, upstream.failure or "starting")
+            # A server whose start failed has said why, once, and says what happens next itself.
+            if upstream.status in ("starting", "restarting"):
+                log.warning("server %s is not ready yet (%s); it joins when it is", name,
+                            upstream.doing or upstream.failure or "starting")
+
+    def starting_servers(self) -> list[tuple[str, str]]:
+        """The servers not ready yet that have never been (none of their starts failed), with what each is doing
+        ("installing PKG VERSION for server NAME", "starting"): their tools are not in the catalog yet."""
+        return [(name, upstream.doing or "starting") for name, upstream in self.upstreams.items()
+                if upstream.status == "starting"]
 
     def servers_settled(self) -> bool:
         """Whether ``wait_ready`` has nothing left to wait for: every server is ready with its lists fetched, or has
@@ -188,7 +196,8 @@ class Gateway:
 
     async def _catalog_may_grow(self) -> bool:
         """Before calling a name unknown, wait for servers still starting: the name may be theirs."""
-        if all(u.ready.is_set() or u.settled.is_set() for u in self.upstreams.values()) or not self._started:
+        if not self._started or (all(u.ready.is_set() or u.settled.is_set() for u in self.upstreams.values())
+                                 and self.refresh.settled()):  # a server just ready: its lists may be on their way
             return False
         await self.wait_ready(report=False)  # the client's start said which servers were missing
         return True
@@ -217,6 +226,10 @@ class Gateway:
     def upstream_down(self, upstream: Upstream, reason: str) -> None:
         # The upstream itself says why at WARNING, with its last stderr lines and what happens next.
         log.debug("server %s is down: %s", upstream.name, reason)
+        if upstream.failed_starts == 1:
+            # No longer starting: the exposure "auto" may now show every tool rather than search mode, with no
+            # change to the catalog to announce it.
+            self.refresh.tell("tools")
 
     def _instance_maker(self, name: str, config: Any, listener: InstanceListener,
                         launcher: Launcher) -> Callable[[Identity], Upstream]:

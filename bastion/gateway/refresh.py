@@ -53,6 +53,13 @@ class CatalogRefresh:
             previous.cancel()
         self._refreshes[key] = asyncio.create_task(self._refresh(upstream, list_method))
 
+    def tell(self, kind: str) -> None:
+        """Tell every client that the list of ``kind`` may have changed, though the catalog did not: what it is
+        shown depends on more than the catalog (the exposure ``auto`` shows search mode while servers are starting)."""
+        notification = _TOLD[kind]
+        for connection in list(self._connections.values()):
+            connection.list_changed(notification)
+
     def settled(self) -> bool:
         """Whether no fetch is under way."""
         return all(task.done() for task in self._refreshes.values())

@@ -1,7 +1,8 @@
 """When a server that ended is started again: exponential backoff from half a second up to 30 s, back to the
 shortest after a run that lasted, jittered for a remote server (every gateway that lost it must not come back in the
-same instant), and cut short when the credentials obtain what the last start lacked; and the lines of the server's
-stderr that the message saying why it failed quotes."""
+same instant), cut short when the credentials obtain what the last start lacked or a person asks for a retry, and
+not at all after ``MAX_FAILED_STARTS`` failed starts of a local server in a row, until a person or a call asks; and
+the lines of the server's stderr that the message saying why it failed quotes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from typing import Any
 
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 30.0  # a server that ran this long before crashing restarts with the shortest backoff
-STDERR_QUOTED = 5  # of a failure's last stderr lines, a failure message quotes this many
+STDERR_QUOTED = 10  # of a failure's last stderr lines, the message saying it failed (once) quotes this many (a traceback)
+# A local server whose starts failed this many times in a row (never ready in between) is not started again until
+# something may have changed: `bastion servers retry NAME`, a call to one of its tools, or a restart of Bastion.
+# Waiting mends nothing on this machine (the backoff has reached 4 s by then, 7.5 s after the first failure); a remote
+# server is not held to it, as a remote server comes back on its own.
+MAX_FAILED_STARTS = 5
 
 
 class Backoff:
@@ -35,17 +41,21 @@ class Backoff:
         return delay
 
 
-async def wait_before_restart(delay: float, credentials: Any) -> None:
-    """Wait ``delay`` before the next start, or less when the credentials obtained what the last start lacked (a
-    user followed their authorization link): the server joins as soon as it can."""
+async def wait_before_restart(delay: float | None, credentials: Any, retry: asyncio.Event) -> None:
+    """Wait ``delay`` (None: until asked) before the next start, or less when the credentials obtained what the last
+    start lacked (a user followed their authorization link) or ``retry`` is set (a person or a call asked for a
+    start now): the server joins as soon as it can."""
+    waits = [asyncio.ensure_future(retry.wait())]
     changed = getattr(credentials, "changed", None)
-    if changed is None:
-        await asyncio.sleep(delay)
-        return
+    if changed is not None:
+        waits.append(asyncio.ensure_future(changed()))
     try:
-        await asyncio.wait_for(changed(), delay)
-    except asyncio.TimeoutError:
-        pass
+        await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+    retry.clear()
 
 
 def quoted_stderr(lines: list[str], *, remote: bool, spawned: bool) -> str:
@@ -56,3 +66,9 @@ def quoted_stderr(lines: list[str], *, remote: bool, spawned: bool) -> str:
     if not lines:
         return "; it wrote nothing on stderr" if spawned else ""
     return "; its last stderr lines:" + "".join(f"\n{line}" for line in lines)  # indented by the log's formatter
+
+
+def retry_hint(server: str) -> str:
+    """What starts a server that failed again, in the words of the message that says it failed."""
+    return (f"once its cause is fixed, `bastion servers retry {server}` starts it again (so does a call to one of its "
+            f"tools, or a restart of Bastion)")

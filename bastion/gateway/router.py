@@ -31,8 +31,12 @@ class Router:
                  pools: Mapping[str, UpstreamPool], subscriptions: Subscriptions, input_rounds: InputRounds,
                  catalog_may_grow: Callable[[], Awaitable[bool]],
                  notices_pending: Callable[[], "asyncio.Task[None] | None"] = lambda: None,
-                 log_levels: LogLevels | None = None) -> None:
+                 log_levels: LogLevels | None = None,
+                 lists_fetched: Callable[[str], Awaitable[None]] | None = None) -> None:
         self._config = config
+        # Until a server's lists are in the catalog, after it became ready: a name of a server a call retried is
+        # looked up again then.
+        self._lists_fetched = lists_fetched
         # What level each handshake-era server is asked to log at: the most verbose its clients want.
         self._log_levels = log_levels if log_levels is not None else LogLevels({}, upstreams, pools)
         # The server notifications still passing the chain (``Relay.notices``): an answer leaves after them.
@@ -132,19 +136,28 @@ class Router:
         if found is None and isinstance(name, str) and await self._catalog_may_grow():
             found = lookup(name)
         if found is None:
-            self._refuse_for_server_down(name)
+            upstream = self._server_down(name)
+            if upstream is not None and upstream.gave_up and await upstream.retried():
+                # A call asked for a server not restarted any more, and the start it got worked.
+                if self._lists_fetched is not None:
+                    await self._lists_fetched(upstream.name)
+                found = lookup(name)
+                upstream = self._server_down(name) if found is None else None
+            if found is None and upstream is not None:
+                raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, upstream.failed_message())
+        if found is None:
             raise GatewayError(jsonrpc.INVALID_PARAMS, f"Unknown {kind}: {name}")
         return found
 
-    def _refuse_for_server_down(self, name: Any) -> None:
-        """A name under the prefix of a server that is not ready is refused with -32001 saying why."""
+    def _server_down(self, name: Any) -> Upstream | None:
+        """The server that is not ready under whose prefix ``name`` is: its name is refused with -32001 saying why."""
         if not isinstance(name, str):
-            return
+            return None
         for head, server in self._name_heads.items():
             upstream = self._upstreams[server]
             if name.startswith(head) and not upstream.ready.is_set():
-                raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE,
-                                   f"server {server!r} is not available: {upstream.failure or 'starting'}")
+                return upstream
+        return None
 
     def _resource_server(self, uri: Any, session: Session) -> str:
         """The server whose resource ``uri`` is; an unknown one is refused with the code of the client's era: -32602

@@ -8,12 +8,19 @@ import logging
 import time
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from bastion import __version__
+from bastion import __version__, progress
 from bastion.config import ServerConfig
 from bastion.transport.credentials import CredentialsError, UpstreamCredentials
 from bastion.credentials.secrets import IdentitySecrets
 from bastion.gateway.eager import Answer, RawAnswer
-from bastion.gateway.restarts import Backoff, quoted_stderr, wait_before_restart
+from bastion.gateway.restarts import (
+    MAX_FAILED_STARTS,
+    STDERR_QUOTED,
+    Backoff,
+    quoted_stderr,
+    retry_hint,
+    wait_before_restart,
+)
 from bastion.gateway.twin import MirrorListener, Twin
 from bastion.model import GatewayError
 from bastion.protocol import jsonrpc
@@ -90,6 +97,19 @@ class Upstream:
         self.launched = asyncio.Event()  # set once its first start has spawned a process, or failed to
         self.failure: str | None = None  # why the server is not ready, when it is not
         self.stopped = False  # it failed in a way no restart mends (see StartRefused); never started again
+        # Its starts failed MAX_FAILED_STARTS times in a row: not started again until ``retry()``.
+        self.gave_up = False
+        self.failed_starts = 0  # the starts in a row that ended before the server was ready
+        self.last_stderr: list[str] = []  # the last stderr lines of the latest start that failed
+        self._retry = asyncio.Event()  # a person or a call asks for a start now
+        self._outcome = asyncio.Event()  # set when a start ends, ready or failed; cleared when one is asked for
+        self._told: tuple[str, tuple[str, ...]] | None = None  # the failure last said at WARNING, said once
+        self._gave_up_told = False  # whether giving up on that failure was said
+        # What its start is doing now, when a slow step says (bastion/progress.py): "installing PKG VERSION ...".
+        self.doing: str | None = None
+        # Whoever shows the servers' states (the status file of `bastion servers`) is told when this one's changes.
+        self.on_status: Callable[[], None] = lambda: None
+        self._ran = False  # whether this start got as far as ready
         self._spawned = False  # whether this start got as far as a process (which may have said why it failed)
         self._attempt: UpstreamTransport | None = None  # this start's transport, kept after its end for its stderr
         self._transport: UpstreamTransport | None = None  # the same while it runs, None once it is stopped
@@ -175,11 +195,61 @@ class Upstream:
         except asyncio.TimeoutError:
             pass
 
+    @property
+    def status(self) -> str:
+        """``ready``; ``starting`` (not ready yet, no start failed); ``failed`` (its latest start failed: restarted
+        after a backoff, or not at all, see ``gave_up`` and ``stopped``); ``restarting`` (it was ready and ended)."""
+        if self.ready.is_set():
+            return "ready"
+        if self.failed_starts or self.stopped:
+            return "failed"
+        return "restarting" if self.failure is not None else "starting"
+
+    def retry(self) -> bool:
+        """Start a server whose starts failed again now, without waiting out its backoff (once: failing again, it
+        is not restarted until asked again); False when there is nothing to retry (it is ready or starting, or its
+        configuration must change first)."""
+        if self.stopped or self.ready.is_set() or not self.failed_starts or self._supervisor is None:
+            return False
+        self._outcome.clear()
+        self._retry.set()
+        return True
+
+    async def retried(self) -> bool:
+        """For a call to a server not restarted any more (``gave_up``): one start now, waited for within its
+        ``startup_timeout``; whether the server is ready."""
+        if not self.gave_up or not self.retry():
+            return self.ready.is_set()
+        self.log.info("server %s: a call asks for it: starting it again", self.name)
+        try:
+            await asyncio.wait_for(self._outcome.wait(), self.config.startup_timeout + 2.0)
+        except asyncio.TimeoutError:
+            pass
+        return self.ready.is_set()
+
+    def failed_message(self) -> str:
+        """Why the server is not available and what retries it, for the error of a call to one of its tools."""
+        if self.status != "failed":
+            return (f"server {self.name!r} is not available: {self.doing or self.failure or 'starting'}; it joins "
+                    f"when it is ready (clients are told with notifications/tools/list_changed)")
+        if self.stopped:
+            return f"server {self.name!r} is not available: {self.failure}; fix its configuration, then restart Bastion"
+        stderr = quoted_stderr(self.last_stderr, remote=self.config.url is not None, spawned=True)
+        times = f"{self.failed_starts} time{'s' if self.failed_starts > 1 else ''} in a row"
+        return (f"server {self.name!r} is not available: it failed to start ({times}): {self.failure}{stderr}\n"
+                f"{retry_hint(self.name)}")
+
+    def _doing(self, step: str | None) -> None:
+        self.doing = step
+        self.on_status()
+
     async def _supervise(self) -> None:
+        progress.watch(self._doing)  # this task's own: what a step of this server's start does is this server's
         backoff = Backoff(jitter=self.config.url is not None)
         while not self._closing:
             self._started_at = time.monotonic()
             refused = False
+            self.on_status()
             try:
                 reason = await self._run_once()
             except StartRefused as exc:
@@ -191,8 +261,15 @@ class Upstream:
             self.launched.set()
             if self._closing:
                 return
+            ran = self._ran
             self.ready.clear()
             self.failure = reason
+            self.failed_starts = 0 if ran else self.failed_starts + 1
+            if ran:
+                self._told = None  # a failure after a run that worked is news, even the same as before
+            else:
+                self.last_stderr = self.stderr_tail
+            self._outcome.set()
             if backoff.failures >= 1 or refused:
                 # Waiters give up on a server only after its quick first retry has failed too.
                 self.settled.set()
@@ -200,14 +277,50 @@ class Upstream:
             self._listener.upstream_down(self, reason)
             if refused:
                 self.stopped = True
+                self.on_status()
                 # an identity's instance is made anew on that identity's next call: no restart of Bastion needed
                 after = "its next call tries again" if self.secrets is not None else \
                     "fix its configuration, then restart Bastion"
                 self.log.warning("server %s: %s; not retried: %s%s", self.name, reason, after, self._quoted_stderr())
                 return
-            delay = backoff.next_delay(time.monotonic() - self._started_at)
+            delay: float | None = backoff.next_delay(time.monotonic() - self._started_at)
+            if self.failed_starts >= MAX_FAILED_STARTS and self.config.url is None:
+                delay = None
+                self.gave_up = True
+            self._say_down(reason, delay)
+            self.on_status()
+            await wait_before_restart(delay, self.credentials, self._retry)
+            if self.gave_up:
+                # One start, asked for: failing again, it is not restarted until asked again.
+                self.gave_up = False
+                self.failed_starts = MAX_FAILED_STARTS - 1
+                backoff.failures = 0
+
+    def _say_down(self, reason: str, delay: float | None) -> None:
+        """Say why the server is down and what happens next: at WARNING with its last stderr lines when the failure
+        is news; a start that failed as the one before it did is only noted (at DEBUG), as is the retry."""
+        told = (reason, tuple(self.stderr_tail[-STDERR_QUOTED:]))
+        news = told != self._told
+        self._told = told
+        if news:
+            self._gave_up_told = False
+        if not self.failed_starts:  # it ran, then ended: restarted after the backoff
             self.log.warning("server %s: %s; restarting in %.1fs%s", self.name, reason, delay, self._quoted_stderr())
-            await wait_before_restart(delay, self.credentials)
+            return
+        if delay is not None:
+            if news:
+                self.log.warning("server %s failed to start: %s; restarting in %.1fs%s", self.name, reason, delay,
+                                 self._quoted_stderr())
+            else:
+                self.log.debug("server %s failed to start again, as before; restarting in %.1fs", self.name, delay)
+            return
+        if not news and self._gave_up_told:  # a retry that was asked for failed as before: its caller is told
+            self.log.debug("server %s failed to start again, as before; not started again until asked", self.name)
+            return
+        self._gave_up_told = True
+        self.log.warning("server %s failed: %d starts in a row failed (%s)%s; it is not started again until asked: "
+                         "%s", self.name, self.failed_starts, reason,
+                         self._quoted_stderr() + "\n" if news else "", retry_hint(self.name))
 
     @property
     def stderr_tail(self) -> list[str]:
@@ -220,6 +333,7 @@ class Upstream:
 
     async def _run_once(self) -> str:
         self._spawned = False
+        self._ran = False  # whether this start got as far as ready
         broken = self._broken = asyncio.get_running_loop().create_future()
         transport = self._attempt = open_transport(self.name, self.config, launch=self._launch,
                                                    max_message_bytes=self._max_bytes, writes=self._writes,
@@ -240,8 +354,15 @@ class Upstream:
             reason = await self._handshake_or_exit(ended)
             if reason is None:
                 self.failure = None
+                self._ran = True
+                self.failed_starts = 0
                 self.ready.set()
                 self.settled.set()
+                self._outcome.set()
+                transport_live = getattr(transport, "live", None)
+                if transport_live is not None:
+                    transport_live()  # from now on its stderr lines are logged as they come
+                self.on_status()
                 self.log.info("server %s ready (%s era, protocol %s)", self.name, self.era, self.protocol_version)
                 self._listener.upstream_ready(self)
                 reason = await ended
@@ -388,10 +509,8 @@ class Upstream:
                 return await twin.request(method, params, origin=origin, origin_id=origin_id,
                                           progress_token=progress_token, log_level=log_level, timeout=timeout,
                                           encode=encode, keep_raw=keep_raw)
-        if not self.ready.is_set():
-            raise GatewayError(
-                jsonrpc.UPSTREAM_UNAVAILABLE, f"server {self.name!r} is not available: {self.failure or 'starting'}"
-            )
+        if not self.ready.is_set() and not (self.gave_up and await self.retried()):
+            raise GatewayError(jsonrpc.UPSTREAM_UNAVAILABLE, self.failed_message())
         outgoing = self._outgoing_params(params, progress_token, log_level, client_capabilities)
         pending = self._begin(method, outgoing, origin, origin_id, progress_token, timeout or self.config.request_timeout,
                               RawAnswer(loop=self._loop) if keep_raw else None, encode)

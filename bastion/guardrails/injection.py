@@ -44,7 +44,7 @@ from bastion.guardrails.normalise import NONE as NO_READINGS, as_words, fold, re
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.server_definitions import name_clashes, split_orders
 from bastion.guardrails.report import Intervention, InterventionLog
-from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry
+from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Interceptor, ToolEntry, note_withheld_tools
 from bastion.paths import cache_dir
 from bastion.protocol.jsonrpc import RawResponse, raw_string
 
@@ -915,6 +915,15 @@ def _call_name(params: Any) -> str | None:
     return raw_string(name) if type(name) is msgspec.Raw else None
 
 
+def _left_out(items: list[Any], kept: list[Any]) -> frozenset[str]:
+    """The names of the tools of ``items`` that ``kept`` leaves out (a sanitised one is kept, under its name)."""
+    if len(kept) == len(items):
+        return frozenset()
+    served = {item.get("name") for item in kept if isinstance(item, dict)}
+    return frozenset(name for item in items if isinstance(item, dict) and isinstance(name := item.get("name"), str)
+                     and name not in served)
+
+
 class MetadataGuard:
     """Scans the definitions of every list as it passes; withholds or sanitises the poisoned ones."""
 
@@ -958,6 +967,8 @@ class MetadataGuard:
         kept = [checked for item in items if (checked := self._checked(key, label, item, withheld)) is not None]
         if len(kept) != len(items) or any(a is not b for a, b in zip(kept, items)):
             result = {**result, key: kept}
+        if key == "tools":  # a call_tool of a tool left out gets the gate's refusal, not "unknown tool"
+            note_withheld_tools(request.session, "metadata_injection", _left_out(items, kept))
         if withheld:
             _tell(request, withheld)
         return result

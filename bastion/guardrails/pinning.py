@@ -40,7 +40,7 @@ from bastion.guardrails.pin_book import (
 from bastion.guardrails.pin_diff import summary
 from bastion.guardrails.pin_store import PinStore, PinStoreError, Signature, configuration_gone, now
 from bastion.guardrails.report import Intervention, InterventionLog
-from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Session
+from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Session, note_withheld_tools
 
 log = logging.getLogger("bastion.guardrails")
 
@@ -260,6 +260,8 @@ class PinningGuard:
         catalog's items are shared, never changed)."""
         page = result.get(key) if isinstance(result, dict) else None
         if not withholdings or not isinstance(page, list):
+            if key == "tools":
+                note_withheld_tools(request.session, "pinning", frozenset())
             return result
         kept: list[Any] = []
         left_out: list[Withheld] = []
@@ -269,6 +271,8 @@ class PinningGuard:
                 kept.append(item)
             else:
                 left_out.append(withheld)
+        if key == "tools":  # a call_tool of one of them gets this guard's refusal, not "unknown tool"
+            note_withheld_tools(request.session, "pinning", frozenset(w.exposed for w in left_out))
         if not left_out:
             return result
         _tell(request, left_out)

@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
+import msgspec
+
 from bastion.model import CatalogView, GatewayRequest, Handler, Interceptor
 from bastion.search.canonical import canonical_tools_bytes
 
@@ -101,9 +103,15 @@ class AutoExposure:
     reads_results = False
 
     def __init__(self, catalog: CatalogView, search: Callable[[], Interceptor],
-                 count_tokens: TokenCounter | None = None) -> None:
+                 count_tokens: TokenCounter | None = None,
+                 starting: Callable[[], Sequence[tuple[str, str]]] = tuple) -> None:
+        """``starting``: the servers that have not joined yet, with what each is doing; while there are any, the
+        catalog's size is not known, and clients are shown search mode (``search_tools`` reaches every server as it
+        joins, where a list of the few tools in so far would leave a client nothing to call the others with)."""
         self._catalog = catalog
         self._make_search = search
+        self._starting = starting
+        self._while_starting = False  # whether the last decision was made while servers were starting
         self._search: Interceptor | None = None
         self._count = count_tokens
         self._entries: Sequence[Any] | None = None
@@ -114,12 +122,15 @@ class AutoExposure:
     def __call__(self, request: GatewayRequest, call_next: Handler) -> Awaitable[dict[str, Any]]:
         # A plain function: with the catalog unchanged and small, a call costs one identity check and no coroutine
         # of its own (every tools/call passes here).
-        if (self._catalog.tools() is self._entries and not self._searching) or request.session.finds_tools_itself:
+        if ((self._catalog.tools() is self._entries and not self._searching and not self._while_starting
+             and not _names_a_meta_tool(request)) or request.session.finds_tools_itself):
             return call_next(request)
         return self._decide_then_call(request, call_next)
 
     async def _decide_then_call(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        if await self._search_mode():
+        # A meta-tool is answered whatever the mode: a client that listed them in an earlier session (or before the
+        # servers joined) still finds and calls tools through them, never "Unknown tool: search_tools".
+        if await self._search_mode() or _names_a_meta_tool(request):
             if self._search is None:
                 self._search = self._make_search()
             return await self._search(request, call_next)
@@ -127,14 +138,15 @@ class AutoExposure:
 
     async def _search_mode(self) -> bool:
         entries = self._catalog.tools()
-        if entries is not self._entries:  # nothing to measure when nothing changed
+        starting = self._starting()
+        if entries is not self._entries or bool(starting) != self._while_starting:  # else nothing changed
             # Measured on the spot, so a call is forwarded at once (a cancellation that follows it finds it at its
             # server); only a count of tokens goes to a thread: the first loads the tokenizer (about a second).
             size, blob = measure_without_tokens([entry.definition for entry in entries])
             if blob is not None:
                 size = await self._with_tokens(size, blob)
-            self._entries, self._size = entries, size
-            if self._announce(size) and size.needs_search and size.tokens is None:
+            self._entries, self._size, self._while_starting = entries, size, bool(starting)
+            if self._announce(size, starting) and size.needs_search and size.tokens is None:
                 self._count_later([entry.definition for entry in entries])
         return bool(self._searching)
 
@@ -164,15 +176,19 @@ class AutoExposure:
         self._counting = asyncio.ensure_future(count())
         self._counting.add_done_callback(_report_count_failure)
 
-    def _announce(self, size: CatalogSize) -> bool:
+    def _announce(self, size: CatalogSize, starting: Sequence[tuple[str, str]] = ()) -> bool:
         """Logs the decision when it flips (or is first made); whether it did."""
-        searching = size.needs_search
+        searching = size.needs_search or bool(starting)
         if searching == self._searching:
             return False
         first = self._searching is None
         self._searching = searching
         bound = f"{MAX_LISTED_TOOLS} tools or {MAX_LISTED_TOKENS:,} tokens"
-        if searching:
+        if starting and not size.needs_search:
+            log.info("tool exposure auto: %s so far, and servers still starting (%s): clients see search_tools and "
+                     "call_tool until every server has joined", size.describe(),
+                     ", ".join(f"{name}: {doing}" for name, doing in starting))
+        elif searching:
             log.info("tool exposure auto: %s, past %s: clients see search_tools and call_tool%s", size.describe(),
                      bound, "" if first else " from now on")
         else:
@@ -194,3 +210,17 @@ class AutoExposure:
 def _report_count_failure(counting: asyncio.Future[None]) -> None:
     if not counting.cancelled() and (error := counting.exception()) is not None:
         log.warning("tool exposure auto: counting the catalog's tokens failed: %r", error)
+
+
+_META_TOOLS = frozenset({"search_tools", "call_tool"})
+_META_TOOLS_RAW = frozenset({b'"search_tools"', b'"call_tool"'})
+
+
+def _names_a_meta_tool(request: GatewayRequest) -> bool:
+    """Whether ``request`` calls ``search_tools`` or ``call_tool`` (a name left as the client's JSON bytes too)."""
+    if request.method != "tools/call":
+        return False
+    name = request.params.get("name")
+    if type(name) is str:
+        return name in _META_TOOLS
+    return isinstance(name, msgspec.Raw) and bytes(name) in _META_TOOLS_RAW

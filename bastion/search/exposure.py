@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import msgspec
 
-from bastion.model import CatalogView, GatewayRequest, Handler, Session
+from bastion.model import CatalogView, GatewayRequest, Handler, Session, withheld_tools
 from bastion.search.index import EMBED_CHUNK, IndexClosed, ToolIndex
 from bastion.search.meta_tools import (
     CALL_TOOL_NAME,
@@ -22,6 +22,7 @@ from bastion.search.meta_tools import (
     call_tool,
     search_mode_listing,
     search_tools,
+    with_starting,
 )
 
 log = logging.getLogger("bastion.search")
@@ -164,9 +165,17 @@ class SearchExposure:
     reads_params = False
     reads_results = False
 
-    def __init__(self, index: CatalogIndex, always_list: Sequence[str] = ()) -> None:
+    def __init__(self, index: CatalogIndex, always_list: Sequence[str] = (),
+                 starting: Callable[[], Sequence[tuple[str, str]]] = tuple,
+                 servers_joined: Callable[[], Awaitable[None]] | None = None) -> None:
+        """``starting``: the servers that have not joined yet, with what each is doing, which searches and calls of
+        tools not found name; ``servers_joined``: waits (within the gateway's bound) until they have, for a
+        ``call_tool`` of a name not found yet."""
         self._index = index
         self._always = tuple(always_list)
+        self._starting = starting
+        self._servers_joined = servers_joined
+        self._told_starting: Sequence[tuple[str, str]] = ()
         self._reported_unknown: set[str] = set()
         self._visible = _VisibleTools()
 
@@ -174,6 +183,11 @@ class SearchExposure:
         if request.session.finds_tools_itself:  # the host API: it finds tools itself
             return await call_next(request)
         if request.method == "tools/list":
+            starting = self._starting()
+            if starting and starting != self._told_starting:  # said when it changes, not at every listing
+                log.info("tools/list: servers still starting, whose tools search_tools finds once they join: %s",
+                         ", ".join(f"{server} ({doing})" for server, doing in starting))
+            self._told_starting = starting
             index = await self._index.current()
             visible = await self._visible(request, call_next)
             self._report_unknown(request.catalog)
@@ -191,9 +205,15 @@ class SearchExposure:
         if name == CALL_TOOL_NAME:
             index = await self._index.current()
             visible = await self._visible(request, call_next)
-            resolved = call_tool(index, request.params.get("arguments"), visible)
+            resolved = call_tool(index, request.params.get("arguments"), visible, withheld_tools(request.session))
+            if not isinstance(resolved, ResolvedCall) and self._starting() and self._servers_joined is not None:
+                # The name may be a tool of a server still starting: wait for it (within the gateway's bound).
+                await self._servers_joined()
+                index = await self._index.current()
+                visible = await self._visible(request, call_next)
+                resolved = call_tool(index, request.params.get("arguments"), visible, withheld_tools(request.session))
             if not isinstance(resolved, ResolvedCall):
-                return resolved
+                return with_starting(resolved, self._starting())
             params = {**request.params, "name": resolved.name, "arguments": resolved.arguments}
             return await call_next(_derived(request, "tools/call", params))
         return await call_next(request)
@@ -212,7 +232,7 @@ class SearchExposure:
         result = await asyncio.to_thread(search_tools, index, request.params.get("arguments"), visible)
         found = [tool["name"] for tool in (result.get("structuredContent") or {}).get("tools", [])]
         self._remember(request.session, found)
-        return result
+        return with_starting(result, self._starting())
 
     def _remember(self, session: Session, found: list[str]) -> None:
         known = session.facts.setdefault(_DISCOVERED, set())

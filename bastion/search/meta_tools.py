@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Container, Iterable, Mapping, Sequence
 
 import orjson
 
@@ -144,12 +144,16 @@ def call_tool(
     index: ToolIndex,
     arguments: Mapping[str, Any] | None,
     visible: Mapping[str, Mapping[str, Any]] | None = None,
+    withheld: Container[str] = frozenset(),
 ) -> ResolvedCall | dict[str, Any]:
     """Validate a ``call_tool`` call: the call to forward, or an error ``CallToolResult``.
 
     ``visible``: the tools the caller may see now, by name (default: every indexed tool). A
     tool that exists but is not visible gets the same answer as one that does not exist, so
-    ``call_tool`` cannot be used to probe for hidden tools.
+    ``call_tool`` cannot be used to probe for hidden tools; except a tool in ``withheld``, which a
+    screen left out of the caller's list and refuses to call itself, saying why (a pinned
+    definition that changed: the person needs to know to review it). Its call is forwarded to be
+    refused there, as a direct ``tools/call`` of it is.
     """
     args = arguments or {}
     name = args.get("name")
@@ -160,9 +164,25 @@ def call_tool(
         inner = {}
     if not isinstance(inner, dict):
         return error_result("call_tool 'arguments' must be an object")
-    if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME) or name not in _seen(index, visible):
+    if name in (SEARCH_TOOL_NAME, CALL_TOOL_NAME) or (name not in _seen(index, visible) and name not in withheld):
         return error_result(f"unknown tool {name!r}; use search_tools to find available tools")
     return ResolvedCall(name=name, arguments=dict(inner))
+
+
+def with_starting(result: dict[str, Any], starting: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """A meta-tool's ``CallToolResult`` that says which servers are still starting and what each is doing (their
+    tools are found once they join), in its text and its structured content; as it was when none is."""
+    if not starting:
+        return result
+    pending = [{"server": server, "doing": doing} for server, doing in starting]
+    note = ("servers still starting, whose tools are not found yet (search again once they join): "
+            + "; ".join(f"{server}: {doing}" for server, doing in starting))
+    structured = result.get("structuredContent")
+    if isinstance(structured, dict):  # a search's answer: its text is its structured content as JSON
+        structured = {**structured, "starting": pending}
+        text = orjson.dumps(structured, option=orjson.OPT_SORT_KEYS).decode()
+        return {**result, "structuredContent": structured, "content": [{"type": "text", "text": text}]}
+    return {**result, "content": [*result.get("content", []), {"type": "text", "text": note}]}
 
 
 def search_mode_listing(

@@ -83,6 +83,9 @@ class StdioTransport:
         self._stdout_ended = asyncio.Event()
         self._stderr_task: asyncio.Task[None] | None = None
         self._closed = False
+        # Until the server is ready its stderr lines are kept (and logged at DEBUG only): a start that fails quotes
+        # them in the message saying so, once, rather than have a traceback on stderr twice at every start.
+        self._live = False
 
     @property
     def pid(self) -> int | None:
@@ -156,6 +159,13 @@ class StdioTransport:
     def diagnostics(self) -> list[str]:
         return list(self._stderr)
 
+    def live(self) -> None:
+        """The server is ready: what it wrote on stderr while starting is logged now, and each line from now on as it
+        comes."""
+        self._live = True
+        for text in self._stderr:
+            self._log.info("%s", text)
+
     async def close(self) -> None:
         first = not self._closed
         self._closed = True
@@ -180,7 +190,7 @@ class StdioTransport:
             text = line.decode("utf-8", "replace").rstrip()
             if text:
                 self._stderr.append(text)
-                self._log.info("%s", text)
+                self._log.log(logging.INFO if self._live else logging.DEBUG, "%s", text)
 
 
 def _cannot_execute(error: BaseException) -> bool:

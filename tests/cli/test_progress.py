@@ -132,3 +132,35 @@ def test_progress_goes_to_stderr_never_stdout():
     assert done.stdout == ""
     assert "bastion.progress: installing x…" in done.stderr
     assert "bastion.progress: installing x: done in " in done.stderr
+
+
+async def test_a_watcher_is_told_each_step_of_its_own_task_at_once_and_when_it_ends():
+    """What a server's start is doing, for its supervisor: each task's watcher hears its own steps only, from
+    their start (not after the announcement's second), in threads the task starts too."""
+    from bastion.progress import watch
+
+    heard: dict[str, list] = {"a": [], "b": []}
+    inside = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def start(name: str) -> None:
+        watch(heard[name].append)
+        async with step(f"installing pkg-{name} 1.0 for server {name}", announce_after=60):
+            if name == "a":
+                inside.set()
+                await go_on.wait()
+
+        def in_a_thread() -> None:
+            with step(f"building {name}", announce_after=60):
+                pass
+
+        await asyncio.to_thread(in_a_thread)
+
+    a = asyncio.create_task(start("a"))
+    await inside.wait()
+    assert heard["a"] == ["installing pkg-a 1.0 for server a"]  # told at once, while it runs
+    await start("b")
+    go_on.set()
+    await a
+    assert heard["a"] == ["installing pkg-a 1.0 for server a", None, "building a", None]
+    assert heard["b"] == ["installing pkg-b 1.0 for server b", None, "building b", None]
