@@ -32,7 +32,8 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _config(tmp_path: Path, stage: int, screen: str) -> Path:
     # The other screen is off for the server, so what is refused is this screen's doing alone.
     other = {"pinning": {"metadata_injection": "off"}, "metadata_injection": {"pinning": "off"}}[screen]
-    path = tmp_path / f"bastion-{stage}.json"
+    # One file, rewritten: pins belong to a configuration file's server (docs/guardrails.md, "Whose pins").
+    path = tmp_path / "bastion.json"
     path.write_text(json.dumps({
         "servers": {"rug": {"command": sys.executable, "args": [RUG], "env": {"RUG_STAGE": str(stage)},
                             "trust": "reviewed"}},
