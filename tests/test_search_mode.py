@@ -101,7 +101,7 @@ def test_an_always_listed_name_no_server_offers_is_reported_once(tmp_path):
             assert listed == {"search_tools", "call_tool", "raw__echo"}
     finally:
         _, stderr = client.close()
-    reports = [line for line in stderr.splitlines() if "always_list" in line]
+    reports = [line for line in stderr.splitlines() if "tools.always_list names" in line]
     assert len(reports) == 1 and "'echo'" in reports[0], stderr
 
 
