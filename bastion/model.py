@@ -92,6 +92,11 @@ class ToolEntry:
     original_name: str  # the name the upstream server uses
     definition: Mapping[str, Any]  # the upstream Tool object, with ``name`` rewritten to exposed_name
     server_trust: str = "untrusted"
+    # Bastion counts it read-only whatever the server's trust: a reference package's read, or a plausible claim held
+    # still by pinning (bastion/clients/known_tools.py).
+    reads_only: bool = False
+    # The client's file approves it in advance (autoApprove / alwaysAllow): no guardrail asks about it either.
+    pre_approved: bool = False
 
 
 class CatalogView(Protocol):

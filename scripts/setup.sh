@@ -63,12 +63,15 @@ if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; the
     echo "setup: caching the launcher tests' npm packages and Python wheels" >&2
     mkdir -p .cache
     for spec in @modelcontextprotocol/server-filesystem @modelcontextprotocol/server-memory \
-                @modelcontextprotocol/server-everything @modelcontextprotocol/server-memory@2026.7.4; do
+                @modelcontextprotocol/server-everything @modelcontextprotocol/server-memory@2026.7.4 \
+                @modelcontextprotocol/server-sequential-thinking; do
         rm -rf .cache/npm-warm
         npm install --prefix .cache/npm-warm --no-save --no-audit --no-fund --ignore-scripts --loglevel=error "$spec" >&2
     done
     rm -rf .cache/npm-warm
     .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-time==2026.10.19 >&2
+    # A Cursor-style file's web server (the prompt counts of docs/policy.md run it, offline).
+    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-fetch >&2
     touch "$launcher_stamp"
 fi
 

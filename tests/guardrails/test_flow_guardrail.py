@@ -52,8 +52,9 @@ def test_the_memory_is_per_caller_hashed_bounded_and_expires() -> None:
 
 # ------------------------------------------------------------------------------------------ end to end
 def _setup(tmp_path, **switches):
-    trusted = {"trust": "trusted"}
-    return cross_server_setup(tmp_path, {"web": trusted, "notes": trusted}, policy="off",
+    # notes stands for a server a value can leave the machine through: the user marked it untrusted (a value passed
+    # to a local server that reaches nothing is no flow: test_a_value_passed_between_local_servers_is_no_flow).
+    return cross_server_setup(tmp_path, {"web": {"trust": "trusted"}, "notes": {"trust": "untrusted"}}, policy="off",
                               guardrails={"taint": "off", **switches})
 
 
