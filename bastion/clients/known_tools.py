@@ -58,10 +58,11 @@ REFERENCES: tuple[Reference, ...] = (
         # the names of its earlier releases
         "add", "longRunningOperation", "getTinyImage", "annotatedMessage", "getResourceReference",
         "getResourceLinks", "structuredContent", "listRoots"})),
-    # Fetching is how content of the open web comes in, and a URL the model chose is how data goes out: its tool
-    # is no read here, and what it answers taints the session.
+    # Fetching a page changes nothing, but it is how content of the open web comes in: what it answers taints the
+    # session, and a value from another server's answers in its arguments (a URL is how data goes out) is held by
+    # the flow guardrail.
     Reference(frozenset({"mcp-server-fetch", "mcp_server_fetch", "@modelcontextprotocol/server-puppeteer",
-                         "@playwright/mcp", "@modelcontextprotocol/server-brave-search"}), frozenset(), True),
+                         "@playwright/mcp", "@modelcontextprotocol/server-brave-search"}), frozenset({"fetch"}), True),
     Reference(frozenset({"@modelcontextprotocol/server-github", "@modelcontextprotocol/server-gitlab",
                          "@modelcontextprotocol/server-slack", "@notionhq/notion-mcp-server"}), frozenset(), True),
 )

@@ -213,3 +213,75 @@ async def test_a_client_that_cannot_be_asked_gets_the_queue_and_the_queue_names_
     [only] = approvals  # the page's fetch is a read: it asks nobody
     assert only["tool"] == "write_note" and only["note"].startswith(TAINT_NOTE)
     assert await setup.wait_for_event("notes write_note queued")
+
+
+async def test_a_tool_the_client_file_approves_in_advance_is_not_asked_about_unless_the_scan_flagged_content(
+        tmp_path) -> None:
+    # autoApprove / alwaysAllow (auto_approve) covers the taint guardrail's question as it covers the policy's ...
+    for folder in ("plain", "flagged"):
+        (tmp_path / folder).mkdir()
+    setup = cross_server_setup(tmp_path / "plain", {"web": {}, "notes": {"auto_approve": ["write_note"]}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            written = await session.call_tool("notes__write_note", {"text": "after the page"})
+    assert text_of(written) == "wrote after the page" and person.elicitation_requests == []
+
+    # ... but not after content the injection scan flagged as instructions to the model: then a person is asked.
+    flagged = cross_server_setup(tmp_path / "flagged", {"web": {"trust": "trusted"},
+                                                        "notes": {"auto_approve": ["write_note"]}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(flagged, person) as session:
+            await session.call_tool("web__poisoned_page", {})
+            written = await session.call_tool("notes__write_note", {"text": "after the poisoned page"})
+    assert text_of(written) == "wrote after the poisoned page"
+    [asked] = approvals_for(person, "write_note")
+    assert "flagged by the injection scan" in asked
+
+
+async def test_a_held_call_the_client_cannot_be_asked_about_waits_in_the_queue_instead_of_failing(tmp_path) -> None:
+    # The policy lets every call run unasked, so the taint guardrail asks on its own; the client takes no
+    # elicitation, so its question goes to the approval queue, and `bastion approve` runs the call.
+    queue = tmp_path / "queue"
+    policy_file = tmp_path / "open.cedar"
+    policy_file.write_text("permit (principal, action, resource);\n")
+    setup = cross_server_setup(tmp_path, policy={"policy_files": [str(policy_file)],
+                                                 "approval": {"fallback": "queue", "queue_dir": str(queue),
+                                                              "poll_seconds": 0.1},
+                                                 "audit": {"enabled": False}})
+    plain = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode="legacy",
+                   read_timeout_seconds=DEADLINE)
+
+    def pending() -> list[dict]:
+        listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)], capture_output=True,
+                                text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        return json.loads(listed.stdout)
+
+    async def approve_one() -> dict:
+        while True:
+            waiting = await anyio.to_thread.run_sync(pending)
+            if waiting:
+                approved = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [BASTION, "approve", waiting[0]["id"], "--queue-dir", str(queue)], capture_output=True,
+                    text=True, timeout=60))
+                assert approved.returncode == 0, approved.stderr
+                return waiting[0]
+            await anyio.sleep(0.2)
+
+    with anyio.fail_after(DEADLINE):
+        async with plain as session, anyio.create_task_group() as person:
+            approvals: list[dict] = []
+
+            async def approving() -> None:
+                approvals.append(await approve_one())
+
+            person.start_soon(approving)
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            written = await session.call_tool("notes__write_note", {"text": "queued by the guardrail"})
+    assert text_of(written) == "wrote queued by the guardrail"
+    [only] = approvals
+    assert only["tool"] == "write_note" and "could steer the model" in only["note"]
+    assert await setup.wait_for_event("notes write_note queued by the guardrail")
