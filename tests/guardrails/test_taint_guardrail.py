@@ -241,9 +241,12 @@ async def test_a_tool_the_client_file_approves_in_advance_is_not_asked_about_unl
     assert "flagged by the injection scan" in asked
 
 
-async def test_a_held_call_the_client_cannot_be_asked_about_waits_in_the_queue_instead_of_failing(tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_held_call_the_client_cannot_be_asked_about_waits_in_the_queue_instead_of_failing(
+        tmp_path, mode: str) -> None:
     # The policy lets every call run unasked, so the taint guardrail asks on its own; the client takes no
-    # elicitation, so its question goes to the approval queue, and `bastion approve` runs the call.
+    # elicitation (and a 2026-07-28 client cannot be asked in the middle of a call), so its question goes to the
+    # approval queue, and `bastion approve` runs the call.
     queue = tmp_path / "queue"
     policy_file = tmp_path / "open.cedar"
     policy_file.write_text("permit (principal, action, resource);\n")
@@ -251,7 +254,7 @@ async def test_a_held_call_the_client_cannot_be_asked_about_waits_in_the_queue_i
                                                  "approval": {"fallback": "queue", "queue_dir": str(queue),
                                                               "poll_seconds": 0.1},
                                                  "audit": {"enabled": False}})
-    plain = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode="legacy",
+    plain = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode=mode,
                    read_timeout_seconds=DEADLINE)
 
     def pending() -> list[dict]:
