@@ -108,8 +108,9 @@ class CatalogView(Protocol):
         never one changed in place, so a caller can tell that nothing changed by identity."""
 
 
-# ``session.facts[TAINTED_BY]``: the servers whose content this session has received and that taints it (an untrusted
-# server's, or content the injection scan flagged), each with the first such content, in the order they came.
+# ``session.facts[TAINTED_BY]``: the servers whose content this session has received and that taints it (an open-world,
+# network-reaching or marked server's, or content the injection scan flagged), each with the first such content, in
+# the order they came.
 TAINTED_BY = "guardrails.tainted_by"
 
 
@@ -119,7 +120,7 @@ class TaintSource:
 
     server: str
     target: str  # the request it answered, e.g. "tools/call web__fetch"
-    reason: str  # "untrusted server", or what the injection scan flagged
+    reason: str  # why it counts: "untrusted server", "it fetches content others wrote", what the scan flagged, ...
 
     def describe(self) -> str:
         return f"the answer to {self.target} from server '{self.server}' ({self.reason})"

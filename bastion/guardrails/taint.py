@@ -1,13 +1,16 @@
 """Cross-server taint: once a session has read content that may steer the model, a call that changes something on
 *another* server waits for a person (or is refused).
 
-Content taints a session when it comes from an untrusted server (``trust = "untrusted"``, the default for a
-plain ``mcpServers`` file) or when the injection scan flagged it (``guardrails.injection_flags``). The session
+Content taints a session when it comes from where anyone may have written it — a server the catalog says is open
+world, reaches the network or was marked ``trust = "untrusted"`` by the user (``content_origin``), or a tool that
+says ``openWorldHint: true`` — or when the injection scan flagged it (``guardrails.injection_flags``). A local server
+without network (time, git, filesystem) taints nothing by its answers alone, whatever its trust. The session
 keeps the first such content of each server (``session.facts[TAINTED_BY]``), which Cedar sees as
 ``context.session.tainted_by`` and every approval prompt names. A later ``tools/call`` of a tool that is not
-read-only (annotations count only from trusted and reviewed servers, as in the policy) on a server other than
-those sources needs a person's approval: the policy's, when it just asked one with the taint named, else this
-guardrail's own question in the client; a client that cannot be asked gets a refusal saying why.
+read-only (as the policy counts it: ``read_only``) on a server other than those sources needs a person's approval:
+the policy's, when it just asked one with the taint named; none for a tool the client's file approves in advance,
+unless the scan flagged what tainted the session; else this guardrail's own question in the client, or in the
+approval queue when the client cannot be asked (a refusal saying why when there is no queue).
 
 A 2026-07-28 client has no session: each of its requests is a session of its own. So that what one request read
 still holds the next request's calls, its taint is kept per caller (``TaintMemory``: bounded, each source expiring
