@@ -18,6 +18,7 @@ from bastion.config import GatewayConfig
 from bastion.credentials.build import CredentialSource
 from bastion.credentials.oauth_client import AuthorizationCodes
 from bastion.gateway.bridge import InputBridge
+from bastion.clients.known_tools import server_nature
 from bastion.gateway.catalog import Catalog, ServerFacts
 from bastion.gateway.input_rounds import InputRounds
 from bastion.gateway.launch import launch_server
@@ -285,7 +286,13 @@ class Gateway:
 
 def server_catalog(config: GatewayConfig) -> Catalog:
     """An empty catalog of the enabled servers of ``config``, which their lists fill as they come."""
+    guardrails = config.guardrails
     return Catalog([
-        ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust)
+        ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust,
+                    server_nature(command=cfg.command, args=cfg.args, remote=cfg.is_remote,
+                                  sandboxed=cfg.sandbox.sandboxed, network=cfg.sandbox.network,
+                                  marked_untrusted=cfg.trust == "untrusted" and "trust" in cfg.model_fields_set,
+                                  pinned=guardrails is not None and guardrails.switch("pinning", name) != "off"),
+                    frozenset(cfg.auto_approve))
         for name, cfg in config.servers.items() if cfg.enabled
     ])
