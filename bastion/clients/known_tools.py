@@ -68,10 +68,13 @@ REFERENCES: tuple[Reference, ...] = (
 )
 
 
-def reference_of(command: str | None, args: Sequence[str]) -> Reference | None:
-    """The reference package ``command args`` starts, by the first token that names one (``npx -y PKG``, ``uvx
-    PKG``, ``python -m MOD``, a path into its ``node_modules`` or its executable)."""
-    for token in (command or "", *args):
+def reference_of(command: str | None, args: Sequence[str], launched: str | None = None) -> Reference | None:
+    """The reference package ``command args`` starts: ``launched``, the package a launcher runs (``npx -y PKG``,
+    ``uvx PKG``), when it is one; else the first token that names one (``python -m MOD``, a path into its
+    ``node_modules`` or its executable)."""
+    # A launcher runs its package; a reference name among the server's own arguments is no evidence of what runs.
+    tokens = (launched,) if launched is not None else (command or "", *args)
+    for token in tokens:
         package = package_name(str(token))
         for reference in REFERENCES:
             if package in reference.names:
@@ -126,10 +129,10 @@ class ServerNature:
     taints: str | None = None  # why everything it answers may steer the model; None: only what the scan flags
 
 
-def server_nature(*, command: str | None, args: Sequence[str], remote: bool, sandboxed: bool, network: Sequence[str],
+def server_nature(*, command: str | None, args: Sequence[str], launched: str | None, remote: bool, sandboxed: bool, network: Sequence[str],
                   marked_untrusted: bool, pinned: bool) -> ServerNature:
     """A server's nature from how it is configured: its package, its sandbox grants, the user's mark."""
-    reference = None if remote else reference_of(command, args)
+    reference = None if remote else reference_of(command, args, launched)
     return ServerNature(
         reads=reference.reads if reference is not None else frozenset(),
         believes_read_claims=pinned,

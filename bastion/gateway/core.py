@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from bastion import __version__
-from bastion.config import GatewayConfig
+from bastion.config import GatewayConfig, ServerConfig
 from bastion.credentials.build import CredentialSource
 from bastion.credentials.oauth_client import AuthorizationCodes
 from bastion.gateway.bridge import InputBridge
@@ -30,6 +30,7 @@ from bastion.gateway.relay import RELAYABLE_CLIENT_CAPABILITIES, ConnectedClient
 from bastion.gateway.router import Router
 from bastion.gateway.subscriptions import Subscriptions
 from bastion.gateway.upstream import Launcher, Upstream
+from bastion.launchers.plan import NotALauncher, plan_launch
 from bastion.model import REQUEST, TO_SERVER, Identity, Interceptor
 from bastion.transport.stdio import WriteBatch
 
@@ -284,12 +285,25 @@ class Gateway:
         return "\n\n".join(parts) if parts else None
 
 
+def launched_package(server: ServerConfig) -> str | None:
+    """The package a launcher entry (``npx -y PKG``, ``uvx PKG``) runs, None for any other entry, and "" (no
+    package) for a launcher written in a form Bastion does not read: what that runs is not known."""
+    if server.command is None:
+        return None
+    try:
+        plan = plan_launch(server.command, server.args)
+    except NotALauncher:
+        return ""  # names no reference package
+    return plan.package if plan is not None else None
+
+
 def server_catalog(config: GatewayConfig) -> Catalog:
     """An empty catalog of the enabled servers of ``config``, which their lists fill as they come."""
     guardrails = config.guardrails
     return Catalog([
         ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust,
-                    server_nature(command=cfg.command, args=cfg.args, remote=cfg.is_remote,
+                    server_nature(command=cfg.command, args=cfg.args, launched=launched_package(cfg),
+                                  remote=cfg.is_remote,
                                   sandboxed=cfg.sandbox.sandboxed, network=cfg.sandbox.network,
                                   marked_untrusted=cfg.trust == "untrusted" and "trust" in cfg.model_fields_set,
                                   pinned=guardrails is not None and guardrails.switch("pinning", name) != "off"),

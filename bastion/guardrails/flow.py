@@ -27,6 +27,7 @@ from bastion.guardrails.scanning import ScannerInBackground
 from bastion.guardrails.taint import (
     TAINT_REFUSED,
     VALUE_RUN,
+    ClientApproves,
     ValueMemory,
     OutOfBand,
     answering_server,
@@ -72,6 +73,7 @@ class FlowGuard:
         self._flow = Switch(config, "flow")
         self._remembers = config.on_anywhere("flow")  # values are remembered only for a check that reads them
         self.out_of_band: OutOfBand | None = None  # the approval queue, when the policy has one
+        self.client_approves: ClientApproves | None = None  # the policy's approver setting, when there is a policy
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
         sent: list[bytes] = []
@@ -140,7 +142,8 @@ class FlowGuard:
         else:
             question = (f"{why[0].upper()}{why[1:]}. Allow the tool '{entry.original_name}' on server "
                         f"'{entry.server}' to run with them?")
-            problem = await ask_someone(self._config, request, entry, question, self.out_of_band)
+            problem = await ask_someone(self._config, request, entry, question, self.out_of_band,
+                                          self.client_approves)
         if problem is None:
             self._tell(request, "approved", entry, guardrail, kind, f"a person approved the call: {why}")
             return

@@ -324,11 +324,25 @@ async def ask_person(config: GuardrailsConfig, session: Session, message: str) -
     return None if approves(answer) else "the person declined"
 
 
+# Whether a session's client may be asked to approve a call at all: the policy's ``approval.approver``, handed in by the
+# composition root. Over HTTP the client is most often an agent, which would approve its own call.
+ClientApproves = Callable[[Session], bool]
+
+
+def stdio_client_approves(session: Session) -> bool:
+    """Without a policy, as its default ``approver = "auto"``: only a client on stdio, where a person sits at it."""
+    return not session.over_network
+
+
 async def ask_someone(config: GuardrailsConfig, request: GatewayRequest, entry: ToolEntry, message: str,
-                      out_of_band: OutOfBand | None) -> str | None:
-    """Ask the person in the client, or, when the client cannot be asked (no elicitation: many clients lack it),
-    in the approval queue rather than refusing; None when a person approved, else why not."""
-    problem = await ask_person(config, request.session, message)
+                      out_of_band: OutOfBand | None, client_approves: ClientApproves | None = None) -> str | None:
+    """Ask the person in the client when the approver setting lets the client be asked, else (or when the client
+    cannot be asked: no elicitation, which many clients lack) in the approval queue rather than refusing; None when
+    a person approved, else why not."""
+    if (client_approves or stdio_client_approves)(request.session):
+        problem = await ask_person(config, request.session, message)
+    else:
+        problem = NOBODY_IN_CLIENT
     if problem != NOBODY_IN_CLIENT or out_of_band is None:
         return problem
     return await out_of_band(request, entry, message)
@@ -384,6 +398,7 @@ class TaintGuard:
         self._config = config
         self._report = report
         self.out_of_band: OutOfBand | None = None  # the approval queue, when the policy has one
+        self.client_approves: ClientApproves | None = None  # the policy's approver setting, when there is a policy
         # Each server's switch, read once: the configuration does not change under a running chain, and a call asks
         # for two or three of them.
         self._modes: dict[str, str] = {}
@@ -468,7 +483,7 @@ class TaintGuard:
                    f"a person approved the call, told of {explain(sources)}")
 
     async def _ask(self, request: GatewayRequest, entry: ToolEntry, message: str) -> str | None:
-        return await ask_someone(self._config, request, entry, message, self.out_of_band)
+        return await ask_someone(self._config, request, entry, message, self.out_of_band, self.client_approves)
 
     @staticmethod
     def _refusal(entry: ToolEntry, sources: list[TaintSource], why: str) -> GatewayError:

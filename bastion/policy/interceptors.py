@@ -455,7 +455,7 @@ class ApprovalStage:
         self._approver = self.settings.approver
         self._queue_as_fallback = self.settings.fallback == "queue"
 
-    def _client_approves(self, session: Session) -> bool:
+    def client_approves(self, session: Session) -> bool:
         """Whether the client may be asked to approve (policy.approval.approver): never out of band, and under auto
         only a client on stdio, where a person sits at it; over HTTP the client is most often an agent, which would
         approve its own call."""
@@ -497,7 +497,7 @@ class ApprovalStage:
                 REUSED_RULE, f"a person approved the identical call less than {self._reuse:g} s ago "
                              "(policy.approval.reuse_seconds)"))
             return await call_next(request)
-        by_client = self._client_approves(session)
+        by_client = self.client_approves(session)
         if by_client and session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
             trail.add("approval", Decision(Effect.APPROVAL, trail.approval.rule, "asked the person (input_required)"))
             params = approval_elicitation(server, label, arguments, self.settings.show_argument_values, True,
@@ -525,7 +525,7 @@ class ApprovalStage:
         """A guardrail's question about a call (taint, a value's flow) that the client cannot be asked: the call
         waits in the approval queue, said at once as a policy approval's wait is, until `bastion approve` or `deny`
         settles it or it times out. None when a person approved, else why not."""
-        if self.queue is None or not (self._queue_as_fallback or not self._client_approves(request.session)):
+        if self.queue is None or not (self._queue_as_fallback or not self.client_approves(request.session)):
             return ("no person could be asked: the client does not take elicitation requests, and "
                     "policy.approval.fallback = \"refuse\" keeps calls out of the approval queue")
         return await self._wait_for_person(request, Trail(), entry.server, entry.original_name,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from bastion.clients.known_tools import (ServerNature, claims_read_only, name_words, reads_only, reference_of,
                                          server_nature)
+from bastion.config import ServerConfig
 from bastion.gateway.catalog import Catalog, ServerFacts
+from bastion.gateway.core import launched_package
 from bastion.guardrails.flow import sends_out
 from bastion.guardrails.taint import content_origin, read_only
 from bastion.policy.cedar_engine import ToolFacts
@@ -18,12 +20,14 @@ def definition(name: str, **hints: bool) -> dict:
 def nature(command: str, *args: str, **settings) -> ServerNature:
     options = {"remote": False, "sandboxed": True, "network": (), "marked_untrusted": False, "pinned": True,
                **settings}
-    return server_nature(command=command, args=list(args), **options)
+    launched = launched_package(ServerConfig(command=command, args=list(args)))
+    return server_nature(command=command, args=list(args), launched=launched, **options)
 
 
 def test_a_reference_package_is_known_by_how_it_is_started() -> None:
-    assert reference_of("npx", ["-y", "@modelcontextprotocol/server-filesystem@2026.8.31", "/data"]) is not None
-    assert reference_of("uvx", ["mcp-server-git", "--repository", "/src"]) is not None
+    assert reference_of("npx", ["-y", "@modelcontextprotocol/server-filesystem@2026.8.31", "/data"],
+                        "@modelcontextprotocol/server-filesystem") is not None
+    assert reference_of("uvx", ["mcp-server-git", "--repository", "/src"], "mcp-server-git") is not None
     assert reference_of("/home/u/.venv/bin/mcp-server-time", []) is not None
     assert reference_of("node", ["/x/node_modules/@modelcontextprotocol/server-memory/dist/index.js"]) is not None
     assert reference_of("python", ["server.py"]) is None
@@ -86,3 +90,17 @@ def test_the_catalog_hands_the_policy_and_the_guardrails_one_answer() -> None:
     assert content_origin(catalog, "fetch") == "it fetches content others wrote"
     # A value from another server's answers is held only on its way to a server it could leave the machine through
     assert sends_out(catalog, fetch) and not sends_out(catalog, current)
+
+
+def test_a_launcher_is_known_by_its_own_package_not_by_a_name_among_its_arguments() -> None:
+    def known(command: str, *args: str) -> bool:
+        server = ServerConfig(command=command, args=list(args))
+        return reference_of(command, args, launched_package(server)) is not None
+
+    assert known("npx", "-y", "@modelcontextprotocol/server-filesystem", "/data")
+    assert known("uvx", "mcp-server-time", "--local-timezone", "UTC")
+    assert known("/usr/bin/mcp-server-time")
+    # Another package given a reference server's name as an argument reads as no reference at all.
+    assert not known("npx", "-y", "some-scraper", "@modelcontextprotocol/server-filesystem")
+    assert not known("uvx", "web-scraper", "mcp-server-time")
+    assert not known("npx", "-c", "@modelcontextprotocol/server-filesystem")  # a form not read: not known

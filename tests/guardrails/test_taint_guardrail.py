@@ -288,3 +288,46 @@ async def test_a_held_call_the_client_cannot_be_asked_about_waits_in_the_queue_i
     [only] = approvals
     assert only["tool"] == "write_note" and "could steer the model" in only["note"]
     assert await setup.wait_for_event("notes write_note queued by the guardrail")
+
+
+async def test_the_taint_guardrail_asks_only_whom_the_approver_setting_names(tmp_path) -> None:
+    # policy.approval.approver = "out_of_band": the client is never asked, even one that takes elicitation (over
+    # HTTP it is most often the agent itself, which would approve its own call); the question goes to the queue.
+    queue = tmp_path / "queue"
+    policy_file = tmp_path / "open.cedar"
+    policy_file.write_text("permit (principal, action, resource);\n")
+    setup = cross_server_setup(tmp_path, policy={"policy_files": [str(policy_file)],
+                                                 "approval": {"approver": "out_of_band", "queue_dir": str(queue),
+                                                              "poll_seconds": 0.1},
+                                                 "audit": {"enabled": False}})
+    person = Person()
+
+    settled = False
+
+    def approve_when_queued() -> dict | None:
+        while not settled:
+            listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)],
+                                    capture_output=True, text=True, timeout=60)
+            assert listed.returncode == 0, listed.stderr
+            waiting = json.loads(listed.stdout)
+            if waiting:
+                approved = subprocess.run([BASTION, "approve", waiting[0]["id"], "--queue-dir", str(queue)],
+                                          capture_output=True, text=True, timeout=60)
+                assert approved.returncode == 0, approved.stderr
+                return waiting[0]
+        return None
+
+    queued: list[dict | None] = []
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session, anyio.create_task_group() as outside:
+            async def approving() -> None:
+                queued.append(await anyio.to_thread.run_sync(approve_when_queued))
+
+            outside.start_soon(approving)
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            written = await session.call_tool("notes__write_note", {"text": "approved out of band"})
+            settled = True
+    assert text_of(written) == "wrote approved out of band"
+    assert person.elicitation_requests == []
+    [only] = queued
+    assert only["tool"] == "write_note" and "could steer the model" in only["note"]
