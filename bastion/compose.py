@@ -96,7 +96,10 @@ def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, c
         return GuardrailChain([], [])
     writer = policy.audit.writer if policy is not None else None
     report = InterventionLog(writer.write if writer is not None else None)
-    return build_guardrails(config.guardrails, report, catalog, pinned_entries(config), pin_identities(config))
+    out_of_band = policy.approval.ask_out_of_band if policy is not None else None
+    client_approves = policy.approval.client_approves if policy is not None else None
+    return build_guardrails(config.guardrails, report, catalog, pinned_entries(config), pin_identities(config),
+                            out_of_band, client_approves)
 
 
 def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:

@@ -92,6 +92,11 @@ class ToolEntry:
     original_name: str  # the name the upstream server uses
     definition: Mapping[str, Any]  # the upstream Tool object, with ``name`` rewritten to exposed_name
     server_trust: str = "untrusted"
+    # Bastion counts it read-only whatever the server's trust: a reference package's read, or a plausible claim held
+    # still by pinning (bastion/clients/known_tools.py).
+    reads_only: bool = False
+    # The client's file approves it in advance (autoApprove / alwaysAllow): no guardrail asks about it either.
+    pre_approved: bool = False
 
 
 class CatalogView(Protocol):
@@ -121,8 +126,9 @@ def note_withheld_tools(session: "Session", screen: str, names: frozenset[str]) 
     session.facts.setdefault(WITHHELD_TOOLS, {})[screen] = names
 
 
-# ``session.facts[TAINTED_BY]``: the servers whose content this session has received and that taints it (an untrusted
-# server's, or content the injection scan flagged), each with the first such content, in the order they came.
+# ``session.facts[TAINTED_BY]``: the servers whose content this session has received and that taints it (an open-world,
+# network-reaching or marked server's, or content the injection scan flagged), each with the first such content, in
+# the order they came.
 TAINTED_BY = "guardrails.tainted_by"
 
 
@@ -132,7 +138,7 @@ class TaintSource:
 
     server: str
     target: str  # the request it answered, e.g. "tools/call web__fetch"
-    reason: str  # "untrusted server", or what the injection scan flagged
+    reason: str  # why it counts: "untrusted server", "it fetches content others wrote", what the scan flagged, ...
 
     def describe(self) -> str:
         return f"the answer to {self.target} from server '{self.server}' ({self.reason})"

@@ -63,7 +63,8 @@ if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; the
     echo "setup: caching the launcher tests' npm packages and Python wheels" >&2
     mkdir -p .cache
     for spec in @modelcontextprotocol/server-filesystem @modelcontextprotocol/server-memory \
-                @modelcontextprotocol/server-everything @modelcontextprotocol/server-memory@2026.7.4; do
+                @modelcontextprotocol/server-everything @modelcontextprotocol/server-memory@2026.7.4 \
+                @modelcontextprotocol/server-sequential-thinking; do
         rm -rf .cache/npm-warm
         npm install --prefix .cache/npm-warm --no-save --no-audit --no-fund --ignore-scripts --loglevel=error "$spec" >&2
     done
@@ -72,6 +73,8 @@ if [ ! -f "$launcher_stamp" ] || [ scripts/setup.sh -nt "$launcher_stamp" ]; the
     # sqlite's server needs the SDK before 2.0 (uvx --with 'mcp<2'), which time's cannot share: resolved apart
     .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-sqlite==2025.4.25 \
         'mcp[cli]<2' >&2
+    # A Cursor-style file's web server (the prompt counts of docs/policy.md run it, offline).
+    .venv/bin/python -m pip download -q -d .cache/wheelhouse --only-binary=:all: mcp-server-fetch==2026.10.24 >&2
     touch "$launcher_stamp"
 fi
 

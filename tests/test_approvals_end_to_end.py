@@ -362,8 +362,11 @@ def test_prompts_per_session_on_a_stock_file_and_once_reviewed(tmp_path: Path, _
     stock = tmp_path / "claude_desktop_config.json"
     stock.write_text(json.dumps({"mcpServers": _entries(repo, files)}))
     waited, answers = _count_prompts(stock, calls, tmp_path / "stock.log")
-    assert waited == [name for name, _ in calls]  # untrusted by default: every call asks
+    # Untrusted by default, but these are reference packages whose reads Bastion knows: only the writes ask.
+    assert waited == WRITES
     assert all("result" in a and not a["result"].get("isError") for a in answers), answers
+    (files / "note.txt").unlink()
+    (files / "more").rmdir()
 
     # What `bastion import` writes for servers the user reviewed: their annotations are believed.
     reviewed_servers = {name: {**entry, "trust": "reviewed"} for name, entry in _entries(repo, files).items()}
@@ -371,8 +374,6 @@ def test_prompts_per_session_on_a_stock_file_and_once_reviewed(tmp_path: Path, _
     reviewed_servers["files"]["sandbox"] = {"writable": [str(files)]}
     reviewed = tmp_path / "reviewed.json"
     reviewed.write_text(json.dumps({"servers": reviewed_servers}))
-    (files / "note.txt").unlink(missing_ok=True)
-    (files / "more").rmdir() if (files / "more").exists() else None
     waited, answers = _count_prompts(reviewed, calls, tmp_path / "reviewed.log")
     assert waited == WRITES
     assert all("result" in a and not a["result"].get("isError") for a in answers), answers
@@ -387,10 +388,10 @@ def test_tools_the_client_file_approves_in_advance_do_not_ask(tmp_path: Path, _s
     stock = tmp_path / "cline_mcp_settings.json"
     stock.write_text(json.dumps({"mcpServers": entries}))
     waited, _ = _count_prompts(stock, calls, tmp_path / "stock.log")
-    skipped = {"files__write_file", "time__get_current_time", "time__convert_time"}
-    assert waited == [name for name, _ in calls if name not in skipped]
+    assert waited == ["files__create_directory"]  # the one write the file does not approve in advance
     records = [json.loads(line) for trail in (_state_in_tmp / "bastion").rglob("*.jsonl")
                for line in trail.read_text().splitlines()]
     in_advance = [r["what"]["target"] for r in records
                   if r.get("kind") == "decision" and r.get("rule") == "approval:client-config"]
-    assert sorted(in_advance) == sorted(skipped)  # the audit trail says who approved them: the client's file
+    # The audit trail says who approved the write: the client's file (the time tools are reads, approved by nobody).
+    assert in_advance == ["files__write_file"]

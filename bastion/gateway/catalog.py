@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import orjson
 
+from bastion.clients.known_tools import ServerNature, reads_only
 from bastion.gateway.naming import Named, assign_names
 from bastion.model import ToolEntry
 
@@ -31,6 +32,8 @@ class ServerFacts:
     name: str
     prefix: str
     trust: str
+    nature: ServerNature = ServerNature()
+    auto_approve: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -108,7 +111,10 @@ class Catalog:
             for tool in self._items[server].tools:
                 exposed = by_origin[(server, tool["name"])]
                 definition = {**tool, "name": exposed}
-                tools[exposed] = ToolEntry(exposed, server, tool["name"], definition, self._servers[server].trust)
+                facts = self._servers[server]
+                tools[exposed] = ToolEntry(exposed, server, tool["name"], definition, facts.trust,
+                                           reads_only(facts.nature, tool, tool["name"]),
+                                           tool["name"] in facts.auto_approve)
         self._tools = tools
         self._tool_list = [tools[name] for name in sorted(tools)]
         # Shared, not copied per request: nothing on the way to a client changes an item of a list (at
@@ -237,6 +243,12 @@ class Catalog:
         """The configured trust level of ``server``; None for a name that is no server of this catalog."""
         facts = self._servers.get(server)
         return facts.trust if facts is not None else None
+
+    def server_taints(self, server: str) -> str | None:
+        """Why everything ``server`` answers may steer the model (open world, network, the user's mark); None when
+        only what the injection scan flags taints, or for a name that is no server of this catalog."""
+        facts = self._servers.get(server)
+        return facts.nature.taints if facts is not None else None
 
     def resource_owner(self, uri: str) -> str | None:
         found = self._read_through(uri)

@@ -14,10 +14,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from bastion import __version__
-from bastion.config import GatewayConfig
+from bastion.config import GatewayConfig, ServerConfig
 from bastion.credentials.build import CredentialSource
 from bastion.credentials.oauth_client import AuthorizationCodes
 from bastion.gateway.bridge import InputBridge
+from bastion.clients.known_tools import server_nature
 from bastion.gateway.catalog import Catalog, ServerFacts
 from bastion.gateway.input_rounds import InputRounds
 from bastion.gateway.launch import launch_server
@@ -29,6 +30,7 @@ from bastion.gateway.relay import RELAYABLE_CLIENT_CAPABILITIES, ConnectedClient
 from bastion.gateway.router import Router
 from bastion.gateway.subscriptions import Subscriptions
 from bastion.gateway.upstream import Launcher, Upstream
+from bastion.launchers.plan import NotALauncher, plan_launch
 from bastion.model import REQUEST, TO_SERVER, Identity, Interceptor
 from bastion.transport.stdio import WriteBatch
 
@@ -283,9 +285,28 @@ class Gateway:
         return "\n\n".join(parts) if parts else None
 
 
+def launched_package(server: ServerConfig) -> str | None:
+    """The package a launcher entry (``npx -y PKG``, ``uvx PKG``) runs, None for any other entry, and "" (no
+    package) for a launcher written in a form Bastion does not read: what that runs is not known."""
+    if server.command is None:
+        return None
+    try:
+        plan = plan_launch(server.command, server.args)
+    except NotALauncher:
+        return ""  # names no reference package
+    return plan.package if plan is not None else None
+
+
 def server_catalog(config: GatewayConfig) -> Catalog:
     """An empty catalog of the enabled servers of ``config``, which their lists fill as they come."""
+    guardrails = config.guardrails
     return Catalog([
-        ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust)
+        ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust,
+                    server_nature(command=cfg.command, args=cfg.args, launched=launched_package(cfg),
+                                  remote=cfg.is_remote,
+                                  sandboxed=cfg.sandbox.sandboxed, network=cfg.sandbox.network,
+                                  marked_untrusted=cfg.trust == "untrusted" and "trust" in cfg.model_fields_set,
+                                  pinned=guardrails is not None and guardrails.switch("pinning", name) != "off"),
+                    frozenset(cfg.auto_approve))
         for name, cfg in config.servers.items() if cfg.enabled
     ])

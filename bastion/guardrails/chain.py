@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import InterventionLog
 from bastion.model import CatalogView, Interceptor
+
+if TYPE_CHECKING:
+    from bastion.guardrails.taint import ClientApproves, OutOfBand
 
 # The first guardrail sees a client's request first and the result last. Pinning and metadata scanning decide what
 # is served at all, so they screen requests before the policy does: a person is never asked to approve a call to a
@@ -59,12 +62,22 @@ class GuardrailChain:
 
 def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
                      entries: Mapping[str, Mapping[str, Any]] | None = None,
-                     identities: Mapping[str, str] | None = None) -> GuardrailChain:
+                     identities: Mapping[str, str] | None = None,
+                     out_of_band: "OutOfBand | None" = None,
+                     client_approves: "ClientApproves | None" = None) -> GuardrailChain:
+    """``out_of_band``: where the guardrails that hold a call ask a person the client cannot reach (the policy's
+    approval queue); without it such a call is refused. ``client_approves``: whether a session's client may be
+    asked at all (the policy's ``approval.approver``; without a policy, only a client on stdio)."""
     def built(builders: list[Builder]) -> list[Interceptor]:
         made = (builder(config, report, catalog) for builder in builders)
         return [interceptor for interceptor in made if interceptor is not None]
 
-    chain = GuardrailChain(screened(built(screen_builders(entries, identities))), staged(built(inner_builders())))
+    inner = built(inner_builders())
+    for interceptor in inner:
+        if hasattr(interceptor, "out_of_band"):
+            interceptor.out_of_band = out_of_band  # type: ignore[attr-defined]
+            interceptor.client_approves = client_approves  # type: ignore[attr-defined]
+    chain = GuardrailChain(screened(built(screen_builders(entries, identities))), staged(inner))
     # The guardrails that read a call's result as the server's bytes share one decoder, so that a result is decoded
     # once however many of them read it (bastion.guardrails.raw).
     shared = RawResults()

@@ -27,9 +27,13 @@ from bastion.guardrails.scanning import ScannerInBackground
 from bastion.guardrails.taint import (
     TAINT_REFUSED,
     VALUE_RUN,
+    ClientApproves,
     ValueMemory,
+    OutOfBand,
     answering_server,
-    ask_person,
+    ask_someone,
+    claims_open_world,
+    content_origin,
     distinctive_values,
     named,
 )
@@ -68,6 +72,8 @@ class FlowGuard:
         self._secrets = Switch(config, "argument_secrets")
         self._flow = Switch(config, "flow")
         self._remembers = config.on_anywhere("flow")  # values are remembered only for a check that reads them
+        self.out_of_band: OutOfBand | None = None  # the approval queue, when the policy has one
+        self.client_approves: ClientApproves | None = None  # the policy's approver setting, when there is a policy
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
         sent: list[bytes] = []
@@ -102,7 +108,7 @@ class FlowGuard:
                 why = f"its arguments carry a secret ({', '.join(kinds)}) for server '{entry.server}'"
                 await self._hold(request, entry, secrets_mode, "argument_secrets", "secret-in-arguments", why,
                                  {"kinds": kinds})
-        flow_mode = self._flow(entry.server) if sent else "off"
+        flow_mode = self._flow(entry.server) if sent and sends_out(request.catalog, entry) else "off"
         if flow_mode != "off":
             sources = self._memory.sources(request.session.identity, sent, entry.server)
             if sources:
@@ -126,10 +132,18 @@ class FlowGuard:
         """Ask a person (``approve``) or refuse (``refuse``, or nobody to ask): raises the refusal."""
         if mode == "refuse":
             problem: str | None = f'guardrails.{guardrail} is "refuse" for this server'
+        elif guardrail == "flow" and (request.person_approved or entry.pre_approved):
+            # The person approved these very arguments (the policy's prompt shows them), or approves the tool in
+            # their client already: a value passed on is no news to them. A secret is always asked about.
+            why_not = "a person approved the call" if request.person_approved else \
+                "approved in advance by the client's file (autoApprove/alwaysAllow)"
+            self._tell(request, "approved", entry, guardrail, kind, f"{why_not}: {why}")
+            return
         else:
             question = (f"{why[0].upper()}{why[1:]}. Allow the tool '{entry.original_name}' on server "
                         f"'{entry.server}' to run with them?")
-            problem = await ask_person(self._config, request.session, question)
+            problem = await ask_someone(self._config, request, entry, question, self.out_of_band,
+                                          self.client_approves)
         if problem is None:
             self._tell(request, "approved", entry, guardrail, kind, f"a person approved the call: {why}")
             return
@@ -166,6 +180,13 @@ class FlowGuard:
             server = answering_server(request)
             if server is not None:
                 self._memory.note(request.session.identity, server, values)
+
+
+def sends_out(catalog: CatalogView, entry: ToolEntry) -> bool:
+    """Whether a value handed to ``entry`` can leave the machine: its server reaches the network or the open world
+    (or the user marked it), or the tool says it does. A value passed between local servers (a path from the
+    filesystem server given to git) goes nowhere else."""
+    return content_origin(catalog, entry.server) is not None or claims_open_world(entry.definition)
 
 
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> FlowGuard | None:

@@ -1,13 +1,16 @@
 """Cross-server taint: once a session has read content that may steer the model, a call that changes something on
 *another* server waits for a person (or is refused).
 
-Content taints a session when it comes from an untrusted server (``trust = "untrusted"``, the default for a
-plain ``mcpServers`` file) or when the injection scan flagged it (``guardrails.injection_flags``). The session
+Content taints a session when it comes from where anyone may have written it — a server the catalog says is open
+world, reaches the network or was marked ``trust = "untrusted"`` by the user (``content_origin``), or a tool that
+says ``openWorldHint: true`` — or when the injection scan flagged it (``guardrails.injection_flags``). A local server
+without network (time, git, filesystem) taints nothing by its answers alone, whatever its trust. The session
 keeps the first such content of each server (``session.facts[TAINTED_BY]``), which Cedar sees as
 ``context.session.tainted_by`` and every approval prompt names. A later ``tools/call`` of a tool that is not
-read-only (annotations count only from trusted and reviewed servers, as in the policy) on a server other than
-those sources needs a person's approval: the policy's, when it just asked one with the taint named, else this
-guardrail's own question in the client; a client that cannot be asked gets a refusal saying why.
+read-only (as the policy counts it: ``read_only``) on a server other than those sources needs a person's approval:
+the policy's, when it just asked one with the taint named; none for a tool the client's file approves in advance,
+unless the scan flagged what tainted the session; else this guardrail's own question in the client, or in the
+approval queue when the client cannot be asked (a refusal saying why when there is no queue).
 
 A 2026-07-28 client has no session: each of its requests is a session of its own. So that what one request read
 still holds the next request's calls, its taint is kept per caller (``TaintMemory``: bounded, each source expiring
@@ -29,6 +32,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
 
+from bastion.clients.known_tools import claims_open_world
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.injection import INJECTION_FLAGS
 from bastion.guardrails.report import Intervention, InterventionLog
@@ -56,18 +60,35 @@ def named(params: Mapping[str, Any], key: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ pure decisions
-def tainting(server: str, trust: str, flags: Mapping[str, str], target: str) -> TaintSource | None:
-    """Whether an answer of ``server`` taints the session: the injection scan flagged it, or the server is untrusted."""
+def tainting(server: str, origin: str | None, flags: Mapping[str, str], target: str,
+             open_world_tool: bool = False) -> TaintSource | None:
+    """Whether an answer of ``server`` taints the session: the injection scan flagged it, the server's content comes
+    from where anyone may write it (``origin``: why, or None), or the tool that answered says ``openWorldHint``."""
     flagged = flags.get(server)
     if flagged:
         return TaintSource(server, target, f"flagged by the injection scan: {flagged}")
-    if trust == "untrusted":
-        return TaintSource(server, target, "untrusted server")
+    if origin is not None:
+        return TaintSource(server, target, origin)
+    if open_world_tool:
+        return TaintSource(server, target, "its tool says it reaches the open world (openWorldHint)")
     return None
 
 
+def content_origin(catalog: CatalogView, server: str) -> str | None:
+    """Why everything ``server`` answers may steer the model, as the catalog knows it (open world, network, the
+    user's mark); a view that does not know says so of an untrusted server, as before it could tell."""
+    declared = getattr(catalog, "server_taints", None)
+    if callable(declared):
+        origin = declared(server)
+        return origin if isinstance(origin, str) else None
+    return "untrusted server" if server_trust(catalog, server) == "untrusted" else None
+
+
 def read_only(entry: ToolEntry) -> bool:
-    """A tool that changes nothing: it says ``readOnlyHint: true`` and its server's annotations are believed."""
+    """A tool that changes nothing, as the policy counts it: Bastion knows it reads only (``entry.reads_only``), or
+    it says ``readOnlyHint: true`` and its server's annotations are believed."""
+    if entry.reads_only:
+        return True
     annotations = entry.definition.get("annotations")
     return (entry.server_trust in _ANNOTATIONS_TRUSTED_AT and isinstance(annotations, Mapping)
             and annotations.get("readOnlyHint") is True)
@@ -281,11 +302,17 @@ class ValueMemory:
         return sum(len(kept) for kept in self._kept.values())
 
 
+# Asks a person outside the client: the approval queue, settled with `bastion approve` from another terminal (the
+# policy's, handed in by the composition root). None when they approved, else why not.
+OutOfBand = Callable[[GatewayRequest, ToolEntry, str], Awaitable["str | None"]]
+NOBODY_IN_CLIENT = "no person could be asked (the client does not take elicitation requests in this session)"
+
+
 async def ask_person(config: GuardrailsConfig, session: Session, message: str) -> str | None:
     """Ask the person in the client; None when they approved, else why not."""
     client = session.client
     if session.era == "modern" or client is None or not client.supports("elicitation"):
-        return "no person could be asked (the client does not take elicitation requests in this session)"
+        return NOBODY_IN_CLIENT
     timeout = config.cross_server.approval_timeout_seconds
     params = elicitation(message, session.protocol_version >= "2025-11-25")
     try:
@@ -295,6 +322,36 @@ async def ask_person(config: GuardrailsConfig, session: Session, message: str) -
     except GatewayError as error:
         return f"the client could not ask ({error.message})"
     return None if approves(answer) else "the person declined"
+
+
+# Whether a session's client may be asked to approve a call at all: the policy's ``approval.approver``, handed in by the
+# composition root. Over HTTP the client is most often an agent, which would approve its own call.
+ClientApproves = Callable[[Session], bool]
+
+
+def stdio_client_approves(session: Session) -> bool:
+    """Without a policy, as its default ``approver = "auto"``: only a client on stdio, where a person sits at it."""
+    return not session.over_network
+
+
+async def ask_someone(config: GuardrailsConfig, request: GatewayRequest, entry: ToolEntry, message: str,
+                      out_of_band: OutOfBand | None, client_approves: ClientApproves | None = None) -> str | None:
+    """Ask the person in the client when the approver setting lets the client be asked, else (or when the client
+    cannot be asked: no elicitation, which many clients lack) in the approval queue rather than refusing; None when
+    a person approved, else why not."""
+    if (client_approves or stdio_client_approves)(request.session):
+        problem = await ask_person(config, request.session, message)
+    else:
+        problem = NOBODY_IN_CLIENT
+    if problem != NOBODY_IN_CLIENT or out_of_band is None:
+        return problem
+    return await out_of_band(request, entry, message)
+
+
+def flagged_among(session: Session, sources: list[TaintSource]) -> list[str]:
+    """The servers among ``sources`` whose content in this session the injection scan flagged."""
+    flags = session.facts.get(INJECTION_FLAGS) or {}
+    return [source.server for source in sources if flags.get(source.server)]
 
 
 # ------------------------------------------------------------------------------------------ the interceptors
@@ -340,6 +397,8 @@ class TaintGuard:
     def __init__(self, config: GuardrailsConfig, report: InterventionLog) -> None:
         self._config = config
         self._report = report
+        self.out_of_band: OutOfBand | None = None  # the approval queue, when the policy has one
+        self.client_approves: ClientApproves | None = None  # the policy's approver setting, when there is a policy
         # Each server's switch, read once: the configuration does not change under a running chain, and a call asks
         # for two or three of them.
         self._modes: dict[str, str] = {}
@@ -376,8 +435,11 @@ class TaintGuard:
         if server in taint_sources(request.session):
             return  # the session keeps the first content of each server: nothing to record (nearly every call)
         flags = request.session.facts.get(INJECTION_FLAGS) or {}
-        target = f"{request.method} {named(request.params, _ANSWERING[request.method])}"
-        source = tainting(server, server_trust(request.catalog, server), flags, target)
+        name = named(request.params, _ANSWERING[request.method])
+        target = f"{request.method} {name}"
+        entry = request.catalog.tool(name or "") if request.method == "tools/call" else None
+        open_world = entry is not None and claims_open_world(entry.definition)
+        source = tainting(server, content_origin(request.catalog, server), flags, target, open_world)
         # Not an intervention yet (nothing was held): what the session read is named when a call is held.
         if source is not None and record(request.session, source):
             log.debug("session %s is tainted by %s", request.session.session_id or "-", source.describe())
@@ -406,7 +468,13 @@ class TaintGuard:
             self._tell(request, "approved", entry.server, target, "tainted-session", "taint-approve",
                        f"a person approved the call, told of {explain(sources)}")
             return
-        problem = await self._ask(request.session, question(entry, sources))
+        if entry.pre_approved and not flagged_among(request.session, sources):
+            # The user approves this tool in their client already; only content the scan flagged as instructions to
+            # the model is reason enough to ask about it after all.
+            self._tell(request, "approved", entry.server, target, "tainted-session", "taint-approve",
+                       f"approved in advance by the client's file (autoApprove/alwaysAllow), after {explain(sources)}")
+            return
+        problem = await self._ask(request, entry, question(entry, sources))
         if problem is not None:
             self._tell(request, "refused", entry.server, target, "tainted-session", "taint-approve",
                        f"{problem}; after {explain(sources)}")
@@ -414,8 +482,8 @@ class TaintGuard:
         self._tell(request, "approved", entry.server, target, "tainted-session", "taint-approve",
                    f"a person approved the call, told of {explain(sources)}")
 
-    async def _ask(self, session: Session, message: str) -> str | None:
-        return await ask_person(self._config, session, message)
+    async def _ask(self, request: GatewayRequest, entry: ToolEntry, message: str) -> str | None:
+        return await ask_someone(self._config, request, entry, message, self.out_of_band, self.client_approves)
 
     @staticmethod
     def _refusal(entry: ToolEntry, sources: list[TaintSource], why: str) -> GatewayError:

@@ -275,7 +275,9 @@ class ToolFacts:
     def of(entry: ToolEntry, pinned: bool = False) -> "ToolFacts":
         hints = entry.definition.get("annotations") or {}
         trusted = entry.server_trust in ANNOTATIONS_TRUSTED_AT
-        read_only = trusted and hints.get("readOnlyHint") is True
+        # Bastion's own knowledge of the tool (a reference package's read, a plausible claim pinning holds still)
+        # counts whatever the server's trust; its other annotations count only as trust says.
+        read_only = entry.reads_only or (trusted and hints.get("readOnlyHint") is True)
         return ToolFacts(
             uid=f"{entry.server}/{entry.original_name}",
             server=entry.server,

@@ -455,7 +455,7 @@ class ApprovalStage:
         self._approver = self.settings.approver
         self._queue_as_fallback = self.settings.fallback == "queue"
 
-    def _client_approves(self, session: Session) -> bool:
+    def client_approves(self, session: Session) -> bool:
         """Whether the client may be asked to approve (policy.approval.approver): never out of band, and under auto
         only a client on stdio, where a person sits at it; over HTTP the client is most often an agent, which would
         approve its own call."""
@@ -497,7 +497,7 @@ class ApprovalStage:
                 REUSED_RULE, f"a person approved the identical call less than {self._reuse:g} s ago "
                              "(policy.approval.reuse_seconds)"))
             return await call_next(request)
-        by_client = self._client_approves(session)
+        by_client = self.client_approves(session)
         if by_client and session.era == "modern" and session.client_capabilities.get("elicitation") is not None:
             trail.add("approval", Decision(Effect.APPROVAL, trail.approval.rule, "asked the person (input_required)"))
             params = approval_elicitation(server, label, arguments, self.settings.show_argument_values, True,
@@ -520,6 +520,16 @@ class ApprovalStage:
             "(set policy.approval.fallback = \"queue\" to approve it with `bastion approve`)",
             decision,
         )
+
+    async def ask_out_of_band(self, request: GatewayRequest, entry: ToolEntry, question: str) -> str | None:
+        """A guardrail's question about a call (taint, a value's flow) that the client cannot be asked: the call
+        waits in the approval queue, said at once as a policy approval's wait is, until `bastion approve` or `deny`
+        settles it or it times out. None when a person approved, else why not."""
+        if self.queue is None or not (self._queue_as_fallback or not self.client_approves(request.session)):
+            return ("no person could be asked: the client does not take elicitation requests, and "
+                    "policy.approval.fallback = \"refuse\" keeps calls out of the approval queue")
+        return await self._wait_for_person(request, Trail(), entry.server, entry.original_name,
+                                           request.params.get("arguments"), False, question)
 
     async def _redeem(
         self, request: GatewayRequest, call_next: Handler, trail: Trail, key: tuple[str, str, str], name: str,
@@ -579,7 +589,8 @@ class ApprovalStage:
         return result
 
     async def _wait_for_person(
-        self, request: GatewayRequest, trail: Trail, server: str, label: str, arguments: Any, ask_client: bool
+        self, request: GatewayRequest, trail: Trail, server: str, label: str, arguments: Any, ask_client: bool,
+        question: str | None = None,
     ) -> str | None:
         """Ask in the client, in the queue, or both (the first answer counts); None when a person approved."""
         session = request.session
@@ -596,7 +607,7 @@ class ApprovalStage:
                 "tool": label,
                 "arguments": arguments if self.settings.show_argument_values else shape_of(arguments),
             }
-            note = taint_note(session, server)
+            note = question or taint_note(session, server)
             if note:
                 record["note"] = note
             approval_id = await self._submit(record, timeout)
@@ -748,6 +759,7 @@ class PolicyRuntime:
     engine: PolicyEngine
     interceptors: list[Interceptor]
     audit: AuditTrail
+    approval: "ApprovalStage | None" = None
 
     def record_admission_refusal(self, identity: Identity, method: str, target: str | None, stage: str, rule: str,
                                  reason: str, outcome: int) -> None:
@@ -809,7 +821,7 @@ def build_policy_runtime(
     limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
     approval = ApprovalStage(config, signer, queue, pre_approved, state)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
-    return PolicyRuntime(engine, [policy], audit)
+    return PolicyRuntime(engine, [policy], audit, approval)
 
 
 def build_policy_interceptors(config: PolicyConfig, **options: Any) -> list[Interceptor]:

@@ -39,7 +39,10 @@ class Setup:
 
 def cross_server_setup(tmp_path: Path, servers: dict[str, dict[str, Any]] | None = None, **top_level: Any) -> Setup:
     """A configuration of fixture servers (by default ``web`` and ``notes``, both untrusted, as a plain
-    ``mcpServers`` file gives them) with the default policy and guardrails unless ``top_level`` says otherwise."""
+    ``mcpServers`` file gives them) with the default policy and guardrails unless ``top_level`` says otherwise.
+    ``web`` stands for a server of content others wrote (web pages): unless the test says otherwise it is marked
+    ``trust = "untrusted"`` explicitly, which is what makes its answers taint a session (a fixture script is no
+    reference package Bastion knows, and its sandbox grants no network)."""
     events = tmp_path / "events.log"
     entries = {}
     for name, extra in (servers or {"web": {}, "notes": {}}).items():
@@ -50,6 +53,7 @@ def cross_server_setup(tmp_path: Path, servers: dict[str, dict[str, Any]] | None
             "sandbox": {"writable": [str(tmp_path)]},
             "request_timeout": 900,
             "era": "legacy",  # sampling mid-call is the handshake era's way (a 2026-07-28 server asks in its answer)
+            **({"trust": "untrusted"} if name == "web" else {}),
             **extra,
         }
     policy = top_level.pop("policy", {"approval": {"fallback": "refuse", "queue_dir": str(tmp_path / "queue")},

@@ -52,8 +52,9 @@ def test_the_memory_is_per_caller_hashed_bounded_and_expires() -> None:
 
 # ------------------------------------------------------------------------------------------ end to end
 def _setup(tmp_path, **switches):
-    trusted = {"trust": "trusted"}
-    return cross_server_setup(tmp_path, {"web": trusted, "notes": trusted}, policy="off",
+    # notes stands for a server a value can leave the machine through: the user marked it untrusted (a value passed
+    # to a local server that reaches nothing is no flow: test_a_value_passed_between_local_servers_is_no_flow).
+    return cross_server_setup(tmp_path, {"web": {"trust": "trusted"}, "notes": {"trust": "untrusted"}}, policy="off",
                               guardrails={"taint": "off", **switches})
 
 
@@ -75,6 +76,18 @@ async def test_a_value_from_another_servers_answer_is_held_until_a_person_approv
     assert len(person.elicitation_requests) == 2 and "'web'" in person.elicitation_requests[0].message
     lines = setup.event_lines()
     assert not any(line.startswith(f"notes write_note see {TICKET}") for line in lines), lines
+
+
+async def test_a_value_passed_between_local_servers_is_no_flow(tmp_path) -> None:
+    # Neither server reaches the network or is marked: a value one answered, given to the other, goes nowhere else.
+    setup = cross_server_setup(tmp_path, {"web": {"trust": "trusted"}, "notes": {}}, policy="off",
+                               guardrails={"taint": "off"})
+    person = Person(approve=False)
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            assert TICKET in text_of(await session.call_tool("web__open_ticket", {}))
+            written = await session.call_tool("notes__write_note", {"text": f"see {TICKET}"})
+    assert text_of(written) == f"wrote see {TICKET}" and person.elicitation_requests == []
 
 
 async def test_typed_echoed_same_server_and_common_values_pass_without_asking(tmp_path) -> None:

@@ -6,6 +6,7 @@ before the taint does not carry over; "refuse" refuses; trusted content and read
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 
@@ -13,7 +14,7 @@ import anyio
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 
-from bastion.guardrails.taint import held_by, read_only, record, tainting
+from bastion.guardrails.taint import content_origin, held_by, read_only, record, tainting
 from bastion.model import TAINTED_BY, Identity, Session, TaintSource, ToolEntry
 from tests.guardrails.cross_server_support import DEADLINE, Person, client, cross_server_setup, text_of
 from tests.support import BASTION
@@ -30,20 +31,40 @@ def tool(server: str, trust: str, **annotations: bool) -> ToolEntry:
 
 
 def test_what_taints() -> None:
-    assert tainting("web", "untrusted", {}, "x") == TaintSource("web", "x", "untrusted server")
-    assert tainting("web", "trusted", {}, "x") is None
-    assert tainting("web", "reviewed", {}, "x") is None
-    flagged = tainting("docs", "trusted", {"docs": "instructions to the model"}, "x")
+    # Content taints by where it comes from (the catalog's reason: open world, network, the user's mark) ...
+    assert tainting("web", "its sandbox grants it the network", {}, "x") == \
+        TaintSource("web", "x", "its sandbox grants it the network")
+    # ... not by the server's trust: a local server nobody reviewed answers the time or a git status.
+    assert tainting("time", None, {}, "x") is None
+    # A tool that says it reaches the open world is believed from anyone: the claim asks for more care, not less.
+    opened = tainting("mail", None, {}, "x", open_world_tool=True)
+    assert opened is not None and "openWorldHint" in opened.reason
+    flagged = tainting("docs", None, {"docs": "instructions to the model"}, "x")
     assert flagged is not None and flagged.reason == "flagged by the injection scan: instructions to the model"
+
+
+def test_a_catalog_that_cannot_tell_where_content_comes_from_counts_untrusted_servers() -> None:
+    class OldView:
+        def server_trust(self, server: str) -> str:
+            return {"web": "untrusted"}.get(server, "trusted")
+
+        def tools(self) -> list:
+            return []
+
+    assert content_origin(OldView(), "web") == "untrusted server"  # type: ignore[arg-type]
+    assert content_origin(OldView(), "git") is None  # type: ignore[arg-type]
 
 
 def test_what_is_held() -> None:
     tainted = {"web": WEB_PAGE}
     assert held_by(tool("notes", "trusted", readOnlyHint=False), tainted) == [WEB_PAGE]
     assert held_by(tool("notes", "trusted", readOnlyHint=True), tainted) == []
-    # An untrusted server's annotations do not count: its "read-only" tool is held like any other.
+    # An untrusted server's annotations do not count: its "read-only" tool is held like any other ...
     assert not read_only(tool("notes", "untrusted", readOnlyHint=True))
     assert held_by(tool("notes", "untrusted", readOnlyHint=True), tainted) == [WEB_PAGE]
+    # ... unless Bastion counts it read-only itself (a reference package's read, a claim pinning holds still).
+    vouched = dataclasses.replace(tool("notes", "untrusted"), reads_only=True)
+    assert read_only(vouched) and held_by(vouched, tainted) == []
     assert held_by(tool("web", "untrusted"), tainted) == []  # a server's own content does not hold its own calls
 
 
@@ -73,8 +94,9 @@ async def test_the_approval_prompt_names_the_content_that_came_first(tmp_path) -
     first, second = approvals_for(person, "write_note")
     assert "could steer the model" not in first
     assert second.startswith(TAINT_NOTE)
-    # One question for the tainted call: the policy asked, told of the taint, so the guardrail did not ask again.
-    assert len(person.elicitation_requests) == 3
+    # One question for the tainted call: the policy asked, told of the taint, so the guardrail did not ask again; the
+    # page's fetch asked nothing (a read-only claim of a tool whose name says no change, held still by pinning).
+    assert len(person.elicitation_requests) == 2
     assert await setup.wait_for_event("notes write_note after")
 
 
@@ -182,13 +204,130 @@ async def test_a_client_that_cannot_be_asked_gets_the_queue_and_the_queue_names_
             approvals: list[dict] = []
 
             async def approving() -> None:
-                approvals.extend(await approve_each(2))
+                approvals.extend(await approve_each(1))
 
             person.start_soon(approving)
             await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
             written = await session.call_tool("notes__write_note", {"text": "queued"})
     assert text_of(written) == "wrote queued"
-    first, second = approvals
-    assert first["note"] is None and second["tool"] == "write_note"
-    assert second["note"].startswith(TAINT_NOTE)
+    [only] = approvals  # the page's fetch is a read: it asks nobody
+    assert only["tool"] == "write_note" and only["note"].startswith(TAINT_NOTE)
     assert await setup.wait_for_event("notes write_note queued")
+
+
+async def test_a_tool_the_client_file_approves_in_advance_is_not_asked_about_unless_the_scan_flagged_content(
+        tmp_path) -> None:
+    # autoApprove / alwaysAllow (auto_approve) covers the taint guardrail's question as it covers the policy's ...
+    for folder in ("plain", "flagged"):
+        (tmp_path / folder).mkdir()
+    setup = cross_server_setup(tmp_path / "plain", {"web": {}, "notes": {"auto_approve": ["write_note"]}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session:
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            written = await session.call_tool("notes__write_note", {"text": "after the page"})
+    assert text_of(written) == "wrote after the page" and person.elicitation_requests == []
+
+    # ... but not after content the injection scan flagged as instructions to the model: then a person is asked.
+    flagged = cross_server_setup(tmp_path / "flagged", {"web": {"trust": "trusted"},
+                                                        "notes": {"auto_approve": ["write_note"]}})
+    person = Person()
+    with anyio.fail_after(DEADLINE):
+        async with client(flagged, person) as session:
+            await session.call_tool("web__poisoned_page", {})
+            written = await session.call_tool("notes__write_note", {"text": "after the poisoned page"})
+    assert text_of(written) == "wrote after the poisoned page"
+    [asked] = approvals_for(person, "write_note")
+    assert "flagged by the injection scan" in asked
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_held_call_the_client_cannot_be_asked_about_waits_in_the_queue_instead_of_failing(
+        tmp_path, mode: str) -> None:
+    # The policy lets every call run unasked, so the taint guardrail asks on its own; the client takes no
+    # elicitation (and a 2026-07-28 client cannot be asked in the middle of a call), so its question goes to the
+    # approval queue, and `bastion approve` runs the call.
+    queue = tmp_path / "queue"
+    policy_file = tmp_path / "open.cedar"
+    policy_file.write_text("permit (principal, action, resource);\n")
+    setup = cross_server_setup(tmp_path, policy={"policy_files": [str(policy_file)],
+                                                 "approval": {"fallback": "queue", "queue_dir": str(queue),
+                                                              "poll_seconds": 0.1},
+                                                 "audit": {"enabled": False}})
+    plain = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode=mode,
+                   read_timeout_seconds=DEADLINE)
+
+    def pending() -> list[dict]:
+        listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)], capture_output=True,
+                                text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        return json.loads(listed.stdout)
+
+    async def approve_one() -> dict:
+        while True:
+            waiting = await anyio.to_thread.run_sync(pending)
+            if waiting:
+                approved = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [BASTION, "approve", waiting[0]["id"], "--queue-dir", str(queue)], capture_output=True,
+                    text=True, timeout=60))
+                assert approved.returncode == 0, approved.stderr
+                return waiting[0]
+            await anyio.sleep(0.2)
+
+    with anyio.fail_after(DEADLINE):
+        async with plain as session, anyio.create_task_group() as person:
+            approvals: list[dict] = []
+
+            async def approving() -> None:
+                approvals.append(await approve_one())
+
+            person.start_soon(approving)
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            written = await session.call_tool("notes__write_note", {"text": "queued by the guardrail"})
+    assert text_of(written) == "wrote queued by the guardrail"
+    [only] = approvals
+    assert only["tool"] == "write_note" and "could steer the model" in only["note"]
+    assert await setup.wait_for_event("notes write_note queued by the guardrail")
+
+
+async def test_the_taint_guardrail_asks_only_whom_the_approver_setting_names(tmp_path) -> None:
+    # policy.approval.approver = "out_of_band": the client is never asked, even one that takes elicitation (over
+    # HTTP it is most often the agent itself, which would approve its own call); the question goes to the queue.
+    queue = tmp_path / "queue"
+    policy_file = tmp_path / "open.cedar"
+    policy_file.write_text("permit (principal, action, resource);\n")
+    setup = cross_server_setup(tmp_path, policy={"policy_files": [str(policy_file)],
+                                                 "approval": {"approver": "out_of_band", "queue_dir": str(queue),
+                                                              "poll_seconds": 0.1},
+                                                 "audit": {"enabled": False}})
+    person = Person()
+
+    settled = False
+
+    def approve_when_queued() -> dict | None:
+        while not settled:
+            listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)],
+                                    capture_output=True, text=True, timeout=60)
+            assert listed.returncode == 0, listed.stderr
+            waiting = json.loads(listed.stdout)
+            if waiting:
+                approved = subprocess.run([BASTION, "approve", waiting[0]["id"], "--queue-dir", str(queue)],
+                                          capture_output=True, text=True, timeout=60)
+                assert approved.returncode == 0, approved.stderr
+                return waiting[0]
+        return None
+
+    queued: list[dict | None] = []
+    with anyio.fail_after(DEADLINE):
+        async with client(setup, person) as session, anyio.create_task_group() as outside:
+            async def approving() -> None:
+                queued.append(await anyio.to_thread.run_sync(approve_when_queued))
+
+            outside.start_soon(approving)
+            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+            written = await session.call_tool("notes__write_note", {"text": "approved out of band"})
+            settled = True
+    assert text_of(written) == "wrote approved out of band"
+    assert person.elicitation_requests == []
+    [only] = queued
+    assert only["tool"] == "write_note" and "could steer the model" in only["note"]
