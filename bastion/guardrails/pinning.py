@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import shlex
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
@@ -79,15 +80,23 @@ class Withheld:
     verdict: Verdict | None  # None: the pins file cannot be read, so nothing can be checked against it
     problem: str = ""
     entry: Verdict | None = None  # the server's configuration entry changed: everything of it is withheld
+    configuration: str | None = None  # the configuration file the server is pinned for (None: pinned by name)
 
     @property
     def reference(self) -> str:
-        return f"{self.server}/{self.key}" if self.entry is None else f"{self.server}/{ENTRY_KEY}"
+        """The definition as the pins commands name it, with the configuration file that tells namesakes apart."""
+        target = f"{self.server}/{self.key}" if self.entry is None else f"{self.server}/{ENTRY_KEY}"
+        return target + self._of
 
     @property
     def accept(self) -> str:
         """What a person runs to trust it: for a changed entry, the whole server (the entry and what it serves)."""
-        return f"bastion pins accept {self.reference if self.entry is None else self.server}"
+        target = f"{self.server}/{self.key}" if self.entry is None else self.server
+        return f"bastion pins accept {target}{self._of}"
+
+    @property
+    def _of(self) -> str:
+        return "" if self.configuration is None else f" --config {shlex.quote(self.configuration)}"
 
     @property
     def intervention_kind(self) -> str:
@@ -369,7 +378,8 @@ class PinningGuard:
         """Judge ``offered`` against the book, record what is new or newly changed (in memory at once, in the pins
         file soon after), and return what is withheld."""
         if self._problem is not None:
-            withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, None, self._problem)
+            withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, None, self._problem,
+                                               configuration=self._configuration(item.server))
                         for item in offered}
             self._report_new(withheld.values())
             return withheld
@@ -384,13 +394,15 @@ class PinningGuard:
             pinned = [o.server for o in seen if o.action == "pin"]
             for server in sorted(set(pinned)):
                 log.info("pinned %d definitions of server %s on first use", pinned.count(server), _described(server))
-        withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, verdict)
+        withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, verdict,
+                                           configuration=self._configuration(item.server))
                     for item, verdict in zip(offered, verdicts) if verdict.withheld}
         self._report_new(withheld.values(), offered)
         for item in offered:  # a changed entry holds all its server offers, changed or not
             if item.server in held:
                 withheld[item.exposed] = Withheld(item.exposed, item.server, item.kind, item.key,
-                                                  held[item.server].verdict, entry=held[item.server].verdict)
+                                                  held[item.server].verdict, entry=held[item.server].verdict,
+                                                  configuration=self._configuration(item.server))
         return withheld
 
     def _held_entries(self, offered: list[_Offered]) -> dict[str, Withheld]:
@@ -404,13 +416,17 @@ class PinningGuard:
             self._book, [(self._id(item.server), item.kind, item.key, item.definition) for item in entries], now())
         if seen:
             self._persist(seen)
-        held = {item.server: Withheld(item.exposed, item.server, item.kind, item.key, verdict, entry=verdict)
+        held = {item.server: Withheld(item.exposed, item.server, item.kind, item.key, verdict, entry=verdict,
+                                      configuration=self._configuration(item.server))
                 for item, verdict in zip(entries, verdicts) if verdict.withheld}
         self._report_new(held.values(), entries)
         return held
 
     def _id(self, server: str) -> str:
         return self._ids.get(server, server)
+
+    def _configuration(self, server: str) -> str | None:
+        return split_id(self._id(server))[0]
 
     def _persist(self, seen: list[Observation]) -> None:
         self._unwritten.extend(seen)

@@ -5,6 +5,8 @@ it with ``bastion pins accept``, while a restart, rotated env values and a refor
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -80,11 +82,17 @@ def test_a_changed_entry_holds_every_definition_until_a_person_accepts_it(tmp_pa
         changed["args"] = ["-X", "utf8", RUG]
     else:
         changed["cwd"] = str(tmp_path)
-    tools, called, stderr = listed(write(tmp_path, changed))
+    config = write(tmp_path, changed)
+    tools, called, stderr = listed(config)
     assert tools == set(), tools  # the definitions are the old entry's: none is served under the new one
     message = called["error"]["message"]
     assert called["error"]["code"] == -32602 and "server's configuration entry changed since it was pinned" in message
-    assert "`bastion pins diff rug/@entry`" in message and "`bastion pins accept rug`" in message, message
+    # The commands name the configuration file, so a namesake elsewhere is never the one reviewed or accepted ...
+    told = re.findall(r"`bastion pins ([^`]+)`", message)
+    assert told == [f"diff rug/@entry --config {config.resolve()}", f"accept rug --config {config.resolve()}"], message
+    # ... and the review the message names runs as written.
+    review = pins(*shlex.split(told[0]))
+    assert review.returncode == 0 and "rug/@entry" in review.stdout, review
     assert called["error"]["data"]["status"] == "changed-configuration"
     assert "guardrail pinning withheld changed-configuration on server rug, configuration entry @entry" in stderr
 

@@ -101,7 +101,7 @@ def test_a_rug_pull_across_restarts_is_withheld_until_a_person_accepts_it(tmp_pa
         assert "tool 'rug__add' of server 'rug' is withheld: its definition changed since it was pinned" in error[
             "message"]
         assert "description changed" in error["message"] and "new required parameter 'note'" in error["message"]
-        assert "`bastion pins accept rug/add`" in error["message"]
+        assert f"`bastion pins accept rug/add --config {(tmp_path / 'bastion.json').resolve()}`" in error["message"]
         assert error["data"]["guardrail"] == "pinning" and error["data"]["tool"] == "add"
 
         assert names(second, 4, "prompts/list", "prompts") == set()

@@ -78,7 +78,7 @@ async def test_call_tool_of_a_withheld_tool_says_why_as_a_direct_call_does(tmp_p
     assert through == direct
     assert "withheld" in through and "'rug__add'" in through
     if screen == "pinning":
-        assert "`bastion pins diff rug/add`" in through
+        assert f"`bastion pins diff rug/add --config {(tmp_path / 'bastion.json').resolve()}`" in through
     else:
         assert "metadata_injection" in through
     assert unknown.is_error and "unknown tool" in unknown.content[0].text
