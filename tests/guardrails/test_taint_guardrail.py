@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+from pathlib import Path
+from typing import Any, Callable
 
 import anyio
 import pytest
@@ -16,7 +18,7 @@ from mcp import Client, MCPError, StdioServerParameters
 
 from bastion.guardrails.taint import content_origin, held_by, read_only, record, tainting
 from bastion.model import TAINTED_BY, Identity, Session, TaintSource, ToolEntry
-from tests.guardrails.cross_server_support import DEADLINE, Person, client, cross_server_setup, text_of
+from tests.guardrails.cross_server_support import DEADLINE, Person, Setup, client, cross_server_setup, text_of
 from tests.support import BASTION
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
@@ -241,93 +243,78 @@ async def test_a_tool_the_client_file_approves_in_advance_is_not_asked_about_unl
     assert "flagged by the injection scan" in asked
 
 
-@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
-async def test_a_held_call_the_client_cannot_be_asked_about_waits_in_the_queue_instead_of_failing(
-        tmp_path, mode: str) -> None:
-    # The policy lets every call run unasked, so the taint guardrail asks on its own; the client takes no
-    # elicitation (and a 2026-07-28 client cannot be asked in the middle of a call), so its question goes to the
-    # approval queue, and `bastion approve` runs the call.
+def open_policy_with_a_queue(tmp_path, **approval: object) -> tuple[Setup, Path]:
+    """Two servers behind a policy that lets every call run unasked (so the taint guardrail asks on its own), with an
+    approval queue; the setup and the queue's folder."""
     queue = tmp_path / "queue"
     policy_file = tmp_path / "open.cedar"
     policy_file.write_text("permit (principal, action, resource);\n")
     setup = cross_server_setup(tmp_path, policy={"policy_files": [str(policy_file)],
-                                                 "approval": {"fallback": "queue", "queue_dir": str(queue),
+                                                 "approval": {**approval, "queue_dir": str(queue),
                                                               "poll_seconds": 0.1},
                                                  "audit": {"enabled": False}})
-    plain = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode=mode,
-                   read_timeout_seconds=DEADLINE)
+    return setup, queue
 
-    def pending() -> list[dict]:
+
+def approve_the_first_queued(queue: Path, settled: Callable[[], bool]) -> dict | None:
+    """What a person at another terminal does: `bastion approve` the first call waiting in the queue, and return it;
+    None when the session settled without anything queued."""
+    while not settled():
         listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)], capture_output=True,
                                 text=True, timeout=60)
         assert listed.returncode == 0, listed.stderr
-        return json.loads(listed.stdout)
+        waiting = json.loads(listed.stdout)
+        if waiting:
+            approved = subprocess.run([BASTION, "approve", waiting[0]["id"], "--queue-dir", str(queue)],
+                                      capture_output=True, text=True, timeout=60)
+            assert approved.returncode == 0, approved.stderr
+            return waiting[0]
+    return None
 
-    async def approve_one() -> dict:
-        while True:
-            waiting = await anyio.to_thread.run_sync(pending)
-            if waiting:
-                approved = await anyio.to_thread.run_sync(lambda: subprocess.run(
-                    [BASTION, "approve", waiting[0]["id"], "--queue-dir", str(queue)], capture_output=True,
-                    text=True, timeout=60))
-                assert approved.returncode == 0, approved.stderr
-                return waiting[0]
-            await anyio.sleep(0.2)
 
+async def write_after_the_page(session, queue: Path, text: str) -> tuple[Any, dict | None]:
+    """Read the web page, then write a note while a person approves from the queue; the write's result and what the
+    person approved."""
+    settled = False
+    queued: list[dict | None] = []
+
+    async def approving() -> None:
+        queued.append(await anyio.to_thread.run_sync(approve_the_first_queued, queue, lambda: settled))
+
+    async with anyio.create_task_group() as outside:
+        outside.start_soon(approving)
+        await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
+        try:
+            written = await session.call_tool("notes__write_note", {"text": text})
+        finally:
+            settled = True
+    return written, queued[0]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_held_call_the_client_cannot_be_asked_about_waits_in_the_queue_instead_of_failing(
+        tmp_path, mode: str) -> None:
+    # The client takes no elicitation (and a 2026-07-28 client cannot be asked in the middle of a call), so the
+    # taint guardrail's question goes to the approval queue, and `bastion approve` runs the call.
+    setup, queue = open_policy_with_a_queue(tmp_path, fallback="queue")
+    plain = Client(StdioServerParameters(command=BASTION, args=["run", str(setup.config), "-q"]), mode=mode,
+                   read_timeout_seconds=DEADLINE)
     with anyio.fail_after(DEADLINE):
-        async with plain as session, anyio.create_task_group() as person:
-            approvals: list[dict] = []
-
-            async def approving() -> None:
-                approvals.append(await approve_one())
-
-            person.start_soon(approving)
-            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
-            written = await session.call_tool("notes__write_note", {"text": "queued by the guardrail"})
+        async with plain as session:
+            written, approved = await write_after_the_page(session, queue, "queued by the guardrail")
     assert text_of(written) == "wrote queued by the guardrail"
-    [only] = approvals
-    assert only["tool"] == "write_note" and "could steer the model" in only["note"]
+    assert approved is not None and approved["tool"] == "write_note" and "could steer the model" in approved["note"]
     assert await setup.wait_for_event("notes write_note queued by the guardrail")
 
 
 async def test_the_taint_guardrail_asks_only_whom_the_approver_setting_names(tmp_path) -> None:
     # policy.approval.approver = "out_of_band": the client is never asked, even one that takes elicitation (over
     # HTTP it is most often the agent itself, which would approve its own call); the question goes to the queue.
-    queue = tmp_path / "queue"
-    policy_file = tmp_path / "open.cedar"
-    policy_file.write_text("permit (principal, action, resource);\n")
-    setup = cross_server_setup(tmp_path, policy={"policy_files": [str(policy_file)],
-                                                 "approval": {"approver": "out_of_band", "queue_dir": str(queue),
-                                                              "poll_seconds": 0.1},
-                                                 "audit": {"enabled": False}})
+    setup, queue = open_policy_with_a_queue(tmp_path, approver="out_of_band")
     person = Person()
-
-    settled = False
-
-    def approve_when_queued() -> dict | None:
-        while not settled:
-            listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)],
-                                    capture_output=True, text=True, timeout=60)
-            assert listed.returncode == 0, listed.stderr
-            waiting = json.loads(listed.stdout)
-            if waiting:
-                approved = subprocess.run([BASTION, "approve", waiting[0]["id"], "--queue-dir", str(queue)],
-                                          capture_output=True, text=True, timeout=60)
-                assert approved.returncode == 0, approved.stderr
-                return waiting[0]
-        return None
-
-    queued: list[dict | None] = []
     with anyio.fail_after(DEADLINE):
-        async with client(setup, person) as session, anyio.create_task_group() as outside:
-            async def approving() -> None:
-                queued.append(await anyio.to_thread.run_sync(approve_when_queued))
-
-            outside.start_soon(approving)
-            await session.call_tool("web__fetch_page", {"url": "https://example.com/"})
-            written = await session.call_tool("notes__write_note", {"text": "approved out of band"})
-            settled = True
+        async with client(setup, person) as session:
+            written, approved = await write_after_the_page(session, queue, "approved out of band")
     assert text_of(written) == "wrote approved out of band"
     assert person.elicitation_requests == []
-    [only] = queued
-    assert only["tool"] == "write_note" and "could steer the model" in only["note"]
+    assert approved is not None and approved["tool"] == "write_note" and "could steer the model" in approved["note"]
