@@ -88,7 +88,10 @@ class CatalogIndex:
                 self._changed.clear()
                 tools = self._wanted or {}
                 changed, gone = _changes(indexed, tools)
-                embedding_runs = embedding is not None and not embedding.done()
+                # Asked of the index, not of the build's future: the future completes on the loop a moment after
+                # the pass caught up, and a change of hundreds of tools in that moment would be embedded before it is
+                # searchable (upsert embeds when no pass is behind).
+                embedding_runs = embedding is not None and index.embedding_behind
                 if self._index is None or (not embedding_runs and len(changed) >= EMBED_CHUNK):
                     # MiniLM embeds the catalog on its own thread while changes keep coming in: the index makes
                     # each searchable at once (BM25 and the static vectors) and embeds it before it is done. A

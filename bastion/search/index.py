@@ -357,6 +357,12 @@ class ToolIndex:
         self._snapshot = snapshot
 
     @property
+    def embedding_behind(self) -> bool:
+        """True while a progressive build's MiniLM pass has not caught up with the published catalog: changes made
+        meanwhile are searchable at once and embedded by that pass."""
+        return self._embedding_behind
+
+    @property
     def semantic_ready(self) -> bool:
         """True once every listed tool has its MiniLM vector (always False in lexical mode)."""
         return self._snapshot.vectors is not None

@@ -208,3 +208,41 @@ async def test_a_server_that_brings_hundreds_of_tools_is_searchable_before_they_
     finally:
         switched.release.set()
         index.close()
+
+
+class LingeringBuild(ToolIndex):
+    """A ToolIndex whose progressive build, once MiniLM has caught up, returns only when the test lets it: the moment
+    between the pass catching up and the build's future completing on the loop, held open."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.caught_up, self.finish = threading.Event(), threading.Event()
+
+    def build(self, tools, **options) -> None:
+        super().build(tools, **options)
+        self.caught_up.set()
+        assert self.finish.wait(60)
+
+
+async def test_hundreds_of_tools_arriving_as_the_embedding_catches_up_are_searchable_at_once(encoder):
+    switched = HeldEncoder(encoder, holding=False)
+    catalog = Catalog(list(CATALOG))
+    made: list[LingeringBuild] = []
+    index = CatalogIndex(catalog, lambda: made.append(LingeringBuild(encoder=switched)) or made[0])
+    try:
+        ix = await asyncio.wait_for(index.current(), 30)
+        assert await asyncio.to_thread(made[0].caught_up.wait, 30), "the first build never caught up"
+        assert ix.semantic_ready and not ix.embedding_behind
+        switched.holding.set()  # MiniLM now waits on the test for any batch of texts
+        catalog.definitions += [tool(f"ledger_entry_{i}", f"Post ledger entry {i} to the accounting books.")
+                                for i in range(EMBED_CHUNK)]
+        catalog.definitions.append(tool("book_flight", "Book an airline flight between two airports."))
+        await index.current()
+        # Searchable by name before MiniLM embeds them, though the first build's future has not completed yet
+        # (an upsert would have embedded them first, out of sight until MiniLM was done).
+        await eventually(lambda: "book_flight" in ix)
+        assert "book_flight" in ix and names(ix.search("book a flight to Lisbon", 1)) == ["book_flight"]
+    finally:
+        switched.release.set()
+        made[0].finish.set()
+        index.close()
