@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 import orjson
 
+from bastion.files import replace_atomically
 from bastion.gateway.restarts import STDERR_QUOTED
 from bastion.paths import state_dir
 from bastion.policy.approval import process_started
@@ -138,12 +139,9 @@ class StatusBoard:
                 log.debug("the status file %s could not be written: %s", self._path, exc)
 
     def _write(self, data: bytes) -> None:
-        # The user's own: a server's stderr lines may say more than the user would show another account.
-        self._directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        temporary = self._path.with_name(f".{self._path.name}.{uuid.uuid4().hex}")
-        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-            out.write(data)
-        os.replace(temporary, self._path)
+        # The user's own (0600 in a 0700 folder): a server's stderr lines may say more than the user would show
+        # another account.
+        replace_atomically(self._path, data)
 
     def _retry_requested(self) -> None:
         task = asyncio.ensure_future(self._take_retries())
