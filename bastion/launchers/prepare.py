@@ -101,7 +101,7 @@ def _user_entry(state: Path, name: str, plan: LaunchPlan) -> LockEntry | None:
     except LockFileError as exc:
         log.warning("server %s: %s; resolving it again", name, exc)
         return None
-    if entry is None or entry.package != plan.package or entry.ecosystem != plan.ecosystem:
+    if entry is None or not _same_request(entry, plan):
         return None
     reason = unsatisfied(plan, entry.version, entry.tree)
     if reason is not None:
@@ -134,6 +134,11 @@ async def _install(name: str, plan: LaunchPlan, locked: LockEntry | None, env: I
     return installed
 
 
+def _same_request(entry: LockEntry, plan: LaunchPlan) -> bool:
+    """Whether ``entry`` was locked for what ``plan`` asks (then whether its tree satisfies it is the next question)."""
+    return entry.package == plan.package and entry.ecosystem == plan.ecosystem and entry.requested == plan.key
+
+
 def _locked_entry(lock_file: Path | None, name: str, plan: LaunchPlan) -> LockEntry | None:
     """The lock entry that still matches what the configuration asks for, if any."""
     if lock_file is None:
@@ -144,7 +149,7 @@ def _locked_entry(lock_file: Path | None, name: str, plan: LaunchPlan) -> LockEn
         raise PackageInstallFailed(str(exc)) from None
     if entry is None:
         return None
-    if entry.package != plan.package or entry.ecosystem != plan.ecosystem or entry.requested != plan.key:
+    if not _same_request(entry, plan):
         log.info("server %s: the configuration now asks for %s (locked: %s); resolving it again",
                  name, plan.key, entry.requested)
         return None
@@ -244,7 +249,7 @@ def carry_over(sources: Iterable[tuple[str, str, Path]], config: GatewayConfig) 
             except LockFileError as exc:
                 log.warning("server %s: %s; not carried over", name, exc)
                 continue
-            if (entry is not None and entry.requested == plan.key and entry.package == plan.package
+            if (entry is not None and _same_request(entry, plan)
                     and unsatisfied(plan, entry.version, entry.tree) is None):
                 carried[name] = entry
                 break
