@@ -34,13 +34,18 @@ def under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def home_and_above(home: str) -> list[str]:
-    """The user's home, ``/`` and every folder between: never shown because an argument names them."""
-    found, directory = [home], home
+def home_ancestors(home: str) -> list[str]:
+    """``/`` and every folder above the home directory: granting one would show every user's files."""
+    found, directory = [], home
     while directory not in ("/", ""):
         directory = os.path.dirname(directory)
         found.append(directory)
     return found
+
+
+def home_and_above(home: str) -> list[str]:
+    """The user's home, ``/`` and every folder between: never shown because an argument names them."""
+    return [home, *home_ancestors(home)]
 
 
 def absolute_argument(arg: str, folder: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from bastion.argument_paths import NEVER_SHOWN, argument_binds, granting
+from bastion.argument_paths import NEVER_SHOWN, argument_binds, granting, home_and_above, home_ancestors, under
 
 # Folders in the home directory that hold credentials: granted when a user listed them, but said out loud.
 _CREDENTIAL_DIRS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".password-store",
@@ -159,15 +159,6 @@ def _resolve(path: str, home: str, base: str | None) -> str | None:
     return os.path.normpath(path)
 
 
-def home_ancestors(home: str) -> list[str]:
-    """``/`` and every folder above the home directory: granting one would show every user's files."""
-    found, directory = [], home
-    while directory not in ("/", ""):
-        directory = os.path.dirname(directory)
-        found.append(directory)
-    return found
-
-
 def tilde(path: str, home: str | None = None) -> str:
     """A path as a person writes it: the home directory as ``~``."""
     home = os.path.normpath(home or os.path.expanduser("~"))
@@ -206,7 +197,7 @@ class _Grants:
             self.warn(f"server {self._name!r}: not granting your home directory {shown} whole ({why}): it sees an "
                       "empty private home there instead; list the folders it needs (such as ~/Documents), or import "
                       "with --allow-home to grant it anyway")
-        elif any(path == root or path.startswith(root + "/") for root in NEVER_SHOWN):
+        elif any(under(path, root) for root in NEVER_SHOWN):
             self.warn(f"server {self._name!r}: not granting {shown}: the sandbox never shows /proc, /sys or /dev")
         elif not os.path.exists(path):
             self.warn(f"server {self._name!r}: {shown} ({why}) does not exist, so it is not granted; create it "
@@ -228,7 +219,7 @@ class _Grants:
             if not candidate.startswith(("/", "~")):
                 continue
             path = _resolve(candidate, self._home, self._base)
-            if path in self._considered or path not in (self._home, *home_ancestors(self._home)):
+            if path in self._considered or path not in home_and_above(self._home):
                 continue
             self._considered.add(path)
             self.warn(f"server {self._name!r}: its arguments name {tilde(path, self._home)}, which the sandbox does "
@@ -361,7 +352,7 @@ def review(name: str, server: Mapping[str, Any], *, origin: str = "", warnings: 
     binds = argument_binds(args, base=base or os.getcwd(), home=home, writable=writes, read_only=read_grants)
     reads += [path for path in binds.read_only if path not in reads]
     if (isinstance(cwd, str) and os.path.isabs(cwd) and granting(os.path.normpath(cwd), [*writes, *read_grants]) is None
-            and cwd not in [home, *home_ancestors(home)]):
+            and cwd not in home_and_above(home)):
         reads.append(os.path.normpath(cwd))
     result.writes = [tilde(path, home) for path in dict.fromkeys(writes)]
     result.reads = [tilde(path, home) for path in dict.fromkeys(reads)]
