@@ -29,6 +29,7 @@ from dataplane_client import McpPipeClient  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 PROFILED = BENCH_DIR / "fixtures" / "profiled_bastion.py"
+PROFILE_ON, PROFILE_OFF = signal.SIGRTMIN + 1, signal.SIGRTMIN + 2  # as PROFILED handles them
 TARGET_CALLS_PER_SECURED_CALL = 150  # issue 27
 WARM_UP = 50
 
@@ -56,11 +57,11 @@ async def count(workdir: Path, secured: bool, calls: int) -> float:
             tool = next(name for name in await client.tool_names() if name.endswith("echo"))
             for _ in range(WARM_UP):
                 await client.timed_echo(tool, "warm")
-            process.send_signal(signal.SIGUSR1)
+            process.send_signal(PROFILE_ON)
             await client.request("ping")  # the signal is handled before this is answered
             for index in range(calls):
                 await client.timed_echo(tool, f"call {index}")
-            process.send_signal(signal.SIGUSR2)
+            process.send_signal(PROFILE_OFF)
             await client.request("ping")
         finally:
             process.stdin.close()
