@@ -117,7 +117,9 @@ def claims_read_only(definition: Mapping[str, Any]) -> bool:
 def claims_open_world(definition: Mapping[str, Any]) -> bool:
     """The tool says it reaches the open world: a claim that asks for more care, so believed from anyone."""
     annotations = definition.get("annotations")
-    return isinstance(annotations, Mapping) and annotations.get("openWorldHint") is True
+    # dict, not Mapping: a definition is parsed JSON, and this runs for every answer, where an isinstance against
+    # typing's Mapping costs five calls through the ABC machinery
+    return isinstance(annotations, dict) and annotations.get("openWorldHint") is True
 
 
 @dataclass(frozen=True, slots=True)
