@@ -28,7 +28,7 @@ import cedarpy
 import orjson
 
 from bastion.model import Identity, ToolEntry
-from bastion.policy.cedar_text import DEFAULT_POLICY, NAMESPACE, PRINCIPAL_ATTRIBUTES, SCHEMA, schema
+from bastion.policy.cedar_text import ADMIN_ACTIONS, DEFAULT_POLICY, NAMESPACE, PRINCIPAL_ATTRIBUTES, SCHEMA, schema
 from bastion.policy.config import PolicyStartError
 from bastion.policy.decision import Decision, Effect
 
@@ -489,6 +489,33 @@ class CedarAuthorizer:
         if reasons:
             return Decision(Effect.DENY, reasons[0], "forbidden by policy", {"errors": errors} if errors else {})
         return Decision(Effect.DENY, DEFAULT_DENY_RULE, "no policy permits this", {"errors": errors} if errors else {})
+
+
+def authorize_admin(authorizer: CedarAuthorizer, identity: Identity, action: str, operation: str = "") -> Decision:
+    """May ``identity`` do ``action`` (one of ``ADMIN_ACTIONS``) on the console, the act named by ``operation``?
+    Not cached: operators act seldom, and every act is decided afresh."""
+    if action not in ADMIN_ACTIONS:
+        raise ValueError(f"{action!r} is not an operator's action ({', '.join(ADMIN_ACTIONS)})")
+    user = {
+        "uid": _uid("User", identity.name),
+        "attrs": principal_attributes(identity, authorizer.claim_attributes),
+        "parents": [_uid("Group", g) for g in identity.groups],
+    }
+    groups = [{"uid": _uid("Group", g), "attrs": {}, "parents": []} for g in identity.groups]
+    console = {"uid": _uid("Console", "console"), "attrs": {}, "parents": []}
+    request = {
+        "principal": _uid("User", identity.name),
+        "action": _uid("Action", action),
+        "resource": _uid("Console", "console"),
+        "context": {"operation": operation},
+    }
+    result = cedarpy.is_authorized(request, authorizer._policies, [user, *groups, console])
+    reasons = list(result.diagnostics.reasons)
+    if result.allowed:
+        return Decision(Effect.ALLOW, reasons[0] if reasons else "", "permitted by policy")
+    if reasons:
+        return Decision(Effect.DENY, reasons[0], "forbidden by policy")
+    return Decision(Effect.DENY, DEFAULT_DENY_RULE, "no policy permits this")
 
 
 def authorize_server_request(

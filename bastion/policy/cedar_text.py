@@ -54,6 +54,14 @@ namespace Bastion {
   // Server-to-client requests the client is asked to answer.
   action answer_sampling, answer_elicitation, answer_roots
     appliesTo { principal: User, resource: Server, context: CallContext };
+
+  // Operating the gateway (docs/operations.md): reading /metrics, reading the web console, and acting from it;
+  // operation names the act ("approve", "deny", "accept_tool_change", "reject_tool_change", "retry_server",
+  // "reload"; "" for the two reads), so a policy may allow some acts and not others.
+  entity Console;
+  type AdminContext = { operation: String };
+  action view_metrics, view_console, administer
+    appliesTo { principal: User, resource: Console, context: AdminContext };
 }
 """
 
@@ -104,4 +112,16 @@ permit (
 // its calls is in flight, and the sampling guardrail holds every request to its budgets (docs/guardrails.md).
 @id("default-sampling")
 permit (principal, action == Bastion::Action::"answer_sampling", resource);
+
+// The gateway's metrics and web console are for its operators: the members of group "admins" (an HTTP identity's
+// groups come from its token, key or certificate mapping; a stdio deployment's `bastion console` login is one).
+@id("default-admins-operate")
+permit (
+  principal in Bastion::Group::"admins",
+  action in [Bastion::Action::"view_metrics", Bastion::Action::"view_console", Bastion::Action::"administer"],
+  resource
+);
 """
+
+# What an operator may do, as Cedar actions on the one Console entity.
+ADMIN_ACTIONS = ("view_metrics", "view_console", "administer")

@@ -35,7 +35,7 @@ from bastion.policy.approval import (
     load_secret,
 )
 from bastion.policy.audit import AuditWriter, shape_of
-from bastion.policy.cedar_engine import SessionFacts, Target, authorize_server_request
+from bastion.policy.cedar_engine import SessionFacts, Target, authorize_admin, authorize_server_request
 from bastion.policy.config import ApprovalConfig, PolicyConfig, PolicyStartError
 from bastion.policy.decision import Decision, Effect
 from bastion.policy.engine import SCHEMA_RULE, PolicyEngine
@@ -776,6 +776,21 @@ class PolicyRuntime:
         """The decision alone (``bastion policy`` and tests); the gateway asks the policy interceptor's hook, which
         audits it."""
         return authorize_server_request(self.engine.authorizer, identity, server, method, trust)
+
+    def authorize_admin(self, identity: Identity, action: str, operation: str = "") -> Decision:
+        """May ``identity`` read the metrics or the console, or do ``operation`` from it (``cedar_text.ADMIN_ACTIONS``)?"""
+        return authorize_admin(self.engine.authorizer, identity, action, operation)
+
+    def record_admin_action(self, identity: Identity, operation: str, target: str | None, decision: Decision,
+                            outcome: int = 0) -> None:
+        """An operator's act (or its refusal), audited in the same records as a call: who, ``admin/OPERATION``, on
+        what, and the policy's decision."""
+        writer = self.audit.writer
+        if writer is None:
+            return
+        stages = [("authorization", decision.effect, decision.rule, decision.reason, None)]
+        writer.write_call((time.time(), identity.record(), f"admin/{operation}", target, None, False, outcome, 0,
+                           stages))
 
     async def aclose(self) -> None:
         await self.audit.aclose()
