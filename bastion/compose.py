@@ -74,11 +74,13 @@ def build_observer(config: GatewayConfig, log_context: bool) -> Any:
     logs alone the request's facts for its log lines; None when neither is asked for, so the chain is compiled as
     if observability did not exist."""
     if config.tracing is not None:
-        from bastion.observability.tracing import build_tracing
+        from bastion.observability.tracing_config import sdk_disabled
 
-        tracing = build_tracing(config.tracing, log_context=log_context)
-        if tracing is not None:
-            return tracing
+        if not sdk_disabled():
+            from bastion.observability.tracing import build_tracing
+
+            return build_tracing(config.tracing, log_context=log_context)
+        log.info("tracing: OTEL_SDK_DISABLED is true, so no spans are recorded")
     if log_context:
         from bastion.observability.request_context import RequestLogContext
 

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 from contextlib import contextmanager
-from typing import Any, Awaitable, Callable, Iterator, Mapping
+from typing import Any, Awaitable, Callable, Iterator
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -46,11 +46,6 @@ Handler = Callable[[GatewayRequest], Awaitable[Any]]
 Hook = Callable[[GatewayRequest, Handler], Awaitable[Any]]
 # The W3C trace context and baggage, read from a client and written to a server; never the process-wide propagator.
 PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
-
-
-def sdk_disabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """OTEL_SDK_DISABLED=true turns tracing off whatever the configuration says, as for every OpenTelemetry SDK."""
-    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
 def build_provider(config: TracingConfig, exporter: SpanExporter | None = None) -> TracerProvider:
@@ -196,9 +191,6 @@ class Tracing:
         await asyncio.to_thread(self.provider.shutdown)
 
 
-def build_tracing(config: TracingConfig, *, log_context: bool = False) -> Tracing | None:
-    """The gateway's tracing for ``config``, None when OTEL_SDK_DISABLED turns it off."""
-    if sdk_disabled():
-        log.info("tracing: OTEL_SDK_DISABLED is true, so no spans are recorded")
-        return None
+def build_tracing(config: TracingConfig, *, log_context: bool = False) -> Tracing:
+    """The gateway's tracing for ``config`` (the caller has checked OTEL_SDK_DISABLED: ``sdk_disabled``)."""
     return Tracing(build_provider(config), log_context=log_context)

@@ -6,6 +6,8 @@ nothing of OpenTelemetry either: ``bastion.observability.tracing`` does, when a 
 
 from __future__ import annotations
 
+import os
+from typing import Mapping
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -49,3 +51,9 @@ class TracingConfig(BaseModel):
             return None
         path = urlsplit(self.otlp_endpoint).path
         return self.otlp_endpoint if path not in ("", "/") else self.otlp_endpoint.rstrip("/") + "/v1/traces"
+
+
+def sdk_disabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """OTEL_SDK_DISABLED=true turns tracing off whatever the configuration says, as for every OpenTelemetry SDK
+    (and then nothing of it is imported)."""
+    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"

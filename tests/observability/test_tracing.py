@@ -186,3 +186,72 @@ def test_a_bad_endpoint_is_refused_naming_the_key(tmp_path):
                              stdin=subprocess.DEVNULL)
     assert checked.returncode == 2
     assert "tracing.otlp_endpoint" in checked.stderr + checked.stdout and "http://HOST:PORT" in checked.stderr + checked.stdout
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    """What the SDK's stdio client passes by default (the test folders included), and ``extra``."""
+    from mcp.client.stdio import get_default_environment
+
+    return {**get_default_environment(), **extra}
+
+
+async def test_the_otel_variables_are_honoured_when_the_table_names_no_endpoint(tmp_path):
+    with OtlpReceiver() as receiver:
+        config, _ = _config(tmp_path, tracing={})
+        errors = tmp_path / "stderr.txt"
+        params = StdioServerParameters(command=BASTION, args=["run", str(config)], env=_environment(
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="from-env"))
+        with errors.open("w") as errlog, anyio.fail_after(DEADLINE):
+            async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=DEADLINE) as client:
+                await client.call_tool("raw__echo", {"text": "hi"})
+        spans = receiver.wait_for(lambda got: any(s.name == "upstream call" for s in got))
+    assert set(receiver.paths) == {"/v1/traces"}
+    assert {s.service_name for s in spans} == {"from-env"}
+
+
+async def test_otel_sdk_disabled_turns_tracing_off_whatever_the_table_says(tmp_path):
+    with OtlpReceiver() as receiver:
+        config, marks = _config(tmp_path, tracing={"otlp_endpoint": receiver.endpoint})
+        errors = tmp_path / "stderr.txt"
+        params = StdioServerParameters(command=sys.executable, args=["-X", "importtime", "-m", "bastion", "run",
+                                                                     str(config)],
+                                       env=_environment(OTEL_SDK_DISABLED="true"))
+        with errors.open("w") as errlog, anyio.fail_after(DEADLINE):
+            async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=DEADLINE) as client:
+                await client.call_tool("raw__echo", {"text": "hi"}, meta={"traceparent": CLIENT_TRACEPARENT})
+    # The process has exited: whatever it would have sent was sent before it did.
+    assert receiver.spans == []
+    text = errors.read_text()
+    assert "opentelemetry" not in text and "OTEL_SDK_DISABLED is true" in text
+    assert _calls_received(marks)[0]["params"]["_meta"]["traceparent"] == CLIENT_TRACEPARENT
+
+
+async def test_an_approval_wait_is_a_span_of_the_policys(tmp_path):
+    """A call the default policy holds for a person (an untrusted server's): the wait is a span under the policy's,
+    ended when the person approved from the queue, before the call to the server."""
+    from tests.test_approvals_end_to_end import Client as ApprovalClient, _command_of, run_bastion
+
+    with OtlpReceiver() as receiver:
+        config = tmp_path / "bastion.json"
+        config.write_text(json.dumps({
+            "servers": {"raw": raw_server()}, "ready_timeout": READY_TIMEOUT,
+            "tracing": {"otlp_endpoint": receiver.endpoint},
+            "policy": {"approval": {"fallback": "queue", "timeout_seconds": 120, "poll_seconds": 0.1,
+                                    "queue_dir": str(tmp_path / "queue")},
+                       "audit": {"path": str(tmp_path / "audit.jsonl")}},
+        }))
+        client = ApprovalClient(config, tmp_path / "stderr.log")
+        try:
+            client.initialize("2025-11-25")
+            client.call(1, "raw__echo", {"text": "hello"}, meta={"traceparent": CLIENT_TRACEPARENT})
+            _, command = _command_of(client.wait_notice(1))
+            assert run_bastion(command).returncode == 0
+            assert client.answer(1)["result"]["content"][0]["text"] == "hello"
+        finally:
+            client.close()
+        spans = receiver.wait_for(lambda got: any(s.name == "upstream call" for s in got))
+    mine = [s for s in spans if s.trace_id == CLIENT_TRACE]
+    policy, wait = _by_name(mine, "policy"), _by_name(mine, "approval wait")
+    assert wait.parent_span_id == policy.span_id
+    assert wait.attributes == {"bastion.server": "raw", "bastion.asked_in": "queue"}
+    assert _by_name(mine, "upstream call").status_code != 2
