@@ -12,7 +12,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
-from bastion.model import GatewayRequest
+import msgspec
+
+from bastion.model import GatewayRequest, ToolEntry
 
 # The W3C Trace Context and Baggage keys, as HTTP headers (lower case) and as a 2026-07-28 request's ``_meta`` keys.
 TRACE_KEYS = ("traceparent", "tracestate", "baggage")
@@ -20,6 +22,7 @@ TRACE_KEYS = ("traceparent", "tracestate", "baggage")
 MAX_TRACE_VALUE = 8192
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 _ZERO_TRACE = "0" * 32
+_decode_name = msgspec.json.Decoder(str).decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +85,23 @@ def client_trace_id(carrier: Mapping[str, str]) -> str | None:
     return found.group(1)
 
 
+def call_entry(message: GatewayRequest) -> ToolEntry | None:
+    """The catalog's tool a ``tools/call`` names, None for any other request or a name no tool has; its params
+    may be the client's bytes still (nothing else on the route reads them), and stay so."""
+    if message.method != "tools/call":
+        return None
+    name = message.params.get("name")
+    if type(name) is msgspec.Raw:
+        try:
+            name = _decode_name(name)
+        except msgspec.DecodeError:  # not a string: the router answers it
+            return None
+        return message.catalog.tool(name)
+    return message.target
+
+
 def facts_of(message: GatewayRequest, trace_id: str | None) -> RequestFacts:
-    entry = message.target if message.method == "tools/call" else None
+    entry = call_entry(message)
     return RequestFacts(message.request_id, message.session.identity.name, entry.server if entry else None,
                         entry.exposed_name if entry else None, trace_id)
 
@@ -96,8 +114,9 @@ class RequestLogContext:
     """The chain's observer when logs are JSON and tracing is off: each client request's facts for its log lines.
     The chain is given it only then, so a gateway that writes human logs pays nothing per message."""
 
-    # It reads a call's name and ``_meta`` (a client's traceparent): params are decoded for it.
-    reads_params = True
+    # A call's name and ``_meta`` only: a call that has a ``_meta`` is decoded anyway, and a name is read from the
+    # client's bytes, so params nothing else reads stay those bytes.
+    reads_params = False
     reads_results = False  # it only tells a result from a refusal: a call's result may stay the server's bytes
 
     def request(self, handle: Handler, method: str) -> Handler:

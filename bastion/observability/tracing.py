@@ -36,7 +36,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from bastion import __version__
 from bastion.model import GatewayError, GatewayRequest
 from bastion.observability.request_context import (
-    INCOMING_TRACE, REQUEST, TRACE_KEYS, facts_of, meta_carrier, trace_carrier,
+    INCOMING_TRACE, REQUEST, TRACE_KEYS, call_entry, facts_of, meta_carrier, trace_carrier,
 )
 from bastion.observability.tracing_config import TracingConfig
 
@@ -88,8 +88,9 @@ class Tracing:
     """The chain's observer while tracing is on: spans for each client request, its steps, an approval wait and
     its server call; with ``log_context``, the request's facts for JSON log lines too."""
 
-    # It reads a request's ``_meta`` (the client's trace context) and a call's name: params are decoded for it.
-    reads_params = True
+    # A request's ``_meta`` (the client's trace context) and a call's name only: a call that has a ``_meta`` is
+    # decoded anyway, and a name is read from the client's bytes, so params nothing else reads stay those bytes.
+    reads_params = False
     reads_results = False  # it only tells a result from a refusal: a call's result may stay the server's bytes
 
     def __init__(self, provider: TracerProvider, *, log_context: bool = False) -> None:
@@ -105,7 +106,7 @@ class Tracing:
         async def traced(message: GatewayRequest) -> Any:
             carrier = meta_carrier(message.params) or trace_carrier(INCOMING_TRACE.get())
             parent = PROPAGATOR.extract(carrier) if carrier else otel_context.Context()
-            entry = message.target if method == "tools/call" else None
+            entry = call_entry(message)
             attributes: dict[str, Any] = {
                 "mcp.method.name": method,
                 "bastion.identity_class": message.session.identity.authenticated_by,

@@ -11,6 +11,10 @@ from typing import Mapping
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+# The kind of a configuration error whose value is not written back in the message (it may hold a secret).
+NOT_ECHOED = "not_echoed"
 
 
 class TracingConfig(BaseModel):
@@ -39,10 +43,15 @@ class TracingConfig(BaseModel):
             port = parts.port
         except ValueError:
             parts, port = None, None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port is None \
-                or parts.query or parts.fragment or parts.username or parts.password:
-            raise ValueError(f"tracing.otlp_endpoint {value!r}: expected http://HOST:PORT (or https://, optionally "
-                             "with a path such as /v1/traces), e.g. http://127.0.0.1:4318")
+        # A collector's OTLP/HTTP port is 4318, never http's 80: a plain http:// URL names its port. https:// may
+        # leave it out (443, a vendor's endpoint).
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
+                or (port is None and parts.scheme == "http") or parts.query or parts.fragment or parts.username \
+                or parts.password:
+            # Not echoed back (the error kind says so): a URL with a password in it is among what this refuses.
+            raise PydanticCustomError(NOT_ECHOED, "expected http://HOST:PORT (or https://HOST[:PORT]), optionally with a path such as "
+                             "/v1/traces, e.g. http://127.0.0.1:4318; no user, password or query in it (a "
+                             "collector's credentials go in OTEL_EXPORTER_OTLP_HEADERS)")
         return value
 
     def traces_url(self) -> str | None:

@@ -180,12 +180,16 @@ async def test_http_takes_the_traceparent_header_and_ignores_hostile_trace_conte
     assert "forged" not in logged and "\x1b" not in logged
 
 
-def test_a_bad_endpoint_is_refused_naming_the_key(tmp_path):
-    config, _ = _config(tmp_path, tracing={"otlp_endpoint": "collector:4318"})
-    checked = subprocess.run([BASTION, "check", str(config)], capture_output=True, text=True, timeout=DEADLINE,
-                             stdin=subprocess.DEVNULL)
-    assert checked.returncode == 2
-    assert "tracing.otlp_endpoint" in checked.stderr + checked.stdout and "http://HOST:PORT" in checked.stderr + checked.stdout
+@pytest.mark.parametrize("endpoint", ["collector:4318", "http://collector", "http://user:hunter2@collector:4318",
+                                      "http://collector:4318/?token=hunter2"])
+def test_a_bad_endpoint_is_refused_naming_the_key_and_never_echoed(tmp_path, endpoint):
+    config, _ = _config(tmp_path, tracing={"otlp_endpoint": endpoint})
+    for command in (["check", str(config)], ["run", str(config)]):
+        checked = subprocess.run([BASTION, *command], capture_output=True, text=True, timeout=DEADLINE,
+                                 stdin=subprocess.DEVNULL)
+        assert checked.returncode == 2
+        assert "tracing.otlp_endpoint" in checked.stderr and "http://HOST:PORT" in checked.stderr
+        assert endpoint not in checked.stderr and "hunter2" not in checked.stderr
 
 
 def _environment(**extra: str) -> dict[str, str]:
@@ -255,3 +259,33 @@ async def test_an_approval_wait_is_a_span_of_the_policys(tmp_path):
     assert wait.parent_span_id == policy.span_id
     assert wait.attributes == {"bastion.server": "raw", "bastion.asked_in": "queue"}
     assert _by_name(mine, "upstream call").status_code != 2
+
+
+def test_tracing_keeps_a_calls_arguments_the_clients_bytes_where_nothing_else_reads_them(tmp_path):
+    """Policy and guardrails off: a call's arguments reach the server as the client wrote them (an integer wider
+    than 64 bits exactly, `1.10` not `1.1`), tracing on or not; the server is sent the gateway's span beside them."""
+    from tests.support import RawClient
+
+    with OtlpReceiver() as receiver:
+        marks = tmp_path / "marks.txt"
+        server = raw_server(marks)
+        server["env"]["RAW_SERVER_MARK_CALLS"] = "1"
+        config = tmp_path / "bastion.json"
+        config.write_text(json.dumps({"servers": {"raw": server}, "policy": "off", "guardrails": "off",
+                                      "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
+                                      "tracing": {"otlp_endpoint": receiver.endpoint}}))
+        client = RawClient(config)
+        try:
+            client.initialize()
+            client.send_bytes(b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"raw__echo",'
+                              b'"arguments":{"text":"x","big":123456789012345678901234567890,"f":1.10}}}\n')
+            assert client.recv_response(7, timeout=DEADLINE)["result"]["content"][0]["text"] == "x"
+        finally:
+            client.close()
+        spans = receiver.wait_for(lambda got: any(s.name == "upstream call" for s in got))
+    line = next(line for line in marks.read_text().splitlines() if line.startswith("call "))
+    assert '"big":123456789012345678901234567890' in line and '"f":1.10' in line
+    upstream = _by_name(spans, "upstream call")
+    sent = json.loads(line[len("call "):])["params"]["_meta"]["traceparent"]
+    assert sent.startswith(f"00-{upstream.trace_id}-{upstream.span_id}-")  # a trace of Bastion's: its own flags
+    assert _by_name(spans, "tools/call raw__echo").attributes["gen_ai.tool.name"] == "raw__echo"
