@@ -96,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
     gc.freeze()  # what is loaded by now lives as long as the process; see bastion run
     try:
         stopped_by = run_loop(with_status_board(gateway, serve_http(gateway, settings, host, port, auth=auth,
-                                                                    callback=callback)))
+                                                                    callback=callback, json_logs=json_logs(args))))
     except OSError as exc:
         print(f"bastion: cannot listen on {args.http}: {exc.strerror or exc}", file=sys.stderr)
         return 1

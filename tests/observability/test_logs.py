@@ -102,3 +102,29 @@ def test_a_traceback_quoting_outside_text_is_escaped_too(log_format):
     assert not any(line.startswith("bastion ERROR bastion: forged") for line in text.split("\n"))
     if log_format == "json":
         assert "\n" not in text and "forged" in json.loads(text)["exception"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_bastion_serve_writes_json_lines_with_the_trace_id_of_the_traceparent_header(tmp_path, mode):
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.http.conftest import IDENTITY_HEADER, serve_config, stop_bastion
+
+    config, _ = _config(tmp_path, tracing=None)
+    settings = json.loads(config.read_text())
+    config.write_text(json.dumps({**settings, "http": {"identity_header": IDENTITY_HEADER}}))
+    served = serve_config(config, tmp_path, tmp_path / "events.log", ("--log-format", "json"))
+    try:
+        headers = {"traceparent": CLIENT_TRACEPARENT, IDENTITY_HEADER: "alice"}
+        with anyio.fail_after(DEADLINE):
+            async with httpx2.AsyncClient(headers=headers, timeout=DEADLINE) as http:
+                async with Client(streamable_http_client(served.url, http_client=http), mode=mode) as client:
+                    with pytest.raises(MCPError, match="refused by policy"):
+                        await client.call_tool("raw__crash", {})
+    finally:
+        stop_bastion(served)
+    lines = _json_lines((tmp_path / "bastion.stderr").read_text())
+    refusal = next(line for line in lines if line["message"].startswith("refused tools/call raw__crash"))
+    assert (refusal["identity"], refusal["trace_id"], refusal["tool"]) == ("alice", CLIENT_TRACE, "raw__crash")
+    assert any(line["message"].startswith("serving MCP on http://127.0.0.1:") for line in lines)
