@@ -117,7 +117,7 @@ class RequestLogContext:
     # A call's name and ``_meta`` only: a call that has a ``_meta`` is decoded anyway, and a name is read from the
     # client's bytes, so params nothing else reads stay those bytes.
     reads_params = False
-    reads_results = False  # it only tells a result from a refusal: a call's result may stay the server's bytes
+    reads_results = False  # it reads no result: a call's result may stay the server's bytes
 
     def request(self, handle: Handler, method: str) -> Handler:
         async def with_facts(message: GatewayRequest) -> Any:

@@ -65,8 +65,14 @@ def build_provider(config: TracingConfig, exporter: SpanExporter | None = None) 
 
 
 def step_name(interceptor: Any) -> str:
-    """An interceptor's span: its ``span_name`` (``policy``, ``guardrails`` ...), else its class's name."""
-    return getattr(interceptor, "span_name", None) or type(interceptor).__name__
+    """An interceptor's span: its ``span_name`` (``policy``, ``guardrails`` ...), else its package and class, as
+    ``guardrails.ScanningInterceptor`` (a caller's own interceptor: its class alone)."""
+    named = getattr(interceptor, "span_name", None)
+    if named:
+        return str(named)
+    kind = type(interceptor)
+    parts = kind.__module__.split(".")
+    return f"{parts[1]}.{kind.__name__}" if parts[0] == "bastion" and len(parts) > 2 else kind.__name__
 
 
 def outcome_of(result: Any) -> str:
