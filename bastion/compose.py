@@ -37,8 +37,9 @@ def build_gateway(
     """The gateway ``config`` describes: its servers, search exposure in search mode, the guardrails that screen
     definitions, the policy (unless it is off), the other guardrails (unless they are off), then ``interceptors``
     (innermost: they see only what all of those let through); tracing when ``config.tracing`` asks for it, and with
-    ``log_context`` (JSON logs) each request's facts for the log lines written during it. Raises ``PolicyStartError`` when the policy cannot start (a key that cannot
-    be read, an audit trail that cannot be written)."""
+    ``log_context`` (JSON logs) each request's facts for the log lines written during it. Raises
+    ``PolicyStartError`` when the policy cannot start (a key that cannot be read, an audit trail that cannot be
+    written)."""
     catalog = server_catalog(config)
     policy = build_policy(config)
     guardrails = build_guardrail_chain(config, policy, catalog)

@@ -145,10 +145,12 @@ class Chain:
 
 
 class Observer(Protocol):
-    """What watches a client's requests on their way (``bastion.observability``): it wraps a route's first step
-    (``request``) and each interceptor's hook (``step``), and declares what it reads (``reads_params``)."""
+    """What watches a client's requests on their way (``bastion.observability``): on the routes of a client's
+    requests only, it wraps the first step (``request``) and each interceptor's hook (``step``), and declares what
+    it reads (``reads_params``, ``reads_results``) as an interceptor does."""
 
     reads_params: bool
+    reads_results: bool
 
     def request(self, handle: Handler, method: str) -> Handler: ...
 

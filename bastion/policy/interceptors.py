@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from contextlib import nullcontext
 import hashlib
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Awaitable, Callable, ContextManager, Iterable, Mapping
