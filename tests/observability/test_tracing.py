@@ -289,3 +289,46 @@ def test_tracing_keeps_a_calls_arguments_the_clients_bytes_where_nothing_else_re
     sent = json.loads(line[len("call "):])["params"]["_meta"]["traceparent"]
     assert sent.startswith(f"00-{upstream.trace_id}-{upstream.span_id}-")  # a trace of Bastion's: its own flags
     assert _by_name(spans, "tools/call raw__echo").attributes["gen_ai.tool.name"] == "raw__echo"
+
+
+async def test_sample_ratio_zero_records_only_what_a_clients_sampled_traceparent_asks_for(tmp_path):
+    with OtlpReceiver() as receiver:
+        config, marks = _config(tmp_path, tracing={"otlp_endpoint": receiver.endpoint, "sample_ratio": 0})
+        errors = tmp_path / "stderr.txt"
+        with errors.open("w") as errlog, anyio.fail_after(DEADLINE):
+            async with _stdio(config, errlog, "legacy") as client:
+                await client.call_tool("raw__echo", {"text": "unsampled"})
+                await client.call_tool("raw__echo", {"text": "sampled"}, meta={"traceparent": CLIENT_TRACEPARENT})
+        spans = receiver.wait_for(lambda got: any(s.name == "upstream call" for s in got))
+    assert {s.trace_id for s in spans} == {CLIENT_TRACE}  # the client's sampled flag is followed, nothing else kept
+    sent = {c["params"]["arguments"]["text"]: c["params"]["_meta"]["traceparent"] for c in _calls_received(marks)}
+    # The server is still told the trace, its sampled flag (the low bit of the flags) clear.
+    assert int(sent["unsampled"].split("-")[3], 16) & 1 == 0
+    assert sent["sampled"].split("-")[1] == CLIENT_TRACE and int(sent["sampled"].split("-")[3], 16) & 1 == 1
+
+
+async def test_concurrent_http_clients_each_continue_their_own_trace(tmp_path):
+    with OtlpReceiver() as receiver:
+        config, marks = _config(tmp_path, tracing={"otlp_endpoint": receiver.endpoint})
+        served = serve_config(config, tmp_path, tmp_path / "events.log")
+        traces = {f"{index:032x}": f"00-{index:032x}-{index:016x}-01" for index in range(1, 5)}
+        try:
+            async def calls(trace_id: str, traceparent: str) -> None:
+                async with httpx2.AsyncClient(headers={"traceparent": traceparent}, timeout=DEADLINE) as http:
+                    async with Client(streamable_http_client(served.url, http_client=http), mode="legacy") as client:
+                        for round_index in range(3):
+                            text = f"{trace_id}:{round_index}"
+                            assert (await client.call_tool("raw__echo", {"text": text})).content[0].text == text
+
+            with anyio.fail_after(DEADLINE):
+                async with anyio.create_task_group() as group:
+                    for trace_id, traceparent in traces.items():
+                        group.start_soon(calls, trace_id, traceparent)
+        finally:
+            stop_bastion(served)
+        spans = receiver.wait_for(lambda got: sum(s.name == "upstream call" for s in got) >= 12)
+    requests = [s for s in spans if s.name == "tools/call raw__echo"]
+    assert sorted(s.trace_id for s in requests) == sorted(list(traces) * 3)
+    for call in _calls_received(marks):
+        trace_id = call["params"]["arguments"]["text"].split(":")[0]
+        assert call["params"]["_meta"]["traceparent"].split("-")[1] == trace_id  # each server call in its own trace
