@@ -60,16 +60,45 @@ def take_trace_context(headers: Mapping[str, str]) -> None:
 
 
 def trace_carrier(source: Mapping[str, Any] | None) -> dict[str, str]:
-    """The trace context keys of ``source`` (headers, or a request's ``_meta``) worth reading: strings of printable
-    ASCII within the bound. Anything else is ignored, as the W3C specification asks of a malformed header."""
+    """The trace context keys of ``source`` (headers, or a request's ``_meta``) that are well formed; anything else
+    is ignored, as the W3C specifications ask of a malformed header. Checked here, before OpenTelemetry's
+    propagators see them: they log a malformed value they are given, which would let a client write in the log."""
     if not source:
         return {}
     carrier: dict[str, str] = {}
-    for key in TRACE_KEYS:
+    for key, well_formed in _WELL_FORMED.items():
         value = source.get(key)
-        if type(value) is str and len(value) <= MAX_TRACE_VALUE and value.isascii() and value.isprintable():
-            carrier[key] = value
+        if type(value) is str and len(value) <= MAX_TRACE_VALUE and value.isascii() and well_formed(value.strip()):
+            carrier[key] = value.strip()
     return carrier
+
+
+def _traceparent_ok(value: str) -> bool:
+    return _TRACEPARENT.fullmatch(value) is not None and not value.startswith("ff")
+
+
+def _tracestate_ok(value: str) -> bool:
+    # W3C Trace Context: at most 32 list members, each key=value of the grammar; 512 characters is what
+    # OpenTelemetry keeps.
+    members = [member.strip(" \t") for member in value.split(",")]
+    members = [member for member in members if member]
+    return len(value) <= 512 and len(members) <= 32 and all(_TRACESTATE_MEMBER.fullmatch(m) for m in members) \
+        and len({m.split("=", 1)[0] for m in members}) == len(members)
+
+
+def _baggage_ok(value: str) -> bool:
+    # W3C Baggage: at most 180 list members of 4,096 bytes each, 8,192 in all, each a key=value with properties.
+    members = [member.strip(" \t") for member in value.split(",")]
+    return len(members) <= 180 and all(len(m) <= 4096 and _BAGGAGE_MEMBER.fullmatch(m) for m in members)
+
+
+_TRACESTATE_MEMBER = re.compile(r"([a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+                                r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_BAGGAGE_VALUE = r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*"
+_BAGGAGE_MEMBER = re.compile(rf"{_TOKEN}[ \t]*=[ \t]*{_BAGGAGE_VALUE}(?:[ \t]*;[ \t]*{_TOKEN}(?:[ \t]*=[ \t]*"
+                             rf"{_BAGGAGE_VALUE})?)*")
+_WELL_FORMED = {"traceparent": _traceparent_ok, "tracestate": _tracestate_ok, "baggage": _baggage_ok}
 
 
 def meta_carrier(params: Mapping[str, Any]) -> dict[str, str]:
@@ -78,9 +107,9 @@ def meta_carrier(params: Mapping[str, Any]) -> dict[str, str]:
 
 
 def client_trace_id(carrier: Mapping[str, str]) -> str | None:
-    """The trace id of a well-formed ``traceparent`` in ``carrier``, else None."""
-    found = _TRACEPARENT.fullmatch(carrier.get("traceparent", "").strip())
-    if found is None or found.group(1) == _ZERO_TRACE or carrier["traceparent"].startswith("ff"):
+    """The trace id of the ``traceparent`` in ``carrier`` (as ``trace_carrier`` took it), else None."""
+    found = _TRACEPARENT.fullmatch(carrier.get("traceparent", ""))
+    if found is None or found.group(1) == _ZERO_TRACE:
         return None
     return found.group(1)
 

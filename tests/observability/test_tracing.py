@@ -332,3 +332,23 @@ async def test_concurrent_http_clients_each_continue_their_own_trace(tmp_path):
     for call in _calls_received(marks):
         trace_id = call["params"]["arguments"]["text"].split(":")[0]
         assert call["params"]["_meta"]["traceparent"].split("-")[1] == trace_id  # each server call in its own trace
+
+
+async def test_a_malformed_tracestate_or_baggage_is_dropped_unlogged_and_the_trace_goes_on(tmp_path):
+    """OpenTelemetry's own propagators log a malformed member they are given, so a client could write in the
+    gateway's log at will: Bastion checks the values first, and drops what is malformed without a word."""
+    with OtlpReceiver() as receiver:
+        config, marks = _config(tmp_path, tracing={"otlp_endpoint": receiver.endpoint})
+        errors = tmp_path / "stderr.txt"
+        params = StdioServerParameters(command=BASTION, args=["run", str(config), "-v"])
+        with errors.open("w") as errlog, anyio.fail_after(DEADLINE):
+            async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=DEADLINE) as client:
+                await client.call_tool("raw__echo", {"text": "hi"}, meta={
+                    "traceparent": CLIENT_TRACEPARENT, "tracestate": "FORGED-STATE=1",
+                    "baggage": "forged baggage=" + "x" * 100})
+        spans = receiver.wait_for(lambda got: any(s.name == "upstream call" for s in got))
+    assert _by_name(spans, "tools/call raw__echo").trace_id == CLIENT_TRACE
+    meta = _calls_received(marks)[0]["params"]["_meta"]
+    assert meta["traceparent"].split("-")[1] == CLIENT_TRACE and "tracestate" not in meta and "baggage" not in meta
+    logged = errors.read_text()
+    assert "FORGED" not in logged and "forged baggage" not in logged
