@@ -8,7 +8,7 @@ routes; so the policy and search packages never need the gateway, and every fron
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from bastion.config import GatewayConfig, ToolsConfig
 from bastion.gateway.core import Gateway, server_catalog
@@ -32,11 +32,14 @@ def build_gateway(
     *,
     interceptors: Sequence[Interceptor] = (),
     launcher: Launcher = launch_server,
+    log_context: bool = False,
 ) -> Gateway:
     """The gateway ``config`` describes: its servers, search exposure in search mode, the guardrails that screen
     definitions, the policy (unless it is off), the other guardrails (unless they are off), then ``interceptors``
-    (innermost: they see only what all of those let through). Raises ``PolicyStartError`` when the policy cannot start (a key that cannot
-    be read, an audit trail that cannot be written)."""
+    (innermost: they see only what all of those let through); tracing when ``config.tracing`` asks for it, and with
+    ``log_context`` (JSON logs) each request's facts for the log lines written during it. Raises
+    ``PolicyStartError`` when the policy cannot start (a key that cannot be read, an audit trail that cannot be
+    written)."""
     catalog = server_catalog(config)
     policy = build_policy(config)
     guardrails = build_guardrail_chain(config, policy, catalog)
@@ -57,10 +60,33 @@ def build_gateway(
         tool_index = LazyCatalogIndex(catalog, config.tools)
         if config.tools.exposure == "auto":
             exposure.append(auto_exposure(catalog, config.tools, tool_index, servers))
+    observer = build_observer(config, log_context)
+    if observer is not None and policy is not None and policy.approval is not None:
+        policy.approval.watch = observer.span
     gateway = Gateway(config, catalog=catalog, policy=policy, exposure=exposure, screens=guardrails.screens,
-                      interceptors=[*guardrails.inner, *interceptors], tool_index=tool_index, launcher=launcher)
+                      interceptors=[*guardrails.inner, *interceptors], tool_index=tool_index, launcher=launcher,
+                      observer=observer)
     servers.gateway = gateway
     return gateway
+
+
+def build_observer(config: GatewayConfig, log_context: bool) -> Any:
+    """What watches each client request: tracing (``[tracing]``; OpenTelemetry is imported only then), or with JSON
+    logs alone the request's facts for its log lines; None when neither is asked for, so the chain is compiled as
+    if observability did not exist."""
+    if config.tracing is not None:
+        from bastion.observability.tracing_config import sdk_disabled
+
+        if not sdk_disabled():
+            from bastion.observability.tracing import build_tracing
+
+            return build_tracing(config.tracing, log_context=log_context)
+        log.info("tracing: OTEL_SDK_DISABLED is true, so no spans are recorded")
+    if log_context:
+        from bastion.observability.request_context import RequestLogContext
+
+        return RequestLogContext()
+    return None
 
 
 class ServersStarting:

@@ -31,6 +31,7 @@ from bastion.jsonc import parse_jsonc
 from bastion.public_key_pins import pin_problem
 from bastion.plaintext import PLAINTEXT_ERROR, PLAINTEXT_FIX, is_plaintext_remote, plaintext_refusal
 from bastion.guardrails.config import GuardrailsConfig
+from bastion.observability.tracing_config import NOT_ECHOED, TracingConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox.config import SandboxConfig
@@ -366,6 +367,9 @@ class GatewayConfig(BaseModel):
         default_factory=GuardrailsConfig,
         description='content guardrails (pinning, secrets, PII, injection, taint, sampling); "off": none',
     )
+    tracing: TracingConfig | None = Field(
+        default=None, description="OpenTelemetry traces exported over OTLP/HTTP; absent: no tracing (nothing of "
+                                  "OpenTelemetry is loaded)")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)
@@ -823,6 +827,8 @@ def _validation_findings(exc: ValidationError, servers_key: str, toml: bool = Fa
             fix = "add it"
         elif kind == PLAINTEXT_ERROR:
             fix = PLAINTEXT_FIX
+        elif kind == NOT_ECHOED:
+            fix = "as the message says"
         elif (written := _what_to_write(kind, loc, err.get("input"), err.get("ctx") or {}, toml)) is not None:
             fix = written
         elif isinstance(err.get("input"), (dict, list)):

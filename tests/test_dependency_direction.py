@@ -39,6 +39,11 @@ FORBIDDEN = {
     "transport": ("bastion.gateway", "bastion.frontends", "bastion.sandbox", "bastion.launchers", "bastion.credentials",
                   "bastion.config", "bastion.compose", "bastion.cli", "bastion.host", "bastion.policy",
                   "bastion.search", "bastion.guardrails", "bastion.auth", "bastion.diagnostics"),
+    # Watching requests (traces, metrics, the facts of JSON logs): handed to the gateway by the composition root, so
+    # it never reaches into the gateway, a transport or a decider; it speaks the shared vocabulary (bastion.model).
+    "observability": ("bastion.gateway", "bastion.transport", "bastion.sandbox", "bastion.frontends",
+                      "bastion.compose", "bastion.cli", "bastion.host", "bastion.launchers", "bastion.policy",
+                      "bastion.search", "bastion.guardrails", "bastion.credentials"),
     # Where clients come in: above the gateway, which they drive; the gateway is built for them by the composition
     # root, and what spawns servers is the gateway's.
     "frontends": ("bastion.compose", "bastion.cli", "bastion.host", "bastion.sandbox", "bastion.launchers",

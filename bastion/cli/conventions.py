@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -91,18 +92,34 @@ def escaped_for_log(text: str) -> str:
 
 
 class RecordFormatter(logging.Formatter):
-    """Each record's message through ``escaped_for_log``; a traceback that follows it is Python's own text."""
+    """Each record's message, and a traceback that follows it, through ``escaped_for_log``: an exception's text may
+    quote what a client or a server sent as well."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escaped_for_log(record.message)
         return super().formatMessage(record)
 
+    def formatException(self, ei: Any) -> str:
+        return escaped_for_log(super().formatException(ei))
 
-def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
-    """Everything logged goes to stderr: on stdio, stdout is the protocol channel."""
+    def formatStack(self, stack_info: str) -> str:
+        return escaped_for_log(super().formatStack(stack_info))
+
+
+LOG_FORMATS = ("human", "json")
+
+
+def configure_logging(verbose: bool = False, quiet: bool = False, log_format: str = "human") -> None:
+    """Everything logged goes to stderr: on stdio, stdout is the protocol channel. ``log_format`` "json" writes one
+    JSON object a line (``bastion.observability.logs``), for a log pipeline rather than a person."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(RecordFormatter("bastion %(levelname)s %(name)s: %(message)s"))
+    if log_format == "json":
+        from bastion.observability.logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(RecordFormatter("bastion %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

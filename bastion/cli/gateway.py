@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bastion.cli.conventions import add_global_flags, configure_logging, split_global_flags
+from bastion.cli.conventions import LOG_FORMATS, add_global_flags, configure_logging, split_global_flags
 
 if TYPE_CHECKING:  # each command imports what it uses when it runs: `bastion --help` needs none of it
     from bastion.config import GatewayConfig
@@ -24,6 +24,7 @@ log = logging.getLogger("bastion")
 def register(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="serve the federated servers to one MCP client on stdio")
     run.add_argument("config", nargs="?", help="configuration file (default: the built-in demo configuration)")
+    add_log_format(run)
     _verbosity(run)
     run.set_defaults(handler=_run)
 
@@ -54,11 +55,24 @@ def _verbosity(parser: argparse.ArgumentParser) -> None:
     add_global_flags(parser)
 
 
+def add_log_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="human",
+                        help="human (the default): a line a person reads; json: one JSON object a line, with the "
+                             "request id, trace id, identity, server and tool of the request it was written during")
+
+
 def setup_logging(args: argparse.Namespace) -> None:
-    """Logging as -v/-q given after the subcommand say; without them, as ``bastion`` set it up from its own."""
+    """Logging as -v/-q given after the subcommand and --log-format say; without them, as ``bastion`` set it up
+    from its own."""
     verbose, quiet = getattr(args, "verbose", False), getattr(args, "quiet", False)
-    if verbose or quiet:
-        configure_logging(verbose, quiet)
+    log_format = getattr(args, "log_format", "human")
+    if verbose or quiet or log_format != "human":
+        configure_logging(verbose, quiet, log_format)
+
+
+def json_logs(args: argparse.Namespace) -> bool:
+    """Whether log lines are JSON, and so carry each request's facts (the gateway keeps them only then)."""
+    return getattr(args, "log_format", "human") == "json"
 
 
 def _load(args: argparse.Namespace) -> GatewayConfig | None:
@@ -82,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     log.info("serving %d server(s) on stdio: %s", len(config.servers), ", ".join(config.servers) or "none")
-    gateway = build_gateway(config)
+    gateway = build_gateway(config, log_context=json_logs(args))
     # What is loaded by now (modules, configuration, policy) lives as long as the process: left in the collected
     # generations, every full collection would walk it again while requests wait.
     gc.freeze()

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bastion.cli.conventions import add_global_flags
+from bastion.cli.gateway import add_log_format
 
 log = logging.getLogger("bastion")
 
@@ -28,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--tls-cert", metavar="FILE", type=Path, help="PEM certificate chain: serve HTTPS "
                                                                        "(overrides http.tls_cert)")
     serve.add_argument("--tls-key", metavar="FILE", type=Path, help="PEM private key of --tls-cert")
+    add_log_format(serve)
     add_global_flags(serve)
     serve.set_defaults(handler=_serve)
 
@@ -41,7 +43,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def _serve(args: argparse.Namespace) -> int:
     from bastion.auth.build import build_http_auth
-    from bastion.cli.gateway import _load, run_loop, setup_logging, with_status_board
+    from bastion.cli.gateway import _load, json_logs, run_loop, setup_logging, with_status_board
     from bastion.compose import build_gateway
     from bastion.frontends.http.server import is_loopback, serve_http, with_client_ca
 
@@ -74,7 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bastion: {exc}", file=sys.stderr)
         return 2
-    gateway = build_gateway(config)
+    gateway = build_gateway(config, log_context=json_logs(args))
     try:
         auth = build_http_auth(config.auth, identity_header=settings.identity_header, identity=gateway.identity,
                                base=config.source.parent if config.source is not None else None)
@@ -94,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
     gc.freeze()  # what is loaded by now lives as long as the process; see bastion run
     try:
         stopped_by = run_loop(with_status_board(gateway, serve_http(gateway, settings, host, port, auth=auth,
-                                                                    callback=callback)))
+                                                                    callback=callback, json_logs=json_logs(args))))
     except OSError as exc:
         print(f"bastion: cannot listen on {args.http}: {exc.strerror or exc}", file=sys.stderr)
         return 1

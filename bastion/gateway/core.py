@@ -67,10 +67,12 @@ class Gateway:
         tool_index: Any = None,
         launcher: Launcher = launch_server,
         credentials: CredentialSource | None = None,
+        observer: Any = None,
     ) -> None:
         """Built by ``bastion.compose.build_gateway``, which builds the policy, the exposure and the tool index
         from ``config``; the chain is ``exposure``, ``screens`` (what decides whether a definition is served at all),
-        the policy's interceptors, then ``interceptors``."""
+        the policy's interceptors, then ``interceptors``; ``observer`` (``bastion.observability``: tracing, the
+        request facts of JSON logs) watches each client request, its steps and its server call, and is closed last."""
         if config.policy is not None and policy is None:
             raise ValueError("the configuration has a policy and none was given: build the gateway with "
                              "bastion.compose.build_gateway, which builds it")
@@ -121,13 +123,14 @@ class Gateway:
         # the server as the bytes the client sent (``takes_raw_params``: the frontend then leaves them undecoded).
         self.chain = Chain([*exposure, *screens, *(self.policy.interceptors if self.policy else ()), *interceptors],
                            lambda raw_results: partial(self.router.route, raw_results=True) if raw_results
-                           else self.router.route)
+                           else self.router.route, observer)
+        self.observer = observer
         self.relay = Relay(self.chain, self.catalog, self._connections, self.inputs, self.subscriptions,
                            self.refresh, lambda: self.identity)
         self.input_rounds = InputRounds(self.upstreams, self.pools, self.relay.toward_client)
         self.router = Router(config, self.catalog, self.upstreams, self.pools, self.subscriptions,
                              self.input_rounds, self._catalog_may_grow, self.relay.notices.pending,
-                             self.log_levels, lists_fetched=self.refresh.wait)
+                             self.log_levels, lists_fetched=self.refresh.wait, observer=observer)
         self.handle = self.chain.handle
         self.takes_raw_params = self.chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
 
@@ -216,6 +219,8 @@ class Gateway:
             await self.policy.aclose()
         if self._tool_index is not None:
             self._tool_index.close()
+        if self.observer is not None:
+            await self.observer.aclose()  # the spans still batched are sent now, or lost with the process
 
     def tool_index(self) -> Any:
         """The search index over this gateway's catalog, as ``build_gateway`` gave it (its ``current()`` is the

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from bastion.model import (
     NOTIFICATION, REQUEST, TO_CLIENT, TO_SERVER, GatewayError, GatewayRequest, Handler, Interceptor,
@@ -75,10 +75,13 @@ class Route:
 class Chain:
     """The interceptors, outermost first, compiled per route on first use."""
 
-    def __init__(self, interceptors: Sequence[Interceptor], route_request: Callable[[bool], Handler]) -> None:
-        """``route_request(raw_results)`` is the last step of a client's request (the gateway's router)."""
+    def __init__(self, interceptors: Sequence[Interceptor], route_request: Callable[[bool], Handler],
+                 observer: Observer | None = None) -> None:
+        """``route_request(raw_results)`` is the last step of a client's request (the gateway's router);
+        ``observer`` (tracing, JSON logs' request facts) wraps a client request's route and each of its steps."""
         self.interceptors = tuple(interceptors)
         self._route_request = route_request
+        self._observer = observer
         self._routes: dict[tuple[str, str, str], Route] = {}
 
     def route(self, direction: str, kind: str, method: str) -> Route:
@@ -96,6 +99,12 @@ class Chain:
         count = len(self.interceptors)
         hooks = [hook_for(interceptor, direction, kind, method) for interceptor in self.interceptors]
         readers = [i for i, hook in zip(self.interceptors, hooks) if hook is not None]
+        observer = self._observer if (direction, kind) == (TO_SERVER, REQUEST) else None
+        if observer is not None:
+            # Decided here, once per route: a gateway without an observer compiles exactly the route it always did.
+            readers.append(observer)
+            hooks = [None if hook is None else observer.step(interceptor, hook)
+                     for interceptor, hook in zip(self.interceptors, hooks)]
         raw_params = not any(_reads(i, "params") for i in readers)
         raw_results = not any(_reads(i, "results") for i in readers)
         routed = (direction, kind) == (TO_SERVER, REQUEST) and method not in ANSWERED_BY_SESSION
@@ -111,7 +120,8 @@ class Chain:
             if hook is not None:
                 following = (hook, entry_at[position + 1])
             entry_at[position] = self._step(*following, direction, kind, method, position)
-        return Route(entry_at[0], tuple(hook for hook in hooks if hook is not None), raw_params, raw_results,
+        handle = entry_at[0] if observer is None else observer.request(entry_at[0], method)
+        return Route(handle, tuple(hook for hook in hooks if hook is not None), raw_params, raw_results,
                      tuple(entry_at))
 
     def _step(self, hook: Hook | None, call_next: Handler, direction: str, kind: str, method: str,
@@ -132,6 +142,19 @@ class Chain:
                 return self.route(direction, kind, message.method).entry_at[position](message)
 
         return handle
+
+
+class Observer(Protocol):
+    """What watches a client's requests on their way (``bastion.observability``): on the routes of a client's
+    requests only, it wraps the first step (``request``) and each interceptor's hook (``step``), and declares what
+    it reads (``reads_params``, ``reads_results``) as an interceptor does."""
+
+    reads_params: bool
+    reads_results: bool
+
+    def request(self, handle: Handler, method: str) -> Handler: ...
+
+    def step(self, interceptor: Interceptor, hook: Hook) -> Hook: ...
 
 
 class InOrder:

@@ -32,8 +32,12 @@ class Router:
                  catalog_may_grow: Callable[[], Awaitable[bool]],
                  notices_pending: Callable[[], "asyncio.Task[None] | None"] = lambda: None,
                  log_levels: LogLevels | None = None,
-                 lists_fetched: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 lists_fetched: Callable[[str], Awaitable[None]] | None = None, observer: Any = None) -> None:
         self._config = config
+        if observer is not None:
+            # Tracing: the call to a server is a span of its own, and the server is sent its context. Without an
+            # observer ``_forward`` is the method itself, with no layer around it.
+            self._forward = observer.upstream(self._forward)  # type: ignore[method-assign]
         # Until a server's lists are in the catalog, after it became ready: a name of a server a call retried is
         # looked up again then.
         self._lists_fetched = lists_fetched

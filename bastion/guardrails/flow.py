@@ -62,6 +62,7 @@ class FlowGuard:
     methods = _ANSWERS
     reads_params = False  # the arguments are read as the client's JSON text, decoded only when escaped
     reads_results = False  # an answer is read as the server's JSON text
+    span_name = "guardrails.flow"  # its span, when tracing is on
 
     def __init__(self, config: GuardrailsConfig, report: InterventionLog, scanner: ScannerInBackground | None,
                  memory: ValueMemory) -> None:

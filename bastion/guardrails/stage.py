@@ -60,6 +60,7 @@ class ScreenStage:
     methods = frozenset({CALL})
     # Only the tool's name, which each guardrail reads from the client's JSON too when the params were left so.
     reads_params = False
+    span_name = "guardrails.screen"  # its span, when tracing is on
     reads_results = False
 
     def __init__(self, *, pinning: PinningGuard | None = None, metadata: MetadataGuard | None = None,
@@ -120,6 +121,7 @@ class CallStage:
     methods = frozenset({CALL})
     # Only the tool's name, which ``request.target`` (or the raw name) gives.
     reads_params = False
+    span_name = "guardrails"  # its span, when tracing is on
     # The result may come as the server's bytes: pre-scanned, or decoded once for every guardrail of the stage, and
     # passed on as those bytes when none of them changed anything (bastion.guardrails.raw).
     reads_results = "raw"

@@ -14,9 +14,10 @@ import dataclasses
 import hashlib
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, ContextManager, Iterable, Mapping
 
 from bastion.model import (
     TAINTED_BY, TO_CLIENT, GatewayError, GatewayRequest, Handler, Identity, Interceptor, Session, ToolEntry,
@@ -338,6 +339,7 @@ class PolicyInterceptor:
     # gateway decodes before it gets here): it may stay the server's bytes, so the default configuration keeps the
     # byte pass-through of results. A call's arguments are read (Cedar, the guards, the schema check, the audit).
     reads_results = "raw"
+    span_name = "policy"  # its span, when tracing is on
 
     def __init__(
         self,
@@ -454,6 +456,8 @@ class ApprovalStage:
         self._reuse = self.settings.reuse_seconds
         self._approver = self.settings.approver
         self._queue_as_fallback = self.settings.fallback == "queue"
+        # What watches a wait for a person (a span, when the composition root turns tracing on): nothing by default.
+        self.watch: Callable[..., ContextManager[Any]] = _unwatched
 
     def client_approves(self, session: Session) -> bool:
         """Whether the client may be asked to approve (policy.approval.approver): never out of band, and under auto
@@ -620,15 +624,16 @@ class ApprovalStage:
             asks["client"] = asyncio.ensure_future(self._ask_legacy(session, server, label, arguments))
         if approval_id is not None and self.queue is not None:
             asks["queue"] = asyncio.ensure_future(self.queue.wait(approval_id, timeout, self.settings.poll_seconds))
-        try:
-            await asyncio.wait(asks.values(), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            trail.add("approval", Decision.deny(trail.approval.rule if trail.approval else "approval",
-                                                f"withdrawn: the client cancelled the call{wait.reference()}"))
-            log.info("%s/%s: %s's client withdrew the call%s", server, label, wait.who, wait.reference())
-            raise
-        finally:
-            await self._stop_asking(asks, approval_id)
+        with self.watch("approval wait", **{"bastion.server": server, "bastion.asked_in": "+".join(asks)}):
+            try:
+                await asyncio.wait(asks.values(), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                trail.add("approval", Decision.deny(trail.approval.rule if trail.approval else "approval",
+                                                    f"withdrawn: the client cancelled the call{wait.reference()}"))
+                log.info("%s/%s: %s's client withdrew the call%s", server, label, wait.who, wait.reference())
+                raise
+            finally:
+                await self._stop_asking(asks, approval_id)
         problem = self._outcome(asks, wait)
         if problem is None:
             log.info("%s/%s approved for %s%s", server, label, wait.who, wait.reference())
@@ -691,6 +696,10 @@ class ApprovalStage:
         except GatewayError as error:
             return f"the client could not ask ({error.message})"
         return None if elicitation_approves(answer) else "the person declined"
+
+
+def _unwatched(name: str, **attributes: Any) -> ContextManager[None]:
+    return nullcontext()
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,8 @@ class AutoExposure:
     """Search mode (``search``, a :class:`~bastion.search.exposure.SearchExposure`) while the catalog is past the
     threshold; the request passes untouched otherwise. The switch is logged with the counts, each time it flips."""
 
+    span_name = "exposure"  # its span, when tracing is on
+
     # A tools/call's arguments and results are not read here (the search exposure decodes the meta-tools' own),
     # so a small catalog keeps the byte pass-through of calls.
     methods = frozenset({"tools/list", "tools/call"})

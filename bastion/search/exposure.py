@@ -162,6 +162,7 @@ def _report_failure(maintainer: asyncio.Task[None]) -> None:
 
 
 class SearchExposure:
+    span_name = "exposure"  # its span, when tracing is on
     # Of a tools/call it reads the name, and the arguments only of its own meta-tools, which it decodes itself when
     # the frontend left them as the client's bytes: calls to every other tool keep the byte pass-through.
     methods = frozenset({"tools/list", "tools/call"})

@@ -34,6 +34,8 @@ def mirrored_headers(headers: dict[str, str], message: Mapping[str, Any],
     request of a session (no version in its ``_meta``) mirrors nothing."""
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and "traceparent" in meta:
+        trace_headers(headers, meta)
     version = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
     if isinstance(version, str):  # a modern request: its routing is mirrored in headers
         assert isinstance(params, dict)
@@ -47,3 +49,18 @@ def mirrored_headers(headers: dict[str, str], message: Mapping[str, Any],
         if method == "tools/call" and isinstance(value, str) and value in annotated:
             arguments = params.get("arguments")
             headers.update(param_headers(annotated[value], arguments if isinstance(arguments, dict) else {}))
+
+
+# The W3C trace context a request carries in its ``_meta`` (the gateway's upstream span, with tracing on; else the
+# client's own, passed on), also sent as the headers an HTTP server's instrumentation reads.
+_TRACE_KEYS = ("traceparent", "tracestate", "baggage")
+_MAX_TRACE_HEADER = 8192
+
+
+def trace_headers(headers: dict[str, str], meta: Mapping[str, Any]) -> None:
+    """Add ``meta``'s trace context keys to ``headers``: only values a header may carry as they are (printable
+    ASCII, within a bound); anything else is left out rather than sent bent or refused by the HTTP client."""
+    for key in _TRACE_KEYS:
+        value = meta.get(key)
+        if type(value) is str and len(value) <= _MAX_TRACE_HEADER and value.isascii() and value.isprintable():
+            headers[key] = value

@@ -39,6 +39,7 @@ from bastion.frontends.http.wire import (
 )
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
+from bastion.observability.request_context import take_trace_context
 from bastion.protocol.jsonrpc import is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, is_modern, is_modern_first_message
 
@@ -57,6 +58,8 @@ class HttpFrontend:
                  auth: HttpAuth | None = None, callback: Callable[[Scope, Receive, Send], Awaitable[None]] | None
                  = None) -> None:
         self.gateway = gateway
+        # Tracing or JSON logs: a POST's trace context headers go with the messages it carries.
+        self._observed = gateway.observer is not None
         self.settings = settings
         # Who is calling: the auth table's methods, or http.identity_header, or everyone the configured identity.
         self.auth = auth if auth is not None else build_http_auth(
@@ -133,6 +136,8 @@ class HttpFrontend:
             if path in MCP_PATHS:
                 identity = await self.admission.authenticate(scope, headers, "mcp", peer)
                 if method == "POST":
+                    if self._observed:
+                        take_trace_context(headers)
                     await self._post(scope, headers, identity, peer, receive, send)
                 elif method == "GET":
                     await self._get(headers, identity, receive, send)
@@ -145,6 +150,8 @@ class HttpFrontend:
                 await self._sse_open(headers, await self.admission.authenticate(scope, headers, "sse", peer), peer,
                                      receive, send)
             elif path == "/messages" and method == "POST":
+                if self._observed:
+                    take_trace_context(headers)
                 await self._sse_post(scope, headers, await self.admission.authenticate(scope, headers, "messages", peer),
                                      receive, send)
             elif path in self.auth.metadata_paths and self._metadata is not None:

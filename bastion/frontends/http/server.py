@@ -38,8 +38,9 @@ def is_loopback(host: str) -> bool:
 
 
 async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int, *, auth: HttpAuth | None = None,
-                     callback: Any = None) -> signal.Signals | None:
-    """Serve until SIGTERM, SIGINT or SIGHUP; the signal that stopped it."""
+                     callback: Any = None, json_logs: bool = False) -> signal.Signals | None:
+    """Serve until SIGTERM, SIGINT or SIGHUP; the signal that stopped it. ``json_logs``: the address is said as a
+    log record, so every line on stderr is one JSON object."""
     sock = listen(host, port)  # first: an address in use is said before any server starts
     gateway.start()
     frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host), auth=auth, callback=callback)
@@ -70,8 +71,12 @@ async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: in
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     # One line a person (or a test) reads for the address, the port 0 asked for included.
-    print(f"bastion: serving MCP on {'https' if tls else 'http'}://{shown}:{bound_port}/mcp "
-          f"({len(gateway.config.servers)} server(s))", file=sys.stderr, flush=True)
+    serving = (f"serving MCP on {'https' if tls else 'http'}://{shown}:{bound_port}/mcp "
+               f"({len(gateway.config.servers)} server(s))")
+    if json_logs:
+        log.info("%s", serving)
+    else:
+        print(f"bastion: {serving}", file=sys.stderr, flush=True)
     if not is_loopback(host) and not settings.allowed_hosts:
         log.warning("listening on %s with no http.allowed_hosts: any Host header is accepted", host)
     try:
