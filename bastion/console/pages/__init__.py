@@ -3,10 +3,10 @@ here once."""
 
 from __future__ import annotations
 
-from bastion.console.pages import servers
+from bastion.console.pages import catalog, changes, servers
 from bastion.console.registry import Console
 
-MODULES = (servers,)
+MODULES = (servers, catalog, changes)
 
 
 def console() -> Console:
