@@ -58,18 +58,22 @@ class Request:
     query: Mapping[str, str]
     headers: Mapping[str, str]
     peer: str
-    secure: bool  # served over TLS
+    site: tuple[str, str]  # the scheme and host[:port] the browser addressed (behind trusted proxies, theirs)
     certificate: Mapping[str, Any] | None
 
+    @property
+    def secure(self) -> bool:
+        """Reached over TLS (directly, or at a trusted proxy in front)."""
+        return self.site[0] == "https"
+
     @staticmethod
-    def of(scope: Scope, headers: Mapping[str, str], peer: str) -> "Request":
+    def of(scope: Scope, headers: Mapping[str, str], peer: str, site: tuple[str, str]) -> "Request":
         path = scope["path"][len(PREFIX):].strip("/")
         try:
             query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), max_num_fields=MAX_FIELDS))
         except ValueError:
             raise Refused(400, f"the query has more than {MAX_FIELDS} fields") from None
-        return Request(scope["method"], path, query, headers, peer, scope.get("scheme") == "https",
-                       scope.get("bastion.peer_certificate"))
+        return Request(scope["method"], path, query, headers, peer, site, scope.get("bastion.peer_certificate"))
 
 
 def is_console_path(path: str) -> bool:
@@ -87,10 +91,10 @@ class ConsoleApp:
         self._session_seconds = session_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, *, headers: Mapping[str, str],
-                       peer: str) -> None:
+                       peer: str, site: tuple[str, str]) -> None:
         session = self.sessions.find(cookie_of(headers.get("cookie")))
         try:
-            await self._route(Request.of(scope, headers, peer), session, receive, send)
+            await self._route(Request.of(scope, headers, peer, site), session, receive, send)
         except Refused as refusal:
             await self._refusal_page(send, refusal, session)
 
@@ -218,9 +222,9 @@ class ConsoleApp:
             raise Refused(403, f"a console form must be sent from the console's own pages (Sec-Fetch-Site: {site})")
         origin = request.headers.get("origin")
         if origin is not None:
-            parts = urlsplit(origin)
-            expected = "https" if request.secure else "http"
-            if parts.scheme != expected or parts.netloc.lower() != request.headers.get("host", "").lower():
+            parts = urlsplit(origin.strip().lower())
+            if (parts.scheme, _without_default_port(parts.scheme, parts.netloc)) != \
+                    (request.site[0], _without_default_port(*request.site)):
                 raise Refused(403, "a console form must be sent from the console's own pages (the Origin is another "
                                    "site)")
 
@@ -252,6 +256,11 @@ class ConsoleApp:
         if found is None:
             raise Refused(404, f"no file {name!r}")
         await _answer(send, 200, found[0], found[1])
+
+
+def _without_default_port(scheme: str, netloc: str) -> str:
+    default = {"http": ":80", "https": ":443"}.get(scheme)
+    return netloc[: -len(default)] if default and netloc.endswith(default) else netloc
 
 
 def _target(act: Act, form: Mapping[str, str]) -> str | None:

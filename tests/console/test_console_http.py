@@ -179,3 +179,29 @@ async def test_careless_and_hostile_requests_are_answered_with_clear_refusals_an
     # the long field, the server that had not failed, the huge form, the JSON body
     assert outcomes == [400, 404, 413, 415], outcomes
     assert "internal error" not in served.log() and "Traceback" not in served.log()
+
+
+async def test_behind_a_tls_proxy_the_cookie_is_secure_and_the_origin_is_the_proxys(tmp_path, state) -> None:
+    public = "gateway.example.com"
+    served, admin, _ = serve_with_keys(tmp_path, {"steady": gate_server("steady")}, http={
+        "trusted_proxies": ["127.0.0.1/32"], "allowed_hosts": [public],
+        # both let past the gateway's own guard: the console's check is the one that refuses the plain-HTTP page
+        "allowed_origins": [f"https://{public}", f"http://{public}"]})
+    forwarded = {"x-forwarded-proto": "https", "x-forwarded-host": public, "x-forwarded-for": "192.0.2.7"}
+    try:
+        async with httpx2.AsyncClient(timeout=60, headers=forwarded) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                login = await browser.post("/admin/login", {"credential": admin}, {"origin": f"https://{public}"})
+                assert login.status_code == 303, login.text
+                cookie = login.headers["set-cookie"]
+                assert cookie.startswith("__Host-bastion_console=") and "; Secure" in cookie and "Path=/;" in cookie
+                # a TLS-only cookie: sent by hand, as the browser would over the proxy's HTTPS
+                client.headers["cookie"] = cookie.split(";", 1)[0]
+                await browser.page("/admin/servers")
+                same = await browser.act("retry_server", {"server": "steady"}, headers={"origin": f"https://{public}"})
+                plain = await browser.act("retry_server", {"server": "steady"}, headers={"origin": f"http://{public}"})
+    finally:
+        stop(served)
+    assert same.status_code == 303  # past the checks: steady had not failed, which the page says
+    assert plain.status_code == 403 and "Origin is another site" in plain.text
