@@ -121,6 +121,10 @@ async def test_the_console_logs_in_once_by_its_link_and_shows_and_retries_the_st
     records = [r for r in admin_records(tmp_path) if r["what"]["method"] == "admin/retry_server"]
     assert [(r["who"]["name"], r["who"]["authenticated_by"], r["what"]["target"], r["outcome"]) for r in records] \
         == [("ada", "console_link", "crashy", 0)]
+    # the console's chain and the gateway's are one trail, and it verifies
+    verified = subprocess.run([BASTION, "audit", "verify", "--config", str(config)], capture_output=True, text=True,
+                              timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 async def test_cedar_still_decides_what_the_console_link_may_do(tmp_path, state) -> None:
