@@ -2,7 +2,7 @@
 act, the CSRF and Origin checks of every POST, the audit of every act (allowed or refused), and the answers' headers.
 
 Routes: ``GET /admin`` (the first page), ``GET /admin/PAGE``, ``GET|POST /admin/login``, ``POST /admin/logout``,
-``POST /admin/act/NAME``, ``GET /admin/static/NAME``. A GET changes nothing."""
+``POST /admin/act/NAME``, ``GET /admin/feed/PATH`` (JSON), ``GET /admin/static/NAME``. A GET changes nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
-from bastion.console.layout import SECURITY_HEADERS, STYLESHEET, document
+import orjson
+
+from bastion.console.layout import SECURITY_HEADERS, document
 from bastion.console.login import Login, LoginRefused, Presented
 from bastion.console.markup import Html, tag
 from bastion.console.registry import Act, ActRequest, BadForm, Console, Outcome, View
@@ -31,7 +33,6 @@ SESSION_SECONDS = 8 * 3600.0
 MAX_FORM_BYTES = 64 * 1024
 MAX_FIELDS = 64
 FORM_SECONDS = 30
-ASSETS = {"style.css": (b"text/css; charset=utf-8", STYLESHEET)}
 
 
 class Authorizer(Protocol):
@@ -115,6 +116,9 @@ class ConsoleApp:
         elif path.startswith("act/"):
             self._only(method, "POST")
             await self._act(request, session, path[len("act/"):], receive, send)
+        elif path.startswith("feed/"):
+            self._only(method, "GET", "HEAD")
+            await self._feed(request, session, path[len("feed/"):], send)
         else:
             self._only(method, "GET", "HEAD")
             await self._read(request, session, path or self.console.home, send)
@@ -133,6 +137,16 @@ class ConsoleApp:
         await self._page(send, 200, page.title, body, session=session, current=page.path,
                          notice=session.notice)
         session.notice = None
+
+    async def _feed(self, request: Request, session: Session | None, path: str, send: Send) -> None:
+        feed = self.console.feed_by_path.get(path)
+        if feed is None:
+            raise Refused(404, f"the console has no feed {path!r}")
+        if session is None:
+            raise Refused(403, "log in first: this feed needs a console session")
+        self._decide(session.identity, "view_console", "", f"feed/{path}")
+        value = await feed.read(View(session.identity, request.query, self.data, session.csrf, path))
+        await _answer(send, 200, b"application/json", orjson.dumps(value))
 
     # ------------------------------------------------------------------------------------------ log in, log out
     async def _log_in(self, request: Request, receive: Receive, send: Send) -> None:
@@ -252,10 +266,10 @@ class ConsoleApp:
                          session=session, headers=refusal.headers)
 
     async def _asset(self, send: Send, name: str) -> None:
-        found = ASSETS.get(name)
+        found = self.console.asset_by_name.get(name)
         if found is None:
             raise Refused(404, f"no file {name!r}")
-        await _answer(send, 200, found[0], found[1])
+        await _answer(send, 200, found.content_type.encode(), found.body)
 
 
 def _without_default_port(scheme: str, netloc: str) -> str:

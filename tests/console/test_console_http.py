@@ -78,6 +78,13 @@ async def test_admin_reads_the_servers_page_and_a_non_admin_is_refused_and_audit
                 assert HOSTILE not in page.text and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page.text
                 assert "ada" in page.text and browser.csrf
 
+                # The same as JSON, for a page that watches: with the session only
+                feed = await client.get(browser.base + "/admin/feed/servers")
+                assert feed.status_code == 200 and feed.headers["content-type"] == "application/json"
+                [mine] = feed.json()
+                assert mine["servers"]["crashy"]["status"] == "failed" and mine["servers"]["steady"]["status"] == "ready"
+                assert (await httpx2.AsyncClient().get(browser.base + "/admin/feed/servers")).status_code == 403
+
                 # A non-admin: its login is refused with 403, and the refusal is in the audit trail
                 async with httpx2.AsyncClient(timeout=60) as other:
                     guest_browser = Browser(other, browser.base)
@@ -85,6 +92,12 @@ async def test_admin_reads_the_servers_page_and_a_non_admin_is_refused_and_audit
                     assert refused.status_code == 403 and "gus may not read the console" in refused.text
                     assert "set-cookie" not in refused.headers
                     assert (await guest_browser.page("/admin/servers")).status_code == 303
+
+                # Logging out ends the session: its cookie opens nothing any more
+                session_cookie = {"cookie": cookie.split(";", 1)[0]}
+                assert (await browser.post("/admin/logout", {"csrf": browser.csrf})).status_code == 303
+                after = await httpx2.AsyncClient().get(browser.base + "/admin/servers", headers=session_cookie)
+                assert after.status_code == 303 and after.headers["location"] == "/admin/login"
     finally:
         stop(served)
     records = admin_records(tmp_path)
