@@ -133,7 +133,11 @@ class ConsoleApp:
             return
         self._decide(session.identity, "view_console", "", path)
         view = View(session.identity, request.query, self.data, session.csrf, page.path)
-        body = await page.render(view)
+        try:
+            body = await page.render(view)
+        except Exception as error:  # noqa: BLE001 - a page that cannot be shown is said; the gateway goes on
+            log.exception("console: the page %s failed", page.path)
+            raise Refused(500, f"this page could not be shown: {type(error).__name__}: {error}") from None
         await self._page(send, 200, page.title, body, session=session, current=page.path,
                          notice=session.notice)
         session.notice = None
@@ -261,7 +265,7 @@ class ConsoleApp:
         await _answer(send, status, b"text/html; charset=utf-8", page, headers)
 
     async def _refusal_page(self, send: Send, refusal: Refused, session: Session | None) -> None:
-        title = {403: "Refused", 404: "Not found", 405: "Not allowed"}.get(refusal.status, "Bad request")
+        title = {403: "Refused", 404: "Not found", 405: "Not allowed", 500: "Failed"}.get(refusal.status, "Bad request")
         await self._page(send, refusal.status, title, tag("p", refusal.message, class_="notice refused"),
                          session=session, headers=refusal.headers)
 

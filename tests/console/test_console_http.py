@@ -178,6 +178,9 @@ async def test_careless_and_hostile_requests_are_answered_with_clear_refusals_an
                         base + "/admin/servers", headers={"cookie": "bastion_console=" + "A" * 4000}),
                 }
                 after = await browser.page("/admin/servers")
+                # a pins file that is no pins file is said on the pages that read it, not an internal error
+                (state / "bastion" / "pins.json").write_text("{not json")
+                unreadable = [await browser.page("/admin/catalog"), await browser.page("/admin/changes")]
     finally:
         stop(served)
     status = {what: response.status_code for what, response in said.items()}
@@ -191,6 +194,8 @@ async def test_careless_and_hostile_requests_are_answered_with_clear_refusals_an
     outcomes = sorted(r["outcome"] for r in admin_records(tmp_path) if r["what"]["method"] == "admin/retry_server")
     # the long field, the server that had not failed, the huge form, the JSON body
     assert outcomes == [400, 404, 413, 415], outcomes
+    assert [page.status_code for page in unreadable] == [200, 200]
+    assert all("not a pins file" in page.text for page in unreadable), [page.text for page in unreadable]
     assert "internal error" not in served.log() and "Traceback" not in served.log()
 
 
