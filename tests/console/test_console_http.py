@@ -6,15 +6,16 @@ audited and changes nothing; the same act posted properly retries a failed serve
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
 
-from tests.auth.serving import stop
-from tests.console.support import Browser, admin_records, base_of, gate_server, serve_with_keys
-from tests.support import wait_for
+from tests.auth.serving import start, stop
+from tests.console.support import POLICY, Browser, admin_records, base_of, gate_server, serve_with_keys
+from tests.support import READY_TIMEOUT
 
 pytestmark = pytest.mark.slow
 
@@ -223,3 +224,30 @@ async def test_behind_a_tls_proxy_the_cookie_is_secure_and_the_origin_is_the_pro
         stop(served)
     assert same.status_code == 303  # past the checks: steady had not failed, which the page says
     assert plain.status_code == 403 and "Origin is another site" in plain.text
+
+
+@pytest.mark.parametrize("policy", ["on", "off"])
+async def test_without_authentication_the_configured_identity_logs_in_and_cedar_decides(tmp_path, state,
+                                                                                         policy) -> None:
+    (tmp_path / "team.cedar").write_text(POLICY)
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"steady": gate_server("steady")}, "ready_timeout": READY_TIMEOUT,
+        "policy": "off" if policy == "off" else {
+            "policy_files": ["team.cedar"], "identity": {"name": "ops", "groups": ["admins"]},
+            "audit": {"path": str(tmp_path / "audit.jsonl")}}}))
+    served = start(config)
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                form = await browser.page("/admin/login")
+                login = await browser.login("")
+                page = await browser.page("/admin/servers")
+    finally:
+        stop(served)
+    if policy == "on":
+        assert "you log in as its configured identity, ops" in form.text
+        assert login.status_code == 303 and page.status_code == 200 and "ops (configured)" in page.text
+    else:  # nobody to decide: nobody operates
+        assert login.status_code == 403 and "the policy is off" in login.text and "set-cookie" not in login.headers
