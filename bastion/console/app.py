@@ -94,6 +94,11 @@ class ConsoleApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send, *, headers: Mapping[str, str],
                        peer: str, site: tuple[str, str]) -> None:
         session = self.sessions.find(cookie_of(headers.get("cookie")))
+        if session is not None and not await self.login.still(
+                session.admitted, Presented(headers, peer, scope.get("bastion.peer_certificate"))):
+            log.info("console: ended the session of %s: its login no longer holds", session.identity.describe())
+            self.sessions.end(session.id)
+            session = None
         try:
             await self._route(Request.of(scope, headers, peer, site), session, receive, send)
         except Refused as refusal:
@@ -157,16 +162,16 @@ class ConsoleApp:
         self._same_origin(request)
         form = await _read_form(request, receive)
         try:
-            identity = await self.login.identity(form, Presented(request.headers, request.peer, request.certificate))
+            admitted = await self.login.identity(form, Presented(request.headers, request.peer, request.certificate))
         except LoginRefused as refusal:
             log.info("console: refused a login from %s: %s", request.peer, refusal)
             await self._page(send, 403, "Log in", tag("p", str(refusal), class_="notice refused")
                              + self.login.form({}))
             return
         # Only who may read the console gets a session; a refusal here is audited like any other.
-        self._decide(identity, "view_console", "", "login")
-        session = self.sessions.open(identity)
-        log.info("console: %s logged in from %s", identity.describe(), request.peer)
+        self._decide(admitted.identity, "view_console", "", "login")
+        session = self.sessions.open(admitted)
+        log.info("console: %s logged in from %s", admitted.identity.describe(), request.peer)
         await _redirect(send, f"/admin/{self.console.home}",
                         ((b"set-cookie", set_cookie(session, secure=request.secure, lifetime=self._session_seconds)),))
 

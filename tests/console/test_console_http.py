@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from pathlib import Path
 
 import anyio
@@ -15,7 +16,7 @@ import pytest
 
 from tests.auth.serving import start, stop
 from tests.console.support import POLICY, Browser, admin_records, base_of, gate_server, serve_with_keys
-from tests.support import READY_TIMEOUT
+from tests.support import BASTION, READY_TIMEOUT
 
 pytestmark = pytest.mark.slow
 
@@ -251,3 +252,25 @@ async def test_without_authentication_the_configured_identity_logs_in_and_cedar_
         assert login.status_code == 303 and page.status_code == 200 and "ops (configured)" in page.text
     else:  # nobody to decide: nobody operates
         assert login.status_code == 403 and "the policy is off" in login.text and "set-cookie" not in login.headers
+
+
+async def test_a_session_ends_when_the_key_it_logged_in_with_is_revoked(tmp_path, state) -> None:
+    served, admin, _ = serve_with_keys(tmp_path, {"steady": gate_server("steady")})
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                assert (await browser.login(admin)).status_code == 303
+                assert (await browser.page("/admin/servers")).status_code == 200
+                revoked = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [BASTION, "keys", "revoke", "ada", "--file", str(tmp_path / "keys.json")], capture_output=True,
+                    text=True, timeout=60))
+                assert revoked.returncode == 0, revoked.stderr
+                # the gateway reads the key file again within a second; from then on the session is over
+                while (page := await browser.page("/admin/servers")).status_code == 200:
+                    await asyncio.sleep(0.1)
+                assert page.status_code == 303 and page.headers["location"] == "/admin/login"
+                assert (await browser.act("retry_server", {"server": "steady"})).status_code == 403
+    finally:
+        stop(served)
+    assert "ended the session of ada" in served.log()
