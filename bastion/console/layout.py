@@ -1,6 +1,7 @@
 """The frame around every page (menu, who is logged in, the log-out button, a one-time notice) and the headers every
 answer of the console carries: a strict Content-Security-Policy (nothing inline runs, nothing loads from another
-origin, no page may frame it), no caching, no referrer (a login link's secret never leaves in a Referer)."""
+origin, no page may frame it), no caching, and a Referer only to the console itself (a login link's secret never
+leaves in one; ``no-referrer`` would make a browser send ``Origin: null`` with the console's own forms)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"content-security-policy", CSP.encode()),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 )
 
+ICON = Asset("icon.svg", "image/svg+xml", resources.files("bastion.console").joinpath("icon.svg").read_bytes())
 STYLESHEET = Asset("style.css", "text/css; charset=utf-8",
                    resources.files("bastion.console").joinpath("style.css").read_bytes())
 
@@ -45,7 +47,8 @@ def document(title: str, body: Html, *, menu: Iterable[tuple[str, str]] = (), cu
                tag("head", Html('<meta charset="utf-8">'),
                    Html('<meta name="viewport" content="width=device-width, initial-scale=1">'),
                    tag("title", f"{title} · Bastion console"),
-                   Html('<link rel="stylesheet" href="/admin/static/style.css">')),
+                   Html('<link rel="stylesheet" href="/admin/static/style.css">'),
+                   Html('<link rel="icon" href="/admin/static/icon.svg" type="image/svg+xml">')),
                tag("body",
                    tag("header", tag("strong", "Bastion console", class_="brand"), tag("nav", *links), account),
                    tag("main", tag("h1", title), said, body)),
@@ -53,4 +56,4 @@ def document(title: str, body: Html, *, menu: Iterable[tuple[str, str]] = (), cu
     return f"<!doctype html>\n{page}\n".encode()
 
 
-__all__ = ["CSP", "SECURITY_HEADERS", "STYLESHEET", "document"]
+__all__ = ["CSP", "ICON", "SECURITY_HEADERS", "STYLESHEET", "document"]

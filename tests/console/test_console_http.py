@@ -75,6 +75,8 @@ async def test_admin_reads_the_servers_page_and_a_non_admin_is_refused_and_audit
                 assert "default-src 'none'" in headers["content-security-policy"]
                 assert "frame-ancestors 'none'" in headers["content-security-policy"]
                 assert headers["x-frame-options"] == "DENY" and "no-store" in headers["cache-control"]
+                # a browser sends its Origin with the console's forms (no-referrer would make it "null")
+                assert headers["referrer-policy"] == "same-origin"
                 assert "steady" in page.text and "crashy" in page.text and "status-ready" in page.text
                 assert "settings file missing" in page.text
                 assert HOSTILE not in page.text and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page.text
