@@ -100,6 +100,7 @@ class Upstream:
         # Its starts failed MAX_FAILED_STARTS times in a row: not started again until ``retry()``.
         self.gave_up = False
         self.failed_starts = 0  # the starts in a row that ended before the server was ready
+        self.starts = 0  # every start since Bastion began (the first, and each restart)
         self.last_stderr: list[str] = []  # the last stderr lines of the latest start that failed
         self._retry = asyncio.Event()  # a person or a call asks for a start now
         self._outcome = asyncio.Event()  # set when a start ends, ready or failed; cleared when one is asked for
@@ -248,6 +249,7 @@ class Upstream:
         backoff = Backoff(jitter=self.config.url is not None)
         while not self._closing:
             self._started_at = time.monotonic()
+            self.starts += 1
             refused = False
             self.on_status()
             try:
