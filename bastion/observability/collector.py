@@ -63,8 +63,8 @@ class GatewayCollector:
         for (method, server), histogram in list(metrics.server_time.items()):
             server_time.add_metric([method, server], _buckets(histogram), histogram.sum_ns / 1e9)
         yield server_time
-        in_flight = GaugeMetricFamily("bastion_requests_in_flight", "Client requests inside the gateway now, by the "
-                                      "server they go to ('' for those the gateway answers)", labels=["server"])
+        in_flight = GaugeMetricFamily("bastion_server_calls_in_flight", "Client tool calls a server has in hand now "
+                                      "(past the gateway's checks, not answered yet)", labels=["server"])
         for server, count in list(metrics.in_flight.items()):
             in_flight.add_metric([server], count)
         yield in_flight
@@ -95,7 +95,11 @@ class GatewayCollector:
     def _policy(self) -> Iterator[Metric]:
         decisions = CounterMetricFamily("bastion_policy_decisions", "Policy decisions, by stage, effect and rule",
                                         labels=["stage", "effect", "rule"])
-        for labels, count in list(self._metrics.decisions.items()):
+        merged: dict[tuple[str, str, str], int] = {}
+        for (stage, effect, rule), count in list(self._metrics.decisions.items()):
+            labels = (stage, str(getattr(effect, "value", effect)), rule or "-")
+            merged[labels] = merged.get(labels, 0) + count
+        for labels, count in merged.items():
             decisions.add_metric(list(labels), count)
         yield decisions
         interventions = CounterMetricFamily("bastion_guardrail_interventions", "Guardrail interventions, by "

@@ -139,11 +139,11 @@ class GatewayMetrics:
         self.requests: dict[tuple[str, str, str, str, str], int] = {}
         self.gateway_time: dict[str, Histogram] = {}  # by method
         self.server_time: dict[tuple[str, str], Histogram] = {}  # by (method, server)
-        self.in_flight: dict[str, int] = {}  # by server: client requests inside the gateway now
+        self.in_flight: dict[str, int] = {}  # by server: client calls it has in hand now
         # (stage, effect, rule) -> decisions, told by the policy (``decided``)
-        self.decisions: dict[tuple[str, str, str], int] = {}
+        self.decisions: dict[tuple[Any, ...], int] = {}
         self._rules = Bounded()
-        self._names = Bounded() if config.identity_labels == "name" else None
+        self.names = Bounded() if config.identity_labels == "name" else None
         # Which server a request that is not a tools/call goes to (the router's answer), once the gateway exists.
         self.server_for: Callable[[str | None, Mapping[str, Any]], str | None] = lambda method, params: None
         # The sources read at scrape time, set by whoever owns them (compose, the frontends).
@@ -156,11 +156,23 @@ class GatewayMetrics:
 
     # ------------------------------------------------------------------ told by others
     def decided(self, stages: list[tuple[Any, ...]]) -> None:
-        """The policy's stages for one request: ``(stage, effect, rule, reason, detail)`` each."""
+        """The policy's stages for one request: ``(stage, effect, rule, reason, detail)`` each (the effect a
+        ``str`` enum, counted as it is and written as its value at scrape time)."""
         decisions = self.decisions
-        for stage, effect, rule, _, _ in stages:
-            key = (stage, effect.value if hasattr(effect, "value") else str(effect), self._rules(rule or "-"))
-            decisions[key] = decisions.get(key, 0) + 1
+        for stage in stages:
+            key = stage[:3]
+            try:
+                decisions[key] += 1
+            except KeyError:
+                self._new_decision(key)
+
+    def _new_decision(self, key: tuple[Any, ...]) -> None:
+        stage, effect, rule = key
+        if self._rules(rule) == rule:
+            self.decisions[key] = 1
+        else:  # past the bound: counted, under "other"
+            other = (stage, effect, OTHER)
+            self.decisions[other] = self.decisions.get(other, 0) + 1
 
     def counting_received(self, transport: str, feed: Callable[..., None]) -> Callable[..., None]:
         """``feed(frame, ...)`` that counts the frame's bytes as received from a client over ``transport``."""
@@ -182,11 +194,6 @@ class GatewayMetrics:
             send(frame, *rest)
         return counted
 
-    def identity_label(self, message: GatewayRequest) -> str:
-        identity = message.session.identity
-        names = self._names
-        return identity.authenticated_by if names is None else names(identity.name)
-
     # ------------------------------------------------------------------ the read API (the console's)
     def totals(self) -> Totals:
         """Requests so far by outcome, and the latency histograms merged over methods and servers."""
@@ -200,7 +207,9 @@ class GatewayMetrics:
 
 class RequestMeter:
     """Outermost on the chain: each client request's labels, outcome and time. It reads no params but the tool's
-    name and no result, so raw pass-through of arguments and results stays as it is."""
+    name and no result, so raw pass-through of arguments and results stays as it is. Written for the hot path: every
+    call here is one a ``tools/call`` pays (bench/operations_cost.py counts them), so counts are bumped in place
+    and a new key is the exception."""
 
     directions = (TO_SERVER,)
     reads_params = False
@@ -208,25 +217,21 @@ class RequestMeter:
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
-        # id(message) -> [ns with its server, reached its server, answered by it], while the request is inside
-        self.probes: dict[int, list[int]] = {}
+        # id(message) -> [ns with its server, its tool (a ToolEntry) once it reached it, answered by it], while the
+        # request is inside
+        self.probes: dict[int, list[Any]] = {}
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        metrics = self.metrics
         started = time.perf_counter_ns()
         key = id(message)
-        probe = self.probes[key] = [0, 0, 0]
-        entry = message.target if message.method == "tools/call" else None
-        server = entry.server if entry is not None else ""
-        in_flight = metrics.in_flight
-        in_flight[server] = in_flight.get(server, 0) + 1
+        probe = self.probes[key] = [0, None, False]
         outcome = OK
         try:
             return await call_next(message)
         except BaseException as error:
             if not isinstance(error, Exception):
                 outcome = CANCELLED
-            elif probe[1] and not probe[2]:
+            elif probe[1] is not None and not probe[2]:
                 outcome = ERROR
             else:
                 outcome = REFUSED
@@ -234,38 +239,48 @@ class RequestMeter:
         finally:
             elapsed = time.perf_counter_ns() - started
             del self.probes[key]
-            in_flight[server] -= 1
-            self._count(message, probe, outcome, elapsed)
-
-    def _count(self, message: GatewayRequest, probe: list[int], outcome: str, elapsed: int) -> None:
-        metrics = self.metrics
-        method = message.method
-        if method == "tools/call":
-            entry = message.target  # as the chain left it: the search exposure's call_tool names the real tool
-            tool, server = (entry.exposed_name, entry.server) if entry is not None else (OTHER, "")
-        elif method in CLIENT_METHODS:
-            tool, server = "", metrics.server_for(method, message.params) or ""
-        else:
-            method, tool, server = OTHER, "", ""
-        key = (method, server, tool, outcome, metrics.identity_label(message))
-        requests = metrics.requests
-        requests[key] = requests.get(key, 0) + 1
-        server_ns = probe[0]
-        histogram = metrics.gateway_time.get(method)
-        if histogram is None:
-            histogram = metrics.gateway_time[method] = Histogram()
-        histogram.observe(elapsed - server_ns)
-        if probe[1] and server:  # lists and the handshake reach no server: the gateway answers them
-            histogram = metrics.server_time.get((method, server))
-            if histogram is None:
-                histogram = metrics.server_time[(method, server)] = Histogram()
-            histogram.observe(server_ns)
+            metrics = self.metrics
+            method = message.method
+            entry = probe[1]
+            if method == "tools/call":
+                if entry is None:  # refused before its server: the tool as the chain left it
+                    entry = message.target
+                tool, server = (entry.exposed_name, entry.server) if entry is not None else (OTHER, "")
+            elif method in CLIENT_METHODS:
+                tool, server = "", metrics.server_for(method, message.params) or ""
+            else:
+                method, tool, server = OTHER, "", ""
+            identity = message.session.identity
+            names = metrics.names
+            labels = (method, server, tool, outcome,
+                      identity.authenticated_by if names is None else names(identity.name))
+            try:
+                metrics.requests[labels] += 1
+            except KeyError:
+                metrics.requests[labels] = 1
+            server_ns = probe[0]
+            try:
+                histogram = metrics.gateway_time[method]
+            except KeyError:
+                histogram = metrics.gateway_time[method] = Histogram()
+            ns = elapsed - server_ns
+            histogram.counts[bisect_left(_BUCKETS_NS, ns)] += 1
+            histogram.sum_ns += ns
+            histogram.count += 1
+            if server_ns:
+                try:
+                    histogram = metrics.server_time[(method, server)]
+                except KeyError:
+                    histogram = metrics.server_time[(method, server)] = Histogram()
+                histogram.counts[bisect_left(_BUCKETS_NS, server_ns)] += 1
+                histogram.sum_ns += server_ns
+                histogram.count += 1
 
 
 class ServerClock:
     """Innermost on the chain: what follows it is the router and the server. It tells the meter how long the
     request spent there, and whether the server answered (an error after that is the gateway's refusal of the
-    answer; an error before it, the server's)."""
+    answer; an error before it, the server's), and counts the requests each server has in hand now."""
 
     directions = (TO_SERVER,)
     reads_params = False
@@ -273,21 +288,30 @@ class ServerClock:
 
     def __init__(self, meter: RequestMeter) -> None:
         self._probes = meter.probes
+        self._in_flight = meter.metrics.in_flight
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         probe = self._probes.get(id(message))
-        if probe is None or (message.method == "tools/call" and message.target is None):
-            # a request the meter did not see (a chain of the tests' own), or a tool no server has: the router
-            # refuses it itself
+        entry = message.target if message.method == "tools/call" else None
+        if probe is None or entry is None:
+            # a request the meter did not see (a chain of the tests' own), a tool no server has (the router refuses
+            # it itself), or one the gateway answers (lists, the handshake)
             return await call_next(message)
-        probe[1] = 1
+        probe[1] = entry
+        server = entry.server
+        in_flight = self._in_flight
+        try:
+            in_flight[server] += 1
+        except KeyError:
+            in_flight[server] = 1
         started = time.perf_counter_ns()
         try:
             result = await call_next(message)
-            probe[2] = 1
+            probe[2] = True
             return result
         finally:
             probe[0] += time.perf_counter_ns() - started
+            in_flight[server] -= 1
 
 
 __all__ = ["BUCKETS", "CLIENT_METHODS", "GatewayMetrics", "LatencySample", "OTHER", "REQUEST", "Totals"]
