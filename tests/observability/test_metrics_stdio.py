@@ -96,7 +96,10 @@ async def test_readiness_follows_an_audit_trail_that_cannot_be_written(tmp_path:
         async with client(config, errlog, "legacy") as session:
             assert not (await session.call_tool("raw__echo", {"text": "first"})).is_error
             base = listener_of(stderr)
-            assert wait_for(lambda: audit.exists() and audit.stat().st_size > 0, timeout=60)
+            # every record so far on disk (the call's is the last), so the limit below cuts only later ones
+            assert wait_for(lambda: any(b'"kind":"call"' in line and b"raw__echo" in line
+                                        for line in (audit.read_bytes() if audit.exists() else b"").splitlines()),
+                            timeout=60)
             # The sealer that writes the trail may write no more than it has: every record from now cannot be.
             [sealer] = [pid for pid in _children_of_bastion(stderr) if b"audit_sealer" in _cmdline(pid)]
             resource.prlimit(sealer, resource.RLIMIT_FSIZE, (audit.stat().st_size, resource.RLIM_INFINITY))
