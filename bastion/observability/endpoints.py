@@ -61,17 +61,22 @@ async def answer_metrics(gateway: "Gateway", method: str, send: Send) -> None:
 
 
 class MetricsListenerApp:
-    """The ASGI app of ``[metrics] listen``: the three endpoints, to whoever reaches the address."""
+    """The ASGI app of ``[metrics] listen``: the three endpoints, to whoever reaches the address. On a loopback
+    address only a loopback Host is answered: a web page cannot read the metrics through a name it points at
+    127.0.0.1 (DNS rebinding)."""
 
-    def __init__(self, gateway: "Gateway") -> None:
+    def __init__(self, gateway: "Gateway", *, loopback: bool) -> None:
         self.gateway = gateway
+        self._loopback = loopback
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
         try:
-            if path == METRICS_PATH:
+            if self._loopback and not is_loopback(_host_of(scope)):
+                await respond(send, 403, _JSON, b'{"error":"this listener answers only a loopback Host"}')
+            elif path == METRICS_PATH:
                 await answer_metrics(self.gateway, method, send)
             elif path in HEALTH_PATHS:
                 await answer_health(self.gateway, path, method, send)
@@ -82,9 +87,18 @@ class MetricsListenerApp:
             await respond(send, 500, _JSON, b'{"error":"internal error in Bastion"}')
 
 
-async def serve_metrics_listener(gateway: "Gateway", sock: socket.socket) -> None:
+def _host_of(scope: dict[str, Any]) -> str:
+    """The Host header's host, without its port (``[::1]:9464`` -> ``::1``); "" when there is none."""
+    host = next((value.decode("latin-1") for name, value in scope.get("headers", ()) if name == b"host"), "")
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+async def serve_metrics_listener(gateway: "Gateway", sock: socket.socket, *, loopback: bool) -> None:
     """Serve ``MetricsListenerApp`` on the bound ``sock`` until cancelled."""
-    config = uvicorn.Config(MetricsListenerApp(gateway), ws="none", loop="none", lifespan="off", proxy_headers=False,
+    config = uvicorn.Config(MetricsListenerApp(gateway, loopback=loopback), ws="none", loop="none", lifespan="off", proxy_headers=False,
                             server_header=False, access_log=False, log_config=None, timeout_keep_alive=10)
     server = QuietServer(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -113,10 +127,11 @@ async def with_metrics_listener(gateway: "Gateway", serving: Awaitable[Any]) -> 
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     # One line a person (or a test) reads for the address, the port 0 asked for included.
     print(f"bastion: serving metrics on http://{shown}:{bound_port}/metrics", file=sys.stderr, flush=True)
-    if not is_loopback(host):
+    loopback = is_loopback(host)
+    if not loopback:
         log.warning("metrics.listen %s is reachable from other machines and serves /metrics to anyone, "
                     "unauthenticated: keep it on loopback or a private network", metrics.config.listen)
-    listener = asyncio.ensure_future(serve_metrics_listener(gateway, sock))
+    listener = asyncio.ensure_future(serve_metrics_listener(gateway, sock, loopback=loopback))
     try:
         return await serving
     finally:

@@ -169,6 +169,12 @@ async def test_only_identities_the_policy_lets_view_metrics_read_them(tmp_path: 
         assert allowed.status_code == 200 and "bastion_server_up" in allowed.text
         posted = httpx2.post(url, headers={"authorization": f"Bearer {admin}"}, timeout=60)
         assert posted.status_code == 405
+        # probes are answered whatever Host they send (a kubelet's is the pod's address); the rest is guarded
+        probe = httpx2.get(f"{base(served)}/healthz", headers={"host": "10.1.2.3:8080"}, timeout=60)
+        assert probe.status_code == 200
+        guarded = httpx2.get(url, headers={"authorization": f"Bearer {admin}", "host": "attacker.example"},
+                             timeout=60)
+        assert guarded.status_code == 403
     finally:
         stop(served)
     # the refusal is in the audit trail, with who and the rule that decided

@@ -86,6 +86,9 @@ async def test_a_stdio_gateway_serves_metrics_and_health_on_its_own_listener(tmp
                 assert ready.status_code == 200 and ready.json()["status"] == "ready"
                 assert (await http.get(f"{base}/healthz")).status_code == 200
                 assert (await http.get(f"{base}/mcp")).status_code == 404  # nothing of MCP here
+                # a page that points its own name at 127.0.0.1 (DNS rebinding) reads nothing
+                rebound = await http.get(f"{base}/metrics", headers={"host": "attacker.example:9464"})
+                assert rebound.status_code == 403 and "bastion_" not in rebound.text
 
 
 async def test_readiness_follows_an_audit_trail_that_cannot_be_written(tmp_path: Path) -> None:
