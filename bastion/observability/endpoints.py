@@ -15,7 +15,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from bastion.observability.collector import exposition
 from bastion.observability.health import ALIVE, readiness
-from bastion.transport.listener import QuietServer, is_loopback, listen
+from bastion.transport.listener import (ConnectionBounds, QuietServer, http_protocol, is_loopback, listen,
+                                        raw_response)
 
 if TYPE_CHECKING:
     from bastion.gateway.core import Gateway
@@ -96,10 +97,32 @@ def _host_of(scope: dict[str, Any]) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+# What the unauthenticated listener takes: a scraper and a few probes need little, and whoever else reaches it must
+# not hold it open (slow headers) or crowd them out.
+LISTENER_CONNECTIONS = 32
+LISTENER_CONNECTIONS_PER_ADDRESS = 8
+LISTENER_HEADER_TIMEOUT = 10.0
+LISTENER_HEADER_BYTES = 16 * 1024
+
+
+def listener_bounds() -> ConnectionBounds:
+    def answer(status: int, reason: str, why: str) -> bytes:
+        return raw_response(status, reason, b'{"error":"' + why.encode() + b'"}', _JSON)
+
+    return ConnectionBounds(
+        header_timeout=LISTENER_HEADER_TIMEOUT, max_connections=LISTENER_CONNECTIONS,
+        max_per_address=LISTENER_CONNECTIONS_PER_ADDRESS, max_header_bytes=LISTENER_HEADER_BYTES,
+        late_answer=answer(408, "Request Timeout", "the request line and headers came too late"),
+        too_large_answer=answer(431, "Request Header Fields Too Large", "the request line and headers are too large"),
+        full_answer=answer(503, "Service Unavailable", "too many connections"),
+        address_full_answer=answer(503, "Service Unavailable", "too many connections from this address"))
+
+
 async def serve_metrics_listener(gateway: "Gateway", sock: socket.socket, *, loopback: bool) -> None:
     """Serve ``MetricsListenerApp`` on the bound ``sock`` until cancelled."""
-    config = uvicorn.Config(MetricsListenerApp(gateway, loopback=loopback), ws="none", loop="none", lifespan="off", proxy_headers=False,
-                            server_header=False, access_log=False, log_config=None, timeout_keep_alive=10)
+    config = uvicorn.Config(MetricsListenerApp(gateway, loopback=loopback), http=http_protocol(listener_bounds()),
+                            ws="none", loop="none", lifespan="off", proxy_headers=False, server_header=False,
+                            access_log=False, log_config=None, timeout_keep_alive=LISTENER_HEADER_TIMEOUT)
     server = QuietServer(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:

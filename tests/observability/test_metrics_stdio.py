@@ -173,3 +173,31 @@ def test_a_metrics_listener_address_in_use_is_said_at_start(tmp_path: Path) -> N
                               stdin=subprocess.DEVNULL)
     assert done.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port} (metrics.listen)" in done.stderr, done.stderr
+
+
+async def test_the_unauthenticated_listener_bounds_connections_from_one_address(tmp_path: Path) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    from bastion.observability.endpoints import LISTENER_CONNECTIONS_PER_ADDRESS
+
+    config = write_config(tmp_path, {"listen": "127.0.0.1:0"})
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as errlog:
+        async with client(config, errlog, "legacy") as session:
+            assert not (await session.call_tool("raw__echo", {"text": "hi"})).is_error
+            address = urlsplit(listener_of(stderr))
+            held = [socket.create_connection((address.hostname, address.port), timeout=60)
+                    for _ in range(LISTENER_CONNECTIONS_PER_ADDRESS)]  # each sends nothing: a slow client's
+            try:
+                with socket.create_connection((address.hostname, address.port), timeout=60) as one_more:
+                    answer = one_more.recv(4096)
+                assert answer.startswith(b"HTTP/1.1 503"), answer
+                for connection in held:
+                    connection.close()
+                # once they are gone, a scraper gets in again
+                assert await asyncio.to_thread(wait_for, lambda: httpx2.get(
+                    f"http://{address.netloc}/metrics", timeout=60).status_code == 200, 60)
+            finally:
+                for connection in held:
+                    connection.close()
