@@ -188,14 +188,12 @@ class GatewayMetrics:
         still waiting in the gateway on their way to it (for a person's approval, the server's start, the checks)."""
         in_flight: dict[str, int] = {}
         waiting: dict[str, int] = {}
-        for _, entry, answered, message in list(self.meter.probes.values()):
-            if entry is not None:
-                if not answered:
-                    in_flight[entry.server] = in_flight.get(entry.server, 0) + 1
-            elif message.method == "tools/call":
-                target = message.target
-                if target is not None:
-                    waiting[target.server] = waiting.get(target.server, 0) + 1
+        for _, reached, answered, message in list(self.meter.probes.values()):
+            target = message.target if message.method == "tools/call" else None
+            if target is None or answered:
+                continue  # no server's (a list, an unknown tool), or answered and on its way back
+            counts = in_flight if reached else waiting
+            counts[target.server] = counts.get(target.server, 0) + 1
         return in_flight, waiting
 
     # ------------------------------------------------------------------ the read API (the console's)
@@ -221,21 +219,21 @@ class RequestMeter:
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
-        # id(message) -> [ns with its server, its tool (a ToolEntry) once it reached it, answered by it, the message],
-        # while the request is inside: what is in flight and what waits is read from here at scrape time
+        # id(message) -> [ns with its server, reached it, answered by it, the message], while the request is
+        # inside: what is in flight and what waits is read from here at scrape time
         self.probes: dict[int, list[Any]] = {}
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         started = _now()
         key = id(message)
-        probe = self.probes[key] = [0, None, False, message]
+        probe = self.probes[key] = [0, False, False, message]
         outcome = OK
         try:
             return await call_next(message)
         except BaseException as error:
             if not isinstance(error, Exception):
                 outcome = CANCELLED
-            elif probe[1] is not None and not probe[2]:
+            elif probe[1] and not probe[2] and message.target is not None:  # not the router's "unknown tool"
                 outcome = ERROR
             else:
                 outcome = REFUSED
@@ -245,10 +243,8 @@ class RequestMeter:
             del self.probes[key]
             metrics = self.metrics
             method = message.method
-            entry = probe[1]
             if method == "tools/call":
-                if entry is None:  # refused before its server: the tool as the chain left it
-                    entry = message.target
+                entry = message.target  # as the chain left it: the search exposure's call_tool names the real tool
                 tool, server = (entry.exposed_name, entry.server) if entry is not None else (OTHER, "")
             elif method in CLIENT_METHODS:
                 tool, server = "", metrics.server_for(method, message.params) or ""
@@ -280,11 +276,12 @@ class RequestMeter:
 
 
 class ServerClock:
-    """Innermost on the chain: what follows it is the router and the server. It tells the meter how long the
-    request spent there, and whether the server answered (an error after that is the gateway's refusal of the
-    answer; an error before it, the server's)."""
+    """Innermost on the chain, on the route of ``tools/call`` only: what follows it is the router and the server.
+    It tells the meter how long the call spent there, and whether the server answered (an error after that is the
+    gateway's refusal of the answer; an error before it, the server's)."""
 
     directions = (TO_SERVER,)
+    methods = frozenset({"tools/call"})
     reads_params = False
     reads_results = False
 
@@ -293,12 +290,9 @@ class ServerClock:
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         probe = self._probes.get(id(message))
-        entry = message.target if message.method == "tools/call" else None
-        if probe is None or entry is None:
-            # a request the meter did not see (a chain of the tests' own), a tool no server has (the router refuses
-            # it itself), or one the gateway answers (lists, the handshake)
+        if probe is None:  # a request the meter did not see (a chain of the tests' own): nothing to tell
             return await call_next(message)
-        probe[1] = entry
+        probe[1] = True
         started = _now()
         try:
             result = await call_next(message)
