@@ -152,6 +152,7 @@ def _children_of_bastion(stderr: Path) -> list[int]:
     ({"listen": "127.0.0.1:99999"}, "metrics.listen"),
     ({"identity_labels": "email"}, "metrics.identity_labels"),
     ({"enabled": True, "port": 9464}, "metrics.port"),
+    ({"enabled": False, "listen": "127.0.0.1:9464"}, "metrics"),
 ])
 def test_a_wrong_metrics_table_is_refused_naming_the_key(tmp_path: Path, metrics: dict[str, Any], named: str) -> None:
     config = write_config(tmp_path, metrics)
