@@ -24,6 +24,12 @@ from tests.support import BASTION, READY_TIMEOUT, raw_server, wait_for
 pytestmark = pytest.mark.slow
 
 PERMIT_ALL = '@id("all") permit (principal, action, resource);\n'
+AWS_KEY = "AKIAQ3EGRV7HZ2K4MPXN"
+APPROVE_ECHO = """
+@id("lists") permit (principal, action in [Bastion::Action::"list_tools", Bastion::Action::"list_resources",
+                                           Bastion::Action::"list_prompts"], resource);
+@id("echo-asks") @approval("required") permit (principal, action == Bastion::Action::"call_tool", resource);
+"""
 
 
 def write_config(tmp: Path, metrics: Any, **extra: Any) -> Path:
@@ -66,12 +72,14 @@ def value(text: str, name: str, **labels: str) -> float:
 
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 async def test_a_stdio_gateway_serves_metrics_and_health_on_its_own_listener(tmp_path: Path, mode: str) -> None:
-    config = write_config(tmp_path, {"listen": "127.0.0.1:0"})
+    config = write_config(tmp_path, {"listen": "127.0.0.1:0"}, guardrails={"argument_secrets": "off"})
     stderr = tmp_path / "stderr"
     with stderr.open("w") as errlog:
         async with client(config, errlog, mode) as session:
-            for _ in range(2):
-                assert not (await session.call_tool("raw__echo", {"text": "hi"})).is_error
+            assert not (await session.call_tool("raw__echo", {"text": "hi"})).is_error
+            # a key in the answer: the result scan redacts it, an intervention
+            redacted = await session.call_tool("raw__echo", {"text": f"the key is {AWS_KEY}"})
+            assert AWS_KEY not in str(redacted.content)
             base = listener_of(stderr)
             async with httpx2.AsyncClient(timeout=60) as http:
                 scraped = await http.get(f"{base}/metrics")  # no credentials: this listener asks for none
@@ -80,6 +88,8 @@ async def test_a_stdio_gateway_serves_metrics_and_health_on_its_own_listener(tmp
                 assert value(text, "bastion_requests_total", method="tools/call", tool="raw__echo", server="raw",
                              outcome="ok", identity="configured") == 2
                 assert value(text, "bastion_sessions_open", transport="stdio") == 1
+                assert value(text, "bastion_guardrail_interventions_total", guardrail="secrets",
+                             kind="aws-access-key") == 1
                 assert value(text, "bastion_client_received_bytes_total", transport="stdio") > 0
                 assert value(text, "bastion_server_up", server="raw") == 1
                 ready = await http.get(f"{base}/readyz")
@@ -202,3 +212,45 @@ async def test_the_unauthenticated_listener_bounds_connections_from_one_address(
             finally:
                 for connection in held:
                     connection.close()
+
+
+def test_a_call_waiting_for_a_person_is_counted_as_waiting_then_refused(tmp_path: Path) -> None:
+    from tests.support import RawClient
+
+    (tmp_path / "approve.cedar").write_text(APPROVE_ECHO)
+    queue = tmp_path / "queue"
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"raw": raw_server(trust="trusted")}, "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "policy": {"policy_files": ["approve.cedar"], "audit": {"path": str(tmp_path / "audit.jsonl")},
+                   "approval": {"fallback": "queue", "timeout_seconds": 300, "poll_seconds": 0.1,
+                                "queue_dir": str(queue)}}}))
+    stderr = tmp_path / "stderr"
+    client = RawClient(config, log=stderr)
+    try:
+        client.initialize()
+        base = listener_of(stderr)
+
+        def scraped() -> str:
+            return httpx2.get(f"{base}/metrics", timeout=60).text
+
+        client.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "raw__echo", "arguments": {"text": "hello"}}})
+        assert wait_for(lambda: list(queue.glob("*.json")), timeout=60)  # the call waits in the queue
+        text = scraped()
+        assert value(text, "bastion_approvals_waiting") == 1
+        assert value(text, "bastion_server_queue_depth", server="raw") == 1  # waiting in the gateway for it
+        assert value(text, "bastion_server_calls_in_flight", server="raw") == 0
+        [pending] = queue.glob("*.json")
+        denied = subprocess.run([BASTION, "deny", pending.stem, "--queue-dir", str(queue)], capture_output=True,
+                                text=True, timeout=60)
+        assert denied.returncode == 0, denied.stderr
+        assert "error" in client.recv_response(1, timeout=60)
+        text = scraped()
+        assert value(text, "bastion_approvals_waiting") == 0
+        assert value(text, "bastion_server_queue_depth", server="raw") == 0
+        assert value(text, "bastion_requests_total", method="tools/call", tool="raw__echo", outcome="refused") == 1
+        assert value(text, "bastion_policy_decisions_total", stage="approval", effect="deny") == 1
+    finally:
+        client.close()
