@@ -20,7 +20,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from bastion.model import TO_SERVER, GatewayRequest, Handler
+import msgspec
+
+from bastion.model import TO_SERVER, GatewayRequest, Handler, ToolEntry
 
 if TYPE_CHECKING:
     from bastion.observability.config import MetricsConfig
@@ -188,12 +190,14 @@ class GatewayMetrics:
         still waiting in the gateway on their way to it (for a person's approval, the server's start, the checks)."""
         in_flight: dict[str, int] = {}
         waiting: dict[str, int] = {}
-        for _, reached, answered, message in list(self.meter.probes.values()):
-            target = message.target if message.method == "tools/call" else None
-            if target is None or answered:
-                continue  # no server's (a list, an unknown tool), or answered and on its way back
-            counts = in_flight if reached else waiting
-            counts[target.server] = counts.get(target.server, 0) + 1
+        for _, entry, answered, message in list(self.meter.probes.values()):
+            if entry is not None:
+                if not answered:  # else answered, on its way back
+                    in_flight[entry.server] = in_flight.get(entry.server, 0) + 1
+            elif message.method == "tools/call":
+                target = message.target or tool_of(message)
+                if target is not None:
+                    waiting[target.server] = waiting.get(target.server, 0) + 1
         return in_flight, waiting
 
     # ------------------------------------------------------------------ the read API (the console's)
@@ -205,6 +209,19 @@ class GatewayMetrics:
         return Totals(time.monotonic(), sum(by_outcome.values()), by_outcome,
                       LatencySample.of(list(self.gateway_time.values())),
                       LatencySample.of(list(self.server_time.values())))
+
+
+def tool_of(message: GatewayRequest) -> ToolEntry | None:
+    """The tool a call names when its params are still the client's JSON bytes (nothing on its route reads them, so
+    the frontend left them undecoded and ``message.target`` cannot read the name)."""
+    name = message.params.get("name")
+    if type(name) is not msgspec.Raw:
+        return None
+    try:
+        decoded = msgspec.json.decode(name)
+    except msgspec.DecodeError:
+        return None
+    return message.catalog.tool(decoded) if type(decoded) is str else None
 
 
 class RequestMeter:
@@ -219,32 +236,40 @@ class RequestMeter:
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
-        # id(message) -> [ns with its server, reached it, answered by it, the message], while the request is
-        # inside: what is in flight and what waits is read from here at scrape time
-        self.probes: dict[int, list[Any]] = {}
+        # (id(session), request id) -> [ns with its server, its tool once it reached it (the catalog's entry then: a server that
+        # crashes takes its tools out), answered by it, the message], while the request is inside: what is in
+        # flight and what waits is read from here at scrape time
+        self.probes: dict[Any, list[Any]] = {}
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         started = _now()
-        key = id(message)
-        probe = self.probes[key] = [0, False, False, message]
+        # What the clock finds it by: the session and the client's id, which an interceptor that passes the call on
+        # as a new message (the search exposure's call_tool, a call a person approved) keeps.
+        key: Any = (id(message.session), message.request_id)
+        probes = self.probes
+        if key in probes:  # one id twice in one session (the host API's calls have none): this one on its own
+            key = id(message)
+        probe = probes[key] = [0, None, False, message]
         outcome = OK
         try:
             return await call_next(message)
         except BaseException as error:
             if not isinstance(error, Exception):
                 outcome = CANCELLED
-            elif probe[1] and not probe[2] and message.target is not None:  # not the router's "unknown tool"
+            elif probe[1] is not None and not probe[2]:
                 outcome = ERROR
             else:
                 outcome = REFUSED
             raise
         finally:
             elapsed = _now() - started
-            del self.probes[key]
+            del probes[key]
             metrics = self.metrics
             method = message.method
             if method == "tools/call":
-                entry = message.target  # as the chain left it: the search exposure's call_tool names the real tool
+                entry = probe[1]
+                if entry is None:  # refused before its server: the tool as the chain left it
+                    entry = message.target or tool_of(message)
                 tool, server = (entry.exposed_name, entry.server) if entry is not None else (OTHER, "")
             elif method in CLIENT_METHODS:
                 tool, server = "", metrics.server_for(method, message.params) or ""
@@ -289,10 +314,13 @@ class ServerClock:
         self._probes = meter.probes
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        probe = self._probes.get(id(message))
-        if probe is None:  # a request the meter did not see (a chain of the tests' own): nothing to tell
+        probe = self._probes.get((id(message.session), message.request_id))
+        entry = message.target or tool_of(message)
+        if probe is None or entry is None:
+            # a request the meter did not see (a chain of the tests' own), or a tool no server has: the router
+            # refuses it itself
             return await call_next(message)
-        probe[1] = True
+        probe[1] = entry
         started = _now()
         try:
             result = await call_next(message)

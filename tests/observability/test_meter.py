@@ -161,3 +161,34 @@ async def test_a_state_store_that_fails_is_not_reachable() -> None:
 
     assert await state_reachable(Working()) is True
     assert await state_reachable(Broken()) is False
+
+
+class Rewrite:
+    """As the search exposure's call_tool and the approval stage do: the call passed on as a new message, under the
+    real tool's name."""
+
+    async def on_request(self, message: GatewayRequest, call_next: Any) -> dict[str, Any]:
+        import dataclasses
+
+        if message.params.get("name") == "call_tool":
+            real = message.params["arguments"]["name"]
+            message = dataclasses.replace(message, params={"name": real, "arguments": {}}, person_approved=True)
+        return await call_next(message)
+
+
+async def test_a_call_passed_on_as_a_new_message_is_counted_under_its_real_tool() -> None:
+    metrics = GatewayMetrics(MetricsConfig())
+    handle = Chain([metrics.meter, Rewrite(), metrics.clock], lambda raw_results: server).handle
+
+    def meta(real: str, request_id: int) -> GatewayRequest:
+        message = call("call_tool")
+        message.params["arguments"] = {"name": real}
+        message.request_id = request_id
+        return message
+
+    await handle(meta("fx__ok", 1))
+    with pytest.raises(GatewayError):
+        await handle(meta("fx__fails", 2))  # the server's error, not a refusal
+    assert outcomes(metrics) == {("fx__ok", "ok"): 1, ("fx__fails", "error"): 1}
+    assert sum(metrics.server_time[("tools/call", "fx")][:-1]) == 2
+    assert not metrics.meter.probes

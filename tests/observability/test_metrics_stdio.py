@@ -254,3 +254,34 @@ def test_a_call_waiting_for_a_person_is_counted_as_waiting_then_refused(tmp_path
         assert value(text, "bastion_policy_decisions_total", stage="approval", effect="deny") == 1
     finally:
         client.close()
+
+
+def test_a_server_its_memory_limit_ended_is_counted_as_a_memory_kill(tmp_path: Path) -> None:
+    from tests.support import _NO_SANDBOX, RawClient
+
+    if _NO_SANDBOX is not None:
+        pytest.skip(f"no sandbox: {_NO_SANDBOX}")
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"raw": raw_server(sandbox={"memory": "64MiB"})}, "policy": "off", "ready_timeout": READY_TIMEOUT,
+        "metrics": {"listen": "127.0.0.1:0"}}))
+    stderr = tmp_path / "stderr"
+    client = RawClient(config, log=stderr)
+    try:
+        client.initialize()
+        base = listener_of(stderr)
+        answer = client.request(1, "tools/call", {"name": "raw__hog", "arguments": {"mib": 400}}, timeout=60)
+        assert "memory limit 64 MiB exceeded" in answer["error"]["message"]
+
+        def scraped() -> str:
+            return httpx2.get(f"{base}/metrics", timeout=60).text
+
+        text = scraped()
+        assert value(text, "bastion_server_memory_kills_total", server="raw") == 1
+        assert value(text, "bastion_server_crashes_total", server="raw") == 1
+        assert value(text, "bastion_requests_total", tool="raw__hog", outcome="error") == 1
+        # it is started again
+        assert wait_for(lambda: value(scraped(), "bastion_server_up", server="raw") == 1, timeout=60)
+        assert value(scraped(), "bastion_server_restarts_total", server="raw") == 1
+    finally:
+        client.close()
