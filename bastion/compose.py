@@ -78,9 +78,7 @@ def attach_metrics(gateway: Gateway, metrics: GatewayMetrics, interventions: Int
 
     metrics.server_for = gateway.server_for
     if gateway.policy is not None:
-        for interceptor in gateway.policy.interceptors:
-            if hasattr(interceptor, "decided"):
-                interceptor.decided = metrics.decided
+        gateway.policy.tell_decisions(metrics.decided)
     metrics.registry = registry_for(gateway, metrics, interventions)
     gateway.metrics = metrics
 
