@@ -45,11 +45,12 @@ def make_key(file: Path, name: str, *groups: str) -> str:
     return made.stdout.strip()
 
 
-def gate_server(settings: Path, tag: str) -> dict[str, Any]:
-    """A server that starts only while ``settings`` exists: once it is deleted and the process killed, it stays down."""
+def gate_server(settings: Path, tag: str, gate: Path) -> dict[str, Any]:
+    """A server that starts once ``gate`` exists, and only while ``settings`` does: once that is deleted and the
+    process killed, it stays down."""
     return {"command": sys.executable, "args": [str(FIXTURES / "start_gate_server.py"), tag],
-            "env": {"START_CRASH_UNLESS": str(settings), "START_NAME": "gate"}, "trust": "trusted",
-            "sandbox": {"writable": [str(settings.parent)]}}
+            "env": {"START_CRASH_UNLESS": str(settings), "START_GATE": str(gate), "START_NAME": "gate"},
+            "trust": "trusted", "sandbox": {"writable": [str(settings.parent)]}}
 
 
 def write_config(tmp: Path, servers: dict[str, Any], *, metrics: dict[str, Any] | None = None,
@@ -100,12 +101,18 @@ async def test_metrics_count_calls_of_both_eras_refusals_and_a_killed_server(tmp
     settings = tmp_path / "gate-settings"
     settings.write_text("ok")
     tag = f"gate-{os.getpid()}-{tmp_path.name}"
-    config = write_config(tmp_path, {"raw": raw_server(trust="trusted"), "gate": gate_server(settings, tag)})
+    gate = tmp_path / "gate-open"
+    config = write_config(tmp_path, {"raw": raw_server(trust="trusted"), "gate": gate_server(settings, tag, gate)})
     admin = make_key(tmp_path / "keys.json", "olivia", "admins")
     agent = make_key(tmp_path / "keys.json", "agent", "ops")
     served = start(config)
     try:
-        # not ready until both servers are (the SDK's gate server takes its time to import)
+        # not ready while a server is still starting: the gate server waits for its gate
+        assert wait_for(lambda: value(scrape(served, admin), "bastion_server_up", server="raw") == 1, timeout=120)
+        starting = httpx2.get(f"{base(served)}/readyz", timeout=60)
+        assert starting.status_code == 503
+        assert starting.json()["checks"]["servers"] == {"ok": False, "ready": 1, "starting": 1, "configured": 2}
+        gate.write_text("open")
         assert wait_for(lambda: httpx2.get(f"{base(served)}/readyz", timeout=60).status_code == 200, timeout=120)
         for mode in ERAS:
             await calls(served.url, agent, mode)
