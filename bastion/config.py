@@ -32,6 +32,7 @@ from bastion.public_key_pins import pin_problem
 from bastion.plaintext import PLAINTEXT_ERROR, PLAINTEXT_FIX, is_plaintext_remote, plaintext_refusal
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.observability.tracing_config import NOT_ECHOED, TracingConfig
+from bastion.observability.config import MetricsConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox.config import SandboxConfig
@@ -370,6 +371,9 @@ class GatewayConfig(BaseModel):
     tracing: TracingConfig | None = Field(
         default=None, description="OpenTelemetry traces exported over OTLP/HTTP; absent: no tracing (nothing of "
                                   "OpenTelemetry is loaded)")
+    metrics: MetricsConfig = Field(
+        default_factory=MetricsConfig,
+        description="Prometheus metrics at /metrics (admin identities on the HTTP listener, or a separate listener)")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)

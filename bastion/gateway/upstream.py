@@ -15,6 +15,7 @@ from bastion.credentials.secrets import IdentitySecrets
 from bastion.gateway.eager import Answer, RawAnswer
 from bastion.gateway.restarts import (
     MAX_FAILED_STARTS,
+    MEMORY_KILLED,
     STDERR_QUOTED,
     Backoff,
     quoted_stderr,
@@ -102,6 +103,11 @@ class Upstream:
         self.failed_starts = 0  # the starts in a row that ended before the server was ready
         self.starts = 0  # every start since Bastion began (the first, and each restart)
         self.last_stderr: list[str] = []  # the last stderr lines of the latest start that failed
+        # Since Bastion started, for the metrics: starts after the first, runs that ended after the server was ready
+        # (a crash, an exit, a dropped connection), and those the sandbox's memory limit ended.
+        self.restarts = 0
+        self.crashes = 0
+        self.memory_kills = 0
         self._retry = asyncio.Event()  # a person or a call asks for a start now
         self._outcome = asyncio.Event()  # set when a start ends, ready or failed; cleared when one is asked for
         self._told: tuple[str, tuple[str, ...]] | None = None  # the failure last said at WARNING, said once
@@ -247,7 +253,11 @@ class Upstream:
     async def _supervise(self) -> None:
         progress.watch(self._doing)  # this task's own: what a step of this server's start does is this server's
         backoff = Backoff(jitter=self.config.url is not None)
+        first = True
         while not self._closing:
+            if not first:
+                self.restarts += 1
+            first = False
             self._started_at = time.monotonic()
             self.starts += 1
             refused = False
@@ -368,6 +378,10 @@ class Upstream:
                 self.log.info("server %s ready (%s era, protocol %s)", self.name, self.era, self.protocol_version)
                 self._listener.upstream_ready(self)
                 reason = await ended
+            if not self._closing:
+                # Counted before what it had in flight fails: whoever that error reaches finds the crash counted.
+                self.crashes += self._ran
+                self.memory_kills += MEMORY_KILLED in reason
             self._down(reason)  # now: stopping what is left of the process may take its grace periods
         finally:
             await self._stop_transport()

@@ -45,6 +45,7 @@ from bastion.frontends.http.wire import (
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
 from bastion.observability.request_context import take_trace_context
+from bastion.observability.endpoints import HEALTH_PATHS, METRICS_PATH, answer_health, answer_metrics
 from bastion.protocol.jsonrpc import is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, is_modern, is_modern_first_message
 
@@ -83,6 +84,9 @@ class HttpFrontend:
         self.console = ConsoleApp(console(), CredentialLogin(self.auth.authenticator), gateway.policy,
                                   ConsoleData(gateway.config, only_pid=os.getpid(),
                                               pins_of=str(source) if source is not None else ""))
+        if gateway.metrics is not None:
+            gateway.metrics.sessions["streamable_http"] = lambda: len(self.sessions)
+            gateway.metrics.sessions["sse"] = lambda: len(self.sse_sessions)
 
     # ------------------------------------------------------------------------------------------ lifetime
     def start(self) -> None:
@@ -141,8 +145,13 @@ class HttpFrontend:
             return
         headers = headers_of(scope)
         try:
-            peer = self.admission.admit(scope, headers)
             path, method = scope["path"], scope["method"]
+            if path in HEALTH_PATHS:
+                # For probes, whatever Host they send (a kubelet's is the pod's address): unauthenticated, they
+                # name nothing a page could use.
+                await answer_health(self.gateway, path, method, send)
+                return
+            peer = self.admission.admit(scope, headers)
             if path in MCP_PATHS:
                 identity = await self.admission.authenticate(scope, headers, "mcp", peer)
                 if method == "POST":
@@ -164,6 +173,8 @@ class HttpFrontend:
                     take_trace_context(headers)
                 await self._sse_post(scope, headers, await self.admission.authenticate(scope, headers, "messages", peer),
                                      receive, send)
+            elif path == METRICS_PATH and self.gateway.metrics is not None:
+                await self._metrics(scope, headers, peer, method, send)
             elif path in self.auth.metadata_paths and self._metadata is not None:
                 await self._resource_metadata(method, send)
             elif path == OAUTH_CALLBACK_PATH and self._callback is not None:
@@ -185,6 +196,21 @@ class HttpFrontend:
             except RuntimeError:
                 pass  # its response had begun (a stream): the server ends the connection, as it must
 
+
+    async def _metrics(self, scope: Scope, headers: dict[str, str], peer: str, method: str, send: Send) -> None:
+        """``/metrics`` for identities the policy lets ``view_metrics``; a refusal is audited (a scrape allowed is
+        not: one every few seconds would bury the trail)."""
+        identity = await self.admission.authenticate(scope, headers, "metrics", peer)
+        policy = self.gateway.policy
+        if policy is None:
+            raise HttpError(403, -32600, "the policy is off, so nobody may read /metrics here: configure a policy, "
+                                         "or [metrics] listen for a listener of their own")
+        decision = policy.authorize_admin(identity, "view_metrics")
+        if not decision.allowed:
+            policy.record_admin_action(identity, "view_metrics", METRICS_PATH, decision, 403)
+            log.info("refused /metrics to %s: %s", identity.describe(), decision.reason or decision.rule)
+            raise HttpError(403, -32600, f"{identity.name} may not read the metrics (Cedar action view_metrics)")
+        await answer_metrics(self.gateway, method, send)
 
     async def _resource_metadata(self, method: str, send: Send) -> None:
         """The Protected Resource Metadata (RFC 9728): public, and readable from a browser-based client."""
