@@ -116,7 +116,7 @@ def with_operations_listener(gateway: Any, serving) -> Any:
     only then)."""
     if gateway.metrics is None or gateway.metrics.config.listen is None:
         return serving
-    from bastion.observability.endpoints import with_metrics_listener
+    from bastion.frontends.http.operations import with_metrics_listener
 
     return with_metrics_listener(gateway, serving)
 

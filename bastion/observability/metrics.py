@@ -234,6 +234,7 @@ class RequestMeter:
     directions = (TO_SERVER,)
     reads_params = False
     reads_results = False
+    span_name = None  # it measures, it decides nothing: no span of its own in a trace
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
@@ -310,6 +311,7 @@ class ServerClock:
     methods = frozenset({"tools/call"})
     reads_params = False
     reads_results = False
+    span_name = None  # as the meter's
 
     def __init__(self, meter: RequestMeter) -> None:
         self._probes = meter.probes

@@ -151,7 +151,10 @@ class Tracing:
         return traced
 
     def step(self, interceptor: Any, hook: Hook) -> Hook:
-        """An interceptor's hook inside a span of its own, the refusal it raises as its status."""
+        """An interceptor's hook inside a span of its own, the refusal it raises as its status; an interceptor whose
+        ``span_name`` is None (the metrics' meter and clock: measuring, not deciding) gets none."""
+        if hasattr(interceptor, "span_name") and interceptor.span_name is None:
+            return hook
         tracer = self.tracer
         name = step_name(interceptor)
 

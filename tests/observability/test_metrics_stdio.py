@@ -190,7 +190,7 @@ async def test_the_unauthenticated_listener_bounds_connections_from_one_address(
     import socket
     from urllib.parse import urlsplit
 
-    from bastion.observability.endpoints import LISTENER_CONNECTIONS_PER_ADDRESS
+    from bastion.frontends.http.operations import LISTENER_CONNECTIONS_PER_ADDRESS
 
     config = write_config(tmp_path, {"listen": "127.0.0.1:0"})
     stderr = tmp_path / "stderr"

@@ -45,7 +45,7 @@ from bastion.frontends.http.wire import (
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
 from bastion.observability.request_context import take_trace_context
-from bastion.observability.endpoints import HEALTH_PATHS, METRICS_PATH, answer_health, answer_metrics
+from bastion.frontends.http.operations import HEALTH_PATHS, METRICS_PATH, answer_health, answer_metrics
 from bastion.protocol.jsonrpc import is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, is_modern, is_modern_first_message
 
