@@ -7,12 +7,13 @@ the command cannot disagree; where a chain breaks, the records named in its prob
 
 from __future__ import annotations
 
+import collections
 import heapq
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import orjson
 
@@ -161,6 +162,7 @@ class SearchResult:
     found: list[Found] = field(default_factory=list)  # newest first
     scanned: int = 0  # records read
     more: bool = False  # more records matched than the limit lets the page list
+    counts: collections.Counter[Any] = field(default_factory=collections.Counter)  # every match, by ``count_by``
 
 
 def trail_members(trail: Path) -> list[Path]:
@@ -183,9 +185,10 @@ def _records(files: Iterable[Path]) -> Iterator[tuple[str, int, dict[str, Any]]]
             continue
 
 
-def search(trail: str | Path, query: AuditQuery, broken_at: frozenset[tuple[str, int]] = frozenset()) -> SearchResult:
+def search(trail: str | Path, query: AuditQuery, broken_at: frozenset[tuple[str, int]] = frozenset(),
+           count_by: Callable[[dict[str, Any]], Any] | None = None) -> SearchResult:
     """The newest records of the trail that match, up to ``query.limit``; ``broken_at`` (file, line) marks the
-    records where verification found the chain broken."""
+    records where verification found the chain broken; ``count_by`` tallies every match (not only those listed)."""
     result = SearchResult()
     # The newest across every chain (chains interleave in time): a bounded heap of (ts, order read, record).
     kept: list[tuple[float, int, Found]] = []
@@ -194,6 +197,8 @@ def search(trail: str | Path, query: AuditQuery, broken_at: frozenset[tuple[str,
         result.scanned += 1
         if query.matches(record):
             matched += 1
+            if count_by is not None:
+                result.counts[count_by(record)] += 1
             entry = (_ts(record), result.scanned, Found(file, line, record, (file, line) in broken_at))
             if len(kept) < query.limit:
                 heapq.heappush(kept, entry)

@@ -1,15 +1,15 @@
-"""Guardrail interventions as the console shows them: how many of each since the gateway started (the gateway's own
-``InterventionLog``), and the recent ones with who, where and which rule, from the audit trail's ``guardrail``
-records. Neither holds the matched value: the guardrails never record it (bastion/guardrails/report.py)."""
+"""Guardrail interventions as the console shows them, from the audit trail's ``guardrail`` records (who, where,
+which rule; never the matched value, which the guardrails never record: bastion/guardrails/report.py): how many of
+each guardrail, action and kind, and the newest ones. The trail is read rather than the gateway's own counters so
+that ``bastion console``, a process apart from the gateways, shows the same as ``bastion serve --http``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from bastion.console.audit_view import AuditQuery, SearchResult, search
-from bastion.guardrails.report import InterventionLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,16 +20,17 @@ class InterventionCount:
     count: int
 
 
-def counts(log: InterventionLog | None) -> list[InterventionCount]:
-    """Interventions since start by guardrail, action and kind, most frequent first."""
-    if log is None:
-        return []
-    rows = [InterventionCount(guardrail, action, kind, number)
-            for (guardrail, action, kind), number in dict(log.counts).items()]
+def _key(record: dict[str, Any]) -> tuple[str, str, str]:
+    return (str(record.get("guardrail", "")), str(record.get("action", "")), str(record.get("found", "")))
+
+
+def interventions(trail: str | Path, form: Mapping[str, str]) -> SearchResult:
+    """The newest guardrail records matching the page's search fields, and every match counted by guardrail,
+    action and kind (reads files: off the event loop); raises QueryError for a field it cannot read."""
+    return search(trail, AuditQuery.from_form(form, kind="guardrail"), count_by=_key)
+
+
+def counts(result: SearchResult) -> list[InterventionCount]:
+    """The tally of a search, most frequent first."""
+    rows = [InterventionCount(*key, number) for key, number in result.counts.items()]
     return sorted(rows, key=lambda row: (-row.count, row.guardrail, row.action, row.kind))
-
-
-def recent(trail: str | Path, form: Mapping[str, str]) -> SearchResult:
-    """The newest guardrail records of the trail matching the page's search fields (reads files: off the loop);
-    raises QueryError for a field it cannot read."""
-    return search(trail, AuditQuery.from_form(form, kind="guardrail"))

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from bastion.console.audit_view import AuditQuery, QueryError, outcome_of, search, summary, verify_trail
-from bastion.console.interventions import counts, recent
+from bastion.console.interventions import counts, interventions
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import Identity
 from bastion.policy.audit import AuditWriter
@@ -119,13 +119,20 @@ def test_outcomes_and_summaries() -> None:
     assert summary({"kind": "decision", "decision": "deny", "rule": "r", "reason": "why"}) == "deny by r: why"
 
 
-def test_interventions_from_the_log_and_the_trail(trail) -> None:
-    log = InterventionLog()
-    for kind in ("email", "email", "aws-access-key"):
-        log.report(Intervention("pii" if kind == "email" else "secrets", "redacted", "s", "t", kind, "rule"))
-    assert [(row.kind, row.count) for row in counts(log)] == [("email", 2), ("aws-access-key", 1)]
-    assert counts(None) == []
-    found = recent(trail, {}).found
-    assert [(f.record["guardrail"], f.record["found"], f.record["who"]["name"]) for f in found] == [
-        ("secrets", "aws-access-key", "alice")]
-    assert recent(trail, {"identity": "bob"}).found == []
+def test_interventions_counted_and_listed_from_the_trail(tmp_path) -> None:
+    path = tmp_path / "audit.jsonl"
+    writer = AuditWriter(path)
+    log = InterventionLog(writer.write)
+    alice = Identity("alice", (), "header")
+    for kind, who in (("email", alice), ("email", None), ("aws-access-key", alice)):
+        log.report(Intervention("pii" if kind == "email" else "secrets", "redacted", "s", "t", kind, "rule",
+                                identity=who))
+    writer.write_call((1.0, BOB, "tools/call", "x", {}, True, "complete", 0, ALLOW))
+    writer.close()
+    found = interventions(path, {})
+    assert [(row.kind, row.count) for row in counts(found)] == [("email", 2), ("aws-access-key", 1)]
+    assert [f.record["found"] for f in found.found] == ["aws-access-key", "email", "email"]
+    assert "value" not in str(found.found)
+    mine = interventions(path, {"identity": "alice", "limit": "1"})
+    assert [(row.kind, row.count) for row in counts(mine)] == [("email", 1), ("aws-access-key", 1)]  # pii < secrets
+    assert len(mine.found) == 1 and mine.more
