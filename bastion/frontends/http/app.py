@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
@@ -16,6 +17,10 @@ import orjson
 
 from bastion.auth.build import HttpAuth, build_http_auth
 from bastion.config import HttpConfig
+from bastion.console.app import ConsoleApp, is_console_path
+from bastion.console.data import ConsoleData
+from bastion.console.login import CredentialLogin
+from bastion.console.pages import console
 from bastion.frontends.http.admission import Admission, nothing
 from bastion.frontends.http.answers import RETRY_MS, Answers
 from bastion.frontends.http.exchanges import Exchange, Peeked
@@ -70,6 +75,9 @@ class HttpFrontend:
         self.quotas = SessionQuotas(settings)  # both kinds, by holder: the gateway's bound and each caller's quota
         self.modern = ModernPosts(gateway, self.admission, self.answers, self.quotas, self._place_for)
         self._reaper: asyncio.Task[None] | None = None
+        # The web console at /admin: the same authenticator logs a browser in, Cedar decides, the policy audits.
+        self.console = ConsoleApp(console(), CredentialLogin(self.auth.authenticator), gateway.policy,
+                                  ConsoleData(gateway.config, only_pid=os.getpid()))
 
     # ------------------------------------------------------------------------------------------ lifetime
     def start(self) -> None:
@@ -151,6 +159,8 @@ class HttpFrontend:
                 await self._resource_metadata(method, send)
             elif path == OAUTH_CALLBACK_PATH and self._callback is not None:
                 await self._callback(scope, receive, send)
+            elif is_console_path(path):
+                await self.console(scope, receive, send, headers=headers, peer=peer)
             else:
                 raise HttpError(404, -32600, f"nothing at {path}; the MCP endpoint is /mcp (or /sse for HTTP+SSE)")
         except HttpError as exc:

@@ -1,0 +1,138 @@
+"""The web console on a real ``bastion serve --http`` with API keys: an admin logs in with a key and reads the servers
+page (hostile stderr escaped, the strict headers on every answer); a non-admin is refused with 403 and the refusal
+is audited; an act posted without the session's CSRF token, with a wrong one, or from another site is refused,
+audited and changes nothing; the same act posted properly retries a failed server, which comes back."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+
+from tests.auth.serving import stop
+from tests.console.support import Browser, admin_records, base_of, gate_server, serve_with_keys
+from tests.support import wait_for
+
+pytestmark = pytest.mark.slow
+
+DEADLINE = 120
+# A file name a browser would run as markup if the console wrote a server's stderr unescaped.
+HOSTILE = '<img src=x onerror="alert(1)">'
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A state folder of this test's own: its gateway's status file is the only one the console could show."""
+    home = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home
+
+
+def _failed_after_giving_up(text: str) -> bool:
+    return "failed" in text and "when asked" in text
+
+
+async def _until(browser: Browser, path: str, predicate) -> httpx2.Response:
+    """The page once ``predicate`` holds of its text (the gateway's status file is rewritten as servers change)."""
+    while True:
+        response = await browser.page(path)
+        if predicate(response.text):
+            return response
+        await asyncio.sleep(0.1)
+
+
+async def test_admin_reads_the_servers_page_and_a_non_admin_is_refused_and_audited(tmp_path, state) -> None:
+    missing = tmp_path / HOSTILE
+    served, admin, guest = serve_with_keys(tmp_path, {"steady": gate_server("steady"),
+                                                      "crashy": gate_server("crashy", START_CRASH_UNLESS=str(missing))})
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                # Not logged in: the pages send the browser to the login form
+                first = await browser.page("/admin/servers")
+                assert first.status_code == 303 and first.headers["location"] == "/admin/login"
+                login_form = await browser.page("/admin/login")
+                assert login_form.status_code == 200 and 'name="credential"' in login_form.text
+
+                wrong = await Browser(httpx2.AsyncClient(), browser.base).login("bst_not-a-key")
+                assert wrong.status_code in (401, 403) and "set-cookie" not in wrong.headers
+
+                logged_in = await browser.login(admin)
+                assert logged_in.status_code == 303, logged_in.text
+                cookie = logged_in.headers["set-cookie"]
+                assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/admin" in cookie
+                assert admin not in cookie
+
+                page = await _until(browser, "/admin/servers", _failed_after_giving_up)
+                assert page.status_code == 200
+                headers = page.headers
+                assert "default-src 'none'" in headers["content-security-policy"]
+                assert "frame-ancestors 'none'" in headers["content-security-policy"]
+                assert headers["x-frame-options"] == "DENY" and "no-store" in headers["cache-control"]
+                assert "steady" in page.text and "crashy" in page.text and "status-ready" in page.text
+                assert "settings file missing" in page.text
+                assert HOSTILE not in page.text and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page.text
+                assert "ada" in page.text and browser.csrf
+
+                # A non-admin: its login is refused with 403, and the refusal is in the audit trail
+                async with httpx2.AsyncClient(timeout=60) as other:
+                    guest_browser = Browser(other, browser.base)
+                    refused = await guest_browser.login(guest)
+                    assert refused.status_code == 403 and "gus may not read the console" in refused.text
+                    assert "set-cookie" not in refused.headers
+                    assert (await guest_browser.page("/admin/servers")).status_code == 303
+    finally:
+        stop(served)
+    records = admin_records(tmp_path)
+    assert any(r["who"]["name"] == "gus" and r["what"]["method"] == "admin/view_console" for r in records), records
+    assert not any(r["who"]["name"] == "ada" for r in records)  # reads that are allowed are not acts
+
+
+async def test_an_act_needs_the_sessions_csrf_token_and_the_consoles_own_origin(tmp_path, state) -> None:
+    flags = tmp_path / "flags"
+    fixed = flags / "settings.toml"
+    served, admin, _ = serve_with_keys(tmp_path, {"crashy": gate_server("crashy", flags,
+                                                                        START_CRASH_UNLESS=str(fixed))})
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                assert (await browser.login(admin)).status_code == 303
+                await _until(browser, "/admin/servers", _failed_after_giving_up)
+                fixed.write_text("fixed")  # from here a retry would bring it back: each refusal below must not
+
+                attempts = [
+                    await browser.act("retry_server", {"server": "crashy"}, csrf=""),  # no token
+                    await browser.act("retry_server", {"server": "crashy"}, csrf="forged-token"),
+                    await browser.act("retry_server", {"server": "crashy"}, headers={"origin": "http://evil.example"}),
+                    await browser.act("retry_server", {"server": "crashy"}, headers={"sec-fetch-site": "cross-site"}),
+                    # a page served by another program on this machine passes the gateway's DNS-rebinding guard (a
+                    # loopback origin to a loopback gateway), not the console's own check
+                    await browser.act("retry_server", {"server": "crashy"}, headers={"origin": "http://127.0.0.1:9"}),
+                ]
+                assert [a.status_code for a in attempts] == [403] * 5, [a.text for a in attempts]
+                assert "Sec-Fetch-Site: cross-site" in attempts[3].text and "Origin is another site" in attempts[4].text
+                assert "CSRF token" in attempts[0].text and "CSRF token" in attempts[1].text
+                # a GET of an act changes nothing either
+                assert (await client.get(browser.base + "/admin/act/retry_server?server=crashy")).status_code == 405
+                still = await browser.page("/admin/servers")
+                assert _failed_after_giving_up(still.text)
+                assert "starting it again" not in served.log()
+
+                done = await browser.act("retry_server", {"server": "crashy"})
+                assert done.status_code == 303 and done.headers["location"] == "/admin/servers"
+                said = await _until(browser, "/admin/servers", lambda text: "status-ready" in text or "notice" in text)
+                assert "start crashy again" in said.text
+                await _until(browser, "/admin/servers", lambda text: "status-ready" in text and "status-failed" not in text)
+    finally:
+        stop(served)
+    assert "as `bastion servers retry` asked" in served.log()
+    # Every refusal the console made is audited with the act itself: the missing and the forged token, the
+    # cross-site fetch, the other origin (the evil.example one is refused before the console, by the gateway's own
+    # Origin guard), and the retry, done.
+    outcomes = sorted(r["outcome"] for r in admin_records(tmp_path) if r["what"]["method"] == "admin/retry_server")
+    assert outcomes == [0, 403, 403, 403, 403], outcomes
