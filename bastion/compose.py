@@ -18,6 +18,7 @@ from bastion.guardrails.chain import GuardrailChain, build_guardrails
 from bastion.guardrails.report import InterventionLog
 from bastion.server_entry import pin_identities, pinned_entries
 from bastion.model import CatalogView, Interceptor
+from bastion.observability.metrics import GatewayMetrics
 from bastion.policy.interceptors import PolicyRuntime, build_policy_runtime
 
 if TYPE_CHECKING:
@@ -39,7 +40,9 @@ def build_gateway(
     be read, an audit trail that cannot be written)."""
     catalog = server_catalog(config)
     policy = build_policy(config)
-    guardrails = build_guardrail_chain(config, policy, catalog)
+    interventions = intervention_log(config, policy)
+    guardrails = build_guardrail_chain(config, policy, catalog, interventions)
+    metrics = GatewayMetrics(config.metrics) if config.metrics.enabled else None
     tool_index: CatalogIndex | LazyCatalogIndex
     exposure: list[Interceptor] = []
     from bastion.search.stack import announce
@@ -57,10 +60,29 @@ def build_gateway(
         tool_index = LazyCatalogIndex(catalog, config.tools)
         if config.tools.exposure == "auto":
             exposure.append(auto_exposure(catalog, config.tools, tool_index, servers))
-    gateway = Gateway(config, catalog=catalog, policy=policy, exposure=exposure, screens=guardrails.screens,
-                      interceptors=[*guardrails.inner, *interceptors], tool_index=tool_index, launcher=launcher)
+    # The metrics' meter is outermost, to see what every later step refuses; its clock innermost, to tell the
+    # server's time from the gateway's.
+    gateway = Gateway(config, catalog=catalog, policy=policy, observers=[metrics.meter] if metrics else [],
+                      exposure=exposure, screens=guardrails.screens,
+                      interceptors=[*guardrails.inner, *interceptors, *([metrics.clock] if metrics else [])],
+                      tool_index=tool_index, launcher=launcher)
     servers.gateway = gateway
+    if metrics is not None:
+        attach_metrics(gateway, metrics, interventions)
     return gateway
+
+
+def attach_metrics(gateway: Gateway, metrics: GatewayMetrics, interventions: InterventionLog | None) -> None:
+    """Give the gateway its metrics and their registry, and tell the metrics what they read from the gateway."""
+    from bastion.observability.collector import registry_for
+
+    metrics.server_for = gateway.server_for
+    if gateway.policy is not None:
+        for interceptor in gateway.policy.interceptors:
+            if hasattr(interceptor, "decided"):
+                interceptor.decided = metrics.decided
+    metrics.registry = registry_for(gateway, metrics, interventions)
+    gateway.metrics = metrics
 
 
 class ServersStarting:
@@ -88,14 +110,25 @@ def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
     return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims)
 
 
-def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, catalog: CatalogView) -> GuardrailChain:
-    """The guardrail interceptors of ``config`` (none when they are off, said once, as a warning); their
-    interventions go to the policy's audit trail when there is one."""
+def intervention_log(config: GatewayConfig, policy: PolicyRuntime | None) -> InterventionLog | None:
+    """Where the guardrails report their interventions (None when they are off): the log, the counts the metrics
+    read, and the policy's audit trail when there is one."""
+    if config.guardrails is None:
+        return None
+    writer = policy.audit.writer if policy is not None else None
+    return InterventionLog(writer.write if writer is not None else None)
+
+
+def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, catalog: CatalogView,
+                          report: InterventionLog | None = None) -> GuardrailChain:
+    """The guardrail interceptors of ``config`` (none when they are off, said once, as a warning), reporting to
+    ``report`` (by default a log of their own)."""
     if config.guardrails is None:
         log.warning("guardrails are off: tool definitions are not pinned and results are not scanned")
         return GuardrailChain([], [])
-    writer = policy.audit.writer if policy is not None else None
-    report = InterventionLog(writer.write if writer is not None else None)
+    if report is None:
+        report = intervention_log(config, policy)
+        assert report is not None
     out_of_band = policy.approval.ask_out_of_band if policy is not None else None
     client_approves = policy.approval.client_approves if policy is not None else None
     return build_guardrails(config.guardrails, report, catalog, pinned_entries(config), pin_identities(config),

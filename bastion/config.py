@@ -31,6 +31,7 @@ from bastion.jsonc import parse_jsonc
 from bastion.public_key_pins import pin_problem
 from bastion.plaintext import PLAINTEXT_ERROR, PLAINTEXT_FIX, is_plaintext_remote, plaintext_refusal
 from bastion.guardrails.config import GuardrailsConfig
+from bastion.observability.config import MetricsConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox.config import SandboxConfig
@@ -366,6 +367,9 @@ class GatewayConfig(BaseModel):
         default_factory=GuardrailsConfig,
         description='content guardrails (pinning, secrets, PII, injection, taint, sampling); "off": none',
     )
+    metrics: MetricsConfig = Field(
+        default_factory=MetricsConfig,
+        description="Prometheus metrics at /metrics (admin identities on the HTTP listener, or a separate listener)")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)

@@ -86,9 +86,25 @@ def _run(args: argparse.Namespace) -> int:
     # What is loaded by now (modules, configuration, policy) lives as long as the process: left in the collected
     # generations, every full collection would walk it again while requests wait.
     gc.freeze()
-    if run_loop(with_status_board(gateway, serve_stdio(gateway, protocol_fd, gateway.identity))) == signal.SIGINT:
+    try:
+        stopped_by = run_loop(with_status_board(gateway, with_operations_listener(
+            gateway, serve_stdio(gateway, protocol_fd, gateway.identity))))
+    except OSError as exc:
+        print(f"bastion: cannot listen on {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if stopped_by == signal.SIGINT:
         raise KeyboardInterrupt  # the servers are stopped by now; said and exited like Ctrl-C anywhere else
     return 0
+
+
+def with_operations_listener(gateway: Any, serving) -> Any:
+    """``serving`` with the ``[metrics] listen`` listener beside it when one is configured (its modules are loaded
+    only then)."""
+    if gateway.metrics is None or gateway.metrics.config.listen is None:
+        return serving
+    from bastion.observability.endpoints import with_metrics_listener
+
+    return with_metrics_listener(gateway, serving)
 
 
 async def with_status_board(gateway: Any, serving) -> Any:

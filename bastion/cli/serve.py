@@ -41,7 +41,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def _serve(args: argparse.Namespace) -> int:
     from bastion.auth.build import build_http_auth
-    from bastion.cli.gateway import _load, run_loop, setup_logging, with_status_board
+    from bastion.cli.gateway import _load, run_loop, setup_logging, with_operations_listener, with_status_board
     from bastion.compose import build_gateway
     from bastion.frontends.http.server import is_loopback, serve_http, with_client_ca
 
@@ -93,10 +93,10 @@ def _serve(args: argparse.Namespace) -> int:
         callback = gateway.authorization_codes.callbacks
     gc.freeze()  # what is loaded by now lives as long as the process; see bastion run
     try:
-        stopped_by = run_loop(with_status_board(gateway, serve_http(gateway, settings, host, port, auth=auth,
-                                                                    callback=callback)))
+        stopped_by = run_loop(with_status_board(gateway, with_operations_listener(
+            gateway, serve_http(gateway, settings, host, port, auth=auth, callback=callback))))
     except OSError as exc:
-        print(f"bastion: cannot listen on {args.http}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"bastion: cannot listen on {exc.filename or args.http}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     if stopped_by == signal.SIGINT:
         raise KeyboardInterrupt

@@ -67,6 +67,11 @@ class ClientConnection:
         self.protocol = ServerSession(server_info=SERVER_INFO, max_message_bytes=gateway.config.max_message_bytes,
                                       era=era)
         self._send_bytes = send
+        metrics = gateway.metrics
+        if metrics is not None:  # the bytes each way, counted where they cross; nothing at all with metrics off
+            transport = "http" if over_network else "stdio"
+            self._send_bytes = metrics.counting_sent(transport, send)
+            self.feed = metrics.counting_received(transport, self.feed)  # type: ignore[method-assign]
         self._close_transport = close
         self._drain = drain
         self._session: Session | None = None  # legacy: one for the connection, from its initialize

@@ -24,6 +24,8 @@ async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) ->
     writer = await open_protocol_writer(protocol_fd)
     frames = CoalescingWriter(writer, gateway.writes)
     connection = ClientConnection(gateway, frames.write, identity=identity, close=done.set, drain=frames.drain)
+    if gateway.metrics is not None:
+        gateway.metrics.sessions["stdio"] = lambda: 0 if done.is_set() else 1
 
     def on_frame(frame: bytes | Oversize) -> None:
         if done.is_set():

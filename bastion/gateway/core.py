@@ -61,6 +61,7 @@ class Gateway:
         *,
         catalog: Catalog | None = None,
         policy: PolicyRuntime | None = None,
+        observers: Sequence[Interceptor] = (),
         exposure: Sequence[Interceptor] = (),
         screens: Sequence[Interceptor] = (),
         interceptors: Sequence[Interceptor] = (),
@@ -69,7 +70,8 @@ class Gateway:
         credentials: CredentialSource | None = None,
     ) -> None:
         """Built by ``bastion.compose.build_gateway``, which builds the policy, the exposure and the tool index
-        from ``config``; the chain is ``exposure``, ``screens`` (what decides whether a definition is served at all),
+        from ``config``; the chain is ``observers`` (the metrics' meter: outermost, so it sees every refusal),
+        ``exposure``, ``screens`` (what decides whether a definition is served at all),
         the policy's interceptors, then ``interceptors``."""
         if config.policy is not None and policy is None:
             raise ValueError("the configuration has a policy and none was given: build the gateway with "
@@ -102,6 +104,8 @@ class Gateway:
         }
         self._tool_index = tool_index
         self.policy = policy
+        # The gateway's metrics (bastion/observability), attached by the composition root; None when they are off.
+        self.metrics: Any = None
         self._connections: dict[str, ConnectedClient] = {}
         # Connections are told apart by a counter under a random prefix of this gateway's own: unique across runs
         # (audit records name them), at no random draw per connection (a 2026-07-28 HTTP POST is one).
@@ -119,7 +123,8 @@ class Gateway:
         # last step for a client's request is the router. Where nothing on a tools/call's route reads its result,
         # the result is passed on as the bytes its server sent; where nothing reads its params, its arguments reach
         # the server as the bytes the client sent (``takes_raw_params``: the frontend then leaves them undecoded).
-        self.chain = Chain([*exposure, *screens, *(self.policy.interceptors if self.policy else ()), *interceptors],
+        self.chain = Chain([*observers, *exposure, *screens, *(self.policy.interceptors if self.policy else ()),
+                            *interceptors],
                            lambda raw_results: partial(self.router.route, raw_results=True) if raw_results
                            else self.router.route)
         self.relay = Relay(self.chain, self.catalog, self._connections, self.inputs, self.subscriptions,

@@ -18,6 +18,9 @@ STDERR_QUOTED = 10  # of a failure's last stderr lines, the message saying it fa
 # Waiting mends nothing on this machine (the backoff has reached 4 s by then, 7.5 s after the first failure); a remote
 # server is not held to it, as a remote server comes back on its own.
 MAX_FAILED_STARTS = 5
+# How the sandbox says a server's end was its memory limit (bastion/sandbox/process.py), within the reason a start
+# ended with: counted as a memory kill by the metrics.
+MEMORY_KILLED = "killed: memory limit"
 
 
 class Backoff:

@@ -15,6 +15,7 @@ from bastion.credentials.secrets import IdentitySecrets
 from bastion.gateway.eager import Answer, RawAnswer
 from bastion.gateway.restarts import (
     MAX_FAILED_STARTS,
+    MEMORY_KILLED,
     STDERR_QUOTED,
     Backoff,
     quoted_stderr,
@@ -101,6 +102,11 @@ class Upstream:
         self.gave_up = False
         self.failed_starts = 0  # the starts in a row that ended before the server was ready
         self.last_stderr: list[str] = []  # the last stderr lines of the latest start that failed
+        # Since Bastion started, for the metrics: starts after the first, runs that ended after the server was ready
+        # (a crash, an exit, a dropped connection), and those the sandbox's memory limit ended.
+        self.restarts = 0
+        self.crashes = 0
+        self.memory_kills = 0
         self._retry = asyncio.Event()  # a person or a call asks for a start now
         self._outcome = asyncio.Event()  # set when a start ends, ready or failed; cleared when one is asked for
         self._told: tuple[str, tuple[str, ...]] | None = None  # the failure last said at WARNING, said once
@@ -246,7 +252,11 @@ class Upstream:
     async def _supervise(self) -> None:
         progress.watch(self._doing)  # this task's own: what a step of this server's start does is this server's
         backoff = Backoff(jitter=self.config.url is not None)
+        first = True
         while not self._closing:
+            if not first:
+                self.restarts += 1
+            first = False
             self._started_at = time.monotonic()
             refused = False
             self.on_status()
@@ -262,6 +272,8 @@ class Upstream:
             if self._closing:
                 return
             ran = self._ran
+            self.crashes += ran
+            self.memory_kills += MEMORY_KILLED in reason
             self.ready.clear()
             self.failure = reason
             self.failed_starts = 0 if ran else self.failed_starts + 1

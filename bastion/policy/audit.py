@@ -179,6 +179,9 @@ class AuditWriter:
         self._closed = False  # no more records accepted
         # Why the trail is not being written now (None while it is): read by the gateway before each call.
         self.failure: str | None = None
+        # When records last went to the sealer whole (wall clock, None before the first): with ``failure`` None, the
+        # trail's last successful write as far as this process can know; with ``behind``, the metrics' audit health.
+        self.last_delivered: float | None = None
         self._outage: _Outage | None = None  # no sealer runs
         try:
             self._start_sealer()
@@ -256,6 +259,10 @@ class AuditWriter:
                 elif line.startswith(RESUMED):
                     self.failure = None
                     log.warning("%s: the audit trail is written again: %s", self.chain_path, said[len(RESUMED):])
+
+    def behind(self) -> int:
+        """Records handed over and not yet sent to the sealer."""
+        return len(self._pending)
 
     def write(self, record: dict[str, Any]) -> None:
         """Queue ``record`` (stamped now unless it has a ``ts``); never blocks on I/O."""
@@ -341,6 +348,8 @@ class AuditWriter:
                 return
             sent = self._send(data)
             if sent == len(data):
+                if self.failure is None:
+                    self.last_delivered = time.time()
                 return
             # Lines the pipe took whole were the dead sealer's; the rest go to its successor.
             data = data[data.rfind(b"\n", 0, sent) + 1 :]

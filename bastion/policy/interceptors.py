@@ -352,6 +352,8 @@ class PolicyInterceptor:
         self.guards = guards
         self.rate_limits = rate_limits
         self.approval = approval
+        # Told each request's stages once decided (the metrics' decisions by rule); None costs a request nothing.
+        self.decided: Callable[[list[Any]], None] | None = None
 
     async def on_request(self, request: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         if request.answered_by_bastion and request.method == "ping":
@@ -390,6 +392,8 @@ class PolicyInterceptor:
         finally:
             if self.audit.writer is not None:
                 self.audit.hand_over(request, trail, outcome, time.perf_counter_ns() - started)
+            if self.decided is not None:
+                self.decided(trail.stages)
 
     def _server_request(self, request: GatewayRequest, trail: Trail, call_next: Handler) -> Awaitable[dict[str, Any]]:
         if request.answered_by_bastion:
@@ -454,6 +458,12 @@ class ApprovalStage:
         self._reuse = self.settings.reuse_seconds
         self._approver = self.settings.approver
         self._queue_as_fallback = self.settings.fallback == "queue"
+        self.waiting = 0  # calls waiting for a person now
+
+    @property
+    def state(self) -> SharedState:
+        """Where used approvals are kept (the readiness check asks it)."""
+        return self._state
 
     def client_approves(self, session: Session) -> bool:
         """Whether the client may be asked to approve (policy.approval.approver): never out of band, and under auto
@@ -593,6 +603,16 @@ class ApprovalStage:
         question: str | None = None,
     ) -> str | None:
         """Ask in the client, in the queue, or both (the first answer counts); None when a person approved."""
+        self.waiting += 1
+        try:
+            return await self._wait_for_answer(request, trail, server, label, arguments, ask_client, question)
+        finally:
+            self.waiting -= 1
+
+    async def _wait_for_answer(
+        self, request: GatewayRequest, trail: Trail, server: str, label: str, arguments: Any, ask_client: bool,
+        question: str | None,
+    ) -> str | None:
         session = request.session
         timeout = self.settings.timeout_seconds
         approval_id = None

@@ -44,6 +44,7 @@ from bastion.frontends.http.wire import (
 )
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
+from bastion.observability.endpoints import HEALTH_PATHS, METRICS_PATH, answer_health, answer_metrics
 from bastion.protocol.jsonrpc import is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, is_modern, is_modern_first_message
 
@@ -78,6 +79,9 @@ class HttpFrontend:
         # The web console at /admin: the same authenticator logs a browser in, Cedar decides, the policy audits.
         self.console = ConsoleApp(console(), CredentialLogin(self.auth.authenticator), gateway.policy,
                                   ConsoleData(gateway.config, only_pid=os.getpid()))
+        if gateway.metrics is not None:
+            gateway.metrics.sessions["streamable_http"] = lambda: len(self.sessions)
+            gateway.metrics.sessions["sse"] = lambda: len(self.sse_sessions)
 
     # ------------------------------------------------------------------------------------------ lifetime
     def start(self) -> None:
@@ -155,6 +159,10 @@ class HttpFrontend:
             elif path == "/messages" and method == "POST":
                 await self._sse_post(scope, headers, await self.admission.authenticate(scope, headers, "messages", peer),
                                      receive, send)
+            elif path in HEALTH_PATHS:
+                await answer_health(self.gateway, path, method, send)  # for probes: unauthenticated, names nothing
+            elif path == METRICS_PATH and self.gateway.metrics is not None:
+                await self._metrics(scope, headers, peer, method, send)
             elif path in self.auth.metadata_paths and self._metadata is not None:
                 await self._resource_metadata(method, send)
             elif path == OAUTH_CALLBACK_PATH and self._callback is not None:
@@ -175,6 +183,21 @@ class HttpFrontend:
             except RuntimeError:
                 pass  # its response had begun (a stream): the server ends the connection, as it must
 
+
+    async def _metrics(self, scope: Scope, headers: dict[str, str], peer: str, method: str, send: Send) -> None:
+        """``/metrics`` for identities the policy lets ``view_metrics``; a refusal is audited (a scrape allowed is
+        not: one every few seconds would bury the trail)."""
+        identity = await self.admission.authenticate(scope, headers, "metrics", peer)
+        policy = self.gateway.policy
+        if policy is None:
+            raise HttpError(403, -32600, "the policy is off, so nobody may read /metrics here: configure a policy, "
+                                         "or [metrics] listen for a listener of their own")
+        decision = policy.authorize_admin(identity, "view_metrics")
+        if not decision.allowed:
+            policy.record_admin_action(identity, "view_metrics", METRICS_PATH, decision, 403)
+            log.info("refused /metrics to %s: %s", identity.describe(), decision.reason or decision.rule)
+            raise HttpError(403, -32600, f"{identity.name} may not read the metrics (Cedar action view_metrics)")
+        await answer_metrics(self.gateway, method, send)
 
     async def _resource_metadata(self, method: str, send: Send) -> None:
         """The Protected Resource Metadata (RFC 9728): public, and readable from a browser-based client."""

@@ -4,7 +4,6 @@ clean stop."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 import ssl
@@ -22,19 +21,10 @@ from bastion.frontends.http.app import HttpFrontend
 from bastion.frontends.http.guards import TrustedProxies
 from bastion.frontends.http.wire import error_body
 from bastion.gateway.core import Gateway
-from bastion.transport.listener import (ConnectionBounds, QuietServer, http_protocol, listen, raise_file_limit,
-                                        raw_response)
+from bastion.transport.listener import (ConnectionBounds, QuietServer, http_protocol, is_loopback, listen,
+                                        raise_file_limit, raw_response)
 
 log = logging.getLogger("bastion.http")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int, *, auth: HttpAuth | None = None,
