@@ -7,6 +7,7 @@ Routes: ``GET /admin`` (the first page), ``GET /admin/PAGE``, ``GET|POST /admin/
 from __future__ import annotations
 
 import asyncio
+from importlib import resources
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Protocol
@@ -14,7 +15,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from bastion.console.layout import SECURITY_HEADERS, STYLESHEET, document
 from bastion.console.login import Login, LoginRefused, Presented
-from bastion.console.markup import Html, tag
+from bastion.console.markup import Html, join, tag
 from bastion.console.registry import Act, ActRequest, BadForm, Console, Outcome, View
 from bastion.console.sessions import Session, Sessions, cookie_of, set_cookie
 from bastion.model import Identity
@@ -31,7 +32,11 @@ SESSION_SECONDS = 8 * 3600.0
 MAX_FORM_BYTES = 64 * 1024
 MAX_FIELDS = 64
 FORM_SECONDS = 30
-ASSETS = {"style.css": (b"text/css; charset=utf-8", STYLESHEET)}
+# The live page's script (bastion/console/pages/live.py): the only script of the console, served from it (the CSP
+# lets no page run inline script or load one from elsewhere).
+LIVE_SCRIPT = resources.files("bastion.console").joinpath("live.js").read_bytes()
+ASSETS = {"style.css": (b"text/css; charset=utf-8", STYLESHEET),
+          "live.js": (b"text/javascript; charset=utf-8", LIVE_SCRIPT)}
 
 
 class Authorizer(Protocol):
@@ -136,8 +141,9 @@ class ConsoleApp:
             identity = await self.login.identity(form, Presented(request.headers, request.peer, request.certificate))
         except LoginRefused as refusal:
             log.info("console: refused a login from %s: %s", request.peer, refusal)
-            await self._page(send, 403, "Log in", tag("p", str(refusal), class_="notice refused")
-                             + self.login.form({}))
+            # join keeps both parts markup: str + Html is a plain str, which the layout would escape
+            await self._page(send, 403, "Log in", join([tag("p", str(refusal), class_="notice refused"),
+                                                        self.login.form({})]))
             return
         # Only who may read the console gets a session; a refusal here is audited like any other.
         self._decide(identity, "view_console", "", "login")

@@ -1,6 +1,8 @@
 """The frame around every page (menu, who is logged in, the log-out button, a one-time notice) and the headers every
 answer of the console carries: a strict Content-Security-Policy (nothing inline runs, nothing loads from another
-origin, no page may frame it), no caching, no referrer (a login link's secret never leaves in a Referer)."""
+origin, no page may frame it), no caching, a referrer only to the console itself (a login link's secret never leaves
+in a Referer; "no-referrer" would make a browser send ``Origin: null`` with the console's own forms, which the
+Origin checks then refuse)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"content-security-policy", CSP.encode()),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
     (b"cache-control", b"no-store"),

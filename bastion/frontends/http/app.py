@@ -19,6 +19,7 @@ from bastion.auth.build import HttpAuth, build_http_auth
 from bastion.config import HttpConfig
 from bastion.console.app import ConsoleApp, is_console_path
 from bastion.console.data import ConsoleData
+from bastion.console.live import LiveWindow
 from bastion.console.login import CredentialLogin
 from bastion.console.pages import console
 from bastion.frontends.http.admission import Admission, nothing
@@ -78,7 +79,7 @@ class HttpFrontend:
         self._reaper: asyncio.Task[None] | None = None
         # The web console at /admin: the same authenticator logs a browser in, Cedar decides, the policy audits.
         self.console = ConsoleApp(console(), CredentialLogin(self.auth.authenticator), gateway.policy,
-                                  ConsoleData(gateway.config, only_pid=os.getpid()))
+                                  ConsoleData(gateway.config, only_pid=os.getpid(), live=_live_window(gateway)))
         if gateway.metrics is not None:
             gateway.metrics.sessions["streamable_http"] = lambda: len(self.sessions)
             gateway.metrics.sessions["sse"] = lambda: len(self.sse_sessions)
@@ -385,3 +386,11 @@ def _claim(session: LegacySession | SseSession, session_id: str, identity: Ident
         raise HttpError(403, -32600, "this session belongs to another caller")
     if identity is not session.identity:
         session.renew(identity)
+
+
+def _live_window(gateway: Gateway) -> LiveWindow | None:
+    """The console's live figures over the gateway's metrics (none when ``[metrics] enabled = false``)."""
+    metrics = gateway.metrics
+    if metrics is None:
+        return None
+    return LiveWindow(metrics.totals, lambda: sum(metrics.in_flight.values()))

@@ -1,0 +1,198 @@
+"""The web console in a real Chromium against a real ``bastion serve --http``: an operator logs in, watches a server
+go down and come back, accepts a changed tool an agent then sees again, approves a waiting call the agent's SDK
+client then sees complete, reads the acts in the audit view with its chain verified (and broken once a record is
+edited), and a page of another loopback origin posting to the console is refused with nothing changed.
+
+Each step waits on what settles it: Playwright's ``expect`` on the page, the SDK call's completion, the queue's
+file; a page the server renders once is read again until it shows the change (``reload_until``).
+
+With ``BASTION_SCREENSHOTS=DIR`` the main pages are saved as ``DIR/console-PAGE.png`` (docs/images holds them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+from mcp.shared.exceptions import MCPError
+
+from bastion.policy.approval import ApprovalQueue
+from tests.browser.gateway import SERVER, Gateway, start_gateway, stop_gateway
+
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
+
+SETTLE_MS = 60_000  # what one step may take at most on a busy machine; a step that passes returns at once
+SCREENSHOTS = os.environ.get("BASTION_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    served = start_gateway(tmp_path_factory.mktemp("console"), f"console-fixture-{os.getpid()}")
+    try:
+        yield served
+    finally:
+        stop_gateway(served)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def operator(context, gateway: Gateway) -> AsyncIterator[object]:
+    """A page logged in to the console as the operator (group admins)."""
+    page = await context.new_page()
+    await log_in(page, gateway, gateway.admin_key)
+    yield page
+
+
+async def log_in(page, gateway: Gateway, credential: str) -> None:
+    from playwright.async_api import expect
+
+    await page.goto(f"{gateway.admin}/login")
+    await page.fill("input[name=credential]", credential)
+    await page.click("form.login button[type=submit]")
+    await expect(page.locator("header .who")).to_contain_text("olga", timeout=SETTLE_MS)
+
+
+async def reload_until(page, selector: str, text: str, timeout_ms: int = SETTLE_MS) -> None:
+    """Read a server-rendered page again until ``selector`` shows ``text`` (Playwright's own wait between reads)."""
+    from playwright.async_api import expect
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_ms / 1000
+    while True:
+        try:
+            await expect(page.locator(selector).filter(has_text=text).first).to_be_visible(timeout=500)
+            return
+        except AssertionError:
+            if loop.time() > deadline:
+                raise
+            await page.reload()
+
+
+async def screenshot(page, name: str) -> None:
+    if SCREENSHOTS:
+        Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+        await page.set_viewport_size({"width": 1200, "height": 760})
+        await page.screenshot(path=str(Path(SCREENSHOTS) / f"console-{name}.png"))
+
+
+async def test_log_in_and_who_may_not(context, gateway: Gateway) -> None:
+    from playwright.async_api import expect
+
+    page = await context.new_page()
+    await page.goto(gateway.admin)
+    await expect(page).to_have_url(f"{gateway.admin}/login")
+    await page.fill("input[name=credential]", "bst_" + "A" * 43)
+    await page.click("form.login button[type=submit]")
+    await expect(page.locator(".notice.refused")).to_be_visible()
+    await page.fill("input[name=credential]", gateway.agent_key)  # a valid key, of someone not in group admins
+    await page.click("form.login button[type=submit]")
+    await expect(page.locator(".notice.refused")).to_contain_text("agent-7 may not read the console")
+    await log_in(page, gateway, gateway.admin_key)
+    for title in ("Servers", "Approvals", "Audit trail", "Guardrails", "Live"):
+        await expect(page.locator("header nav a", has_text=title)).to_be_visible()
+
+
+async def test_approve_a_waiting_call_from_the_page(operator, gateway: Gateway) -> None:
+    from playwright.async_api import expect
+
+    page = operator
+    async with gateway.agent() as agent:
+        call = asyncio.ensure_future(agent.call_tool(f"{SERVER}__remove", {"path": "/srv/old-report.txt"}))
+        await page.goto(f"{gateway.admin}/approvals")
+        row = page.locator("tr", has_text="kb/remove")
+        await reload_until(page, "tr", "kb/remove")
+        await expect(row).to_contain_text('"path": "/srv/old-report.txt"')
+        await expect(row).to_contain_text("agent-7 (api_key)")
+        assert not call.done()
+        await screenshot(page, "approvals")
+        await row.locator("form.approve button").click()
+        await expect(page.locator(".notice.ok")).to_contain_text("approved")
+        result = await asyncio.wait_for(call, SETTLE_MS / 1000)
+        assert not result.is_error and result.content[0].text == "removed /srv/old-report.txt"
+        await expect(page.locator("tr", has_text="kb/remove")).to_have_count(0)
+
+        refused = asyncio.ensure_future(agent.call_tool(f"{SERVER}__remove", {"path": "/etc/important"}))
+        await reload_until(page, "tr", "/etc/important")
+        await page.locator("tr", has_text="/etc/important").locator("form.deny button").click()
+        await expect(page.locator(".notice.ok")).to_contain_text("denied")
+        with pytest.raises(MCPError, match="denied in the approval queue"):
+            await asyncio.wait_for(refused, SETTLE_MS / 1000)
+
+
+class _Forger(BaseHTTPRequestHandler):
+    """Another loopback origin: a page whose form posts to the console as soon as it loads."""
+
+    target = ""
+    approval_id = ""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = (f'<!doctype html><form id=f method=post action="{self.target}">'
+                f'<input name=approval_id value="{self.approval_id}"><input name=csrf value=guessed></form>'
+                "<script>document.getElementById('f').submit()</script>").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+async def test_a_page_of_another_origin_cannot_act(operator, context, gateway: Gateway) -> None:
+    from playwright.async_api import expect
+
+    queue = ApprovalQueue(gateway.folder / "approvals")
+    async with gateway.agent() as agent:
+        call = asyncio.ensure_future(agent.call_tool(f"{SERVER}__remove", {"path": "/tmp/forged"}))
+        await operator.goto(f"{gateway.admin}/approvals")
+        await reload_until(operator, "tr", "/tmp/forged")
+        (waiting,) = queue.pending()
+        _Forger.target, _Forger.approval_id = f"{gateway.admin}/act/approve", waiting.id
+        forger = ThreadingHTTPServer(("127.0.0.1", 0), _Forger)
+        threading.Thread(target=forger.serve_forever, daemon=True).start()
+        try:
+            page = await context.new_page()  # the operator's browser: its session cookie is there
+            async with page.expect_response(f"{gateway.admin}/act/approve") as answered:
+                await page.goto(f"http://127.0.0.1:{forger.server_address[1]}/")
+            assert (await answered.value).status == 403
+            await expect(page.locator(".notice.refused")).to_be_visible()
+        finally:
+            forger.shutdown()
+            forger.server_close()
+        assert queue.read(waiting.id).status == "pending" and not call.done()
+        await operator.reload()
+        await operator.locator("tr", has_text="/tmp/forged").locator("form.deny button").click()
+        with pytest.raises(MCPError, match="denied in the approval queue"):
+            await asyncio.wait_for(call, SETTLE_MS / 1000)
+
+
+async def test_the_audit_view_shows_the_acts_and_a_broken_chain(operator, gateway: Gateway) -> None:
+    from playwright.async_api import expect
+
+    page = operator
+    await page.goto(f"{gateway.admin}/audit?method=admin/")
+    await expect(page.get_by_test_id("chain-state")).to_contain_text("Chain verified: intact")
+    records = page.locator("table tbody tr")
+    await expect(records.filter(has_text="admin/approve").first).to_contain_text("olga")
+    await expect(records.filter(has_text="admin/deny").first).to_be_visible()
+    await screenshot(page, "audit")
+    await page.goto(f"{gateway.admin}/audit?identity=agent-7&outcome=refused")
+    await expect(records.first).to_contain_text("kb__remove")
+    await expect(records.filter(has_text="olga")).to_have_count(0)
+
+    # An editor changes who made a call, in place, while the gateway goes on writing the trail.
+    with gateway.audit.open("r+b") as trail:
+        data = trail.read()
+        at = data.index(b'"name":"agent-7"')
+        trail.seek(at)
+        trail.write(b'"name":"agent-8"')
+    await page.goto(f"{gateway.admin}/audit?identity=agent-8")
+    await expect(page.get_by_test_id("chain-state")).to_contain_text("Chain BROKEN")
+    await expect(page.get_by_test_id("chain-state")).to_contain_text("record was altered")
+    await expect(records.filter(has_text="chain broken here")).to_have_count(1)
