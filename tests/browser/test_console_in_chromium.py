@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,6 +30,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 
 SETTLE_MS = 60_000  # what one step may take at most on a busy machine; a step that passes returns at once
 SCREENSHOTS = os.environ.get("BASTION_SCREENSHOTS")
+AWS_KEY = "AKIAIOSFODNN7REALKEY"  # the shape of an AWS access key id, not one that exists
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +97,27 @@ async def test_log_in_and_who_may_not(context, gateway: Gateway) -> None:
     await log_in(page, gateway, gateway.admin_key)
     for title in ("Servers", "Approvals", "Audit trail", "Guardrails", "Live"):
         await expect(page.locator("header nav a", has_text=title)).to_be_visible()
+
+
+async def test_a_server_goes_down_and_comes_back(operator, gateway: Gateway) -> None:
+    from playwright.async_api import expect
+
+    page = operator
+    await page.goto(f"{gateway.admin}/servers")
+    await reload_until(page, "tr .status-ready", "ready")
+    await screenshot(page, "servers")
+    gateway.stage_file.write_text("down")  # every start fails from now on, saying so on stderr
+    gateway.kill_server()
+    await reload_until(page, "tr", "failed")  # after its failed starts in a row, it is no longer started
+    row = page.locator("tr", has_text=SERVER)
+    await expect(row).to_contain_text("the stage file says down")  # its recent stderr
+    gateway.stage_file.write_text("0")
+    await row.locator("form button", has_text="Retry").click()
+    await expect(page.locator(".notice.ok")).to_contain_text("asked gateway")
+    await reload_until(page, "tr .status-ready", "ready")
+    async with gateway.agent() as agent:
+        result = await agent.call_tool(f"{SERVER}__lookup", {"term": "back"})
+        assert result.content[0].text == "found back"
 
 
 async def test_approve_a_waiting_call_from_the_page(operator, gateway: Gateway) -> None:
@@ -170,6 +193,32 @@ async def test_a_page_of_another_origin_cannot_act(operator, context, gateway: G
         await operator.locator("tr", has_text="/tmp/forged").locator("form.deny button").click()
         with pytest.raises(MCPError, match="denied in the approval queue"):
             await asyncio.wait_for(call, SETTLE_MS / 1000)
+
+
+async def test_live_figures_and_guardrail_interventions(operator, gateway: Gateway) -> None:
+    from playwright.async_api import expect
+
+    page = operator
+    await page.goto(f"{gateway.admin}/live")
+    total = page.get_by_test_id("live-total")
+    before = int(await total.text_content())
+    async with gateway.agent() as agent:
+        for _ in range(5):
+            await agent.call_tool(f"{SERVER}__lookup", {"term": "x"})
+        leaked = await agent.call_tool(f"{SERVER}__settings", {})
+    assert AWS_KEY not in leaked.content[0].text  # the secrets guardrail redacted the server's answer
+    # The page's own script reads the figures again (no reload here): the count goes past the calls just made.
+    await expect(total).not_to_have_text(str(before), timeout=SETTLE_MS)
+    assert int(await total.text_content()) >= before + 6
+    await expect(page.get_by_test_id("live-rate")).to_contain_text("requests/s")
+    await expect(page.locator("#rate-line")).to_have_attribute("d", re.compile(r"^M"), timeout=SETTLE_MS)
+    await screenshot(page, "live")
+
+    await page.goto(f"{gateway.admin}/interventions")
+    await expect(page.locator("tr", has_text="aws-access-key").first).to_contain_text("secrets")
+    await expect(page.locator("tr", has_text="aws-access-key").last).to_contain_text("agent-7")
+    assert AWS_KEY not in await page.content()
+    await screenshot(page, "interventions")
 
 
 async def test_the_audit_view_shows_the_acts_and_a_broken_chain(operator, gateway: Gateway) -> None:
