@@ -2,9 +2,13 @@
 asks one for a retry.
 
 Each ``bastion run`` / ``bastion serve`` keeps a status file, ``$XDG_STATE_HOME/bastion/running/PID.json``: its
-configuration, and each server's state (ready, starting, failed, restarting), why, and its last stderr lines when a
-start failed. It is rewritten whole (a reader never sees half of one) whenever a server's state changes, on a thread,
-and removed when the gateway stops; one whose process is gone (killed) is ignored and removed by the next reader.
+configuration, each server's state (ready, starting, failed, restarting), why, its protocol era, sandbox, restarts
+and last stderr lines, and the federated catalog's tools (their definitions, for the web console's token costs and
+pin states). It is rewritten whole (a reader never sees half of one) whenever a server's state changes, and when the
+catalog or a server's stderr has changed (looked at every ``WATCH_SECONDS``), on a thread, and removed when the
+gateway stops; one whose process is gone (killed) is ignored and removed by the next reader. What it holds is
+bounded: ``STDERR_KEPT`` lines of ``LINE_KEPT`` characters per server, ``CATALOG_KEPT`` tools of at most
+``DEFINITION_KEPT`` bytes each (a larger one is listed without its definition).
 
 ``bastion servers retry NAME`` drops a request file beside it (``PID.retry-UNIQUE``, the server's name) and sends
 the gateway SIGUSR1; the gateway reads the requests and starts those servers again at once. A pid alone could name a
@@ -18,7 +22,7 @@ import logging
 import os
 import signal
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -33,6 +37,11 @@ log = logging.getLogger("bastion.running")
 
 RETRY_SIGNAL = signal.SIGUSR1
 _RETRY_MARK = ".retry-"
+WATCH_SECONDS = 2.0
+STDERR_KEPT = 20
+LINE_KEPT = 1000
+CATALOG_KEPT = 5000
+DEFINITION_KEPT = 64 * 1024
 
 
 def running_dir() -> Path:
@@ -47,6 +56,10 @@ class RunningGateway:
     config: str | None
     servers: dict[str, dict[str, Any]]
     path: Path
+    # the catalog's tools: server, name (the server's own), exposed (the client's), definition (None past
+    # DEFINITION_KEPT bytes); and whether tools past CATALOG_KEPT were left out
+    catalog: list[dict[str, Any]] = field(default_factory=list)
+    catalog_cut: bool = False
 
 
 def running_gateways(directory: Path | None = None) -> list[RunningGateway]:
@@ -63,7 +76,10 @@ def running_gateways(directory: Path | None = None) -> list[RunningGateway]:
             _remove_quietly(path)
             continue
         servers = record.get("servers")
-        found.append(RunningGateway(pid, record.get("config"), servers if isinstance(servers, dict) else {}, path))
+        catalog = record.get("catalog")
+        found.append(RunningGateway(pid, record.get("config"), servers if isinstance(servers, dict) else {}, path,
+                                    [t for t in catalog if isinstance(t, dict)] if isinstance(catalog, list) else [],
+                                    bool(record.get("catalog_cut"))))
     return sorted(found, key=lambda g: g.pid)
 
 
@@ -89,10 +105,15 @@ class StatusBoard:
     """Keeps this process's status file up to date with its gateway's servers, and takes retry requests.
 
     ``upstreams``: the gateway's servers by name (each with ``status``, ``failure``, ``last_stderr``,
-    ``failed_starts``, ``gave_up``, ``retry()`` and an ``on_status`` hook this sets)."""
+    ``failed_starts``, ``gave_up``, ``retry()`` and an ``on_status`` hook this sets); ``catalog``: the federated
+    catalog (``version``, ``tools()``), None to leave it out."""
 
-    def __init__(self, upstreams: Mapping[str, Any], config: str | None, directory: Path | None = None) -> None:
+    def __init__(self, upstreams: Mapping[str, Any], config: str | None, directory: Path | None = None, *,
+                 catalog: Any = None) -> None:
         self._upstreams = upstreams
+        self._catalog = catalog
+        self._seen: tuple[Any, ...] = ()
+        self._watcher: asyncio.Task[None] | None = None
         self._config = config
         self._directory = directory or running_dir()
         self._pid = os.getpid()
@@ -106,6 +127,7 @@ class StatusBoard:
             upstream.on_status = self._dirty.set
         self._dirty.set()
         self._writer = asyncio.create_task(self._write_when_changed())
+        self._watcher = asyncio.create_task(self._watch())
         try:
             asyncio.get_running_loop().add_signal_handler(RETRY_SIGNAL, self._retry_requested)
         except (NotImplementedError, RuntimeError):  # no signals here (not the main thread): no retries by request
@@ -120,22 +142,46 @@ class StatusBoard:
             signal.signal(RETRY_SIGNAL, signal.SIG_IGN)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
-        if self._writer is not None:
-            self._writer.cancel()
-            await asyncio.gather(self._writer, return_exceptions=True)
+        for task in (self._writer, self._watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.to_thread(_remove_quietly, self._path)
 
     def record(self) -> dict[str, Any]:
-        return {"pid": self._pid, "pid_started": process_started(self._pid), "config": self._config,
-                "servers": {name: describe(upstream) for name, upstream in self._upstreams.items()}}
+        return whole(self.snapshot())
+
+    def snapshot(self) -> dict[str, Any]:
+        """The record, with the catalog's tools as the catalog holds them now (a list it replaces, never changes):
+        turned into entries by ``whole``, on the writer's thread, not on the event loop."""
+        record: dict[str, Any] = {"pid": self._pid, "pid_started": process_started(self._pid), "config": self._config,
+                                  "servers": {name: describe(upstream) for name, upstream in self._upstreams.items()}}
+        if self._catalog is not None:
+            record["catalog"] = self._catalog.tools()
+        return record
+
+    def _fingerprint(self) -> tuple[Any, ...]:
+        """What changes without a change of state: the catalog's version and each server's latest stderr line."""
+        version = getattr(self._catalog, "version", None)
+        return (version, *(_last_stderr(upstream) for upstream in self._upstreams.values()))
+
+    async def _watch(self) -> None:
+        # Polled, not hooked: a server's stderr and the catalog change on paths that must stay free of this.
+        while not self._closed:
+            await asyncio.sleep(WATCH_SECONDS)
+            seen = self._fingerprint()
+            if seen != self._seen:
+                self._seen = seen
+                self._dirty.set()
 
     async def _write_when_changed(self) -> None:
         while not self._closed:
             await self._dirty.wait()
             self._dirty.clear()  # a change while this one is written is written next
             try:
-                await asyncio.to_thread(self._write, orjson.dumps(self.record(), option=orjson.OPT_INDENT_2))
-            except OSError as exc:
+                snapshot = self.snapshot()
+                await asyncio.to_thread(lambda: self._write(orjson.dumps(whole(snapshot), option=orjson.OPT_INDENT_2)))
+            except (OSError, TypeError) as exc:  # TypeError: a definition JSON cannot hold (never from a server's JSON)
                 log.debug("the status file %s could not be written: %s", self._path, exc)
 
     def _write(self, data: bytes) -> None:
@@ -184,8 +230,52 @@ def describe(upstream: Any) -> dict[str, Any]:
         entry["failed_starts"] = upstream.failed_starts
         entry["retried"] = "never: fix its configuration, then restart Bastion" if upstream.stopped else (
             "when asked" if upstream.gave_up else "after a backoff")
-        entry["stderr"] = list(upstream.last_stderr[-STDERR_QUOTED:])
+        entry["stderr"] = _kept(upstream.last_stderr[-STDERR_QUOTED:])
+    else:
+        entry["stderr"] = _kept(getattr(upstream, "stderr_tail", None) or [])
+    entry["era"] = getattr(upstream, "protocol_version", None)
+    entry["restarts"] = max(0, getattr(upstream, "starts", 0) - 1)
+    entry["sandbox"] = sandbox_of(getattr(upstream, "config", None))
     return entry
+
+
+def _kept(lines: list[str]) -> list[str]:
+    return [line[:LINE_KEPT] for line in lines[-STDERR_KEPT:]]
+
+
+def _last_stderr(upstream: Any) -> Any:
+    tail = getattr(upstream, "stderr_tail", None) or upstream.last_stderr
+    return (len(tail), tail[-1]) if tail else None
+
+
+def sandbox_of(config: Any) -> str | None:
+    """How a server runs, in a few words: remote (no process), unsandboxed, or its sandbox profile and egress."""
+    if config is None:
+        return None
+    if getattr(config, "url", None) is not None:
+        return "remote: no local process"
+    sandbox = getattr(config, "sandbox", None)
+    if sandbox is None or sandbox.profile == "none":
+        return "none"
+    network = f"egress to {', '.join(sandbox.network)}" if sandbox.network else "network off"
+    return f"{sandbox.profile}, {network}"
+
+
+def whole(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The status file's record from a ``snapshot``: its catalog's tools as entries, at most ``CATALOG_KEPT``."""
+    tools = snapshot.get("catalog")
+    if tools is None:
+        return snapshot
+    return {**snapshot, "catalog": [catalog_entry(tool) for tool in list(tools)[:CATALOG_KEPT]],
+            "catalog_cut": len(tools) > CATALOG_KEPT}
+
+
+def catalog_entry(tool: Any) -> dict[str, Any]:
+    """One tool of the catalog in the status file; its definition left out past ``DEFINITION_KEPT`` bytes."""
+    definition = dict(tool.definition)
+    size = len(orjson.dumps(definition))
+    return {"server": tool.server, "name": tool.original_name, "exposed": tool.exposed_name,
+            "definition": definition if size <= DEFINITION_KEPT else None, "bytes": size}
 
 
 def status_lines(gateways: list[RunningGateway], named: Callable[[str], bool] = lambda _: True) -> list[str]:

@@ -170,7 +170,8 @@ async def test_while_a_server_is_starting_clients_get_search_tools_and_are_told_
     assert through.is_error and "gated: starting" in "".join(c.text for c in through.content)
     assert "server 'gated' is not available: starting; it joins when it is ready" in refused.value.error.message
     assert "Unknown tool" not in refused.value.error.message
-    assert starting == {"status": "starting", "reason": "starting"}
+    assert starting == {"status": "starting", "reason": "starting", "era": None, "restarts": 0,
+                        "sandbox": "default, network off", "stderr": []}
     assert "servers still starting" in stderr and "server gated is not ready yet (starting)" in stderr
 
     assert joined.content[0].text == "hello from gated"

@@ -112,7 +112,7 @@ async def with_status_board(gateway: Any, serving) -> Any:
     from bastion.running import StatusBoard
 
     source = gateway.config.source
-    board = StatusBoard(gateway.upstreams, str(source) if source is not None else None)
+    board = StatusBoard(gateway.upstreams, str(source) if source is not None else None, catalog=gateway.catalog)
     board.start()
     try:
         return await serving

@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from bastion.cli.conventions import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from bastion.pin_review import BY_NAME as _BY_NAME
+from bastion.pin_review import identities as _identities
+from bastion.pin_review import rows as _rows
+from bastion.pin_review import way_out as _way_out
+from bastion.pin_review import scan_modes
+from bastion.pin_review import where as _where
 
 
 def register(subparsers: Any) -> None:
@@ -60,9 +66,6 @@ def _store(args: argparse.Namespace) -> Any:
     return PinStore((config.guardrails or GuardrailsConfig()).pins_path())
 
 
-_BY_NAME = ""  # --of "-": the pins kept by name alone
-
-
 def _scope(book: Any, server: str | None, args: argparse.Namespace) -> str | None:
     """The configuration file the command is about (``_BY_NAME`` for pins by name alone), None for every one:
     ``--of`` strictly; ``--config`` when that file has pins of ``server`` (else it only names the pins file)."""
@@ -95,149 +98,6 @@ def _target(text: str | None) -> tuple[str | None, str | None]:
         return None, None
     server, _, name = text.partition("/")
     return server, (name or None)
-
-
-def _identities(book: Any, name: str | None, of: str | None) -> list[str]:
-    """The pinned identities a command means: those of server ``name`` (every one when None) of configuration
-    ``of`` (every one when None)."""
-    from bastion.guardrails.pin_book import split_id
-
-    chosen = []
-    for server in book.servers():
-        configuration, own = split_id(server)
-        if (name is None or own == name) and (of is None or (configuration or _BY_NAME) == of):
-            chosen.append(server)
-    return chosen
-
-
-def _where(server: str) -> str:
-    """Which configuration pinned ``server``, in words."""
-    from bastion.guardrails.pin_book import split_id
-
-    configuration = split_id(server)[0]
-    return configuration or "no configuration file (pinned by server name alone)"
-
-
-def _rows(book: Any, servers: list[str], name: str | None, *, withheld_only: bool,
-          modes: Any = None) -> list[dict[str, Any]]:
-    """One row per pinned definition of ``servers`` (``name``'s only, when given) with its status and every reason
-    it is withheld (``modes``: the metadata scan's switch of an identity, to find what the scan withholds);
-    ``withheld_only``: the withheld ones alone."""
-    from bastion.guardrails.pin_book import SINGULAR, judge, split_id
-
-    rows = []
-    for (s, kind, key), record in sorted(book.records.items()):
-        if s not in servers or (name is not None and key != name):
-            continue
-        configuration, server_name = split_id(s)
-        row: dict[str, Any] = {"server": server_name, "configuration": configuration, "kind": SINGULAR[kind],
-                               "name": key, "pinned_at": record.pinned_at}
-        reasons = _held_by_entry(book, s, kind) + _content_reasons(record, kind, modes and modes(s))
-        if record.offered is None:
-            if not (withheld_only and not reasons):
-                rows.append({**row, "status": "withheld" if reasons else "pinned", "reasons": reasons,
-                             "pinned": record.pinned, "offered": None})
-            continue
-        verdict = judge(book, s, kind, key, record.offered)
-        rows.append({**row, "status": "renamed" if verdict.status == "renamed" else "changed",
-                     "offered_at": record.offered_at, "matches": record.matches,
-                     "changes": [c.summary for c in verdict.changes], "reasons": [_change_reason(kind, verdict),
-                                                                                  *reasons],
-                     "pinned": record.pinned if record.pinned is not None else _source(book, s, kind, record.matches),
-                     "offered": record.offered})
-    return rows
-
-
-def _change_reason(kind: str, verdict: Any) -> dict[str, str]:
-    """The reason a changed definition (or entry, or a rename) is withheld, with its changes."""
-    from bastion.guardrails.pin_book import ENTRY_KIND, RENAMED
-    from bastion.guardrails.pin_diff import summary
-
-    if kind == ENTRY_KIND:
-        reason, what = "changed-configuration", "configuration entry changed"
-    elif verdict.status == RENAMED:
-        reason, what = "renamed-definition", "a new name for a known definition"
-    else:
-        reason, what = "changed-definition", "definition changed"
-    return {"reason": reason, "text": f"{what}: {summary(list(verdict.changes))}"}
-
-
-def _held_by_entry(book: Any, server: str, kind: str) -> list[dict[str, str]]:
-    """The reason every definition of ``server`` is withheld while its configuration entry's change is."""
-    from bastion.guardrails.pin_book import ENTRY_KEY, ENTRY_KIND, judge
-    from bastion.guardrails.pin_diff import summary
-
-    entry = book.get(server, ENTRY_KIND, ENTRY_KEY)
-    if kind == ENTRY_KIND or entry is None or entry.offered is None or entry.pinned is None:
-        return []
-    changes = judge(book, server, ENTRY_KIND, ENTRY_KEY, entry.offered).changes
-    return [{"reason": "changed-configuration",
-             "text": f"the server's configuration entry changed since it was pinned: {summary(list(changes))}; "
-                     "everything the server offers is withheld with it"}]
-
-
-def _content_reasons(record: Any, kind: str, mode: str | None) -> list[dict[str, str]]:
-    """The metadata scan's finding in what the server offers now (its changed definition, else the pinned one)."""
-    from bastion.guardrails.injection import definition_finding
-    from bastion.guardrails.pin_book import ENTRY_KIND
-
-    current = record.offered if record.offered is not None else record.pinned
-    if kind == ENTRY_KIND or mode is None or current is None:
-        return []
-    found = definition_finding(current, mode)
-    return [] if found is None else [{"reason": "injection",
-                                      "text": f"the metadata scan finds {found} in its definition"}]
-
-
-_WAY_OUT = ("accepting does not lift a content finding: review the server, then set metadata_injection = \"off\" "
-            "(or \"sanitize\", which serves it with the instructions cut out) for it under "
-            "[guardrails.servers.{server}] of {where}")
-
-
-def _quietly(read: Any) -> Any:
-    """``read()`` without the notes reading a configuration logs (what each server reads and writes): the command
-    reads it for its guardrail switches only."""
-    chatty = logging.getLogger("bastion.clients")
-    level = chatty.level
-    chatty.setLevel(logging.WARNING)
-    try:
-        return read()
-    finally:
-        chatty.setLevel(level)
-
-
-def _modes(servers: list[str]) -> Any:
-    """The metadata scan's switch for each identity, read from its configuration file (the defaults when it has
-    none or it cannot be read: said once)."""
-    from bastion.config import ConfigError, load_config
-    from bastion.guardrails.config import GuardrailsConfig
-    from bastion.guardrails.pin_book import split_id
-
-    configs: dict[str | None, Any] = {}
-
-    def mode(server: str) -> str:
-        configuration, name = split_id(server)
-        if configuration not in configs:
-            guardrails = GuardrailsConfig()
-            if configuration is not None and Path(configuration).exists():
-                try:
-                    loaded = _quietly(lambda: load_config(Path(configuration), log_notes=False))
-                    guardrails = loaded.guardrails
-                except ConfigError as exc:
-                    _say(f"{configuration}: cannot be read ({str(exc).splitlines()[0]}); its servers are scanned "
-                         "with the default guardrails")
-            configs[configuration] = guardrails
-        guardrails = configs[configuration]
-        return "off" if guardrails is None else guardrails.switch("metadata_injection", name)
-
-    return mode
-
-
-def _source(book: Any, server: str, kind: str, key: str | None) -> Any:
-    record = book.get(server, kind, key) if key is not None else None
-    if record is None:
-        return None
-    return record.pinned if record.pinned is not None else record.offered
 
 
 def _unknown(book: Any, server: str | None, name: str | None, of: str | None) -> str | None:
@@ -322,7 +182,7 @@ def _diff(args: argparse.Namespace) -> int:
         if book is None:
             return EXIT_USAGE
         servers = _identities(book, server, of)
-        rows = _rows(book, servers, name, withheld_only=True, modes=_modes(servers))
+        rows = _rows(book, servers, name, withheld_only=True, modes=scan_modes(servers, _say))
         if args.json:
             print(json.dumps(rows, indent=2, ensure_ascii=False))
             return EXIT_OK
@@ -354,22 +214,6 @@ def _diff(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return _run(args, command)
-
-
-def _way_out(book: Any, row: dict[str, Any]) -> str:
-    """What lifts each reason of ``row``: accepting the changes (the whole server for a changed entry), and for a
-    content finding, the metadata scan's switch of the server."""
-    option = "" if len(_identities(book, row["server"], None)) < 2 else \
-        f" --of {row['configuration'] or '-'}"
-    reasons = {reason["reason"] for reason in row["reasons"]}
-    ways = []
-    if reasons & {"changed-configuration"}:
-        ways.append(f"accept it with: bastion pins accept {row['server']}{option}")
-    elif reasons & {"changed-definition", "renamed-definition"}:
-        ways.append(f"accept it with: bastion pins accept {row['server']}/{row['name']}{option}")
-    if "injection" in reasons:
-        ways.append(_WAY_OUT.format(server=row["server"], where=row["configuration"] or "its configuration"))
-    return "; ".join(ways)
 
 
 def _accept(args: argparse.Namespace) -> int:
@@ -407,7 +251,7 @@ def _accept(args: argparse.Namespace) -> int:
 
 def _still_withheld(book: Any, servers: list[str], name: str | None) -> None:
     """Say what of ``servers`` stays withheld, and why, after an acceptance."""
-    rows = _rows(book, servers, name, withheld_only=True, modes=_modes(servers))
+    rows = _rows(book, servers, name, withheld_only=True, modes=scan_modes(servers, _say))
     for row in rows:
         why = "; ".join(reason["text"] for reason in row["reasons"])
         _say(f"{row['kind']} {row['name']!r} of server {row['server']!r} stays withheld: {why} "

@@ -69,7 +69,10 @@ class Request:
     @staticmethod
     def of(scope: Scope, headers: Mapping[str, str], peer: str) -> "Request":
         path = scope["path"][len(PREFIX):].strip("/")
-        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), max_num_fields=MAX_FIELDS))
+        try:
+            query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), max_num_fields=MAX_FIELDS))
+        except ValueError:
+            raise Refused(400, f"the query has more than {MAX_FIELDS} fields") from None
         return Request(scope["method"], path, query, headers, peer, scope.get("scheme") == "https",
                        scope.get("bastion.peer_certificate"))
 
@@ -90,10 +93,9 @@ class ConsoleApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, *, headers: Mapping[str, str],
                        peer: str) -> None:
-        request = Request.of(scope, headers, peer)
         session = self.sessions.find(cookie_of(headers.get("cookie")))
         try:
-            await self._route(request, session, receive, send)
+            await self._route(Request.of(scope, headers, peer), session, receive, send)
         except Refused as refusal:
             await self._refusal_page(send, refusal, session)
 

@@ -1,32 +1,48 @@
 """What the console shows and acts on, read where the CLI reads it: the running gateways' status files
-(``bastion/running.py``), the pins file, the approval queue and the audit trail, all on disk. ``bastion console``
-is a process apart from the gateways a client started, so the disk is all it has; ``bastion serve --http`` reads
-the same files (its own status file only), so both deployments show one thing one way. Every read blocks on the
-disk: pages call these on a worker thread (``asyncio.to_thread``)."""
+(``bastion/running.py``), the pins file (``bastion/guardrails/pin_store.py``, what ``bastion pins`` reads), the
+approval queue and the audit trail, all on disk. ``bastion console`` is a process apart from the gateways a client
+started, so the disk is all it has; ``bastion serve --http`` reads the same files (its own status file, its own
+configuration's pins), so both deployments show one thing one way. Every method blocks on the disk: pages call them
+on a worker thread (``asyncio.to_thread``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bastion.console.live import LiveWindow
+from bastion.guardrails.config import GuardrailsConfig
+from bastion.guardrails.pin_book import PinBook, server_id
+from bastion.guardrails.pin_store import PinStore
+from bastion.pin_review import identities, rows, scan_modes
 from bastion.policy.approval import ApprovalQueue
-from bastion.policy.config import ApprovalConfig
+from bastion.policy.config import ApprovalConfig, PolicyConfig
 from bastion.running import RunningGateway, ask_retry, running_gateways
+
+log = logging.getLogger("bastion.console")
+
+TOKEN_CACHE_KEPT = 20_000
 
 
 @dataclass(frozen=True)
 class ConsoleData:
     """``config``: the configuration the console was started with (its pins file, approval queue, audit trail);
-    ``only_pid``: the one gateway to show (``bastion serve --http`` shows itself), None for every running one."""
+    ``only_pid``: the one gateway to show (``bastion serve --http`` shows itself), None for every running one;
+    ``pins_of``: the configuration file whose pins to show (None: every configuration's)."""
 
-    config: Any  # bastion.config.GatewayConfig
+    config: Any  # bastion.config.GatewayConfig, or None for the defaults
     only_pid: int | None = None
     running_dir: Path | None = None
+    pins_of: str | None = None
+    tokens: "TokenCosts" = field(default_factory=lambda: TokenCosts(), compare=False, repr=False)
     # The live figures over the gateway's own metrics: only the console inside the gateway (serve --http) has them.
     live: LiveWindow | None = None
 
+    # ------------------------------------------------------------------------------------------ servers
     def gateways(self) -> list[RunningGateway]:
         found = running_gateways(self.running_dir)
         return [g for g in found if self.only_pid is None or g.pid == self.only_pid]
@@ -42,20 +58,55 @@ class ConsoleData:
                 asked.append(gateway.pid)
         return asked
 
+    # ------------------------------------------------------------------------------------------ pins
+    def pins(self) -> PinStore:
+        guardrails = getattr(self.config, "guardrails", None) or GuardrailsConfig()
+        return PinStore(guardrails.pins_path())
+
+    def pin_book(self) -> PinBook:
+        return self.pins().load()[0]
+
+    def withheld(self) -> tuple[PinBook, list[dict[str, Any]]]:
+        """Every withheld definition (of ``pins_of``'s servers, or of every configuration) with every reason, as
+        ``bastion pins diff --json`` gives them."""
+        book = self.pin_book()
+        servers = identities(book, None, self.pins_of)
+        return book, rows(book, servers, None, withheld_only=True,
+                          modes=scan_modes(servers, lambda said: log.warning("console: %s", said)))
+
+    def latest_reviews(self) -> dict[tuple[str | None, str, str, str], dict[str, Any]]:
+        """The latest review of each definition, by (configuration, server, kind, key)."""
+        latest = {}
+        for review in self.pins().reviews():
+            latest[(review.get("configuration"), review.get("server"), review.get("kind"), review.get("key"))] = review
+        return latest
+
+    @staticmethod
+    def pin_identity(configuration: str | None, server: str) -> str:
+        return server_id(server, configuration)
+
+    def token_cost(self, definition: Any) -> int | None:
+        return self.tokens.of(definition)
+
+    # ------------------------------------------------------------------------------------------ approvals, audit, live
+    def _policy(self) -> Any:
+        """The configuration's policy settings (the defaults without a configuration; None when the policy is off)."""
+        return self.config.policy if self.config is not None else PolicyConfig()
+
     def approval_queue(self) -> ApprovalQueue:
         """The queue the gateways of this configuration wait on (``policy.approval.queue_dir``)."""
-        policy = self.config.policy
+        policy = self._policy()
         return ApprovalQueue(policy.approval.queue_dir if policy is not None else ApprovalConfig().queue_dir)
 
     def audit_trail(self) -> str | None:
         """The trail this configuration writes (``policy.audit.path``), None when it writes none."""
-        policy = self.config.policy
+        policy = self._policy()
         return policy.audit.path if policy is not None and policy.audit.enabled else None
 
     def audit_key(self) -> bytes | None:
         """The trail's HMAC key (``policy.audit.key_file``), None without one or when it cannot be read: the trail
         then reads as altered, which is what the page says of it (a key is never made here)."""
-        policy = self.config.policy
+        policy = self._policy()
         path = policy.audit.key_file if policy is not None else None
         if not path:
             return None
@@ -66,3 +117,33 @@ class ConsoleData:
 
     def live_window(self) -> LiveWindow | None:
         return self.live
+
+
+class TokenCosts:
+    """A tool definition's cost in prompt tokens: o200k_base over its canonical JSON, as ``bastion tools stats``
+    counts (``bastion/search/economics.py``); remembered by the definition's hash, at most ``TOKEN_CACHE_KEPT``."""
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, int] = {}
+        self._lock = threading.Lock()
+        self._count: Any = None
+
+    def of(self, definition: Any) -> int | None:
+        """None when there is no definition to count (the status file left a huge one out)."""
+        if not isinstance(definition, dict):
+            return None
+        from bastion.search.auto import tiktoken_counter
+        from bastion.search.canonical import canonical_tool_bytes
+
+        blob = canonical_tool_bytes(definition)
+        key = hashlib.sha256(blob).digest()
+        with self._lock:
+            known = self._known.get(key)
+            if known is None:
+                if self._count is None:
+                    self._count = tiktoken_counter()
+                known = self._count(blob)
+                if len(self._known) >= TOKEN_CACHE_KEPT:
+                    self._known.clear()
+                self._known[key] = known
+        return known

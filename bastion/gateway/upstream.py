@@ -101,6 +101,7 @@ class Upstream:
         # Its starts failed MAX_FAILED_STARTS times in a row: not started again until ``retry()``.
         self.gave_up = False
         self.failed_starts = 0  # the starts in a row that ended before the server was ready
+        self.starts = 0  # every start since Bastion began (the first, and each restart)
         self.last_stderr: list[str] = []  # the last stderr lines of the latest start that failed
         # Since Bastion started, for the metrics: starts after the first, runs that ended after the server was ready
         # (a crash, an exit, a dropped connection), and those the sandbox's memory limit ended.
@@ -258,6 +259,7 @@ class Upstream:
                 self.restarts += 1
             first = False
             self._started_at = time.monotonic()
+            self.starts += 1
             refused = False
             self.on_status()
             try:

@@ -93,9 +93,22 @@ class PinStore:
                 self._review(at, by, accepted)
         return accepted, book
 
+    def reject(self, server: str, key: str | None, by: str) -> list[Address]:
+        """Record that ``by`` refused what ``server`` offers instead of its pins (``key`` only, when given): the pins
+        stay as they are, so the change stays withheld; the refusal is a review with ``"decision": "rejected"``."""
+        at = now()
+        with self._locked():
+            book, _ = self.load()
+            refused = [(s, kind, k) for (s, kind, k), record in sorted(book.records.items())
+                       if s == server and (key is None or k == key) and record.offered is not None]
+            if refused:
+                self._review(at, by, refused, decision="rejected")
+        return refused
+
     def reviews(self) -> list[dict[str, str]]:
-        """Every accepted definition, oldest first: ``{"at", "by", "server", "configuration", "kind", "key"}`` (the
-        configuration file of the server, None for one pinned by name alone)."""
+        """Every accepted (or rejected) definition, oldest first: ``{"at", "by", "server", "configuration", "kind",
+        "key"}`` (the configuration file of the server, None for one pinned by name alone), and ``"decision":
+        "rejected"`` for a refusal."""
         try:
             text = self.reviews_path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -104,9 +117,11 @@ class PinStore:
             raise PinStoreError(f"{self.reviews_path}: cannot read the pins reviews: {exc.strerror}") from None
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def _review(self, at: str, by: str, accepted: list[Address]) -> None:
+    def _review(self, at: str, by: str, accepted: list[Address], decision: str | None = None) -> None:
+        said = {} if decision is None else {"decision": decision}
         lines = "".join(json.dumps({"at": at, "by": by, "server": split_id(s)[1], "configuration": split_id(s)[0],
-                                    "kind": kind, "key": key}, ensure_ascii=False) + "\n" for s, kind, key in accepted)
+                                    "kind": kind, "key": key, **said}, ensure_ascii=False) + "\n"
+                        for s, kind, key in accepted)
         try:
             fd = os.open(self.reviews_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             with os.fdopen(fd, "a", encoding="utf-8") as f:

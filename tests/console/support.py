@@ -19,8 +19,15 @@ from tests.support import BASTION, FIXTURES, READY_TIMEOUT
 
 GATE_SERVER = str(FIXTURES / "start_gate_server.py")
 
-# Everyone may list and call (the console's own rules are the default policy's: group admins operate)
+# Everyone may list and call, with no approvals asked; group admins operate the gateway (the default policy's rule)
 POLICY = """
+@id("default-admins-operate")
+permit (
+  principal in Bastion::Group::"admins",
+  action in [Bastion::Action::"view_metrics", Bastion::Action::"view_console", Bastion::Action::"administer"],
+  resource
+);
+
 @id("anyone-lists")
 permit (principal, action in [Bastion::Action::"list_tools", Bastion::Action::"list_resources",
                               Bastion::Action::"list_prompts"], resource);
@@ -49,7 +56,7 @@ def gate_server(name: str, flags: Path | None = None, **env: str) -> dict[str, A
 def console_config(tmp: Path, servers: dict[str, Any], **extra: Any) -> Path:
     (tmp / "team.cedar").write_text(POLICY)
     config = {"servers": servers, "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
-              "policy": {"policy_files": ["team.cedar"], "include_default_policy": True,
+              "policy": {"policy_files": ["team.cedar"],
                          "audit": {"path": str(tmp / "audit.jsonl")}},
               "auth": {"api_keys": "keys.json"}, **extra}
     path = tmp / "bastion.json"

@@ -136,3 +136,46 @@ async def test_an_act_needs_the_sessions_csrf_token_and_the_consoles_own_origin(
     # Origin guard), and the retry, done.
     outcomes = sorted(r["outcome"] for r in admin_records(tmp_path) if r["what"]["method"] == "admin/retry_server")
     assert outcomes == [0, 403, 403, 403, 403], outcomes
+
+
+async def test_careless_and_hostile_requests_are_answered_with_clear_refusals_and_change_nothing(tmp_path,
+                                                                                              state) -> None:
+    served, admin, _ = serve_with_keys(tmp_path, {"steady": gate_server("steady")})
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                base = browser.base
+                assert (await browser.login(admin)).status_code == 303
+                await _until(browser, "/admin/servers", lambda text: "status-ready" in text)
+                said = {
+                    "traversal": await client.get(base + "/admin/static/../../../etc/passwd"),
+                    "unknown page": await client.get(base + "/admin/%3Cscript%3E"),
+                    "unknown act": await browser.act("drop_tables", {}),
+                    "GET logout": await client.get(base + "/admin/logout"),
+                    "JSON form": await client.post(base + "/admin/act/retry_server", json={"server": "steady"},
+                                                   headers={"origin": base}),
+                    "huge form": await browser.act("retry_server", {"server": "x" * (70 * 1024)}),
+                    "many fields": await client.get(base + "/admin/servers?" + "&".join(f"f{i}=1" for i in range(100))),
+                    "long field": await browser.act("retry_server", {"server": "s" * 600}),
+                    "not failed": await browser.act("retry_server", {"server": "steady\nsteady"}),
+                    "cross-site login": await Browser(httpx2.AsyncClient(), base).post(
+                        "/admin/login", {"credential": admin}, {"sec-fetch-site": "cross-site"}),
+                    "garbage cookie": await httpx2.AsyncClient().get(
+                        base + "/admin/servers", headers={"cookie": "bastion_console=" + "A" * 4000}),
+                }
+                after = await browser.page("/admin/servers")
+    finally:
+        stop(served)
+    status = {what: response.status_code for what, response in said.items()}
+    assert status == {"traversal": 404, "unknown page": 404, "unknown act": 404, "GET logout": 405,
+                      "JSON form": 415, "huge form": 413, "many fields": 400, "long field": 303, "not failed": 303,
+                      "cross-site login": 403, "garbage cookie": 303}, status
+    assert "&lt;script&gt;" in said["unknown page"].text and "<script>" not in said["unknown page"].text
+    assert "set-cookie" not in said["cross-site login"].headers
+    # the acts that reached their code were said and audited as not done; the gateway is as it was
+    assert "status-ready" in after.text
+    outcomes = sorted(r["outcome"] for r in admin_records(tmp_path) if r["what"]["method"] == "admin/retry_server")
+    # the long field, the server that had not failed, the huge form, the JSON body
+    assert outcomes == [400, 404, 413, 415], outcomes
+    assert "internal error" not in served.log() and "Traceback" not in served.log()

@@ -3,10 +3,10 @@ here once."""
 
 from __future__ import annotations
 
-from bastion.console.pages import approvals, audit, interventions, live, servers
+from bastion.console.pages import approvals, audit, catalog, changes, interventions, live, servers
 from bastion.console.registry import Console
 
-MODULES = (servers, approvals, audit, interventions, live)
+MODULES = (servers, catalog, changes, approvals, audit, interventions, live)
 
 
 def console() -> Console:

@@ -78,8 +78,11 @@ class HttpFrontend:
         self.modern = ModernPosts(gateway, self.admission, self.answers, self.quotas, self._place_for)
         self._reaper: asyncio.Task[None] | None = None
         # The web console at /admin: the same authenticator logs a browser in, Cedar decides, the policy audits.
+        source = gateway.config.source
         self.console = ConsoleApp(console(), CredentialLogin(self.auth.authenticator), gateway.policy,
-                                  ConsoleData(gateway.config, only_pid=os.getpid(), live=_live_window(gateway)))
+                                  ConsoleData(gateway.config, only_pid=os.getpid(),
+                                              pins_of=str(source) if source is not None else "",
+                                              live=_live_window(gateway)))
         if gateway.metrics is not None:
             gateway.metrics.sessions["streamable_http"] = lambda: len(self.sessions)
             gateway.metrics.sessions["sse"] = lambda: len(self.sse_sessions)
