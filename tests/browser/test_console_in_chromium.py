@@ -75,6 +75,25 @@ async def reload_until(page, selector: str, text: str, timeout_ms: int = SETTLE_
             await page.reload()
 
 
+async def agent_lists(gateway: Gateway) -> set[str]:
+    async with gateway.agent() as agent:
+        return {tool.name for tool in (await agent.list_tools()).tools}
+
+
+async def until(read, holds, timeout_s: float = SETTLE_MS / 1000, every_s: float = 0.2):
+    """Read again (``read``, a coroutine function) until ``holds`` says yes of what it read; for a change that no
+    event announces to the reader, such as a server's restart to a client."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        seen = await read()
+        if holds(seen):
+            return seen
+        if loop.time() > deadline:
+            raise AssertionError(f"still {seen!r} after {timeout_s} s")
+        await asyncio.sleep(every_s)
+
+
 async def screenshot(page, name: str) -> None:
     if SCREENSHOTS:
         Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
@@ -118,6 +137,31 @@ async def test_a_server_goes_down_and_comes_back(operator, gateway: Gateway) -> 
     async with gateway.agent() as agent:
         result = await agent.call_tool(f"{SERVER}__lookup", {"term": "back"})
         assert result.content[0].text == "found back"
+
+
+async def test_accept_a_changed_tool_and_the_agent_sees_it_again(operator, gateway: Gateway) -> None:
+    from playwright.async_api import expect
+
+    page = operator
+    async with gateway.agent() as agent:
+        assert f"{SERVER}__lookup" in {tool.name for tool in (await agent.list_tools()).tools}  # pinned as it is
+    gateway.stage_file.write_text("1")  # the next start offers a lookup that asks for a scope, described anew
+    gateway.kill_server()
+    # The gateway compares the restarted server's tools with their pins when a client lists them; nothing tells a
+    # client the restart happened, so the agent lists until the changed tool is withheld from it.
+    await until(lambda: agent_lists(gateway), lambda names: f"{SERVER}__lookup" not in names)
+    await page.goto(f"{gateway.admin}/changes")
+    change = page.locator("section.change", has_text=f"{SERVER}/lookup")
+    await expect(change.locator(".reasons")).to_contain_text("changed-definition")
+    await expect(change.locator("pre.diff")).to_contain_text("Looks a term up in a scope you must name")
+    await screenshot(page, "changes")
+    await change.locator("form button", has_text="Accept").click()
+    await expect(page.locator(".notice.ok")).to_contain_text("accepted 1 change")
+    async with gateway.agent() as agent:
+        tools = {tool.name: tool for tool in (await agent.list_tools()).tools}
+        assert "scope" in tools[f"{SERVER}__lookup"].input_schema["required"]
+        result = await agent.call_tool(f"{SERVER}__lookup", {"term": "x", "scope": "docs"})
+        assert result.content[0].text == "found x in docs"
 
 
 async def test_approve_a_waiting_call_from_the_page(operator, gateway: Gateway) -> None:
