@@ -248,7 +248,7 @@ async def test_live_figures_and_guardrail_interventions(operator, gateway: Gatew
     before = int(await total.text_content())
     async with gateway.agent() as agent:
         for _ in range(5):
-            await agent.call_tool(f"{SERVER}__lookup", {"term": "x"})
+            await agent.call_tool(f"{SERVER}__settings", {})
         leaked = await agent.call_tool(f"{SERVER}__settings", {})
     assert AWS_KEY not in leaked.content[0].text  # the secrets guardrail redacted the server's answer
     # The page's own script reads the figures again (no reload here): the count goes past the calls just made.
@@ -276,7 +276,7 @@ async def test_the_audit_view_shows_the_acts_and_a_broken_chain(operator, gatewa
     await expect(records.filter(has_text="admin/deny").first).to_be_visible()
     await screenshot(page, "audit")
     await page.goto(f"{gateway.admin}/audit?identity=agent-7&outcome=refused")
-    await expect(records.first).to_contain_text("kb__remove")
+    await expect(records.filter(has_text="kb__remove").first).to_contain_text("denied in the approval queue")
     await expect(records.filter(has_text="olga")).to_have_count(0)
 
     # An editor changes who made a call, in place, while the gateway goes on writing the trail.
