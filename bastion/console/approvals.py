@@ -23,6 +23,7 @@ from bastion.policy.approval import ApprovalQueue, QueuedApproval
 # ``secret_redactor``; tests and callers without a scanner may pass any such function.
 Redactor = Callable[[Any], Any]
 MAX_ID = 64  # the queue's ids are 12 hex digits; a longer one is refused before it names a file
+MAX_SHOWN = 20_000  # characters of a call's arguments the page shows; the rest is said to be cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +54,13 @@ def shown_arguments(arguments: Any, redact: Redactor | None) -> str:
     if redact is not None:
         shown = redact(shown)
     try:
-        return orjson.dumps(shown, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+        text = orjson.dumps(shown, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
     except TypeError:
         return "(not shown: the recorded arguments are not JSON)"
+    if len(text) > MAX_SHOWN:
+        # A page of megabytes helps no one decide; `bastion approvals --json` prints them whole.
+        return text[:MAX_SHOWN] + f"\n... ({len(text) - MAX_SHOWN} more characters: bastion approvals --json shows all)"
+    return text
 
 
 def waiting_call(item: QueuedApproval, redact: Redactor | None) -> WaitingCall:

@@ -19,6 +19,7 @@ import orjson
 
 from bastion.policy.audit import TrailReport, verify_paths
 from bastion.policy.audit_chains import trail_chains
+from bastion.policy.interceptors import POLICY_DENIED
 
 MAX_RESULTS = 500  # records a page lists at most; a search asks for fewer by default
 DEFAULT_RESULTS = 100
@@ -26,6 +27,9 @@ MAX_FIELD = 200  # characters of a search field: more is not a search, it is a p
 OUTCOMES = ("", "ok", "refused", "error", "cancelled", "intervened")
 # Outcomes of a call that ran (or goes on in another round); anything else a call record says is an error.
 _RAN = ("complete", "continued", "input_required")
+# A call refused by the gateway's policy (its JSON-RPC code), and an operator's act refused (the console's HTTP-like
+# status): refusals, not errors.
+_REFUSED = (POLICY_DENIED, 403)
 
 
 class QueryError(ValueError):
@@ -144,7 +148,7 @@ def outcome_of(record: Mapping[str, Any]) -> str:
         return "ok"
     if outcome == "cancelled":
         return outcome
-    return "error"
+    return "refused" if outcome in _REFUSED else "error"
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,11 @@ def test_arguments_json_cannot_hold_are_not_shown() -> None:
     assert shown_arguments(None, None) == "{}"
 
 
+def test_huge_arguments_are_cut_on_the_page() -> None:
+    shown = shown_arguments({"blob": "x" * 1_000_000}, None)
+    assert len(shown) < 20_200 and shown.endswith("more characters: bastion approvals --json shows all)")
+
+
 def test_age_in_words() -> None:
     assert age(100.0, 112.5) == "12 s"
     assert age(0.0, 600.0) == "10 min"

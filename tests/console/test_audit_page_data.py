@@ -50,8 +50,9 @@ def test_everything_newest_first(trail) -> None:
 def test_search_by_each_field(trail) -> None:
     assert {f.record["who"]["name"] for f in search(trail, AuditQuery(identity="BOB")).found} == {"bob"}
     assert _methods(search(trail, AuditQuery(method="delete"))) == ["call:tools/call", "decision:tools/call"]
-    assert [f.record["kind"] for f in search(trail, AuditQuery(outcome="refused")).found] == ["decision"]
-    assert [f.record["outcome"] for f in search(trail, AuditQuery(outcome="error")).found] == [-32001]
+    assert [f.record["kind"] for f in search(trail, AuditQuery(outcome="refused")).found] == ["call", "decision"]
+    assert [f.record.get("outcome") for f in search(trail, AuditQuery(outcome="refused")).found] == [-32001, None]
+    assert search(trail, AuditQuery(outcome="error")).found == []
     assert [f.record["ts"] for f in search(trail, AuditQuery(since=1500, until=2500)).found] == [2000.0, 2000.0]
     assert [f.record["rule"] for f in search(trail, AuditQuery(text="FORBIDDEN")).found] == ["no-delete"]
 
@@ -115,6 +116,8 @@ def test_outcomes_and_summaries() -> None:
     assert outcome_of({"kind": "call", "outcome": "complete"}) == "ok"
     assert outcome_of({"kind": "call", "outcome": 0}) == "ok"  # an operator's act that was done
     assert outcome_of({"kind": "call", "outcome": "cancelled"}) == "cancelled"
+    assert outcome_of({"kind": "call", "outcome": 403}) == "refused"  # an operator's act Cedar refused
+    assert outcome_of({"kind": "call", "outcome": -32603}) == "error"
     assert outcome_of({"kind": "shutdown"}) == "shutdown"
     assert summary({"kind": "decision", "decision": "deny", "rule": "r", "reason": "why"}) == "deny by r: why"
 
