@@ -103,17 +103,12 @@ class ConsoleData:
         policy = self._policy()
         return policy.audit.path if policy is not None and policy.audit.enabled else None
 
-    def audit_key(self) -> bytes | None:
-        """The trail's HMAC key (``policy.audit.key_file``), None without one or when it cannot be read: the trail
-        then reads as altered, which is what the page says of it (a key is never made here)."""
+    def audit_key_file(self) -> str | None:
+        """The file of the trail's HMAC key (``policy.audit.key_file``), None without one: read by the process that
+        verifies the trail (``audit_worker``), which never makes one."""
         policy = self._policy()
         path = policy.audit.key_file if policy is not None else None
-        if not path:
-            return None
-        try:
-            return bytes.fromhex(Path(path).expanduser().read_text().strip())
-        except (OSError, ValueError):
-            return None
+        return str(Path(path).expanduser()) if path else None
 
     def live_window(self) -> LiveWindow | None:
         return self.live

@@ -20,14 +20,15 @@ class InterventionCount:
     count: int
 
 
-def _key(record: dict[str, Any]) -> tuple[str, str, str]:
+def tally(record: dict[str, Any]) -> tuple[str, str, str]:
+    """What an intervention is counted by: guardrail, action and kind found."""
     return (str(record.get("guardrail", "")), str(record.get("action", "")), str(record.get("found", "")))
 
 
 def interventions(trail: str | Path, form: Mapping[str, str]) -> SearchResult:
     """The newest guardrail records matching the page's search fields, and every match counted by guardrail,
     action and kind (reads files: off the event loop); raises QueryError for a field it cannot read."""
-    return search(trail, AuditQuery.from_form(form, kind="guardrail"), count_by=_key)
+    return search(trail, AuditQuery.from_form(form, kind="guardrail"), count_by=tally)
 
 
 def counts(result: SearchResult) -> list[InterventionCount]:

@@ -139,3 +139,22 @@ def test_interventions_counted_and_listed_from_the_trail(tmp_path) -> None:
     mine = interventions(path, {"identity": "alice", "limit": "1"})
     assert [(row.kind, row.count) for row in counts(mine)] == [("email", 1), ("aws-access-key", 1)]  # pii < secrets
     assert len(mine.found) == 1 and mine.more
+
+
+async def test_the_worker_process_answers_as_the_functions_do(tmp_path, trail) -> None:
+    from bastion.console.audit_worker import TrailUnreadable, read
+
+    state, result, error = await read(str(trail), {"identity": "bob"})
+    assert error is None and state == verify_trail(trail)
+    assert [found.record for found in result.found] == [found.record for found in
+                                                        search(trail, AuditQuery(identity="bob")).found]
+    copy = tmp_path / "audit.jsonl"
+    copy.write_bytes(trail.read_bytes().replace(b'"name":"bob"', b'"name":"eve"', 1))
+    state, result, _ = await read(str(copy), {"identity": "eve"})
+    assert not state.intact and [found.broken for found in result.found] == [True]  # only the edited record
+    _, _, error = await read(str(trail), {"limit": "lots"})
+    assert error.startswith("limit:")
+    _, counted, _ = await read(str(trail), {}, verify=False, kind="guardrail", count=True)
+    assert [(row.kind, row.count) for row in counts(counted)] == [("aws-access-key", 1)]
+    with pytest.raises(TrailUnreadable, match="could not be read"):
+        await read(str(trail), {}, key_file=str(tmp_path / "no-such-key"))

@@ -4,25 +4,21 @@ newest matching records, those where the chain breaks marked."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Mapping
 
 import orjson
 
+from bastion.console import audit_worker
 from bastion.console.audit_view import (
     OUTCOMES,
-    AuditQuery,
     ChainState,
     Found,
-    QueryError,
     SearchResult,
     caller_of,
     method_of,
     outcome_of,
-    search,
     summary,
     target_of,
-    verify_trail,
     when,
 )
 from bastion.console.markup import Html, join, pre, table, tag
@@ -37,22 +33,16 @@ async def render(view: View) -> Html:
         return tag("p", "This configuration writes no audit trail (its policy or policy.audit is off).",
                    class_="empty")
     form = query_form(view.query)
-    state, result, error = await asyncio.to_thread(_read, trail, view.data.audit_key(), form)
+    try:
+        state, result, error = await audit_worker.read(trail, form, key_file=view.data.audit_key_file())
+    except audit_worker.TrailUnreadable as problem:
+        return tag("p", str(problem), class_="notice refused", role="alert")
     parts = [chain_banner(state), search_form(form, f"/admin/{view.path}")]
-    if error:
-        parts.append(tag("p", error, class_="notice refused", role="alert", data_testid="search-error"))
+    if error or result is None:
+        parts.append(tag("p", error or "", class_="notice refused", role="alert", data_testid="search-error"))
     else:
         parts.append(results_table(result))
     return join(parts)
-
-
-def _read(trail: str, key: bytes | None, form: Mapping[str, str]) -> tuple[ChainState, SearchResult, str | None]:
-    state = verify_trail(trail, key)
-    try:
-        query = AuditQuery.from_form(form)
-    except QueryError as error:
-        return state, SearchResult(), str(error)
-    return state, search(trail, query, state.broken_at), None
 
 
 def query_form(params: Mapping[str, Any]) -> dict[str, str]:
@@ -60,7 +50,9 @@ def query_form(params: Mapping[str, Any]) -> dict[str, str]:
     return {name: str(params[name]) for name in FIELDS if isinstance(params.get(name), str) and params[name]}
 
 
-def chain_banner(state: ChainState) -> Html:
+def chain_banner(state: ChainState | None) -> Html:
+    if state is None:
+        return Html("")
     if state.intact:
         notes = [tag("li", note) for note in state.notes]
         return tag("div", tag("strong", "Chain verified: intact"),

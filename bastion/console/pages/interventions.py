@@ -3,11 +3,11 @@ and kind, and the newest ones with where, who and which rule (never the matched 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from bastion.console.audit_view import QueryError, SearchResult, caller_of, target_of, when
-from bastion.console.interventions import counts, interventions
+from bastion.console import audit_worker
+from bastion.console.audit_view import caller_of, target_of, when
+from bastion.console.interventions import counts
 from bastion.console.markup import Html, join, table, tag
 from bastion.console.pages.audit import query_form, search_form
 from bastion.console.registry import Page, View
@@ -19,9 +19,8 @@ async def render(view: View) -> Html:
         return tag("p", "This configuration writes no audit trail, where interventions are recorded.", class_="empty")
     form = query_form(view.query)
     try:
-        result: SearchResult | None = await asyncio.to_thread(interventions, trail, form)
-        error = None
-    except QueryError as problem:
+        _, result, error = await audit_worker.read(trail, form, verify=False, kind="guardrail", count=True)
+    except audit_worker.TrailUnreadable as problem:
         result, error = None, str(problem)
     parts = [search_form(form, f"/admin/{view.path}", with_outcome=False)]
     if error or result is None:
