@@ -146,6 +146,13 @@ async def test_approve_a_waiting_call_from_the_page(operator, gateway: Gateway) 
         with pytest.raises(MCPError, match="denied in the approval queue"):
             await asyncio.wait_for(refused, SETTLE_MS / 1000)
 
+    async with gateway.agent(mode="auto") as modern:  # 2026-07-28: the call waits the same way, out of band
+        call = asyncio.ensure_future(modern.call_tool(f"{SERVER}__remove", {"path": "/srv/modern.txt"}))
+        await reload_until(page, "tr", "/srv/modern.txt")
+        await page.locator("tr", has_text="/srv/modern.txt").locator("form.approve button").click()
+        result = await asyncio.wait_for(call, SETTLE_MS / 1000)
+        assert result.content[0].text == "removed /srv/modern.txt"
+
 
 class _Forger(BaseHTTPRequestHandler):
     """Another loopback origin: a page whose form posts to the console as soon as it loads."""

@@ -26,9 +26,10 @@ def _rate(figures: LiveFigures) -> str:
 async def render(view: View) -> Html:
     window = view.data.live_window()
     if window is None:
-        return tag("p", "Live figures come from the gateway's own metrics, which only bastion serve --http's console "
-                        "has (it runs inside the gateway). A gateway started by a client (bastion run) exposes them "
-                        "on its [metrics] listen address, for Prometheus.", class_="empty")
+        return tag("p", "Live figures come from the gateway's own metrics, which only the console of bastion serve "
+                        "--http has (it runs inside the gateway), and only with [metrics] enabled. A gateway started "
+                        "by a client (bastion run) exposes them on its [metrics] listen address, for Prometheus.",
+                   class_="empty")
     figures = await asyncio.to_thread(window.figures)
     outcomes = ", ".join(f"{outcome} {count}" for outcome, count in sorted(figures.by_outcome.items())) or "none"
 
