@@ -8,7 +8,8 @@ pin states). It is rewritten whole (a reader never sees half of one) whenever a 
 catalog or a server's stderr has changed (looked at every ``WATCH_SECONDS``), on a thread, and removed when the
 gateway stops; one whose process is gone (killed) is ignored and removed by the next reader. What it holds is
 bounded: ``STDERR_KEPT`` lines of ``LINE_KEPT`` characters per server, ``CATALOG_KEPT`` tools of at most
-``DEFINITION_KEPT`` bytes each (a larger one is listed without its definition).
+``DEFINITION_KEPT`` bytes each and ``DEFINITIONS_KEPT`` together (a tool past either is listed without its
+definition).
 
 ``bastion servers retry NAME`` drops a request file beside it (``PID.retry-UNIQUE``, the server's name) and sends
 the gateway SIGUSR1; the gateway reads the requests and starts those servers again at once. A pid alone could name a
@@ -42,6 +43,7 @@ STDERR_KEPT = 20
 LINE_KEPT = 1000
 CATALOG_KEPT = 5000
 DEFINITION_KEPT = 64 * 1024
+DEFINITIONS_KEPT = 8 * 1024 * 1024
 
 
 def running_dir() -> Path:
@@ -262,20 +264,25 @@ def sandbox_of(config: Any) -> str | None:
 
 
 def whole(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """The status file's record from a ``snapshot``: its catalog's tools as entries, at most ``CATALOG_KEPT``."""
+    """The status file's record from a ``snapshot``: its catalog's tools as entries, at most ``CATALOG_KEPT``, their
+    definitions together at most ``DEFINITIONS_KEPT`` bytes (the tools past it are listed without theirs)."""
     tools = snapshot.get("catalog")
     if tools is None:
         return snapshot
-    return {**snapshot, "catalog": [catalog_entry(tool) for tool in list(tools)[:CATALOG_KEPT]],
-            "catalog_cut": len(tools) > CATALOG_KEPT}
+    entries, room = [], DEFINITIONS_KEPT
+    for tool in list(tools)[:CATALOG_KEPT]:
+        entry = catalog_entry(tool, min(room, DEFINITION_KEPT))
+        room -= entry["bytes"] if entry["definition"] is not None else 0
+        entries.append(entry)
+    return {**snapshot, "catalog": entries, "catalog_cut": len(tools) > CATALOG_KEPT}
 
 
-def catalog_entry(tool: Any) -> dict[str, Any]:
-    """One tool of the catalog in the status file; its definition left out past ``DEFINITION_KEPT`` bytes."""
+def catalog_entry(tool: Any, most: int = DEFINITION_KEPT) -> dict[str, Any]:
+    """One tool of the catalog in the status file; its definition left out past ``most`` bytes."""
     definition = dict(tool.definition)
     size = len(orjson.dumps(definition))
     return {"server": tool.server, "name": tool.original_name, "exposed": tool.exposed_name,
-            "definition": definition if size <= DEFINITION_KEPT else None, "bytes": size}
+            "definition": definition if size <= most else None, "bytes": size}
 
 
 def status_lines(gateways: list[RunningGateway], named: Callable[[str], bool] = lambda _: True) -> list[str]:

@@ -2,18 +2,19 @@
 act, the CSRF and Origin checks of every POST, the audit of every act (allowed or refused), and the answers' headers.
 
 Routes: ``GET /admin`` (the first page), ``GET /admin/PAGE``, ``GET|POST /admin/login``, ``POST /admin/logout``,
-``POST /admin/act/NAME``, ``GET /admin/static/NAME``. A GET changes nothing."""
+``POST /admin/act/NAME``, ``GET /admin/feed/PATH`` (JSON), ``GET /admin/static/NAME``. A GET changes nothing."""
 
 from __future__ import annotations
 
 import asyncio
-from importlib import resources
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
-from bastion.console.layout import SECURITY_HEADERS, STYLESHEET, document
+import orjson
+
+from bastion.console.layout import SECURITY_HEADERS, document
 from bastion.console.login import Login, LoginRefused, Presented
 from bastion.console.markup import Html, join, tag
 from bastion.console.registry import Act, ActRequest, BadForm, Console, Outcome, View
@@ -32,11 +33,6 @@ SESSION_SECONDS = 8 * 3600.0
 MAX_FORM_BYTES = 64 * 1024
 MAX_FIELDS = 64
 FORM_SECONDS = 30
-# The live page's script (bastion/console/pages/live.py): the only script of the console, served from it (the CSP
-# lets no page run inline script or load one from elsewhere).
-LIVE_SCRIPT = resources.files("bastion.console").joinpath("live.js").read_bytes()
-ASSETS = {"style.css": (b"text/css; charset=utf-8", STYLESHEET),
-          "live.js": (b"text/javascript; charset=utf-8", LIVE_SCRIPT)}
 
 
 class Authorizer(Protocol):
@@ -63,18 +59,22 @@ class Request:
     query: Mapping[str, str]
     headers: Mapping[str, str]
     peer: str
-    secure: bool  # served over TLS
+    site: tuple[str, str]  # the scheme and host[:port] the browser addressed (behind trusted proxies, theirs)
     certificate: Mapping[str, Any] | None
 
+    @property
+    def secure(self) -> bool:
+        """Reached over TLS (directly, or at a trusted proxy in front)."""
+        return self.site[0] == "https"
+
     @staticmethod
-    def of(scope: Scope, headers: Mapping[str, str], peer: str) -> "Request":
+    def of(scope: Scope, headers: Mapping[str, str], peer: str, site: tuple[str, str]) -> "Request":
         path = scope["path"][len(PREFIX):].strip("/")
         try:
             query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), max_num_fields=MAX_FIELDS))
         except ValueError:
             raise Refused(400, f"the query has more than {MAX_FIELDS} fields") from None
-        return Request(scope["method"], path, query, headers, peer, scope.get("scheme") == "https",
-                       scope.get("bastion.peer_certificate"))
+        return Request(scope["method"], path, query, headers, peer, site, scope.get("bastion.peer_certificate"))
 
 
 def is_console_path(path: str) -> bool:
@@ -92,10 +92,15 @@ class ConsoleApp:
         self._session_seconds = session_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, *, headers: Mapping[str, str],
-                       peer: str) -> None:
+                       peer: str, site: tuple[str, str]) -> None:
         session = self.sessions.find(cookie_of(headers.get("cookie")))
+        if session is not None and not await self.login.still(
+                session.admitted, Presented(headers, peer, scope.get("bastion.peer_certificate"))):
+            log.info("console: ended the session of %s: its login no longer holds", session.identity.describe())
+            self.sessions.end(session.id)
+            session = None
         try:
-            await self._route(Request.of(scope, headers, peer), session, receive, send)
+            await self._route(Request.of(scope, headers, peer, site), session, receive, send)
         except Refused as refusal:
             await self._refusal_page(send, refusal, session)
 
@@ -116,6 +121,9 @@ class ConsoleApp:
         elif path.startswith("act/"):
             self._only(method, "POST")
             await self._act(request, session, path[len("act/"):], receive, send)
+        elif path.startswith("feed/"):
+            self._only(method, "GET", "HEAD")
+            await self._feed(request, session, path[len("feed/"):], send)
         else:
             self._only(method, "GET", "HEAD")
             await self._read(request, session, path or self.console.home, send)
@@ -130,17 +138,31 @@ class ConsoleApp:
             return
         self._decide(session.identity, "view_console", "", path)
         view = View(session.identity, request.query, self.data, session.csrf, page.path)
-        body = await page.render(view)
+        try:
+            body = await page.render(view)
+        except Exception as error:  # noqa: BLE001 - a page that cannot be shown is said; the gateway goes on
+            log.exception("console: the page %s failed", page.path)
+            raise Refused(500, f"this page could not be shown: {type(error).__name__}: {error}") from None
         await self._page(send, 200, page.title, body, session=session, current=page.path,
                          notice=session.notice)
         session.notice = None
+
+    async def _feed(self, request: Request, session: Session | None, path: str, send: Send) -> None:
+        feed = self.console.feed_by_path.get(path)
+        if feed is None:
+            raise Refused(404, f"the console has no feed {path!r}")
+        if session is None:
+            raise Refused(403, "log in first: this feed needs a console session")
+        self._decide(session.identity, "view_console", "", f"feed/{path}")
+        value = await feed.read(View(session.identity, request.query, self.data, session.csrf, path))
+        await _answer(send, 200, b"application/json", orjson.dumps(value))
 
     # ------------------------------------------------------------------------------------------ log in, log out
     async def _log_in(self, request: Request, receive: Receive, send: Send) -> None:
         self._same_origin(request)
         form = await _read_form(request, receive)
         try:
-            identity = await self.login.identity(form, Presented(request.headers, request.peer, request.certificate))
+            admitted = await self.login.identity(form, Presented(request.headers, request.peer, request.certificate))
         except LoginRefused as refusal:
             log.info("console: refused a login from %s: %s", request.peer, refusal)
             # join keeps both parts markup: str + Html is a plain str, which the layout would escape
@@ -148,9 +170,9 @@ class ConsoleApp:
                                                         self.login.form({})]))
             return
         # Only who may read the console gets a session; a refusal here is audited like any other.
-        self._decide(identity, "view_console", "", "login")
-        session = self.sessions.open(identity)
-        log.info("console: %s logged in from %s", identity.describe(), request.peer)
+        self._decide(admitted.identity, "view_console", "", "login")
+        session = self.sessions.open(admitted)
+        log.info("console: %s logged in from %s", admitted.identity.describe(), request.peer)
         await _redirect(send, f"/admin/{self.console.home}",
                         ((b"set-cookie", set_cookie(session, secure=request.secure, lifetime=self._session_seconds)),))
 
@@ -224,9 +246,9 @@ class ConsoleApp:
             raise Refused(403, f"a console form must be sent from the console's own pages (Sec-Fetch-Site: {site})")
         origin = request.headers.get("origin")
         if origin is not None:
-            parts = urlsplit(origin)
-            expected = "https" if request.secure else "http"
-            if parts.scheme != expected or parts.netloc.lower() != request.headers.get("host", "").lower():
+            parts = urlsplit(origin.strip().lower())
+            if (parts.scheme, _without_default_port(parts.scheme, parts.netloc)) != \
+                    (request.site[0], _without_default_port(*request.site)):
                 raise Refused(403, "a console form must be sent from the console's own pages (the Origin is another "
                                    "site)")
 
@@ -249,15 +271,20 @@ class ConsoleApp:
         await _answer(send, status, b"text/html; charset=utf-8", page, headers)
 
     async def _refusal_page(self, send: Send, refusal: Refused, session: Session | None) -> None:
-        title = {403: "Refused", 404: "Not found", 405: "Not allowed"}.get(refusal.status, "Bad request")
+        title = {403: "Refused", 404: "Not found", 405: "Not allowed", 500: "Failed"}.get(refusal.status, "Bad request")
         await self._page(send, refusal.status, title, tag("p", refusal.message, class_="notice refused"),
                          session=session, headers=refusal.headers)
 
     async def _asset(self, send: Send, name: str) -> None:
-        found = ASSETS.get(name)
+        found = self.console.asset_by_name.get(name)
         if found is None:
             raise Refused(404, f"no file {name!r}")
-        await _answer(send, 200, found[0], found[1])
+        await _answer(send, 200, found.content_type.encode(), found.body)
+
+
+def _without_default_port(scheme: str, netloc: str) -> str:
+    default = {"http": ":80", "https": ":443"}.get(scheme)
+    return netloc[: -len(default)] if default and netloc.endswith(default) else netloc
 
 
 def _target(act: Act, form: Mapping[str, str]) -> str | None:

@@ -10,6 +10,7 @@ from importlib import resources
 from typing import Iterable
 
 from bastion.console.markup import Html, escape, tag
+from bastion.console.registry import Asset
 from bastion.model import Identity
 
 CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -25,7 +26,8 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"cache-control", b"no-store"),
 )
 
-STYLESHEET = resources.files("bastion.console").joinpath("style.css").read_bytes()
+STYLESHEET = Asset("style.css", "text/css; charset=utf-8",
+                   resources.files("bastion.console").joinpath("style.css").read_bytes())
 
 
 def document(title: str, body: Html, *, menu: Iterable[tuple[str, str]] = (), current: str = "",

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Protocol
 
 from bastion.auth.base import AuthFailure, Authenticator, Credentials, Unauthenticated
 from bastion.console.markup import Html, tag
-from bastion.console.sessions import LoginLink
+from bastion.console.sessions import Admitted, LoginLink
 from bastion.model import Identity
 
 
@@ -35,8 +35,11 @@ class Login(Protocol):
     def form(self, query: Mapping[str, str]) -> Html:
         """The login page's body."""
 
-    async def identity(self, form: Mapping[str, str], presented: Presented) -> Identity:
+    async def identity(self, form: Mapping[str, str], presented: Presented) -> Admitted:
         """Who logs in, or raise LoginRefused."""
+
+    async def still(self, admitted: Admitted, presented: Presented) -> bool:
+        """Whether a session's login still holds for this request."""
 
 
 class CredentialLogin:
@@ -58,16 +61,27 @@ class CredentialLogin:
         return tag("form", note, field, tag("button", "Log in", type="submit"), method="post", action="/admin/login",
                    class_="login")
 
-    async def identity(self, form: Mapping[str, str], presented: Presented) -> Identity:
-        headers = {k: v for k, v in presented.headers.items() if k not in ("authorization", "cookie")}
-        credential = form.get("credential", "").strip()
-        if credential:
-            headers["authorization"] = f"Bearer {credential}"
+    async def identity(self, form: Mapping[str, str], presented: Presented) -> Admitted:
+        credential = form.get("credential", "").strip() or None
         try:
-            return await self._authenticator.authenticate(
-                Credentials(headers, "console", presented.peer, presented.certificate))
+            return Admitted(await self._authenticate(credential, presented), credential)
         except AuthFailure as failure:
             raise LoginRefused(failure.message) from None
+
+    async def still(self, admitted: Admitted, presented: Presented) -> bool:
+        # The same proof again: the key or token kept from the login, or what this request itself presents (its
+        # client certificate, the proxy's identity header).
+        try:
+            return await self._authenticate(admitted.proof, presented) == admitted.identity
+        except AuthFailure:
+            return False
+
+    async def _authenticate(self, credential: str | None, presented: Presented) -> Identity:
+        headers = {k: v for k, v in presented.headers.items() if k not in ("authorization", "cookie")}
+        if credential:
+            headers["authorization"] = f"Bearer {credential}"
+        return await self._authenticator.authenticate(
+            Credentials(headers, "console", presented.peer, presented.certificate))
 
 
 class LinkLogin:
@@ -87,8 +101,11 @@ class LinkLogin:
                    tag("p", f"Log in as {self._identity.name}."), tag("button", "Log in", type="submit"),
                    method="post", action="/admin/login", class_="login")
 
-    async def identity(self, form: Mapping[str, str], presented: Presented) -> Identity:
+    async def identity(self, form: Mapping[str, str], presented: Presented) -> Admitted:
         if not self._link.redeem(form.get("token")):
             raise LoginRefused("this login link is not valid: it was used already, has expired, or is mistyped; "
                                "start `bastion console` again for a new one")
-        return self._identity
+        return Admitted(self._identity)
+
+    async def still(self, admitted: Admitted, presented: Presented) -> bool:
+        return True  # the link was spent on this session; the session's cookie is the proof from here on

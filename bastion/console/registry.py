@@ -3,7 +3,8 @@ where it is written. ``bastion/console/pages/__init__.py`` lists every module's 
 is a module with a ``Page`` and one line there.
 
 A page's ``render`` gets a ``View`` and returns its body as ``Html``; an act's ``run`` gets an ``ActRequest`` and
-returns an ``Outcome``. The framework (``app.py``) does the rest for both: the session, Cedar's decision
+returns an ``Outcome``; a module may also export ``FEEDS`` (JSON a page's script polls) and ``ASSETS`` (its script or
+stylesheet, served from the console itself). The framework (``app.py``) does the rest for both: the session, Cedar's decision
 (``view_console`` to read; ``administer`` with ``context.operation`` = the act's name), the CSRF and Origin checks
 of an act, its audit record (allowed or refused, with its outcome), and the layout."""
 
@@ -26,17 +27,14 @@ class View:
     csrf: str
     path: str  # this page's own path under /admin, e.g. "servers"
 
-    def form(self, act: str, label: str, fields: Mapping[str, Any] | None = None, *, confirm: bool = False,
-             class_: str | None = None) -> Html:
+    def form(self, act: str, label: str, fields: Mapping[str, Any] | None = None, *, class_: str | None = None) -> Html:
         """A button that POSTs ``act`` with ``fields`` (hidden), the session's CSRF token and this page to come back
-        to. ``confirm``: a second field the person must tick first, for acts that are hard to undo."""
+        to."""
         hidden = [tag("input", type="hidden", name=key, value=value) for key, value in (fields or {}).items()]
         hidden += [tag("input", type="hidden", name="csrf", value=self.csrf),
                    tag("input", type="hidden", name="back", value=self.path)]
-        check = tag("label", tag("input", type="checkbox", name="confirm", value="yes", required=True), " sure")\
-            if confirm else Html("")
-        return tag("form", *hidden, check, tag("button", label, type="submit"), method="post",
-                   action=f"/admin/act/{act}", class_=class_ or "act")
+        return tag("form", *hidden, tag("button", label, type="submit"), method="post", action=f"/admin/act/{act}",
+                   class_=class_ or "act")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +43,25 @@ class Page:
     title: str
     render: Callable[[View], Awaitable[Html]]
     in_menu: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """A read for a page's script to poll (``GET /admin/feed/PATH``, JSON): decided as a page is (``view_console``),
+    never cached. ``read`` gets the ``View`` and returns what ``orjson`` can write."""
+
+    path: str
+    read: Callable[[View], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Asset:
+    """A file a page loads from the console itself (``/admin/static/NAME``): a stylesheet or a script (no script
+    runs inline: the Content-Security-Policy allows only these)."""
+
+    name: str
+    content_type: str
+    body: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,18 +110,24 @@ class Console:
 
     pages: tuple[Page, ...]
     acts: tuple[Act, ...]
+    feeds: tuple[Feed, ...] = ()
+    assets: tuple[Asset, ...] = ()
     page_by_path: dict[str, Page] = field(init=False)
     act_by_name: dict[str, Act] = field(init=False)
+    feed_by_path: dict[str, Feed] = field(init=False)
+    asset_by_name: dict[str, Asset] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "page_by_path", {p.path: p for p in self.pages})
-        object.__setattr__(self, "act_by_name", {a.name: a for a in self.acts})
-        if len(self.page_by_path) != len(self.pages) or len(self.act_by_name) != len(self.acts):
-            raise ValueError("two console pages (or acts) share a path (or name)")
+        for name, items, key in (("page_by_path", self.pages, "path"), ("act_by_name", self.acts, "name"),
+                                 ("feed_by_path", self.feeds, "path"), ("asset_by_name", self.assets, "name")):
+            by = {getattr(item, key): item for item in items}
+            if len(by) != len(items):
+                raise ValueError(f"two console {name.split('_')[0]}s share a {key}")
+            object.__setattr__(self, name, by)
 
     @property
     def home(self) -> str:
         return self.pages[0].path
 
 
-__all__ = ["Act", "ActRequest", "BadForm", "Console", "Html", "Outcome", "Page", "View", "escape", "field_of", "tag"]
+__all__ = ["Act", "ActRequest", "Asset", "BadForm", "Console", "Feed", "Html", "Outcome", "Page", "View", "escape", "field_of", "tag"]

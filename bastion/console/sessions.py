@@ -8,7 +8,7 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from bastion.model import Identity
@@ -16,13 +16,26 @@ from bastion.model import Identity
 COOKIE = "bastion_console"
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Who logged in, and the credential they presented (kept in this process's memory only, to check at each
+    request that it still holds: a revoked key or an expired token ends the session)."""
+
+    identity: Identity
+    proof: str | None = field(default=None, repr=False)
+
+
 @dataclass(slots=True)
 class Session:
     id: str
-    identity: Identity
+    admitted: Admitted
     csrf: str
     expires: float
     notice: tuple[str, bool] | None = None  # what the last act said (text, done), shown once on the next page
+
+    @property
+    def identity(self) -> Identity:
+        return self.admitted.identity
 
     def csrf_matches(self, presented: str | None) -> bool:
         return presented is not None and hmac.compare_digest(presented.encode(), self.csrf.encode())
@@ -35,8 +48,8 @@ class Sessions:
         self._lifetime, self._most, self._clock = lifetime, most, clock
         self._open: OrderedDict[str, Session] = OrderedDict()
 
-    def open(self, identity: Identity) -> Session:
-        session = Session(secrets.token_urlsafe(32), identity, secrets.token_urlsafe(32), self._clock() + self._lifetime)
+    def open(self, admitted: Admitted) -> Session:
+        session = Session(secrets.token_urlsafe(32), admitted, secrets.token_urlsafe(32), self._clock() + self._lifetime)
         self._open[session.id] = session
         while len(self._open) > self._most:
             self._open.popitem(last=False)

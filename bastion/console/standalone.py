@@ -49,7 +49,8 @@ class LoopbackConsole:
             await _plain(send, 403, b"bastion console answers to 127.0.0.1, localhost or [::1] only")
         elif is_console_path(scope["path"]):
             peer = (scope.get("client") or ("", 0))[0]
-            await self.console(scope, receive, send, headers=headers, peer=peer)
+            await self.console(scope, receive, send, headers=headers, peer=peer,
+                               site=("http", headers.get("host", "").lower()))
         elif scope["path"] == "/":
             await _plain(send, 303, b"", ((b"location", b"/admin/login"),))
         else:

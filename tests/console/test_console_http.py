@@ -6,15 +6,17 @@ audited and changes nothing; the same act posted properly retries a failed serve
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
 
-from tests.auth.serving import stop
-from tests.console.support import Browser, admin_records, base_of, gate_server, serve_with_keys
-from tests.support import wait_for
+from tests.auth.serving import start, stop
+from tests.console.support import POLICY, Browser, admin_records, base_of, gate_server, serve_with_keys
+from tests.support import BASTION, READY_TIMEOUT
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +80,13 @@ async def test_admin_reads_the_servers_page_and_a_non_admin_is_refused_and_audit
                 assert HOSTILE not in page.text and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page.text
                 assert "ada" in page.text and browser.csrf
 
+                # The same as JSON, for a page that watches: with the session only
+                feed = await client.get(browser.base + "/admin/feed/servers")
+                assert feed.status_code == 200 and feed.headers["content-type"] == "application/json"
+                [mine] = feed.json()
+                assert mine["servers"]["crashy"]["status"] == "failed" and mine["servers"]["steady"]["status"] == "ready"
+                assert (await httpx2.AsyncClient().get(browser.base + "/admin/feed/servers")).status_code == 403
+
                 # A non-admin: its login is refused with 403, and the refusal is in the audit trail
                 async with httpx2.AsyncClient(timeout=60) as other:
                     guest_browser = Browser(other, browser.base)
@@ -85,6 +94,12 @@ async def test_admin_reads_the_servers_page_and_a_non_admin_is_refused_and_audit
                     assert refused.status_code == 403 and "gus may not read the console" in refused.text
                     assert "set-cookie" not in refused.headers
                     assert (await guest_browser.page("/admin/servers")).status_code == 303
+
+                # Logging out ends the session: its cookie opens nothing any more
+                session_cookie = {"cookie": cookie.split(";", 1)[0]}
+                assert (await browser.post("/admin/logout", {"csrf": browser.csrf})).status_code == 303
+                after = await httpx2.AsyncClient().get(browser.base + "/admin/servers", headers=session_cookie)
+                assert after.status_code == 303 and after.headers["location"] == "/admin/login"
     finally:
         stop(served)
     records = admin_records(tmp_path)
@@ -165,6 +180,9 @@ async def test_careless_and_hostile_requests_are_answered_with_clear_refusals_an
                         base + "/admin/servers", headers={"cookie": "bastion_console=" + "A" * 4000}),
                 }
                 after = await browser.page("/admin/servers")
+                # a pins file that is no pins file is said on the pages that read it, not an internal error
+                (state / "bastion" / "pins.json").write_text("{not json")
+                unreadable = [await browser.page("/admin/catalog"), await browser.page("/admin/changes")]
     finally:
         stop(served)
     status = {what: response.status_code for what, response in said.items()}
@@ -178,4 +196,81 @@ async def test_careless_and_hostile_requests_are_answered_with_clear_refusals_an
     outcomes = sorted(r["outcome"] for r in admin_records(tmp_path) if r["what"]["method"] == "admin/retry_server")
     # the long field, the server that had not failed, the huge form, the JSON body
     assert outcomes == [400, 404, 413, 415], outcomes
+    assert [page.status_code for page in unreadable] == [200, 200]
+    assert all("not a pins file" in page.text for page in unreadable), [page.text for page in unreadable]
     assert "internal error" not in served.log() and "Traceback" not in served.log()
+
+
+async def test_behind_a_tls_proxy_the_cookie_is_secure_and_the_origin_is_the_proxys(tmp_path, state) -> None:
+    public = "gateway.example.com"
+    served, admin, _ = serve_with_keys(tmp_path, {"steady": gate_server("steady")}, http={
+        "trusted_proxies": ["127.0.0.1/32"], "allowed_hosts": [public],
+        # both let past the gateway's own guard: the console's check is the one that refuses the plain-HTTP page
+        "allowed_origins": [f"https://{public}", f"http://{public}"]})
+    forwarded = {"x-forwarded-proto": "https", "x-forwarded-host": public, "x-forwarded-for": "192.0.2.7"}
+    try:
+        async with httpx2.AsyncClient(timeout=60, headers=forwarded) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                login = await browser.post("/admin/login", {"credential": admin}, {"origin": f"https://{public}"})
+                assert login.status_code == 303, login.text
+                cookie = login.headers["set-cookie"]
+                assert cookie.startswith("__Host-bastion_console=") and "; Secure" in cookie and "Path=/;" in cookie
+                # a TLS-only cookie: sent by hand, as the browser would over the proxy's HTTPS
+                client.headers["cookie"] = cookie.split(";", 1)[0]
+                await browser.page("/admin/servers")
+                same = await browser.act("retry_server", {"server": "steady"}, headers={"origin": f"https://{public}"})
+                plain = await browser.act("retry_server", {"server": "steady"}, headers={"origin": f"http://{public}"})
+    finally:
+        stop(served)
+    assert same.status_code == 303  # past the checks: steady had not failed, which the page says
+    assert plain.status_code == 403 and "Origin is another site" in plain.text
+
+
+@pytest.mark.parametrize("policy", ["on", "off"])
+async def test_without_authentication_the_configured_identity_logs_in_and_cedar_decides(tmp_path, state,
+                                                                                         policy) -> None:
+    (tmp_path / "team.cedar").write_text(POLICY)
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"steady": gate_server("steady")}, "ready_timeout": READY_TIMEOUT,
+        "policy": "off" if policy == "off" else {
+            "policy_files": ["team.cedar"], "identity": {"name": "ops", "groups": ["admins"]},
+            "audit": {"path": str(tmp_path / "audit.jsonl")}}}))
+    served = start(config)
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                form = await browser.page("/admin/login")
+                login = await browser.login("")
+                page = await browser.page("/admin/servers")
+    finally:
+        stop(served)
+    if policy == "on":
+        assert "you log in as its configured identity, ops" in form.text
+        assert login.status_code == 303 and page.status_code == 200 and "ops (configured)" in page.text
+    else:  # nobody to decide: nobody operates
+        assert login.status_code == 403 and "the policy is off" in login.text and "set-cookie" not in login.headers
+
+
+async def test_a_session_ends_when_the_key_it_logged_in_with_is_revoked(tmp_path, state) -> None:
+    served, admin, _ = serve_with_keys(tmp_path, {"steady": gate_server("steady")})
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                assert (await browser.login(admin)).status_code == 303
+                assert (await browser.page("/admin/servers")).status_code == 200
+                revoked = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [BASTION, "keys", "revoke", "ada", "--file", str(tmp_path / "keys.json")], capture_output=True,
+                    text=True, timeout=60))
+                assert revoked.returncode == 0, revoked.stderr
+                # the gateway reads the key file again within a second; from then on the session is over
+                while (page := await browser.page("/admin/servers")).status_code == 200:
+                    await asyncio.sleep(0.1)
+                assert page.status_code == 303 and page.headers["location"] == "/admin/login"
+                assert (await browser.act("retry_server", {"server": "steady"})).status_code == 403
+    finally:
+        stop(served)
+    assert "ended the session of ada" in served.log()

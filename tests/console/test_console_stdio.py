@@ -121,3 +121,30 @@ async def test_the_console_logs_in_once_by_its_link_and_shows_and_retries_the_st
     records = [r for r in admin_records(tmp_path) if r["what"]["method"] == "admin/retry_server"]
     assert [(r["who"]["name"], r["who"]["authenticated_by"], r["what"]["target"], r["outcome"]) for r in records] \
         == [("ada", "console_link", "crashy", 0)]
+    # the console's chain and the gateway's are one trail, and it verifies
+    verified = subprocess.run([BASTION, "audit", "verify", "--config", str(config)], capture_output=True, text=True,
+                              timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def test_cedar_still_decides_what_the_console_link_may_do(tmp_path, state) -> None:
+    config = _config(tmp_path, {})
+    (tmp_path / "team.cedar").write_text(POLICY + '''
+@id("no-retries-by-link")
+forbid (principal, action == Bastion::Action::"administer", resource)
+when { principal.authenticated_by == "console_link" && context.operation == "retry_server" };
+''')
+    console = Console(config)
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                link = await console.started()
+                browser = Browser(client, link.split("/admin/")[0])
+                assert (await browser.post("/admin/login", {"token": link.split("token=", 1)[1]})).status_code == 303
+                assert (await browser.page("/admin/servers")).status_code == 200
+                refused = await browser.act("retry_server", {"server": "anything"})
+    finally:
+        console.stop()
+    assert refused.status_code == 403 and "no-retries-by-link" in refused.text
+    [record] = [r for r in admin_records(tmp_path) if r["what"]["method"] == "admin/retry_server"]
+    assert record["outcome"] == 403 and record["who"]["authenticated_by"] == "console_link"

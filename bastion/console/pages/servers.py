@@ -1,5 +1,6 @@
 """The servers page: each running gateway's servers with status, protocol era, sandbox, restarts and recent stderr;
-the act ``retry_server`` starts a failed one again now (what ``bastion servers retry NAME`` does)."""
+the act ``retry_server`` starts a failed one again now (what ``bastion servers retry NAME`` does); the feed
+``servers`` is the same as JSON."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 from typing import Any
 
 from bastion.console.markup import Html, join, pre, table, tag
-from bastion.console.registry import Act, ActRequest, Outcome, Page, View, field_of
+from bastion.console.registry import Act, ActRequest, Feed, Outcome, Page, View, field_of
 
 
 async def render(view: View) -> Html:
@@ -46,5 +47,12 @@ async def retry(request: ActRequest) -> Outcome:
     return Outcome(f"asked gateway {', '.join(map(str, asked))} to start {server} again")
 
 
+async def states(view: View) -> list[dict[str, Any]]:
+    """Each shown gateway's servers as its status file has them, for a page that watches them change."""
+    gateways = await asyncio.to_thread(view.data.gateways)
+    return [{"pid": g.pid, "config": g.config, "servers": g.servers} for g in gateways]
+
+
 PAGES = (Page("servers", "Servers", render),)
+FEEDS = (Feed("servers", states),)
 ACTS = (Act("retry_server", retry, target=lambda form: form.get("server")),)

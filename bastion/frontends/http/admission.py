@@ -45,6 +45,11 @@ class Admission:
             raise HttpError(403, -32600, refusal)
         return peer.address
 
+    def site(self, scope: Scope, headers: dict[str, str]) -> tuple[str, str]:
+        """The scheme and ``host[:port]`` the client addressed, behind the trusted proxies."""
+        client = scope.get("client") or ("", 0)
+        return self._proxies.site(client[0], scope.get("scheme", "http"), headers)
+
     async def authenticate(self, scope: Scope, headers: dict[str, str], route: str, peer: str) -> Identity:
         """Who sends this request, before its body is read or any session is looked at; the scopes every request
         needs are checked here, a method's own once the body names it."""

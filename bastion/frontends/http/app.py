@@ -172,7 +172,8 @@ class HttpFrontend:
             elif path == OAUTH_CALLBACK_PATH and self._callback is not None:
                 await self._callback(scope, receive, send)
             elif is_console_path(path):
-                await self.console(scope, receive, send, headers=headers, peer=peer)
+                await self.console(scope, receive, send, headers=headers, peer=peer,
+                                   site=self.admission.site(scope, headers))
             else:
                 raise HttpError(404, -32600, f"nothing at {path}; the MCP endpoint is /mcp (or /sse for HTTP+SSE)")
         except HttpError as exc:

@@ -55,6 +55,17 @@ class TrustedProxies:
                     host_without_port(forwarded_host) if forwarded_host else host)
 
 
+    def site(self, address: str, scheme: str, headers: Mapping[str, str]) -> tuple[str, str]:
+        """The scheme and ``host[:port]`` the client addressed (what its browser's Origin names for a page of this
+        gateway): the proxy's X-Forwarded-Proto and X-Forwarded-Host when the direct peer is a trusted proxy."""
+        netloc = headers.get("host", "")
+        if self.trusts(address):
+            proto = headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+            scheme = proto if proto in ("http", "https") else scheme
+            netloc = headers.get("x-forwarded-host", "").split(",")[0].strip() or netloc
+        return scheme, netloc.strip().lower()
+
+
 def host_without_port(host: str) -> str:
     host = host.strip().lower()
     if host.startswith("["):  # [::1]:8080
