@@ -274,8 +274,6 @@ class Upstream:
             if self._closing:
                 return
             ran = self._ran
-            self.crashes += ran
-            self.memory_kills += MEMORY_KILLED in reason
             self.ready.clear()
             self.failure = reason
             self.failed_starts = 0 if ran else self.failed_starts + 1
@@ -380,6 +378,10 @@ class Upstream:
                 self.log.info("server %s ready (%s era, protocol %s)", self.name, self.era, self.protocol_version)
                 self._listener.upstream_ready(self)
                 reason = await ended
+            if not self._closing:
+                # Counted before what it had in flight fails: whoever that error reaches finds the crash counted.
+                self.crashes += self._ran
+                self.memory_kills += MEMORY_KILLED in reason
             self._down(reason)  # now: stopping what is left of the process may take its grace periods
         finally:
             await self._stop_transport()

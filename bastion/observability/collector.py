@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from bastion.observability.metrics import BUCKETS, GatewayMetrics, Histogram
+from bastion.observability.metrics import BUCKETS, GatewayMetrics, cumulative
 
 if TYPE_CHECKING:
     from bastion.gateway.core import Gateway
@@ -56,25 +56,23 @@ class GatewayCollector:
                                              "client request (all of it but the time with its server)",
                                              labels=["method"])
         for method, histogram in list(metrics.gateway_time.items()):
-            gateway_time.add_metric([method], _buckets(histogram), histogram.sum_ns / 1e9)
+            gateway_time.add_metric([method], _buckets(histogram), histogram[-1] / 1e9)
         yield gateway_time
         server_time = HistogramMetricFamily("bastion_server_duration_seconds", "Time client requests spent with "
                                             "their server", labels=["method", "server"])
         for (method, server), histogram in list(metrics.server_time.items()):
-            server_time.add_metric([method, server], _buckets(histogram), histogram.sum_ns / 1e9)
+            server_time.add_metric([method, server], _buckets(histogram), histogram[-1] / 1e9)
         yield server_time
-        in_flight = GaugeMetricFamily("bastion_server_calls_in_flight", "Client tool calls a server has in hand now "
-                                      "(past the gateway's checks, not answered yet)", labels=["server"])
-        for server, count in list(metrics.in_flight.items()):
-            in_flight.add_metric([server], count)
-        yield in_flight
 
     # ---------------------------------------------------------------------------- servers
     def _servers(self) -> Iterator[Metric]:
         gateway = self._gateway
+        in_flight_now, waiting_now = self._metrics.calls_now()
         up = GaugeMetricFamily("bastion_server_up", "1 when the server is ready, 0 otherwise", labels=["server"])
-        queue = GaugeMetricFamily("bastion_server_queue_depth", "Requests sent to the server that it has not "
-                                  "answered yet (all its instances)", labels=["server"])
+        in_flight = GaugeMetricFamily("bastion_server_calls_in_flight", "Client tool calls the server has in hand "
+                                      "now (past the gateway's checks, not answered yet)", labels=["server"])
+        queue = GaugeMetricFamily("bastion_server_queue_depth", "Client tool calls for the server still waiting in "
+                                  "the gateway (for approval, for its start, in the checks)", labels=["server"])
         restarts = CounterMetricFamily("bastion_server_restarts", "Starts of the server after its first",
                                        labels=["server"])
         crashes = CounterMetricFamily("bastion_server_crashes", "Runs of the server that ended after it was ready",
@@ -85,11 +83,12 @@ class GatewayCollector:
             pool = gateway.pools.get(name)
             every = [upstream, *(pool.instances() if pool is not None else ())]
             up.add_metric([name], 1 if upstream.ready.is_set() else 0)
-            queue.add_metric([name], sum(len(u.session.correlator) for u in every))
+            in_flight.add_metric([name], in_flight_now.get(name, 0))
+            queue.add_metric([name], waiting_now.get(name, 0))
             restarts.add_metric([name], sum(u.restarts for u in every))
             crashes.add_metric([name], sum(u.crashes for u in every))
             memory.add_metric([name], sum(u.memory_kills for u in every))
-        yield from (up, queue, restarts, crashes, memory)
+        yield from (up, in_flight, queue, restarts, crashes, memory)
 
     # ---------------------------------------------------------------------------- policy and guardrails
     def _policy(self) -> Iterator[Metric]:
@@ -146,5 +145,5 @@ class GatewayCollector:
                                     "sealer whole (Unix time)", value=writer.last_delivered)
 
 
-def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
-    return [(bound, float(count)) for bound, (_, count) in zip(_BOUNDS, histogram.cumulative())]
+def _buckets(histogram: list[int]) -> list[tuple[str, float]]:
+    return [(bound, float(count)) for bound, (_, count) in zip(_BOUNDS, cumulative(histogram))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -39,6 +39,13 @@ class MetricsConfig(BaseModel):
             except ValueError as error:
                 raise PydanticCustomError("listen", "{problem}", {"problem": str(error)}) from None
         return value
+
+    @model_validator(mode="after")
+    def _listen_needs_metrics(self) -> "MetricsConfig":
+        if self.listen is not None and not self.enabled:
+            raise PydanticCustomError("listen", "listen is set but enabled is false: there would be no metrics to "
+                                                "serve; remove listen, or set enabled = true")
+        return self
 
     @property
     def address(self) -> tuple[str, int] | None:

@@ -15,7 +15,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from bastion.observability.collector import exposition
 from bastion.observability.health import ALIVE, readiness
-from bastion.transport.listener import QuietServer, is_loopback, listen
+from bastion.transport.listener import (ConnectionBounds, QuietServer, http_protocol, is_loopback, listen,
+                                        raw_response)
 
 if TYPE_CHECKING:
     from bastion.gateway.core import Gateway
@@ -61,17 +62,22 @@ async def answer_metrics(gateway: "Gateway", method: str, send: Send) -> None:
 
 
 class MetricsListenerApp:
-    """The ASGI app of ``[metrics] listen``: the three endpoints, to whoever reaches the address."""
+    """The ASGI app of ``[metrics] listen``: the three endpoints, to whoever reaches the address. On a loopback
+    address only a loopback Host is answered: a web page cannot read the metrics through a name it points at
+    127.0.0.1 (DNS rebinding)."""
 
-    def __init__(self, gateway: "Gateway") -> None:
+    def __init__(self, gateway: "Gateway", *, loopback: bool) -> None:
         self.gateway = gateway
+        self._loopback = loopback
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
         try:
-            if path == METRICS_PATH:
+            if self._loopback and not is_loopback(_host_of(scope)):
+                await respond(send, 403, _JSON, b'{"error":"this listener answers only a loopback Host"}')
+            elif path == METRICS_PATH:
                 await answer_metrics(self.gateway, method, send)
             elif path in HEALTH_PATHS:
                 await answer_health(self.gateway, path, method, send)
@@ -82,10 +88,41 @@ class MetricsListenerApp:
             await respond(send, 500, _JSON, b'{"error":"internal error in Bastion"}')
 
 
-async def serve_metrics_listener(gateway: "Gateway", sock: socket.socket) -> None:
+def _host_of(scope: dict[str, Any]) -> str:
+    """The Host header's host, without its port (``[::1]:9464`` -> ``::1``); "" when there is none."""
+    host = next((value.decode("latin-1") for name, value in scope.get("headers", ()) if name == b"host"), "")
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+# What the unauthenticated listener takes: a scraper and a few probes need little, and whoever else reaches it must
+# not hold it open (slow headers) or crowd them out.
+LISTENER_CONNECTIONS = 32
+LISTENER_CONNECTIONS_PER_ADDRESS = 8
+LISTENER_HEADER_TIMEOUT = 10.0
+LISTENER_HEADER_BYTES = 16 * 1024
+
+
+def listener_bounds() -> ConnectionBounds:
+    def answer(status: int, reason: str, why: str) -> bytes:
+        return raw_response(status, reason, b'{"error":"' + why.encode() + b'"}', _JSON)
+
+    return ConnectionBounds(
+        header_timeout=LISTENER_HEADER_TIMEOUT, max_connections=LISTENER_CONNECTIONS,
+        max_per_address=LISTENER_CONNECTIONS_PER_ADDRESS, max_header_bytes=LISTENER_HEADER_BYTES,
+        late_answer=answer(408, "Request Timeout", "the request line and headers came too late"),
+        too_large_answer=answer(431, "Request Header Fields Too Large", "the request line and headers are too large"),
+        full_answer=answer(503, "Service Unavailable", "too many connections"),
+        address_full_answer=answer(503, "Service Unavailable", "too many connections from this address"))
+
+
+async def serve_metrics_listener(gateway: "Gateway", sock: socket.socket, *, loopback: bool) -> None:
     """Serve ``MetricsListenerApp`` on the bound ``sock`` until cancelled."""
-    config = uvicorn.Config(MetricsListenerApp(gateway), ws="none", loop="none", lifespan="off", proxy_headers=False,
-                            server_header=False, access_log=False, log_config=None, timeout_keep_alive=10)
+    config = uvicorn.Config(MetricsListenerApp(gateway, loopback=loopback), http=http_protocol(listener_bounds()),
+                            ws="none", loop="none", lifespan="off", proxy_headers=False, server_header=False,
+                            access_log=False, log_config=None, timeout_keep_alive=LISTENER_HEADER_TIMEOUT)
     server = QuietServer(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:
@@ -113,10 +150,11 @@ async def with_metrics_listener(gateway: "Gateway", serving: Awaitable[Any]) -> 
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     # One line a person (or a test) reads for the address, the port 0 asked for included.
     print(f"bastion: serving metrics on http://{shown}:{bound_port}/metrics", file=sys.stderr, flush=True)
-    if not is_loopback(host):
+    loopback = is_loopback(host)
+    if not loopback:
         log.warning("metrics.listen %s is reachable from other machines and serves /metrics to anyone, "
                     "unauthenticated: keep it on loopback or a private network", metrics.config.listen)
-    listener = asyncio.ensure_future(serve_metrics_listener(gateway, sock))
+    listener = asyncio.ensure_future(serve_metrics_listener(gateway, sock, loopback=loopback))
     try:
         return await serving
     finally:

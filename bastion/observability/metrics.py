@@ -20,7 +20,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from bastion.model import REQUEST, TO_SERVER, GatewayRequest, Handler
+import msgspec
+
+from bastion.model import TO_SERVER, GatewayRequest, Handler, ToolEntry
 
 if TYPE_CHECKING:
     from bastion.observability.config import MetricsConfig
@@ -40,34 +42,26 @@ MAX_LABEL_VALUES = 500
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
            30.0, 60.0)
 _BUCKETS_NS = tuple(int(b * 1e9) for b in BUCKETS)
+_now = time.perf_counter_ns
 
 # Outcomes of a request: answered; an error once its server was reached (the server's, its transport's, a timeout);
 # refused by the gateway (before the server, or its answer blocked on the way back); withdrawn by the client.
 OK, ERROR, REFUSED, CANCELLED = "ok", "error", "refused", "cancelled"
 
 
-class Histogram:
-    """One latency histogram's bucket counts (not cumulative), sum and count, in nanoseconds."""
+def new_histogram() -> list[int]:
+    """One latency histogram as the meter keeps it: a count per bucket (not cumulative; the last bucket past the
+    largest bound), then the sum in nanoseconds. A list, bumped in place: an object's attributes cost more."""
+    return [0] * (len(BUCKETS) + 2)
 
-    __slots__ = ("counts", "sum_ns", "count")
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(BUCKETS) + 1)
-        self.sum_ns = 0
-        self.count = 0
-
-    def observe(self, ns: int) -> None:
-        self.counts[bisect_left(_BUCKETS_NS, ns)] += 1
-        self.sum_ns += ns
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """``(upper bound in seconds, requests at or under it)``, the last bound ``inf``."""
-        total, out = 0, []
-        for bound, count in zip((*BUCKETS, float("inf")), self.counts):
-            total += count
-            out.append((bound, total))
-        return out
+def cumulative(histogram: list[int]) -> list[tuple[float, int]]:
+    """``(upper bound in seconds, requests at or under it)``, the last bound ``inf``."""
+    total, out = 0, []
+    for bound, count in zip((*BUCKETS, float("inf")), histogram[:-1]):
+        total += count
+        out.append((bound, total))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +85,10 @@ class LatencySample:
 
     @staticmethod
     def of(histograms: Any) -> "LatencySample":
-        merged = Histogram()
+        merged = new_histogram()
         for histogram in histograms:
-            merged.counts = [a + b for a, b in zip(merged.counts, histogram.counts)]
-            merged.sum_ns += histogram.sum_ns
-            merged.count += histogram.count
-        return LatencySample(tuple(merged.cumulative()), merged.sum_ns / 1e9, merged.count)
+            merged = [a + b for a, b in zip(merged, histogram)]
+        return LatencySample(tuple(cumulative(merged)), merged[-1] / 1e9, sum(merged[:-1]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +129,8 @@ class GatewayMetrics:
         self.config = config
         # (method, server, tool, outcome, identity) -> requests
         self.requests: dict[tuple[str, str, str, str, str], int] = {}
-        self.gateway_time: dict[str, Histogram] = {}  # by method
-        self.server_time: dict[tuple[str, str], Histogram] = {}  # by (method, server)
-        self.in_flight: dict[str, int] = {}  # by server: client calls it has in hand now
+        self.gateway_time: dict[str, list[int]] = {}  # by method (``new_histogram``)
+        self.server_time: dict[tuple[str, str], list[int]] = {}  # by (method, server)
         # (stage, effect, rule) -> decisions, told by the policy (``decided``)
         self.decisions: dict[tuple[Any, ...], int] = {}
         self._rules = Bounded()
@@ -194,6 +185,21 @@ class GatewayMetrics:
             send(frame, *rest)
         return counted
 
+    def calls_now(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Tool calls inside the gateway now, by server: those their server has in hand (in flight), and those
+        still waiting in the gateway on their way to it (for a person's approval, the server's start, the checks)."""
+        in_flight: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        for _, entry, answered, message in list(self.meter.probes.values()):
+            if entry is not None:
+                if not answered:  # else answered, on its way back
+                    in_flight[entry.server] = in_flight.get(entry.server, 0) + 1
+            elif message.method == "tools/call":
+                target = message.target or tool_of(message)
+                if target is not None:
+                    waiting[target.server] = waiting.get(target.server, 0) + 1
+        return in_flight, waiting
+
     # ------------------------------------------------------------------ the read API (the console's)
     def totals(self) -> Totals:
         """Requests so far by outcome, and the latency histograms merged over methods and servers."""
@@ -203,6 +209,19 @@ class GatewayMetrics:
         return Totals(time.monotonic(), sum(by_outcome.values()), by_outcome,
                       LatencySample.of(list(self.gateway_time.values())),
                       LatencySample.of(list(self.server_time.values())))
+
+
+def tool_of(message: GatewayRequest) -> ToolEntry | None:
+    """The tool a call names when its params are still the client's JSON bytes (nothing on its route reads them, so
+    the frontend left them undecoded and ``message.target`` cannot read the name)."""
+    name = message.params.get("name")
+    if type(name) is not msgspec.Raw:
+        return None
+    try:
+        decoded = msgspec.json.decode(name)
+    except msgspec.DecodeError:
+        return None
+    return message.catalog.tool(decoded) if type(decoded) is str else None
 
 
 class RequestMeter:
@@ -217,14 +236,20 @@ class RequestMeter:
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
-        # id(message) -> [ns with its server, its tool (a ToolEntry) once it reached it, answered by it], while the
-        # request is inside
-        self.probes: dict[int, list[Any]] = {}
+        # (id(session), request id) -> [ns with its server, its tool once it reached it (the catalog's entry then: a server that
+        # crashes takes its tools out), answered by it, the message], while the request is inside: what is in
+        # flight and what waits is read from here at scrape time
+        self.probes: dict[Any, list[Any]] = {}
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        started = time.perf_counter_ns()
-        key = id(message)
-        probe = self.probes[key] = [0, None, False]
+        started = _now()
+        # What the clock finds it by: the session and the client's id, which an interceptor that passes the call on
+        # as a new message (the search exposure's call_tool, a call a person approved) keeps.
+        key: Any = (id(message.session), message.request_id)
+        probes = self.probes
+        if key in probes:  # one id twice in one session (the host API's calls have none): this one on its own
+            key = id(message)
+        probe = probes[key] = [0, None, False, message]
         outcome = OK
         try:
             return await call_next(message)
@@ -237,14 +262,14 @@ class RequestMeter:
                 outcome = REFUSED
             raise
         finally:
-            elapsed = time.perf_counter_ns() - started
-            del self.probes[key]
+            elapsed = _now() - started
+            del probes[key]
             metrics = self.metrics
             method = message.method
-            entry = probe[1]
             if method == "tools/call":
+                entry = probe[1]
                 if entry is None:  # refused before its server: the tool as the chain left it
-                    entry = message.target
+                    entry = message.target or tool_of(message)
                 tool, server = (entry.exposed_name, entry.server) if entry is not None else (OTHER, "")
             elif method in CLIENT_METHODS:
                 tool, server = "", metrics.server_for(method, message.params) or ""
@@ -262,56 +287,47 @@ class RequestMeter:
             try:
                 histogram = metrics.gateway_time[method]
             except KeyError:
-                histogram = metrics.gateway_time[method] = Histogram()
+                histogram = metrics.gateway_time[method] = new_histogram()
             ns = elapsed - server_ns
-            histogram.counts[bisect_left(_BUCKETS_NS, ns)] += 1
-            histogram.sum_ns += ns
-            histogram.count += 1
+            histogram[bisect_left(_BUCKETS_NS, ns)] += 1
+            histogram[-1] += ns
             if server_ns:
                 try:
                     histogram = metrics.server_time[(method, server)]
                 except KeyError:
-                    histogram = metrics.server_time[(method, server)] = Histogram()
-                histogram.counts[bisect_left(_BUCKETS_NS, server_ns)] += 1
-                histogram.sum_ns += server_ns
-                histogram.count += 1
+                    histogram = metrics.server_time[(method, server)] = new_histogram()
+                histogram[bisect_left(_BUCKETS_NS, server_ns)] += 1
+                histogram[-1] += server_ns
 
 
 class ServerClock:
-    """Innermost on the chain: what follows it is the router and the server. It tells the meter how long the
-    request spent there, and whether the server answered (an error after that is the gateway's refusal of the
-    answer; an error before it, the server's), and counts the requests each server has in hand now."""
+    """Innermost on the chain, on the route of ``tools/call`` only: what follows it is the router and the server.
+    It tells the meter how long the call spent there, and whether the server answered (an error after that is the
+    gateway's refusal of the answer; an error before it, the server's)."""
 
     directions = (TO_SERVER,)
+    methods = frozenset({"tools/call"})
     reads_params = False
     reads_results = False
 
     def __init__(self, meter: RequestMeter) -> None:
         self._probes = meter.probes
-        self._in_flight = meter.metrics.in_flight
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
-        probe = self._probes.get(id(message))
-        entry = message.target if message.method == "tools/call" else None
+        probe = self._probes.get((id(message.session), message.request_id))
+        entry = message.target or tool_of(message)
         if probe is None or entry is None:
-            # a request the meter did not see (a chain of the tests' own), a tool no server has (the router refuses
-            # it itself), or one the gateway answers (lists, the handshake)
+            # a request the meter did not see (a chain of the tests' own), or a tool no server has: the router
+            # refuses it itself
             return await call_next(message)
         probe[1] = entry
-        server = entry.server
-        in_flight = self._in_flight
-        try:
-            in_flight[server] += 1
-        except KeyError:
-            in_flight[server] = 1
-        started = time.perf_counter_ns()
+        started = _now()
         try:
             result = await call_next(message)
             probe[2] = True
             return result
         finally:
-            probe[0] += time.perf_counter_ns() - started
-            in_flight[server] -= 1
+            probe[0] += _now() - started
 
 
-__all__ = ["BUCKETS", "CLIENT_METHODS", "GatewayMetrics", "LatencySample", "OTHER", "REQUEST", "Totals"]
+__all__ = ["BUCKETS", "CLIENT_METHODS", "GatewayMetrics", "LatencySample", "OTHER", "Totals", "cumulative"]

@@ -169,6 +169,12 @@ async def test_only_identities_the_policy_lets_view_metrics_read_them(tmp_path: 
         assert allowed.status_code == 200 and "bastion_server_up" in allowed.text
         posted = httpx2.post(url, headers={"authorization": f"Bearer {admin}"}, timeout=60)
         assert posted.status_code == 405
+        # probes are answered whatever Host they send (a kubelet's is the pod's address); the rest is guarded
+        probe = httpx2.get(f"{base(served)}/healthz", headers={"host": "10.1.2.3:8080"}, timeout=60)
+        assert probe.status_code == 200
+        guarded = httpx2.get(url, headers={"authorization": f"Bearer {admin}", "host": "attacker.example"},
+                             timeout=60)
+        assert guarded.status_code == 403
     finally:
         stop(served)
     # the refusal is in the audit trail, with who and the rule that decided
@@ -176,3 +182,39 @@ async def test_only_identities_the_policy_lets_view_metrics_read_them(tmp_path: 
     refusals = [r for r in records if r.get("what", {}).get("method") == "admin/view_metrics"]
     assert refusals and {r["who"]["name"] for r in refusals} == {"agent"}, refusals
     assert [r["outcome"] for r in refusals if "outcome" in r] == [403]
+
+
+async def test_labels_stay_bounded_and_escaped_whatever_callers_send(tmp_path: Path) -> None:
+    """Callers named by a header, each a label of its own (``identity_labels = "name"``): quotes and backslashes
+    in a name stay inside its label, 600 names make at most 500 labels and ``other``, and a method nobody defined
+    is ``other``. The separate listener serves a gateway on HTTP too, unauthenticated."""
+    from tests.auth.serving import modern_request
+
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"raw": raw_server(trust="trusted")}, "ready_timeout": READY_TIMEOUT, "policy": "off",
+        "tools": {"exposure": "all"}, "http": {"identity_header": "X-Agent"},
+        "metrics": {"listen": "127.0.0.1:0", "identity_labels": "name"}}))
+    served = start(config)
+    try:
+        [listener] = [line.split("serving metrics on ")[1].removesuffix("/metrics") for line in
+                      served.log().splitlines() if "serving metrics on " in line]
+        hostile = 'eve"} bastion_server_up{server="raw"} 0 #\\'
+        async with httpx2.AsyncClient(timeout=60) as http:
+            assert (await modern_request(http, served.url, {"x-agent": hostile}, "tools/list", {})).status_code == 200
+            for index in range(600):
+                answer = await modern_request(http, served.url, {"x-agent": f"agent-{index}"}, "tools/list", {})
+                assert answer.status_code == 200
+            odd = await modern_request(http, served.url, {"x-agent": "agent-1"}, "tools/invented_by_the_client", {})
+            assert "error" in odd.text
+            scraped = await http.get(f"{listener}/metrics")
+        assert scraped.status_code == 200
+        families = {family.name: family.samples for family in text_string_to_metric_families(scraped.text)}
+        identities = {s.labels["identity"] for s in families["bastion_requests"]}
+        assert hostile in identities  # one label, its quotes its own
+        assert len(identities) == 501 and "other" in identities
+        assert value(families, "bastion_requests_total", identity="other") == 600 + 1 - 500
+        assert [s.value for s in families["bastion_server_up"]] == [1.0]  # the forged series is not one
+        assert {s.labels["method"] for s in families["bastion_requests"]} <= {"tools/list", "other"}
+    finally:
+        stop(served)

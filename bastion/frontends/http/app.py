@@ -144,8 +144,13 @@ class HttpFrontend:
             return
         headers = headers_of(scope)
         try:
-            peer = self.admission.admit(scope, headers)
             path, method = scope["path"], scope["method"]
+            if path in HEALTH_PATHS:
+                # For probes, whatever Host they send (a kubelet's is the pod's address): unauthenticated, they
+                # name nothing a page could use.
+                await answer_health(self.gateway, path, method, send)
+                return
+            peer = self.admission.admit(scope, headers)
             if path in MCP_PATHS:
                 identity = await self.admission.authenticate(scope, headers, "mcp", peer)
                 if method == "POST":
@@ -163,8 +168,6 @@ class HttpFrontend:
             elif path == "/messages" and method == "POST":
                 await self._sse_post(scope, headers, await self.admission.authenticate(scope, headers, "messages", peer),
                                      receive, send)
-            elif path in HEALTH_PATHS:
-                await answer_health(self.gateway, path, method, send)  # for probes: unauthenticated, names nothing
             elif path == METRICS_PATH and self.gateway.metrics is not None:
                 await self._metrics(scope, headers, peer, method, send)
             elif path in self.auth.metadata_paths and self._metadata is not None:
