@@ -48,7 +48,7 @@ async def render(view: View) -> Html:
                    figure("Gateway time p95", "gateway-p95", _ms(figures.gateway_p95_ms)),
                    figure("Server time p50", "server-p50", _ms(figures.server_p50_ms)),
                    figure("Server time p95", "server-p95", _ms(figures.server_p95_ms)),
-                   figure("In flight now", "in-flight", str(figures.in_flight)),
+                   figure("Calls in the gateway now", "in-flight", str(figures.in_flight)),
                    figure("Answered since start", "total", str(figures.total)), class_="figures"),
                Html('<svg class="spark" viewBox="0 0 300 60" width="300" height="60" role="img" '
                     'aria-label="request rate, last two minutes"><path id="rate-line" d="" fill="none" '

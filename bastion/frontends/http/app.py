@@ -400,4 +400,8 @@ def _live_window(gateway: Gateway) -> LiveWindow | None:
     metrics = gateway.metrics
     if metrics is None:
         return None
-    return LiveWindow(metrics.totals, lambda: sum(metrics.in_flight.values()))
+    def inside() -> int:  # calls at their servers, and those still on their way (approval, a server's start)
+        at_servers, on_the_way = metrics.calls_now()
+        return sum(at_servers.values()) + sum(on_the_way.values())
+
+    return LiveWindow(metrics.totals, inside)
