@@ -54,3 +54,11 @@ def test_only_loopback_addresses_are_let_through() -> None:
     assert not loopback_only("https://cdn.example.com/app.js")
     assert not loopback_only("http://127.0.0.1.example.com/")
     assert not loopback_only("file:///etc/passwd")
+
+
+def test_a_missing_chromium_fails_saying_what_to_install(monkeypatch, tmp_path) -> None:
+    from tests.browser.conftest import chromium_path
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match="apt-get install chromium"):
+        chromium_path()
