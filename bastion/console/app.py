@@ -154,8 +154,14 @@ class ConsoleApp:
         if session is None:
             raise Refused(403, "log in first: this feed needs a console session")
         self._decide(session.identity, "view_console", "", f"feed/{path}")
-        value = await feed.read(View(session.identity, request.query, self.data, session.csrf, path))
-        await _answer(send, 200, b"application/json", orjson.dumps(value))
+        try:
+            body = orjson.dumps(await feed.read(View(session.identity, request.query, self.data, session.csrf, path)))
+        except Exception as error:  # noqa: BLE001 - a feed that cannot be read is said; the gateway goes on
+            log.exception("console: the feed %s failed", path)
+            body = orjson.dumps({"error": f"this feed could not be read: {type(error).__name__}: {error}"})
+            await _answer(send, 500, b"application/json", body)
+            return
+        await _answer(send, 200, b"application/json", body)
 
     # ------------------------------------------------------------------------------------------ log in, log out
     async def _log_in(self, request: Request, receive: Receive, send: Send) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import resources
 from typing import Iterable
 
-from bastion.console.markup import Html, escape, tag
+from bastion.console.markup import Html, tag
 from bastion.console.registry import Asset
 from bastion.model import Identity
 
@@ -55,4 +55,4 @@ def document(title: str, body: Html, *, menu: Iterable[tuple[str, str]] = (), cu
     return f"<!doctype html>\n{page}\n".encode()
 
 
-__all__ = ["CSP", "SECURITY_HEADERS", "STYLESHEET", "document", "escape"]
+__all__ = ["CSP", "SECURITY_HEADERS", "STYLESHEET", "document"]
