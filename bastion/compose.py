@@ -34,9 +34,9 @@ def build_gateway(
     interceptors: Sequence[Interceptor] = (),
     launcher: Launcher = launch_server,
 ) -> Gateway:
-    """The gateway ``config`` describes: its servers, search exposure in search mode, the guardrails that screen
-    definitions, the policy (unless it is off), the other guardrails (unless they are off), then ``interceptors``
-    (innermost: they see only what all of those let through). Raises ``PolicyStartError`` when the policy cannot start (a key that cannot
+    """The gateway ``config`` describes: its servers, the metrics' meter (unless they are off), search exposure in
+    search mode, the guardrails that screen definitions, the policy (unless it is off), the other guardrails (unless
+    they are off), then ``interceptors`` (they see only what all of those let through), then the metrics' clock. Raises ``PolicyStartError`` when the policy cannot start (a key that cannot
     be read, an audit trail that cannot be written)."""
     catalog = server_catalog(config)
     policy = build_policy(config)
@@ -73,15 +73,12 @@ def build_gateway(
 
 
 def attach_metrics(gateway: Gateway, metrics: GatewayMetrics, interventions: InterventionLog | None) -> None:
-    """Give the gateway its metrics and their registry, and tell the metrics what they read from the gateway."""
-    from bastion.observability.collector import registry_for
-
+    """Give the gateway its metrics, and tell the metrics what they read from the gateway. Their registry is made
+    on the first scrape (prometheus-client takes 60 ms to import: no start of a gateway nobody scrapes pays it)."""
     metrics.server_for = gateway.server_for
+    metrics.interventions = interventions
     if gateway.policy is not None:
-        for interceptor in gateway.policy.interceptors:
-            if hasattr(interceptor, "decided"):
-                interceptor.decided = metrics.decided
-    metrics.registry = registry_for(gateway, metrics, interventions)
+        gateway.policy.tell_decisions(metrics.decided)
     gateway.metrics = metrics
 
 

@@ -25,6 +25,14 @@ def registry_for(gateway: "Gateway", metrics: GatewayMetrics, interventions: Any
     return registry
 
 
+def registry_of(gateway: "Gateway") -> CollectorRegistry:
+    """The gateway's registry, made on its first scrape."""
+    metrics = gateway.metrics
+    if metrics.registry is None:
+        metrics.registry = registry_for(gateway, metrics, metrics.interventions)
+    return metrics.registry  # type: ignore[no-any-return]
+
+
 def exposition(registry: CollectorRegistry) -> bytes:
     """The registry in the Prometheus text format."""
     return generate_latest(registry)

@@ -11,9 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import uvicorn
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from bastion.observability.collector import exposition
 from bastion.observability.health import ALIVE, readiness
 from bastion.transport.listener import (ConnectionBounds, QuietServer, http_protocol, is_loopback, listen,
                                         raw_response)
@@ -58,7 +56,12 @@ async def answer_metrics(gateway: "Gateway", method: str, send: Send) -> None:
     if method not in ("GET", "HEAD"):
         await respond(send, 405, _JSON, b'{"error":"GET only"}', ((b"allow", b"GET, HEAD"),))
         return
-    await respond(send, 200, CONTENT_TYPE_LATEST.encode(), exposition(gateway.metrics.registry))
+    # Imported on the first scrape: prometheus-client takes 60 ms to import (see bastion.compose.attach_metrics).
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    from bastion.observability.collector import exposition, registry_of
+
+    await respond(send, 200, CONTENT_TYPE_LATEST.encode(), exposition(registry_of(gateway)))
 
 
 class MetricsListenerApp:

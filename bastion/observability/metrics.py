@@ -141,7 +141,8 @@ class GatewayMetrics:
         self.sessions: dict[str, Callable[[], int]] = {}  # transport -> sessions open now
         self.bytes_in: dict[str, int] = {}  # transport -> bytes received from clients
         self.bytes_out: dict[str, int] = {}  # transport -> bytes sent to clients
-        self.registry: Any = None  # the prometheus-client registry that reads these (collector.registry_for)
+        self.interventions: Any = None  # the guardrails' InterventionLog (its counts), None when they are off
+        self.registry: Any = None  # the prometheus-client registry that reads these, made on the first scrape
         self.meter = RequestMeter(self)
         self.clock = ServerClock(self.meter)
 

@@ -812,6 +812,12 @@ class PolicyRuntime:
         writer.write_call((time.time(), identity.record(), f"admin/{operation}", target, None, False, outcome, 0,
                            stages))
 
+    def tell_decisions(self, decided: Callable[[list[Any]], None]) -> None:
+        """Have each request's stages told to ``decided`` once decided (the metrics count them by rule)."""
+        for interceptor in self.interceptors:
+            if isinstance(interceptor, PolicyInterceptor):
+                interceptor.decided = decided
+
     async def aclose(self) -> None:
         await self.audit.aclose()
 

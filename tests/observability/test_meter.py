@@ -192,3 +192,23 @@ async def test_a_call_passed_on_as_a_new_message_is_counted_under_its_real_tool(
     assert outcomes(metrics) == {("fx__ok", "ok"): 1, ("fx__fails", "error"): 1}
     assert sum(metrics.server_time[("tools/call", "fx")][:-1]) == 2
     assert not metrics.meter.probes
+
+
+def test_a_gateway_nobody_scrapes_never_imports_prometheus_client() -> None:
+    """prometheus-client takes tens of milliseconds to import: a start of ``bastion run`` (or a one-shot command)
+    must not pay it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, asyncio\n"
+             "from bastion.compose import build_gateway\n"
+             "from bastion.config import GatewayConfig\n"
+             "async def main():\n"
+             "    gateway = build_gateway(GatewayConfig.model_validate({'servers': {}}))\n"
+             "    assert gateway.metrics is not None\n"
+             "    await gateway.close()\n"
+             "asyncio.run(main())\n"
+             "print('prometheus_client' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
