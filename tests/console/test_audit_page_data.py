@@ -158,3 +158,19 @@ async def test_the_worker_process_answers_as_the_functions_do(tmp_path, trail) -
     assert [(row.kind, row.count) for row in counts(counted)] == [("aws-access-key", 1)]
     with pytest.raises(TrailUnreadable, match="could not be read"):
         await read(str(trail), {}, key_file=str(tmp_path / "no-such-key"))
+
+
+async def test_a_trail_sealed_with_a_key_verifies_with_its_key_file_only(tmp_path) -> None:
+    from bastion.console.audit_worker import read
+
+    key = bytes(range(32))
+    (tmp_path / "audit.key").write_text(key.hex())
+    path = tmp_path / "audit.jsonl"
+    writer = AuditWriter(path, key=key)
+    writer.write_call((1.0, ALICE, "tools/call", "files__read", {}, True, "complete", 0, ALLOW))
+    writer.close()
+    keyed, _, _ = await read(str(path), {}, key_file=str(tmp_path / "audit.key"))
+    assert keyed.intact
+    unkeyed, _, _ = await read(str(path), {})
+    assert not unkeyed.intact  # without its key every record reads as altered: the page says so, never makes a key
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["audit.key", "audit.jsonl", "audit.jsonl.lock"])
