@@ -16,7 +16,7 @@ import orjson
 
 from bastion.console.layout import SECURITY_HEADERS, document
 from bastion.console.login import Login, LoginRefused, Presented
-from bastion.console.markup import Html, tag
+from bastion.console.markup import Html, join, tag
 from bastion.console.registry import Act, ActRequest, BadForm, Console, Outcome, View
 from bastion.console.sessions import Session, Sessions, cookie_of, set_cookie
 from bastion.model import Identity
@@ -171,8 +171,9 @@ class ConsoleApp:
             admitted = await self.login.identity(form, Presented(request.headers, request.peer, request.certificate))
         except LoginRefused as refusal:
             log.info("console: refused a login from %s: %s", request.peer, refusal)
-            await self._page(send, 403, "Log in", tag("p", str(refusal), class_="notice refused")
-                             + self.login.form({}))
+            # join keeps both parts markup: str + Html is a plain str, which the layout would escape
+            await self._page(send, 403, "Log in", join([tag("p", str(refusal), class_="notice refused"),
+                                                        self.login.form({})]))
             return
         # Only who may read the console gets a session; a refusal here is audited like any other.
         self._decide(admitted.identity, "view_console", "", "login")

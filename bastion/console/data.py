@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bastion.console.live import LiveWindow
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.pin_book import PinBook, server_id
 from bastion.guardrails.pin_store import PinStore
 from bastion.pin_review import identities, rows, scan_modes
+from bastion.policy.approval import ApprovalQueue
+from bastion.policy.config import ApprovalConfig, PolicyConfig
 from bastion.running import RunningGateway, ask_retry, running_gateways
 
 log = logging.getLogger("bastion.console")
@@ -36,6 +39,8 @@ class ConsoleData:
     running_dir: Path | None = None
     pins_of: str | None = None
     tokens: "TokenCosts" = field(default_factory=lambda: TokenCosts(), compare=False, repr=False)
+    # The live figures over the gateway's own metrics: only the console inside the gateway (serve --http) has them.
+    live: LiveWindow | None = None
 
     # ------------------------------------------------------------------------------------------ servers
     def gateways(self) -> list[RunningGateway]:
@@ -82,6 +87,31 @@ class ConsoleData:
 
     def token_cost(self, definition: Any) -> int | None:
         return self.tokens.of(definition)
+
+    # ------------------------------------------------------------------------------------------ approvals, audit, live
+    def _policy(self) -> Any:
+        """The configuration's policy settings (the defaults without a configuration; None when the policy is off)."""
+        return self.config.policy if self.config is not None else PolicyConfig()
+
+    def approval_queue(self) -> ApprovalQueue:
+        """The queue the gateways of this configuration wait on (``policy.approval.queue_dir``)."""
+        policy = self._policy()
+        return ApprovalQueue(policy.approval.queue_dir if policy is not None else ApprovalConfig().queue_dir)
+
+    def audit_trail(self) -> str | None:
+        """The trail this configuration writes (``policy.audit.path``), None when it writes none."""
+        policy = self._policy()
+        return policy.audit.path if policy is not None and policy.audit.enabled else None
+
+    def audit_key_file(self) -> str | None:
+        """The file of the trail's HMAC key (``policy.audit.key_file``), None without one: read by the process that
+        verifies the trail (``audit_worker``), which never makes one."""
+        policy = self._policy()
+        path = policy.audit.key_file if policy is not None else None
+        return str(Path(path).expanduser()) if path else None
+
+    def live_window(self) -> LiveWindow | None:
+        return self.live
 
 
 class TokenCosts:

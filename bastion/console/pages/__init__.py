@@ -3,11 +3,11 @@ has them, ``FEEDS`` and ``ASSETS``), and is listed here once."""
 
 from __future__ import annotations
 
-from bastion.console.pages import catalog, changes, servers
+from bastion.console.pages import approvals, audit, catalog, changes, interventions, live, servers
 from bastion.console.layout import ICON, STYLESHEET
 from bastion.console.registry import Console
 
-MODULES = (servers, catalog, changes)
+MODULES = (servers, catalog, changes, approvals, audit, interventions, live)
 
 
 def console() -> Console:

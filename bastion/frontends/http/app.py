@@ -19,6 +19,7 @@ from bastion.auth.build import HttpAuth, build_http_auth
 from bastion.config import HttpConfig
 from bastion.console.app import ConsoleApp, is_console_path
 from bastion.console.data import ConsoleData
+from bastion.console.live import LiveWindow
 from bastion.console.login import CredentialLogin
 from bastion.console.pages import console
 from bastion.frontends.http.admission import Admission, nothing
@@ -83,7 +84,8 @@ class HttpFrontend:
         source = gateway.config.source
         self.console = ConsoleApp(console(), CredentialLogin(self.auth.authenticator), gateway.policy,
                                   ConsoleData(gateway.config, only_pid=os.getpid(),
-                                              pins_of=str(source) if source is not None else ""))
+                                              pins_of=str(source) if source is not None else "",
+                                              live=_live_window(gateway)))
         if gateway.metrics is not None:
             gateway.metrics.sessions["streamable_http"] = lambda: len(self.sessions)
             gateway.metrics.sessions["sse"] = lambda: len(self.sse_sessions)
@@ -398,3 +400,15 @@ def _claim(session: LegacySession | SseSession, session_id: str, identity: Ident
         raise HttpError(403, -32600, "this session belongs to another caller")
     if identity is not session.identity:
         session.renew(identity)
+
+
+def _live_window(gateway: Gateway) -> LiveWindow | None:
+    """The console's live figures over the gateway's metrics (none when ``[metrics] enabled = false``)."""
+    metrics = gateway.metrics
+    if metrics is None:
+        return None
+    def inside() -> int:  # calls at their servers, and those still on their way (approval, a server's start)
+        at_servers, on_the_way = metrics.calls_now()
+        return sum(at_servers.values()) + sum(on_the_way.values())
+
+    return LiveWindow(metrics.totals, inside)
