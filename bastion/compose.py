@@ -60,7 +60,21 @@ def build_gateway(
     gateway = Gateway(config, catalog=catalog, policy=policy, exposure=exposure, screens=guardrails.screens,
                       interceptors=[*guardrails.inner, *interceptors], tool_index=tool_index, launcher=launcher)
     servers.gateway = gateway
+    from bastion.reload import Reloader  # here: it builds its policy and guardrails with this module's functions
+
+    gateway.reloader = Reloader(gateway, lambda new, running: reloaded_parts(new, running, catalog))
     return gateway
+
+
+def reloaded_parts(config: GatewayConfig, running: PolicyRuntime | None,
+                   catalog: CatalogView) -> tuple[PolicyRuntime | None, GuardrailChain]:
+    """The policy and guardrails a reloaded ``config`` describes, the running policy handing over what it keeps.
+    Whether there is a policy at all changes only with a restart (``bastion.reload.restart_keys``): said at
+    start, not again; guardrails turned off are said by the reload."""
+    policy = None if config.policy is None else build_policy(config, previous=running)
+    if config.guardrails is None:
+        return policy, GuardrailChain([], [])
+    return policy, build_guardrail_chain(config, policy, catalog)
 
 
 class ServersStarting:
@@ -78,14 +92,20 @@ class ServersStarting:
             await self.gateway.wait_ready(report=False)
 
 
-def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
-    """The policy runtime of ``config``, None when its policy is off (said once, as a warning)."""
+def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None) -> PolicyRuntime | None:
+    """The policy runtime of ``config``, None when its policy is off (said once, as a warning). ``previous``, the
+    runtime a reload replaces, hands over its audit writer (one process holds a trail's hash chain) and its shared
+    state (an approval used before the reload stays used)."""
     if config.policy is None:
-        log.warning("policy is off: every call is allowed and nothing is audited")
+        if previous is None:
+            log.warning("policy is off: every call is allowed and nothing is audited")
         return None
     pre_approved = {name: cfg.auto_approve for name, cfg in config.servers.items() if cfg.enabled}
     claims = tuple(config.auth.claims.attributes) if config.auth is not None else ()
-    return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims)
+    if previous is None:
+        return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims)
+    return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
+                                audit_writer=previous.audit.writer, shared_state=previous.state)
 
 
 def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, catalog: CatalogView) -> GuardrailChain:

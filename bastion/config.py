@@ -346,6 +346,15 @@ class ToolsConfig(BaseModel):
     )
 
 
+class ReloadConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    watch: bool = Field(default=True, strict=True, description="reload when the configuration file or a policy file "
+                                                               "it names changes (SIGHUP reloads either way)")
+    interval: float = Field(default=1.0, gt=0, le=60, description="seconds between looks at the watched files; a "
+                                                                   "change is applied once a look finds it settled")
+
+
 class GatewayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -366,6 +375,7 @@ class GatewayConfig(BaseModel):
         default_factory=GuardrailsConfig,
         description='content guardrails (pinning, secrets, PII, injection, taint, sampling); "off": none',
     )
+    reload: ReloadConfig = Field(default_factory=ReloadConfig, description="hot reload: the file watch")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)

@@ -95,6 +95,23 @@ class Catalog:
             self._rebuild_templates()
         return True
 
+    def set_servers(self, servers: Sequence[ServerFacts]) -> list[str]:
+        """Take a reloaded configuration's servers: a server no longer named loses its items, a new one starts with
+        none, and one whose facts changed (prefix, trust) starts again with none (its new process's lists fill it).
+        The kinds whose listing changed, so that clients are told."""
+        kept = {s.name for s in servers if self._servers.get(s.name) == s}
+        changed = [kind for kind in KINDS if any(getattr(items, kind) for name, items in self._items.items()
+                                                 if name not in kept)]
+        self._servers = {s.name: s for s in servers}
+        self._order = [s.name for s in servers]
+        self._items = {s.name: self._items[s.name] if s.name in kept else _ServerItems() for s in servers}
+        self.version += 1
+        self._rebuild_tools()
+        self._rebuild_prompts()
+        self._rebuild_resources()
+        self._rebuild_templates()
+        return changed
+
     def _assign(self, kind: str) -> tuple[dict[str, Named], dict[tuple[str, str], str]]:
         """Client-facing names for every server's tools or prompts, and the way from (server, original) to them."""
         entries = [(s, self._servers[s].prefix, item["name"]) for s in self._order

@@ -39,7 +39,8 @@ def is_loopback(host: str) -> bool:
 
 async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int, *, auth: HttpAuth | None = None,
                      callback: Any = None) -> signal.Signals | None:
-    """Serve until SIGTERM, SIGINT or SIGHUP; the signal that stopped it."""
+    """Serve until SIGTERM or SIGINT; the signal that stopped it. SIGHUP is not a stop: it reloads the
+    configuration (``bastion.cli.gateway.with_reloading``)."""
     sock = listen(host, port)  # first: an address in use is said before any server starts
     gateway.start()
     frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host), auth=auth, callback=callback)
@@ -64,7 +65,7 @@ async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: in
             stopped_by.append(sig)
             loop.create_task(_stop(frontend, server))
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
     frontend.start()
     bound_host, bound_port = sock.getsockname()[:2]
