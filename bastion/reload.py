@@ -69,10 +69,15 @@ class ReloadOutcome:
     def describe(self) -> str:
         if not self.applied:
             return f"refused, the running configuration stays: {self.error}"
-        parts = [f"{what}: {', '.join(names)}" for what, names in (
+        parts = [f"{what}: {', '.join(map(shown, names))}" for what, names in (
             ("servers added", self.added), ("removed", self.removed), ("restarted", self.restarted)) if names]
         parts.append("policy and guardrails reloaded" if self.policy_reloaded else "guardrails reloaded")
         return "; ".join(parts)
+
+
+def shown(name: str) -> str:
+    """A server's name as a log line shows it: quoted when it holds what could end the line or forge another."""
+    return name if name.isprintable() else repr(name)
 
 
 def refused(error: str) -> ReloadOutcome:
@@ -159,7 +164,8 @@ class Reloader:
         waiting = restart_keys(old, new)
         new = as_applied(old, new, waiting)
         try:
-            policy, guardrails = self._build_parts(new, gateway.policy)
+            # On a thread: it reads the Cedar files and compiles the guardrails' rules while clients are served.
+            policy, guardrails = await asyncio.to_thread(self._build_parts, new, gateway.policy)
         except PolicyStartError as exc:
             return refused(str(exc))
         restarted = {name for name, cfg in new.servers.items()

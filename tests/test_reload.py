@@ -267,3 +267,32 @@ async def test_a_guardrail_setting_takes_effect_on_stdio(tmp_path: Path, state: 
             if mode == "legacy":
                 await notices.next()
             assert "b__hello" in await tool_names(client)
+
+
+async def test_a_changed_server_restarts_an_unchanged_one_keeps_running_and_restart_keys_are_named(
+        tmp_path: Path, state: Path) -> None:
+    config = tmp_path / "bastion.json"
+    write(config, tmp_path, ("a", "b"))
+    served = serve_config(config, tmp_path, tmp_path / "events.log")
+    try:
+        with anyio.fail_after(DEADLINE):
+            async with http_client(served, "legacy", Notices()) as client:
+                assert (await client.call_tool("a__hello", {})).content[0].text == "hello from a"
+                assert (await client.call_tool("b__hello", {})).content[0].text == "hello from b"
+                a_before = set(pids_with_tag(f"reload-test-{tmp_path.name}-a"))
+                b_before = set(pids_with_tag(f"reload-test-{tmp_path.name}-b"))
+                data = json.loads(config.read_text())
+                data["servers"]["a"]["env"]["CHANGED"] = "1"  # a changed entry: that server restarts
+                data["http"] = {"max_body_bytes": 65536}  # the listener's: only a restart changes it
+                replace(config, json.dumps(data))
+                await until_said(served.stderr, APPLIED, 1)
+                await anyio.to_thread.run_sync(lambda: wait_for(
+                    lambda: not a_before & set(pids_with_tag(f"reload-test-{tmp_path.name}-a")), DEADLINE))
+                assert (await client.call_tool("a__hello", {})).content[0].text == "hello from a"
+                assert set(pids_with_tag(f"reload-test-{tmp_path.name}-b")) == b_before
+                assert (await client.call_tool("b__hello", {})).content[0].text == "hello from b"
+    finally:
+        stop_bastion(served)
+    stderr = served.stderr.read_text()
+    assert "restarted: a" in stderr and "restarted: a, b" not in stderr
+    assert f"http changed in {config}: it takes effect only when Bastion restarts" in stderr

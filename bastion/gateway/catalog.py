@@ -7,7 +7,7 @@ import binascii
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import orjson
 
@@ -95,11 +95,12 @@ class Catalog:
             self._rebuild_templates()
         return True
 
-    def set_servers(self, servers: Sequence[ServerFacts]) -> list[str]:
+    def set_servers(self, servers: Sequence[ServerFacts], restarted: Collection[str] = ()) -> list[str]:
         """Take a reloaded configuration's servers: a server no longer named loses its items, a new one starts with
-        none, and one whose facts changed (prefix, trust) starts again with none (its new process's lists fill it).
-        The kinds whose listing changed, so that clients are told."""
-        kept = {s.name for s in servers if self._servers.get(s.name) == s}
+        none, and one restarted or whose facts changed (prefix, trust) starts again with none (its new process's
+        lists fill it, and a call meanwhile waits for it as for any server starting). The kinds whose listing
+        changed, so that clients are told."""
+        kept = {s.name for s in servers if self._servers.get(s.name) == s and s.name not in restarted}
         changed = [kind for kind in KINDS if any(getattr(items, kind) for name, items in self._items.items()
                                                  if name not in kept)]
         self._servers = {s.name: s for s in servers}

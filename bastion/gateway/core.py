@@ -199,7 +199,7 @@ class Gateway:
                 upstream.client_capabilities = dict(self._declared)
                 upstream.start()
         self.router.configure(config)
-        for kind in self.catalog.set_servers(server_facts(config)):
+        for kind in self.catalog.set_servers(server_facts(config), restarted):
             self.refresh.tell(kind)
         return added, removed
 
