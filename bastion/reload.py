@@ -112,10 +112,17 @@ def digest(paths: list[Path]) -> str:
     for path in paths:
         hashed.update(os.fsencode(path) + b"\0")
         try:
-            hashed.update(hashlib.sha256(path.read_bytes()).digest())
+            # Never opened unless a regular file: reading a FIFO put in its place would wait for a writer forever.
+            hashed.update(hashlib.sha256(path.read_bytes()).digest() if path.is_file() else b"not a file")
         except OSError:
             hashed.update(b"missing")
     return hashed.hexdigest()
+
+
+def not_regular(paths: list[Path]) -> Path | None:
+    """The first of ``paths`` that exists and is not a regular file (a FIFO, a device, a folder), whose reading
+    could hang or mean nothing."""
+    return next((path for path in paths if path.exists() and not path.is_file()), None)
 
 
 def watched_files(config: GatewayConfig) -> list[Path]:
@@ -180,8 +187,13 @@ class Reloader:
                              tuple(waiting))
 
     def _read(self, source: Path) -> tuple[GatewayConfig, str]:
+        if (odd := not_regular([source])) is not None:
+            raise ConfigError(f"{odd}: not a regular file; write the configuration there as a file")
         new = self._load(source)
-        return new, digest(watched_files(new))
+        files = watched_files(new)
+        if (odd := not_regular(files)) is not None:
+            raise ConfigError(f"{odd}: not a regular file; policy.policy_files names Cedar files")
+        return new, digest(files)
 
     def _report(self, outcome: ReloadOutcome, cause: str, identity: Identity) -> None:
         source = self._gateway.config.source

@@ -169,6 +169,12 @@ async def test_an_invalid_file_is_refused_and_the_running_configuration_keeps_se
                 assert (await client.call_tool("a__hello", {})).content[0].text == "hello from a"
                 assert "b__hello" not in await tool_names(client)
 
+                fifo = tmp_path / "fifo"
+                os.mkfifo(fifo)
+                os.replace(fifo, config)  # a FIFO in its place: never read (it would wait for a writer forever)
+                await until_said(served.stderr, "not a regular file", 1)
+                assert (await client.call_tool("a__hello", {})).content[0].text == "hello from a"
+
                 config.unlink()  # deleted: a warning, and the running configuration stays
                 await until_said(served.stderr, "deleted or unreadable", 1)
                 assert (await client.call_tool("a__hello", {})).content[0].text == "hello from a"
@@ -248,26 +254,32 @@ async def test_a_policy_change_decides_the_next_call_and_not_the_one_in_flight(t
 
 
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
-async def test_a_guardrail_setting_takes_effect_on_stdio(tmp_path: Path, state: Path, mode: str) -> None:
+async def test_a_guardrail_setting_takes_effect_on_sighup_to_bastion_run(tmp_path: Path, state: Path,
+                                                                          mode: str) -> None:
     config = tmp_path / "bastion.json"
-    write(config, tmp_path, ("a",), guardrails={"pinning": "off", "pii": "off"})
+    manual = {"watch": False}  # SIGHUP alone reloads
+    write(config, tmp_path, ("a",), guardrails={"pinning": "off", "pii": "off"}, reload=manual)
     stderr = tmp_path / "stderr.txt"
     notices = Notices()
     with stderr.open("w") as errlog, anyio.fail_after(DEADLINE):
         async with stdio(config, errlog, mode, notices) as client:
             text = "write to jane.roe@acme-mail.io"
             assert (await client.call_tool("a__contact", {})).content[0].text == text
-            write(config, tmp_path, ("a",), guardrails={"pinning": "off", "pii": "redact"})
+            assert await anyio.to_thread.run_sync(lambda: wait_for(lambda: len(running_gateways()) == 1, DEADLINE))
+            [gateway] = running_gateways()
+            write(config, tmp_path, ("a",), guardrails={"pinning": "off", "pii": "redact"}, reload=manual)
+            os.kill(gateway.pid, signal.SIGHUP)
             await until_said(stderr, APPLIED, 1)
             assert (await client.call_tool("a__contact", {})).content[0].text == "write to [redacted: email]"
 
-            write(config, tmp_path, ("a", "b"), guardrails={"pinning": "off", "pii": "redact"})
+            write(config, tmp_path, ("a", "b"), guardrails={"pinning": "off", "pii": "redact"}, reload=manual)
+            os.kill(gateway.pid, signal.SIGHUP)
             await until_said(stderr, APPLIED, 2)
             assert (await client.call_tool("b__hello", {})).content[0].text == "hello from b"
             if mode == "legacy":
                 await notices.next()
             assert "b__hello" in await tool_names(client)
-
+    assert "(SIGHUP): servers added: b" in stderr.read_text()
 
 async def test_a_changed_server_restarts_an_unchanged_one_keeps_running_and_restart_keys_are_named(
         tmp_path: Path, state: Path) -> None:
