@@ -166,8 +166,6 @@ class Reloader:
             new, read_digest = await asyncio.to_thread(self._read, source)
         except ConfigError as exc:
             return refused(str(exc))
-        if gateway.closing:
-            return refused("the gateway is stopping")
         waiting = restart_keys(old, new)
         new = as_applied(old, new, waiting)
         try:
@@ -175,6 +173,8 @@ class Reloader:
             policy, guardrails = await asyncio.to_thread(self._build_parts, new, gateway.policy)
         except PolicyStartError as exc:
             return refused(str(exc))
+        if gateway.closing:
+            return refused("the gateway is stopping")
         restarted = {name for name, cfg in new.servers.items()
                      if cfg.enabled and name in gateway.upstreams and old.servers.get(name) != cfg}
         # From here to the chain's swap nothing waits: no message sees half of the new configuration.

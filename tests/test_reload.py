@@ -12,8 +12,9 @@ import json
 import os
 import signal
 import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 import httpx2
@@ -95,6 +96,17 @@ class Notices:
         self.changed = anyio.Event()
 
 
+@asynccontextmanager
+async def tool_changes(client: Client, mode: str, notices: Notices) -> AsyncIterator[Callable[[], Awaitable[Any]]]:
+    """What waits for the client's next news that the tools changed: a handshake-era session's notification, or a
+    2026-07-28 client's event on the subscriptions/listen stream it opened."""
+    if mode == "legacy":
+        yield notices.next
+        return
+    async with client.listen(tools_list_changed=True) as subscription:
+        yield subscription.__anext__
+
+
 async def tool_names(client: Client) -> set[str]:
     return {tool.name for tool in (await client.list_tools()).tools}
 
@@ -123,22 +135,20 @@ async def test_servers_added_and_removed_over_http_keep_the_session(tmp_path: Pa
     notices = Notices()
     try:
         with anyio.fail_after(DEADLINE):
-            async with http_client(served, mode, notices) as client:
+            async with http_client(served, mode, notices) as client, tool_changes(client, mode, notices) as changed:
                 assert (await client.call_tool("a__hello", {})).content[0].text == "hello from a"
 
                 write(config, tmp_path, ("a", "b"))  # the file watch applies it
                 await until_said(served.stderr, APPLIED, 1)
+                await changed()  # told on the session (or stream) it already had
                 assert (await client.call_tool("b__hello", {})).content[0].text == "hello from b"
-                if mode == "legacy":
-                    await notices.next()  # told on the session it already had
                 assert {"a__hello", "b__hello"} <= await tool_names(client)
                 assert await anyio.to_thread.run_sync(lambda: wait_for(lambda: status_servers() == {"a", "b"}))
 
                 write(config, tmp_path, ("b",))
                 await until_said(served.stderr, APPLIED, 2)
                 await until_gone(f"reload-test-{tmp_path.name}-a")
-                if mode == "legacy":
-                    await notices.next()
+                await changed()
                 names = await tool_names(client)
                 assert "a__hello" not in names and "b__hello" in names
                 with pytest.raises(MCPError):
@@ -262,7 +272,7 @@ async def test_a_guardrail_setting_takes_effect_on_sighup_to_bastion_run(tmp_pat
     stderr = tmp_path / "stderr.txt"
     notices = Notices()
     with stderr.open("w") as errlog, anyio.fail_after(DEADLINE):
-        async with stdio(config, errlog, mode, notices) as client:
+        async with stdio(config, errlog, mode, notices) as client, tool_changes(client, mode, notices) as changed:
             text = "write to jane.roe@acme-mail.io"
             assert (await client.call_tool("a__contact", {})).content[0].text == text
             assert await anyio.to_thread.run_sync(lambda: wait_for(lambda: len(running_gateways()) == 1, DEADLINE))
@@ -275,10 +285,9 @@ async def test_a_guardrail_setting_takes_effect_on_sighup_to_bastion_run(tmp_pat
             write(config, tmp_path, ("a", "b"), guardrails={"pinning": "off", "pii": "redact"}, reload=manual)
             os.kill(gateway.pid, signal.SIGHUP)
             await until_said(stderr, APPLIED, 2)
-            assert (await client.call_tool("b__hello", {})).content[0].text == "hello from b"
-            if mode == "legacy":
-                await notices.next()
+            await changed()
             assert "b__hello" in await tool_names(client)
+            assert (await client.call_tool("b__hello", {})).content[0].text == "hello from b"
     assert "(SIGHUP): servers added: b" in stderr.read_text()
 
 async def test_a_changed_server_restarts_an_unchanged_one_keeps_running_and_restart_keys_are_named(

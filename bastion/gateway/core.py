@@ -217,11 +217,6 @@ class Gateway:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def retired(self) -> None:
-        """Until the servers a reload removed or restarted have stopped."""
-        while self._retiring:
-            await asyncio.gather(*self._retiring, return_exceptions=True)
-
     def upstream_ready(self, upstream: Upstream) -> None:
         """A server is ready (first started or restarted): the catalog's refresh fetches its lists, and it is asked
         for the log level its clients want (a new process knows none)."""
