@@ -72,3 +72,26 @@ async def test_the_demo_configuration_has_no_file_to_reload() -> None:
     finally:
         await gateway.close()
     assert not outcome.applied and "no file to read again" in outcome.error
+
+
+async def test_a_client_file_with_comments_reloads_as_it_loads(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = tmp_path / "mcp.json"  # a client's file, as Cursor writes it
+
+    def entry(name: str) -> str:
+        return json.dumps({"command": sys.executable, "args": [SERVER, name], "sandbox": "none"})
+
+    config.write_text('{"mcpServers": {"a": %s}}' % entry("a"))
+    gateway = build_gateway(load_config(config))
+    gateway.start()
+    try:
+        await gateway.wait_ready(120)
+        config.write_text('{\n  // added today\n  "mcpServers": {"a": %s, "b": %s,}\n}' % (entry("a"), entry("b")))
+        outcome = await gateway.reload()
+        assert outcome.applied and outcome.added == ("b",), outcome
+        assert gateway.config.client_file
+        config.write_text('{"mcpServers": {"a": {"command": 7}}}')
+        refused = await gateway.reload()
+        assert not refused.applied and str(config) in refused.error and "mcpServers.a.command" in refused.error
+    finally:
+        await gateway.close()

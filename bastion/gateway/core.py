@@ -36,6 +36,7 @@ from bastion.transport.stdio import WriteBatch
 
 if TYPE_CHECKING:
     from bastion.policy.interceptors import PolicyRuntime
+    from bastion.reload import ReloadOutcome, Reloader
 
 log = logging.getLogger("bastion.gateway")
 
@@ -95,7 +96,7 @@ class Gateway:
         # the instance above serves only Bastion itself (the catalog).
         self.pools = {name: self._pool(name, cfg) for name, cfg in enabled.items() if cfg.scope != "shared"}
         # What ``reload`` asks (bastion/reload.py, set by the composition root); None: this gateway cannot reload.
-        self.reloader: Any = None
+        self.reloader: Reloader | None = None
         self._declared: dict[str, Any] = DECLARED_TO_SERVERS
         # Servers a reload removed or restarted, still finishing the calls they had: closed with the gateway.
         self._retiring: set[asyncio.Task[None]] = set()
@@ -130,7 +131,6 @@ class Gateway:
                              self.log_levels, lists_fetched=self.refresh.wait)
         self.handle = self.chain.handle
         self.takes_raw_params = self.chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
-        self.router.configure(config)
 
         self.upstream_notification = self.relay.notification
         self.upstream_request = self.relay.request
@@ -151,7 +151,7 @@ class Gateway:
         return UpstreamPool(name, cfg, self._instance_maker(name, cfg, self._instances, self._launcher))
 
     # ------------------------------------------------------------------------------------------ reloading
-    async def reload(self, *, identity: Identity | None = None, cause: str = "asked") -> Any:
+    async def reload(self, *, identity: Identity | None = None, cause: str = "asked") -> ReloadOutcome:
         """Read the configuration file again and apply it without dropping a session (bastion/reload.py): the web
         console's "reload" action, SIGHUP and the file watch all come here, one reload at a time.
 
