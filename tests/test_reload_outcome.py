@@ -95,3 +95,31 @@ async def test_a_client_file_with_comments_reloads_as_it_loads(tmp_path: Path, m
         assert not refused.applied and str(config) in refused.error and "mcpServers.a.command" in refused.error
     finally:
         await gateway.close()
+
+
+async def test_a_removed_server_finishes_the_call_it_is_answering_then_stops(tmp_path: Path) -> None:
+    (tmp_path / "rules.cedar").write_text('@id("all")\npermit (principal, action, resource);\n')
+    config = tmp_path / "bastion.json"
+    write(config, ("a", "b"))
+    gateway = build_gateway(load_config(config))
+    gateway.start()
+    try:
+        await gateway.wait_ready(120)
+        session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "test")
+        leaving = gateway.upstreams["a"]
+        hold = asyncio.ensure_future(asyncio.wait_for(gateway.handle(GatewayRequest(
+            "tools/call", {"name": "a__hold", "arguments": {}}, session, gateway.catalog)), 120))
+        while not leaving.busy():  # until the call is on its way to the server
+            await asyncio.sleep(0)
+        write(config, ("b",))
+        outcome = await gateway.reload()
+        assert outcome.removed == ("a",) and gateway.catalog.tool("a__hello") is None
+        assert not hold.done() and leaving.pid is not None  # still answering it
+        # Only the test can still reach it (the catalog no longer can): let its call answer, on the same (handshake-era)
+        # connection.
+        await leaving.request("tools/call", {"name": "release", "arguments": {}}, client_era="legacy")
+        assert (await hold)["content"][0]["text"] == "held by a"
+        await asyncio.gather(*gateway._retiring)  # then it stops
+        assert leaving.pid is None
+    finally:
+        await gateway.close()

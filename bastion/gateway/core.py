@@ -186,15 +186,16 @@ class Gateway:
         enabled = {name: cfg for name, cfg in config.servers.items() if cfg.enabled}
         added = [name for name in enabled if name not in old]
         removed = [name for name in old if name not in enabled]
+        # Built before anything changes: one that cannot be built leaves the running set as it was.
+        fresh = {name: self._upstream(name, enabled[name]) for name in [*added, *restarted]}
+        pools = {name: self._pool(name, enabled[name]) for name in fresh if enabled[name].scope != "shared"}
         self.config = config
         for name in [*removed, *restarted]:
             self.refresh.forget(name)
             self._retire(old.pop(name), self.pools.pop(name, None))
-        for name in [*added, *restarted]:
-            cfg = enabled[name]
-            upstream = old[name] = self._upstream(name, cfg)
-            if cfg.scope != "shared":
-                self.pools[name] = self._pool(name, cfg)
+        old.update(fresh)
+        self.pools.update(pools)
+        for upstream in fresh.values():
             if self._started:
                 upstream.client_capabilities = dict(self._declared)
                 upstream.start()
