@@ -64,8 +64,7 @@ def build_gateway(
         if config.tools.exposure == "auto":
             exposure.append(auto_exposure(catalog, config.tools, tool_index, servers))
     observer = build_observer(config, log_context)
-    if observer is not None and policy is not None and policy.approval is not None:
-        policy.approval.watch = observer.span
+    watch_policy(policy, metrics, observer)
     # The metrics' meter is outermost, to see what every later step refuses; its clock innermost, to tell the
     # server's time from the gateway's.
     gateway = Gateway(config, catalog=catalog, policy=policy, observers=[metrics.meter] if metrics else [],
@@ -75,7 +74,38 @@ def build_gateway(
     servers.gateway = gateway
     if metrics is not None:
         attach_metrics(gateway, metrics, interventions)
+    from bastion.reload import Reloader  # here: it builds its policy and guardrails with this module's functions
+
+    kept = interventions
+    gateway.reloader = Reloader(gateway, lambda new, running: reloaded_parts(new, running, catalog, gateway, kept))
     return gateway
+
+
+def reloaded_parts(config: GatewayConfig, running: PolicyRuntime | None, catalog: CatalogView, gateway: Gateway,
+                   interventions: InterventionLog | None) -> tuple[PolicyRuntime | None, GuardrailChain]:
+    """The policy and guardrails a reloaded ``config`` describes, the running policy handing over what it keeps
+    (its audit writer: so the guardrails' intervention log, which writes there, is kept too), each watched by the
+    gateway's metrics and tracing as the first were. Whether there is a policy at all changes only with a restart
+    (``bastion.reload.restart_keys``): said at start, not again; guardrails turned off are said by the reload."""
+    policy = None if config.policy is None else build_policy(config, previous=running)
+    watch_policy(policy, gateway.metrics, gateway.observer)
+    if config.guardrails is None:
+        return policy, GuardrailChain([], [])
+    if interventions is None:
+        interventions = intervention_log(config, policy)
+        if gateway.metrics is not None:
+            gateway.metrics.interventions = interventions
+    return policy, build_guardrail_chain(config, policy, catalog, interventions)
+
+
+def watch_policy(policy: PolicyRuntime | None, metrics: GatewayMetrics | None, observer: Any) -> None:
+    """The policy's decisions counted by the metrics, and its waits for a person traced, when either is on."""
+    if policy is None:
+        return
+    if metrics is not None:
+        policy.tell_decisions(metrics.decided)
+    if observer is not None and policy.approval is not None:
+        policy.approval.watch = observer.span
 
 
 def build_observer(config: GatewayConfig, log_context: bool) -> Any:
@@ -95,13 +125,13 @@ def build_observer(config: GatewayConfig, log_context: bool) -> Any:
 
         return RequestLogContext()
     return None
+
+
 def attach_metrics(gateway: Gateway, metrics: GatewayMetrics, interventions: InterventionLog | None) -> None:
     """Give the gateway its metrics, and tell the metrics what they read from the gateway. Their registry is made
     on the first scrape (prometheus-client takes 60 ms to import: no start of a gateway nobody scrapes pays it)."""
     metrics.server_for = gateway.server_for
     metrics.interventions = interventions
-    if gateway.policy is not None:
-        gateway.policy.tell_decisions(metrics.decided)
     gateway.metrics = metrics
 
 
@@ -120,14 +150,20 @@ class ServersStarting:
             await self.gateway.wait_ready(report=False)
 
 
-def build_policy(config: GatewayConfig) -> PolicyRuntime | None:
-    """The policy runtime of ``config``, None when its policy is off (said once, as a warning)."""
+def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None) -> PolicyRuntime | None:
+    """The policy runtime of ``config``, None when its policy is off (said once, as a warning). ``previous``, the
+    runtime a reload replaces, hands over its audit writer (one process holds a trail's hash chain) and its shared
+    state (an approval used before the reload stays used)."""
     if config.policy is None:
-        log.warning("policy is off: every call is allowed and nothing is audited")
+        if previous is None:
+            log.warning("policy is off: every call is allowed and nothing is audited")
         return None
     pre_approved = {name: cfg.auto_approve for name, cfg in config.servers.items() if cfg.enabled}
     claims = tuple(config.auth.claims.attributes) if config.auth is not None else ()
-    return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims)
+    if previous is None:
+        return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims)
+    return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
+                                audit_writer=previous.audit.writer, shared_state=previous.state)
 
 
 def intervention_log(config: GatewayConfig, policy: PolicyRuntime | None) -> InterventionLog | None:

@@ -348,6 +348,15 @@ class ToolsConfig(BaseModel):
     )
 
 
+class ReloadConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    watch: bool = Field(default=True, strict=True, description="reload when the configuration file or a policy file "
+                                                               "it names changes (SIGHUP reloads either way)")
+    interval: float = Field(default=1.0, gt=0, le=60, description="seconds between looks at the watched files; a "
+                                                                   "change is applied once a look finds it settled")
+
+
 class GatewayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -374,6 +383,7 @@ class GatewayConfig(BaseModel):
     metrics: MetricsConfig = Field(
         default_factory=MetricsConfig,
         description="Prometheus metrics at /metrics (admin identities on the HTTP listener, or a separate listener)")
+    reload: ReloadConfig = Field(default_factory=ReloadConfig, description="hot reload: the file watch")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)

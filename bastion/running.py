@@ -125,15 +125,19 @@ class StatusBoard:
         self._closed = False
 
     def start(self) -> None:
-        for upstream in self._upstreams.values():
-            upstream.on_status = self._dirty.set
-        self._dirty.set()
+        self.follow()
         self._writer = asyncio.create_task(self._write_when_changed())
         self._watcher = asyncio.create_task(self._watch())
         try:
             asyncio.get_running_loop().add_signal_handler(RETRY_SIGNAL, self._retry_requested)
         except (NotImplementedError, RuntimeError):  # no signals here (not the main thread): no retries by request
             pass
+
+    def follow(self) -> None:
+        """Watch every server now in the gateway's set (a reload adds and replaces some), and write the file again."""
+        for upstream in self._upstreams.values():
+            upstream.on_status = self._dirty.set
+        self._dirty.set()
 
     async def close(self) -> None:
         self._closed = True

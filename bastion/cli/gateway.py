@@ -122,16 +122,55 @@ def with_operations_listener(gateway: Any, serving) -> Any:
 
 
 async def with_status_board(gateway: Any, serving) -> Any:
-    """``serving`` with the status file `bastion servers` reads kept up to date, and its retries taken."""
+    """``serving`` with the status file `bastion servers` reads kept up to date (a reload's new servers too), its
+    retries taken, and the configuration reloaded on SIGHUP or a change of its files."""
     from bastion.running import StatusBoard
 
     source = gateway.config.source
     board = StatusBoard(gateway.upstreams, str(source) if source is not None else None, catalog=gateway.catalog)
     board.start()
+    gateway.reloader.listeners.append(board.follow)
+    try:
+        return await with_reloading(gateway, serving)
+    finally:
+        await board.close()
+
+
+async def with_reloading(gateway: Any, serving) -> Any:
+    """``serving`` with SIGHUP reloading the configuration, and (``reload.watch``) its files watched."""
+    from bastion.reload import FileWatch, watched_files
+
+    loop = asyncio.get_running_loop()
+    reloads: set[asyncio.Task[Any]] = set()
+
+    def reload(cause: str) -> asyncio.Task[Any]:
+        task = loop.create_task(gateway.reload(cause=cause))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+        return task
+
+    watch = None
+    settings = gateway.config.reload
+    if settings.watch and gateway.config.source is not None:
+        files = FileWatch(lambda: watched_files(gateway.config), settings.interval, gateway.reloader,
+                          lambda: reload("the file watch"))
+        watch = loop.create_task(files.run(), name="reload:watch")
+    try:
+        loop.add_signal_handler(signal.SIGHUP, reload, "SIGHUP")
+    except (NotImplementedError, RuntimeError):  # not the main thread: no reload by signal
+        pass
     try:
         return await serving
     finally:
-        await board.close()
+        try:
+            loop.remove_signal_handler(signal.SIGHUP)
+            # Ignored while the gateway closes, not back to its default (which ends the process mid-shutdown).
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+        for task in (*reloads, *((watch,) if watch is not None else ())):
+            task.cancel()
+        await asyncio.gather(*reloads, *((watch,) if watch is not None else ()), return_exceptions=True)
 
 
 def run_loop(coroutine) -> Any:

@@ -109,7 +109,8 @@ class ClientConnection:
         """One frame from the client; ``decoded``, when the transport has read it already (an HTTP body), is what
         ``read_frame`` made of it, which the session then takes instead of reading the frame again. Whatever the
         transport, a frame has the one verdict ``read_frame`` gives before anything else reads it."""
-        if self._takes_raw_calls and self.protocol.lifecycle.state is State.ACTIVE:
+        # The gateway's own verdict read each time: a reload may put a reader of the params on a call's route.
+        if self._takes_raw_calls and self.gateway.takes_raw_params and self.protocol.lifecycle.state is State.ACTIVE:
             if decoded is None:
                 decoded = read_frame(frame, self._max_bytes)
             if type(decoded) is dict and decoded.get("method") == "tools/call" and self._raw_call(frame, decoded):

@@ -16,7 +16,8 @@ log = logging.getLogger("bastion")
 
 
 async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) -> signal.Signals | None:
-    """Serve until the client leaves or a signal says stop; the signal, if one did (after a clean shutdown)."""
+    """Serve until the client leaves or SIGTERM or SIGINT says stop; the signal, if one did (after a clean shutdown).
+    SIGHUP is not a stop: it reloads the configuration (``bastion.cli.gateway.with_reloading``)."""
     # Servers start now, all at once, not at the client's first message: the client's start then waits only for
     # what is still starting, and at most ready_timeout.
     gateway.start()
@@ -44,7 +45,7 @@ async def serve_stdio(gateway: Gateway, protocol_fd: int, identity: Identity) ->
         stopped_by.append(sig)
         done.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
     await done.wait()
     await connection.closed()

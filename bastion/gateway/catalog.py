@@ -7,7 +7,7 @@ import binascii
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import orjson
 
@@ -94,6 +94,24 @@ class Catalog:
         else:
             self._rebuild_templates()
         return True
+
+    def set_servers(self, servers: Sequence[ServerFacts], restarted: Collection[str] = ()) -> list[str]:
+        """Take a reloaded configuration's servers: a server no longer named loses its items, a new one starts with
+        none, and one restarted or whose facts changed (prefix, trust) starts again with none (its new process's
+        lists fill it, and a call meanwhile waits for it as for any server starting). The kinds whose listing
+        changed, so that clients are told."""
+        kept = {s.name for s in servers if self._servers.get(s.name) == s and s.name not in restarted}
+        changed = [kind for kind in KINDS if any(getattr(items, kind) for name, items in self._items.items()
+                                                 if name not in kept)]
+        self._servers = {s.name: s for s in servers}
+        self._order = [s.name for s in servers]
+        self._items = {s.name: self._items[s.name] if s.name in kept else _ServerItems() for s in servers}
+        self.version += 1
+        self._rebuild_tools()
+        self._rebuild_prompts()
+        self._rebuild_resources()
+        self._rebuild_templates()
+        return changed
 
     def _assign(self, kind: str) -> tuple[dict[str, Named], dict[tuple[str, str], str]]:
         """Client-facing names for every server's tools or prompts, and the way from (server, original) to them."""

@@ -36,6 +36,7 @@ from bastion.transport.stdio import WriteBatch
 
 if TYPE_CHECKING:
     from bastion.policy.interceptors import PolicyRuntime
+    from bastion.reload import ReloadOutcome, Reloader
 
 log = logging.getLogger("bastion.gateway")
 
@@ -92,18 +93,17 @@ class Gateway:
         self.authorization_codes = AuthorizationCodes(self.identity.name)
         self.credentials = credentials if credentials is not None else CredentialSource(
             authorization_code=self.authorization_codes)
-        self.upstreams = {
-            name: Upstream(name, cfg, self, launcher, config.max_message_bytes, self.writes,
-                           credentials=self.credentials.for_server(name, cfg, None))
-            for name, cfg in enabled.items()
-        }
+        self._launcher = launcher
+        self._instances = InstanceListener(self)
+        self.upstreams = {name: self._upstream(name, cfg) for name, cfg in enabled.items()}
         # Servers whose scope is per_identity or per_session: each caller's calls go to an instance of its own;
         # the instance above serves only Bastion itself (the catalog).
-        instances = InstanceListener(self)
-        self.pools = {
-            name: UpstreamPool(name, cfg, self._instance_maker(name, cfg, instances, launcher))
-            for name, cfg in enabled.items() if cfg.scope != "shared"
-        }
+        self.pools = {name: self._pool(name, cfg) for name, cfg in enabled.items() if cfg.scope != "shared"}
+        # What ``reload`` asks (bastion/reload.py, set by the composition root); None: this gateway cannot reload.
+        self.reloader: Reloader | None = None
+        self._declared: dict[str, Any] = DECLARED_TO_SERVERS
+        # Servers a reload removed or restarted, still finishing the calls they had: closed with the gateway.
+        self._retiring: set[asyncio.Task[None]] = set()
         self._tool_index = tool_index
         self.policy = policy
         # The gateway's metrics (bastion/observability), attached by the composition root; None when they are off.
@@ -114,6 +114,7 @@ class Gateway:
         self._connection_prefix = uuid.uuid4().hex[:16]
         self._connection_count = itertools.count(1)
         self._started = False
+        self.closing = False  # set once close begins: a reload then applies nothing
         # 2026-07-28 clients' calls in flight, where a handshake-era server's question to the client waits.
         self.inputs = InputBridge()
 
@@ -125,11 +126,11 @@ class Gateway:
         # last step for a client's request is the router. Where nothing on a tools/call's route reads its result,
         # the result is passed on as the bytes its server sent; where nothing reads its params, its arguments reach
         # the server as the bytes the client sent (``takes_raw_params``: the frontend then leaves them undecoded).
-        self.chain = Chain([*observers, *exposure, *screens, *(self.policy.interceptors if self.policy else ()),
-                            *interceptors],
-                           lambda raw_results: partial(self.router.route, raw_results=True) if raw_results
-                           else self.router.route, observer)
+        self._outermost = tuple(observers)
+        self._exposure = tuple(exposure)
+        self._innermost = tuple(interceptors)
         self.observer = observer
+        self.chain = self._chain(policy, screens, ())
         self.relay = Relay(self.chain, self.catalog, self._connections, self.inputs, self.subscriptions,
                            self.refresh, lambda: self.identity)
         self.input_rounds = InputRounds(self.upstreams, self.pools, self.relay.toward_client)
@@ -144,9 +145,93 @@ class Gateway:
         self.server_for = self.router.server_for
         self.drive_input_required = self.input_rounds.drive
 
+    def _chain(self, policy: PolicyRuntime | None, screens: Sequence[Interceptor],
+               inner: Sequence[Interceptor]) -> Chain:
+        return Chain([*self._outermost, *self._exposure, *screens, *(policy.interceptors if policy else ()), *inner,
+                      *self._innermost],
+                     lambda raw_results: partial(self.router.route, raw_results=True) if raw_results
+                     else self.router.route, self.observer)
+
+    def _upstream(self, name: str, cfg: ServerConfig) -> Upstream:
+        return Upstream(name, cfg, self, self._launcher, self.config.max_message_bytes, self.writes,
+                        credentials=self.credentials.for_server(name, cfg, None))
+
+    def _pool(self, name: str, cfg: ServerConfig) -> UpstreamPool:
+        return UpstreamPool(name, cfg, self._instance_maker(name, cfg, self._instances, self._launcher))
+
+    # ------------------------------------------------------------------------------------------ reloading
+    async def reload(self, *, identity: Identity | None = None, cause: str = "asked") -> ReloadOutcome:
+        """Read the configuration file again and apply it without dropping a session (bastion/reload.py): the web
+        console's "reload" action, SIGHUP and the file watch all come here, one reload at a time.
+
+        ``identity`` is who asked (audited as ``admin/reload``; None: this process itself, for a signal or the
+        file watch), ``cause`` what the log says asked ("SIGHUP", "the file watch", "the console"). Returns a
+        ``ReloadOutcome``: ``applied`` (True, or False with ``error``, the file, key and fix, when the new
+        configuration was refused and the running one stays), the servers ``added``, ``removed`` and
+        ``restarted``, whether the policy was reloaded, and ``needs_restart``, the keys whose change waits for a
+        restart. Never raises for a bad file."""
+        if self.reloader is None:
+            raise RuntimeError("this gateway was built without a reloader: build it with bastion.compose.build_gateway")
+        return await self.reloader.reload(identity=identity, cause=cause)
+
+    def use_chain(self, policy: PolicyRuntime | None, screens: Sequence[Interceptor],
+                  inner: Sequence[Interceptor]) -> None:
+        """A reloaded policy and guardrails: a new chain, swapped in for every message from now on. A message
+        already on its way keeps the route it entered (its handlers are the old chain's), so a call in flight
+        finishes under the configuration it started with."""
+        chain = self._chain(policy, screens, inner)
+        self.policy = policy
+        self.chain = chain
+        self.relay.use_chain(chain)
+        self.takes_raw_params = chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
+        self.handle = chain.handle
+
+    def use_servers(self, config: GatewayConfig, restarted: set[str]) -> tuple[list[str], list[str]]:
+        """Take a reloaded configuration's servers: new ones start, those no longer named or in ``restarted``
+        stop once the calls they have finish, an unchanged one keeps running (and its sessions). The kinds of list
+        whose catalog changed are announced to every client (the new servers' own are, as ever, once their lists
+        come). Returns (added, removed)."""
+        old = self.upstreams
+        enabled = {name: cfg for name, cfg in config.servers.items() if cfg.enabled}
+        added = [name for name in enabled if name not in old]
+        removed = [name for name in old if name not in enabled]
+        # Built before anything changes: one that cannot be built leaves the running set as it was.
+        fresh = {name: self._upstream(name, enabled[name]) for name in [*added, *restarted]}
+        pools = {name: self._pool(name, enabled[name]) for name in fresh if enabled[name].scope != "shared"}
+        self.config = config
+        for name in [*removed, *restarted]:
+            self.refresh.forget(name)
+            self._retire(old.pop(name), self.pools.pop(name, None))
+        old.update(fresh)
+        self.pools.update(pools)
+        for upstream in fresh.values():
+            if self._started:
+                upstream.client_capabilities = dict(self._declared)
+                upstream.start()
+        self.router.configure(config)
+        for kind in self.catalog.set_servers(server_facts(config), restarted):
+            self.refresh.tell(kind)
+        return added, removed
+
+    def _retire(self, upstream: Upstream, pool: UpstreamPool | None) -> None:
+        async def retire() -> None:
+            try:
+                # Its calls under way finish first, each within the request_timeout it was sent with.
+                while upstream.busy() or (pool is not None and pool.busy()):
+                    await asyncio.sleep(0.05)
+            finally:  # and when the gateway closes meanwhile
+                await asyncio.gather(upstream.close(), *((pool.close(),) if pool is not None else ()),
+                                     return_exceptions=True)
+
+        task = asyncio.get_running_loop().create_task(retire())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     def upstream_ready(self, upstream: Upstream) -> None:
         """A server is ready (first started or restarted): the catalog's refresh fetches its lists, and it is asked
         for the log level its clients want (a new process knows none)."""
+        if self.upstreams.get(upstream.name) is not upstream:
+            return  # one a reload retired, restarted while it finishes its calls: its lists are no longer the catalog's
         self.refresh.upstream_ready(upstream)
         self.log_levels.upstream_ready(upstream)
 
@@ -157,7 +242,8 @@ class Gateway:
         if self._started:
             return
         self._started = True
-        declared = DECLARED_TO_SERVERS if client_capabilities is None else relayable(client_capabilities)
+        declared = self._declared = DECLARED_TO_SERVERS if client_capabilities is None else \
+            relayable(client_capabilities)
         for upstream in self.upstreams.values():
             upstream.client_capabilities = dict(declared)
             upstream.start()
@@ -213,12 +299,15 @@ class Gateway:
         return True
 
     async def close(self) -> None:
+        self.closing = True
         self.refresh.close()
         self.log_levels.close()
         self.relay.close()
         self.inputs.close()
+        for task in self._retiring:
+            task.cancel()
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), *(p.close() for p in self.pools.values()),
-                             return_exceptions=True)
+                             *self._retiring, return_exceptions=True)
         await self.authorization_codes.close()  # the loopback listener for authorization redirects, if one opened
         if self.policy is not None:
             await self.policy.aclose()
@@ -309,8 +398,13 @@ def launched_package(server: ServerConfig) -> str | None:
 
 def server_catalog(config: GatewayConfig) -> Catalog:
     """An empty catalog of the enabled servers of ``config``, which their lists fill as they come."""
+    return Catalog(server_facts(config))
+
+
+def server_facts(config: GatewayConfig) -> list[ServerFacts]:
+    """What the catalog knows of each enabled server of ``config``."""
     guardrails = config.guardrails
-    return Catalog([
+    return [
         ServerFacts(name, name if cfg.prefix is None else cfg.prefix, cfg.trust,
                     server_nature(command=cfg.command, args=cfg.args, launched=launched_package(cfg),
                                   remote=cfg.is_remote,
@@ -319,4 +413,4 @@ def server_catalog(config: GatewayConfig) -> Catalog:
                                   pinned=guardrails is not None and guardrails.switch("pinning", name) != "off"),
                     frozenset(cfg.auto_approve))
         for name, cfg in config.servers.items() if cfg.enabled
-    ])
+    ]

@@ -93,6 +93,10 @@ class UpstreamPool:
             return None
         return found.upstream
 
+    def busy(self) -> bool:
+        """Whether a call runs on any instance."""
+        return any(instance.in_flight for instance in self._instances.values())
+
     def instances(self) -> list[Any]:
         return [instance.upstream for instance in self._instances.values()]
 

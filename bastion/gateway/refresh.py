@@ -72,6 +72,12 @@ class CatalogRefresh:
                 return
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def forget(self, server: str) -> None:
+        """A server a reload removed or restarts: its fetches under way are dropped (their lists are no longer its)."""
+        for key in [key for key in self._refreshes if key[0] == server]:
+            self._refreshes.pop(key).cancel()
+            self._announced.discard(key)
+
     def close(self) -> None:
         for task in self._refreshes.values():
             task.cancel()

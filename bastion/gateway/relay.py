@@ -69,6 +69,10 @@ class Relay:
         # server sent it.
         self.notices = InOrder("a server")
 
+    def use_chain(self, chain: Chain) -> None:
+        """A reloaded configuration's chain, for the messages that come from now on."""
+        self._chain = chain
+
     def close(self) -> None:
         self.notices.close()
 

@@ -52,6 +52,11 @@ class Router:
         self._input_rounds = input_rounds
         # Before calling a name unknown: waits for servers still starting, True when it did (the name may be theirs).
         self._catalog_may_grow = catalog_may_grow
+        self.configure(config)
+
+    def configure(self, config: GatewayConfig) -> None:
+        """Take a (reloaded) configuration: its page size and its servers' name heads."""
+        self._config = config
         # The name head each server's tools and prompts have, to say why a name of a server still down is unknown.
         self._name_heads = {
             f"{sanitize(name if cfg.prefix is None else cfg.prefix)}{SEPARATOR}": name

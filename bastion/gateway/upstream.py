@@ -192,6 +192,12 @@ class Upstream:
                 pass
         await self._stop_transport()
 
+    def busy(self) -> bool:
+        """Whether a client's request is in flight on this server, or on its handshake-era connection (Bastion's own,
+        the listen stream among them, are not a client's)."""
+        twin = self._twin.upstream
+        return any(origin != SELF for origin, _ in self._correlator.origins()) or (twin is not None and twin.busy())
+
     async def wait_started(self) -> None:
         """Wait until the server is ready or has failed to start within its own startup_timeout (for one-shot
         commands, which have no list_changed to take a late server in)."""

@@ -789,6 +789,7 @@ class PolicyRuntime:
     interceptors: list[Interceptor]
     audit: AuditTrail
     approval: "ApprovalStage | None" = None
+    state: SharedState | None = None  # where used approvals are kept: handed to the runtime a reload builds
 
     def record_admission_refusal(self, identity: Identity, method: str, target: str | None, stage: str, rule: str,
                                  reason: str, outcome: int) -> None:
@@ -871,7 +872,7 @@ def build_policy_runtime(
     limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
     approval = ApprovalStage(config, signer, queue, pre_approved, state)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
-    return PolicyRuntime(engine, [policy], audit, approval)
+    return PolicyRuntime(engine, [policy], audit, approval, state)
 
 
 def build_policy_interceptors(config: PolicyConfig, **options: Any) -> list[Interceptor]:

@@ -443,3 +443,25 @@ def test_whatever_a_server_lists_the_catalog_keeps_only_usable_items_and_never_r
     for item in catalog.listing(kind):
         assert isinstance(item[key], str) and item[key]
         assert kind != "tools" or isinstance(item["inputSchema"], dict)
+
+
+def test_a_reloaded_server_set_keeps_unchanged_servers_items_and_drops_the_others() -> None:
+    catalog = Catalog(SERVERS)
+    catalog.update("git", "tools", [{"name": "status", "inputSchema": {"type": "object"}}])
+    catalog.update("fs", "tools", [{"name": "read", "inputSchema": {"type": "object"}}])
+    catalog.update("web", "prompts", [{"name": "summarise"}])
+    # fs removed, web restarted, git unchanged, a new server with nothing yet
+    changed = catalog.set_servers([SERVERS[0], SERVERS[2], ServerFacts("mail", "mail", "untrusted")], {"web"})
+    assert sorted(changed) == ["prompts", "tools"]  # what the clients are told
+    assert [entry.exposed_name for entry in catalog.tools()] == ["git__status"]
+    assert catalog.listing("prompts") == []
+    assert catalog.update("mail", "tools", [{"name": "send", "inputSchema": {"type": "object"}}])
+    assert catalog.tool("mail__send") is not None
+
+
+def test_a_server_whose_trust_changed_starts_again_with_nothing() -> None:
+    catalog = Catalog(SERVERS)
+    catalog.update("git", "tools", [{"name": "status", "inputSchema": {"type": "object"}}])
+    assert catalog.set_servers([ServerFacts("git", "git", "untrusted")]) == ["tools"]
+    assert catalog.tools() == []
+    assert catalog.set_servers([ServerFacts("git", "git", "untrusted")]) == []  # nothing more to tell

@@ -29,8 +29,9 @@ log = logging.getLogger("bastion.http")
 
 async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int, *, auth: HttpAuth | None = None,
                      callback: Any = None, json_logs: bool = False) -> signal.Signals | None:
-    """Serve until SIGTERM, SIGINT or SIGHUP; the signal that stopped it. ``json_logs``: the address is said as a
-    log record, so every line on stderr is one JSON object."""
+    """Serve until SIGTERM or SIGINT; the signal that stopped it. SIGHUP is not a stop: it reloads the
+    configuration (``bastion.cli.gateway.with_reloading``). ``json_logs``: the address is said as a log record, so
+    every line on stderr is one JSON object."""
     sock = listen(host, port)  # first: an address in use is said before any server starts
     gateway.start()
     frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host), auth=auth, callback=callback)
@@ -55,7 +56,7 @@ async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: in
             stopped_by.append(sig)
             loop.create_task(_stop(frontend, server))
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
     frontend.start()
     bound_host, bound_port = sock.getsockname()[:2]
