@@ -123,3 +123,35 @@ async def test_a_removed_server_finishes_the_call_it_is_answering_then_stops(tmp
         assert leaving.pid is None
     finally:
         await gateway.close()
+
+
+async def test_a_reloaded_chain_is_still_metered_and_its_policy_still_counted(tmp_path: Path) -> None:
+    """The metrics' meter and clock and the policy's decision counts survive a reload: the new policy's rule is
+    counted under its own name, and calls after the reload are counted as before."""
+    (tmp_path / "rules.cedar").write_text('@id("first")\npermit (principal, action, resource);\n')
+    config = tmp_path / "bastion.json"
+    write(config, ("a",))
+    gateway = build_gateway(load_config(config))
+    gateway.start()
+    session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "test")
+
+    async def call() -> None:
+        result = await gateway.handle(GatewayRequest("tools/call", {"name": "a__hello", "arguments": {}}, session,
+                                                     gateway.catalog))
+        assert result["content"][0]["text"] == "hello from a"
+
+    try:
+        await gateway.wait_ready(120)
+        await call()
+        (tmp_path / "rules.cedar").write_text('@id("second")\npermit (principal, action, resource);\n')
+        assert (await gateway.reload()).applied
+        await call()
+        await call()
+    finally:
+        await gateway.close()
+    metrics = gateway.metrics
+    rules = {key[2]: count for key, count in metrics.decisions.items() if key[0] == "authorization"}
+    assert rules.get("first") == 1 and rules.get("second") == 2, metrics.decisions
+    calls = sum(count for labels, count in metrics.requests.items() if labels[0] == "tools/call" and labels[3] == "ok")
+    assert calls == 3
+    assert metrics.totals().server_latency.count == 3  # the clock, innermost, is on the new chain too
