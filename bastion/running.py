@@ -96,6 +96,11 @@ def ask_retry(gateway: RunningGateway, server: str) -> None:
         raise
 
 
+def ask_reload(gateway: RunningGateway) -> None:
+    """Ask ``gateway`` to read its configuration again (SIGHUP; raises OSError when it cannot be asked)."""
+    os.kill(gateway.pid, signal.SIGHUP)
+
+
 def _remove_quietly(path: Path) -> None:
     try:
         path.unlink()

@@ -12,7 +12,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from bastion.console.live import LiveWindow
 from bastion.guardrails.config import GuardrailsConfig
@@ -21,7 +21,7 @@ from bastion.guardrails.pin_store import PinStore
 from bastion.pin_review import identities, rows, scan_modes
 from bastion.policy.approval import ApprovalQueue
 from bastion.policy.config import ApprovalConfig, PolicyConfig
-from bastion.running import RunningGateway, ask_retry, running_gateways
+from bastion.running import RunningGateway, ask_reload, ask_retry, running_gateways
 
 log = logging.getLogger("bastion.console")
 
@@ -41,6 +41,9 @@ class ConsoleData:
     tokens: "TokenCosts" = field(default_factory=lambda: TokenCosts(), compare=False, repr=False)
     # The live figures over the gateway's own metrics: only the console inside the gateway (serve --http) has them.
     live: LiveWindow | None = None
+    # ``Gateway.reload(identity=...)`` of the gateway the console runs in (serve --http); None beside stdio gateways,
+    # which are asked with SIGHUP instead.
+    reload_here: Callable[..., Awaitable[Any]] | None = None
 
     # ------------------------------------------------------------------------------------------ servers
     def gateways(self) -> list[RunningGateway]:
@@ -57,6 +60,15 @@ class ConsoleData:
                 ask_retry(gateway, server)
                 asked.append(gateway.pid)
         return asked
+
+    def ask_reload(self, pid: int) -> bool:
+        """Ask the shown gateway ``pid`` to read its configuration again (SIGHUP, as a person would send it); False
+        when no such gateway runs."""
+        for gateway in self.gateways():
+            if gateway.pid == pid:
+                ask_reload(gateway)
+                return True
+        return False
 
     # ------------------------------------------------------------------------------------------ pins
     def pins(self) -> PinStore:

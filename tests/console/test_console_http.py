@@ -276,3 +276,48 @@ async def test_a_session_ends_when_the_key_it_logged_in_with_is_revoked(tmp_path
     finally:
         stop(served)
     assert "ended the session of ada" in served.log()
+
+
+async def test_a_reload_from_the_console_applies_the_file_and_the_next_decision_is_the_new_policys(tmp_path,
+                                                                                                  state) -> None:
+    served, admin, _ = serve_with_keys(tmp_path, {"steady": gate_server("steady")})
+    config = tmp_path / "bastion.json"
+    try:
+        async with httpx2.AsyncClient(timeout=60) as client:
+            with anyio.fail_after(DEADLINE):
+                browser = Browser(client, base_of(served))
+                assert (await browser.login(admin)).status_code == 303
+                page = await _until(browser, "/admin/servers", lambda text: "status-ready" in text)
+                assert 'value="reload"' in page.text or "/admin/act/reload" in page.text
+                pid = served.process.pid
+                # A careless form: not a process id, another gateway's
+                assert (await browser.act("reload", {"gateway": "../1"})).status_code == 303
+                refused = await browser.page("/admin/servers")
+                assert "must be a process id" in refused.text
+
+                body = json.loads(config.read_text())
+                body["servers"]["second"] = gate_server("second")
+                body["reload"] = {"watch": False}  # only the act reloads, not the file watch
+                config.write_text(json.dumps(body))
+                done = await browser.act("reload", {"gateway": str(pid)})
+                assert done.status_code == 303
+                said = await browser.page("/admin/servers")
+                assert "reloaded: servers added: second" in said.text, said.text
+                await _until(browser, "/admin/servers", lambda text: text.count("status-ready") == 2)
+
+                # The policy swapped by a reload decides the console's next request: without the operators' rule
+                # the admin is refused at once.
+                (tmp_path / "team.cedar").write_text(POLICY.replace("default-admins-operate", "operators").replace(
+                    'action in [Bastion::Action::"view_metrics", Bastion::Action::"view_console", '
+                    'Bastion::Action::"administer"]', 'action == Bastion::Action::"administer"'))
+                assert (await browser.act("reload", {"gateway": str(pid)})).status_code == 303
+                assert (await browser.page("/admin/servers")).status_code == 403
+    finally:
+        stop(served)
+    reloads = [r for r in admin_records(tmp_path) if r["what"]["method"] == "admin/reload"]
+    # Each act is recorded (on the gateway it asked; the careless form's refused), and each reload it made (on the
+    # file read again), both under the operator
+    assert [r["who"]["name"] for r in reloads] == ["ada"] * 5, reloads
+    targets = [(r["what"]["target"], r["outcome"]) for r in reloads]
+    assert targets.count((str(config), 0)) == 2 and targets.count((f"gateway {served.process.pid}", 0)) == 2, targets
+    assert ("gateway ../1", 400) in targets, targets

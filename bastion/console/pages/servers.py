@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from bastion.console.markup import Html, join, pre, table, tag
-from bastion.console.registry import Act, ActRequest, Feed, Outcome, Page, View, field_of
+from bastion.console.registry import Act, ActRequest, BadForm, Feed, Outcome, Page, View, field_of
 
 
 async def render(view: View) -> Html:
@@ -21,6 +21,8 @@ async def render(view: View) -> Html:
         parts.append(tag("section",
                          tag("h2", f"Gateway {gateway.pid}"),
                          tag("p", gateway.config or "the demo configuration", class_="muted"),
+                         view.form("reload", "Reload its configuration", {"gateway": gateway.pid})
+                         if gateway.config else Html(""),
                          table(("Server", "Status", "Era", "Sandbox", "Restarts", "Recent stderr", ""), rows,
                                empty="this gateway has no servers"),
                          class_="gateway"))
@@ -47,6 +49,24 @@ async def retry(request: ActRequest) -> Outcome:
     return Outcome(f"asked gateway {', '.join(map(str, asked))} to start {server} again")
 
 
+async def reload(request: ActRequest) -> Outcome:
+    """Read a gateway's configuration file again and apply it (docs/operations.md, Reloading the configuration):
+    the gateway the console runs in directly, with the operator named in its audit record; a stdio gateway beside
+    ``bastion console`` by SIGHUP, whose own log says what changed."""
+    field = field_of(request.form, "gateway", most=12)
+    if not field.isdigit():
+        raise BadForm(f"gateway must be a process id, not {field!r}")
+    pid = int(field)
+    data = request.data
+    if data.reload_here is not None and pid == data.only_pid:
+        outcome = await data.reload_here(identity=request.identity)
+        return Outcome(f"reloaded: {outcome.describe()}" if outcome.applied else outcome.describe(),
+                       0 if outcome.applied else 409)
+    if not await asyncio.to_thread(data.ask_reload, pid):
+        return Outcome(f"no gateway {pid} is running for this user: nothing to reload", 404)
+    return Outcome(f"asked gateway {pid} to read its configuration again (SIGHUP); its log says what changed")
+
+
 async def states(view: View) -> list[dict[str, Any]]:
     """Each shown gateway's servers as its status file has them, for a page that watches them change."""
     gateways = await asyncio.to_thread(view.data.gateways)
@@ -55,4 +75,5 @@ async def states(view: View) -> list[dict[str, Any]]:
 
 PAGES = (Page("servers", "Servers", render),)
 FEEDS = (Feed("servers", states),)
-ACTS = (Act("retry_server", retry, target=lambda form: form.get("server")),)
+ACTS = (Act("retry_server", retry, target=lambda form: form.get("server")),
+        Act("reload", reload, target=lambda form: f"gateway {form.get('gateway')}"))

@@ -7,6 +7,7 @@ reading and writing, ``wire.py``."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 import logging
 import os
 import time
@@ -60,6 +61,21 @@ OAUTH_CALLBACK_PATH = "/oauth/callback"
 __all__ = ["HttpError", "HttpFrontend", "LegacySession", "SseSession"]
 
 
+class CurrentPolicy:
+    """The gateway's policy as it is now, for the console: a reload swaps the policy, and the console's next
+    decision is the new policy's (whether there is a policy at all changes only with a restart)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def authorize_admin(self, identity: Identity, action: str, operation: str = "") -> Any:
+        return self._gateway.policy.authorize_admin(identity, action, operation)  # type: ignore[union-attr]
+
+    def record_admin_action(self, identity: Identity, operation: str, target: str | None, decision: Any,
+                            outcome: int = 0) -> None:
+        self._gateway.policy.record_admin_action(identity, operation, target, decision, outcome)  # type: ignore[union-attr]
+
+
 class HttpFrontend:
     def __init__(self, gateway: Gateway, settings: HttpConfig, *, bound_to_loopback: bool,
                  auth: HttpAuth | None = None, callback: Callable[[Scope, Receive, Send], Awaitable[None]] | None
@@ -82,10 +98,12 @@ class HttpFrontend:
         self._reaper: asyncio.Task[None] | None = None
         # The web console at /admin: the same authenticator logs a browser in, Cedar decides, the policy audits.
         source = gateway.config.source
-        self.console = ConsoleApp(console(), CredentialLogin(self.auth.authenticator), gateway.policy,
+        self.console = ConsoleApp(console(), CredentialLogin(self.auth.authenticator),
+                                  CurrentPolicy(gateway) if gateway.policy is not None else None,
                                   ConsoleData(gateway.config, only_pid=os.getpid(),
                                               pins_of=str(source) if source is not None else "",
-                                              live=_live_window(gateway)))
+                                              live=_live_window(gateway),
+                                              reload_here=partial(gateway.reload, cause="the console")))
         if gateway.metrics is not None:
             gateway.metrics.sessions["streamable_http"] = lambda: len(self.sessions)
             gateway.metrics.sessions["sse"] = lambda: len(self.sse_sessions)
