@@ -153,7 +153,7 @@ class ServersStarting:
 def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None) -> PolicyRuntime | None:
     """The policy runtime of ``config``, None when its policy is off (said once, as a warning). ``previous``, the
     runtime a reload replaces, hands over its audit writer (one process holds a trail's hash chain) and its shared
-    state (an approval used before the reload stays used)."""
+    state (an approval used before the reload stays used), and its rate limiter when the limits are the same."""
     if config.policy is None:
         if previous is None:
             log.warning("policy is off: every call is allowed and nothing is audited")
@@ -163,7 +163,8 @@ def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None) -
     if previous is None:
         return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims)
     return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
-                                audit_writer=previous.audit.writer, shared_state=previous.state)
+                                audit_writer=previous.audit.writer, shared_state=previous.state,
+                                previous_limiter=previous.limiter)
 
 
 def intervention_log(config: GatewayConfig, policy: PolicyRuntime | None) -> InterventionLog | None:

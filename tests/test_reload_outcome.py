@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bastion.compose import build_gateway
 from bastion.config import default_config, load_config
-from bastion.model import GatewayRequest, Identity, Session
+from bastion.model import GatewayError, GatewayRequest, Identity, Session
 from tests.support import FIXTURES
 
 SERVER = str(FIXTURES / "reload_server.py")
@@ -155,3 +155,43 @@ async def test_a_reloaded_chain_is_still_metered_and_its_policy_still_counted(tm
     calls = sum(count for labels, count in metrics.requests.items() if labels[0] == "tools/call" and labels[3] == "ok")
     assert calls == 3
     assert metrics.totals().server_latency.count == 3  # the clock, innermost, is on the new chain too
+
+
+async def test_a_reload_keeps_the_rate_limits_buckets_unless_the_limits_changed(tmp_path: Path) -> None:
+    """Editing another key refills no bucket: a caller over its limit stays over it after the reload; a reload
+    that changes the limits starts them afresh."""
+    (tmp_path / "rules.cedar").write_text('@id("all")\npermit (principal, action, resource);\n')
+    config = tmp_path / "bastion.json"
+
+    def limited(per_minute: int, **settings) -> None:
+        write(config, ("a",), **settings)
+        body = json.loads(config.read_text())
+        body["policy"]["rate_limits"] = [{"scope": "tool", "match": "a/hello", "rate": 0.001,
+                                          "burst": per_minute}]
+        config.write_text(json.dumps(body))
+
+    limited(2)
+    gateway = build_gateway(load_config(config))
+    gateway.start()
+    session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "test")
+
+    async def call() -> str:
+        try:
+            result = await gateway.handle(GatewayRequest("tools/call", {"name": "a__hello", "arguments": {}},
+                                                         session, gateway.catalog))
+        except GatewayError as error:
+            return error.message
+        return result["content"][0]["text"]
+
+    try:
+        await gateway.wait_ready(120)
+        assert [await call(), await call()] == ["hello from a"] * 2
+        assert "Rate limit exceeded" in await call()
+        limited(2, page_size=7)  # another key: the bucket is kept, still empty
+        assert (await gateway.reload()).applied and gateway.config.page_size == 7
+        assert "Rate limit exceeded" in await call()
+        limited(5)  # the limit itself: a bucket of its own, full
+        assert (await gateway.reload()).applied
+        assert await call() == "hello from a"
+    finally:
+        await gateway.close()

@@ -790,6 +790,7 @@ class PolicyRuntime:
     audit: AuditTrail
     approval: "ApprovalStage | None" = None
     state: SharedState | None = None  # where used approvals are kept: handed to the runtime a reload builds
+    limiter: RateLimiter | None = None  # the rate limits' buckets: kept by a reload that leaves the limits as they are
 
     def record_admission_refusal(self, identity: Identity, method: str, target: str | None, stage: str, rule: str,
                                  reason: str, outcome: int) -> None:
@@ -851,12 +852,15 @@ def build_policy_runtime(
     pre_approved: Mapping[str, Iterable[str]] | None = None,
     claim_attributes: Iterable[str] = (),
     shared_state: SharedState | None = None,
+    previous_limiter: RateLimiter | None = None,
 ) -> PolicyRuntime:
     """The policy interceptor and its parts; ``pre_approved`` maps a server to the tools (its own names) a user
     already approves in their client, which the approval stage lets through without asking; ``claim_attributes``
     are the principal attributes ``auth.claims.attributes`` names; ``shared_state`` is where used approvals (and
     calls approved within ``policy.approval.reuse_seconds``) are kept: this process's memory unless given one that
-    replicas share (``clock``, the monotonic clock, times the memory's records and the rate limits)."""
+    replicas share (``clock``, the monotonic clock, times the memory's records and the rate limits);
+    ``previous_limiter``, the rate limiter of the runtime a reload replaces, is kept, buckets and all, when
+    ``config.rate_limits`` are the limits it enforces (editing anything else in the file refills no bucket)."""
     engine = engine or PolicyEngine(config, pinned=pinned, claim_attributes=claim_attributes)
     writer = audit_writer
     if writer is None and config.audit.enabled:
@@ -869,10 +873,14 @@ def build_policy_runtime(
     # A call approved out of band waits in the queue whatever the fallback says.
     queued = config.approval.fallback == "queue" or config.approval.approver != "client"
     queue = ApprovalQueue(config.approval.queue_dir) if queued else None
-    limits = RateLimits(RateLimiter(config.rate_limits, clock)) if config.rate_limits else None
+    limiter = None
+    if config.rate_limits:
+        same = previous_limiter is not None and previous_limiter.limits == tuple(config.rate_limits)
+        limiter = previous_limiter if same else RateLimiter(config.rate_limits, clock)
+    limits = RateLimits(limiter) if limiter is not None else None
     approval = ApprovalStage(config, signer, queue, pre_approved, state)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
-    return PolicyRuntime(engine, [policy], audit, approval, state)
+    return PolicyRuntime(engine, [policy], audit, approval, state, limiter)
 
 
 def build_policy_interceptors(config: PolicyConfig, **options: Any) -> list[Interceptor]:

@@ -75,6 +75,10 @@ class RateLimiter:
         # keys on every call would cost more than taking the tokens.
         self._routes: dict[tuple[str, str, str], tuple[tuple[int, TokenBucket], ...]] = {}
 
+    @property
+    def limits(self) -> tuple[RateLimitConfig, ...]:
+        return self._limits
+
     def _route(self, principal: str, server: str, tool: str, now: float,
                who: str) -> tuple[tuple[int, TokenBucket], ...]:
         route = []
