@@ -67,7 +67,7 @@ def build_gateway(
     watch_policy(policy, metrics, observer)
     # The metrics' meter is outermost, to see what every later step refuses; its clock innermost, to tell the
     # server's time from the gateway's.
-    gateway = Gateway(config, catalog=catalog, policy=policy, observers=[metrics.meter] if metrics else [],
+    gateway = Gateway(config, catalog=catalog, policy=policy, outermost=[metrics.meter] if metrics else [],
                       exposure=exposure, screens=guardrails.screens,
                       interceptors=[*guardrails.inner, *interceptors, *([metrics.clock] if metrics else [])],
                       tool_index=tool_index, launcher=launcher, observer=observer)

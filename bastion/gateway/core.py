@@ -62,7 +62,7 @@ class Gateway:
         *,
         catalog: Catalog | None = None,
         policy: PolicyRuntime | None = None,
-        observers: Sequence[Interceptor] = (),
+        outermost: Sequence[Interceptor] = (),
         exposure: Sequence[Interceptor] = (),
         screens: Sequence[Interceptor] = (),
         interceptors: Sequence[Interceptor] = (),
@@ -72,7 +72,7 @@ class Gateway:
         observer: Any = None,
     ) -> None:
         """Built by ``bastion.compose.build_gateway``, which builds the policy, the exposure and the tool index
-        from ``config``; the chain is ``observers`` (the metrics' meter: outermost, so it sees every refusal),
+        from ``config``; the chain is ``outermost`` (the metrics' meter, so it sees every refusal),
         ``exposure``, ``screens`` (what decides whether a definition is served at all), the policy's interceptors, then
         ``interceptors``; ``observer`` (``bastion.observability``: tracing, the request facts of JSON logs) watches
         each client request, its steps and its server call, and is closed last."""
@@ -126,7 +126,7 @@ class Gateway:
         # last step for a client's request is the router. Where nothing on a tools/call's route reads its result,
         # the result is passed on as the bytes its server sent; where nothing reads its params, its arguments reach
         # the server as the bytes the client sent (``takes_raw_params``: the frontend then leaves them undecoded).
-        self._outermost = tuple(observers)
+        self._outermost = tuple(outermost)
         self._exposure = tuple(exposure)
         self._innermost = tuple(interceptors)
         self.observer = observer
