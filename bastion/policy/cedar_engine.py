@@ -462,15 +462,22 @@ class CedarAuthorizer:
             self._cache.popitem(last=False)
         return decision
 
-    def _evaluate(
-        self, identity: Identity, action: str, target: Target, tags: dict[str, str], session: SessionFacts
-    ) -> Decision:
+    def principal_entities(self, identity: Identity) -> list[dict[str, Any]]:
+        """The caller as Cedar entities: the user, with the attributes policies may read, and its groups."""
         user = {
             "uid": _uid("User", identity.name),
             "attrs": principal_attributes(identity, self.claim_attributes),
             "parents": [_uid("Group", g) for g in identity.groups],
         }
-        groups = [{"uid": _uid("Group", g), "attrs": {}, "parents": []} for g in identity.groups]
+        return [user, *({"uid": _uid("Group", g), "attrs": {}, "parents": []} for g in identity.groups)]
+
+    def is_authorized(self, request: dict[str, Any], entities: list[dict[str, Any]]) -> Any:
+        """Cedar's answer to ``request`` under this policy set, with ``entities``."""
+        return cedarpy.is_authorized(request, self._policies, entities)
+
+    def _evaluate(
+        self, identity: Identity, action: str, target: Target, tags: dict[str, str], session: SessionFacts
+    ) -> Decision:
         arguments = {"uid": _uid("Arguments", "call"), "attrs": {}, "parents": [], "tags": tags}
         request = {
             "principal": _uid("User", identity.name),
@@ -478,7 +485,7 @@ class CedarAuthorizer:
             "resource": _uid(target.kind, target.ident),
             "context": {"arguments": {"__entity": _uid("Arguments", "call")}, "session": session.record()},
         }
-        result = cedarpy.is_authorized(request, self._policies, [user, *groups, *target.entities(), arguments])
+        result = self.is_authorized(request, [*self.principal_entities(identity), *target.entities(), arguments])
         reasons = list(result.diagnostics.reasons)
         errors = list(result.diagnostics.errors)
         if result.allowed:
@@ -496,12 +503,6 @@ def authorize_admin(authorizer: CedarAuthorizer, identity: Identity, action: str
     Not cached: operators act seldom, and every act is decided afresh."""
     if action not in ADMIN_ACTIONS:
         raise ValueError(f"{action!r} is not an operator's action ({', '.join(ADMIN_ACTIONS)})")
-    user = {
-        "uid": _uid("User", identity.name),
-        "attrs": principal_attributes(identity, authorizer.claim_attributes),
-        "parents": [_uid("Group", g) for g in identity.groups],
-    }
-    groups = [{"uid": _uid("Group", g), "attrs": {}, "parents": []} for g in identity.groups]
     console = {"uid": _uid("Console", "console"), "attrs": {}, "parents": []}
     request = {
         "principal": _uid("User", identity.name),
@@ -509,7 +510,7 @@ def authorize_admin(authorizer: CedarAuthorizer, identity: Identity, action: str
         "resource": _uid("Console", "console"),
         "context": {"operation": operation},
     }
-    result = cedarpy.is_authorized(request, authorizer._policies, [user, *groups, console])
+    result = authorizer.is_authorized(request, [*authorizer.principal_entities(identity), console])
     reasons = list(result.diagnostics.reasons)
     if result.allowed:
         return Decision(Effect.ALLOW, reasons[0] if reasons else "", "permitted by policy")
