@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any

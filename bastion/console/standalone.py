@@ -5,8 +5,6 @@ audit trail records it."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
-
 from bastion.console.app import ConsoleApp, Receive, Scope, Send, is_console_path
 from bastion.model import Identity
 
@@ -39,10 +37,7 @@ class LoopbackConsole:
         self.console = console
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
+        if scope["type"] != "http":  # uvicorn runs it with lifespan="off": only requests come
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1").strip() for k, v in scope.get("headers", ())}
         if host_of(headers.get("host", "").lower()) not in LOOPBACK_HOSTS:
@@ -63,12 +58,3 @@ async def _plain(send: Send, status: int, body: bytes, headers: tuple[tuple[byte
         (b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"), *headers]})
     await send({"type": "http.response.body", "body": body})
 
-
-async def _lifespan(receive: Callable[[], Awaitable[dict[str, Any]]], send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

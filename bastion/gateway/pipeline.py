@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from bastion.model import (
-    NOTIFICATION, REQUEST, TO_CLIENT, TO_SERVER, GatewayError, GatewayRequest, Handler, Interceptor,
+    NOTIFICATION, REQUEST, TO_SERVER, GatewayError, GatewayRequest, Handler, Interceptor,
 )
 
 log = logging.getLogger("bastion.gateway")

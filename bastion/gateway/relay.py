@@ -5,7 +5,6 @@ client included (Bastion answers those itself, at the chain's last step)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
 

@@ -18,7 +18,6 @@ from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import Identity
 from bastion.observability.config import MetricsConfig
 from bastion.observability.metrics import GatewayMetrics
-from bastion.policy.approval import ApprovalQueue
 from bastion.policy.audit import AuditWriter
 
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'

@@ -9,7 +9,7 @@ import asyncio
 from importlib import resources
 
 from bastion.console.live import LiveFigures
-from bastion.console.markup import Html, join, tag
+from bastion.console.markup import Html, tag
 from bastion.console.registry import Asset, Page, View
 
 POLL_SECONDS = 2
