@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
+import msgspec
+
+_decode_name = msgspec.json.Decoder(str).decode
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
@@ -196,12 +200,21 @@ class GatewayRequest:
     @property
     def target(self) -> "ToolEntry | None":
         """The catalog's tool this ``tools/call`` names now, or None: looked up once per name, so an interceptor
-        that rewrites the name (the search exposure's ``call_tool``) is never judged on the tool it replaced."""
+        that rewrites the name (the search exposure's ``call_tool``) is never judged on the tool it replaced. The
+        name may still be the client's JSON bytes (``msgspec.Raw``: a route where nothing reads the params), decoded
+        here once for every reader."""
         name = self.params.get("name")
         cached = self._target
         if cached is not None and cached[0] is name:
             return cached[1]
-        entry = self.catalog.tool(name) if type(name) is str else None
+        if type(name) is msgspec.Raw:
+            try:
+                decoded = _decode_name(name)
+            except msgspec.ValidationError:  # not a string: the router answers it
+                decoded = None
+            entry = self.catalog.tool(decoded) if decoded is not None else None
+        else:
+            entry = self.catalog.tool(name) if type(name) is str else None
         self._target = (name, entry)
         return entry
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, NoReturn
 
-import msgspec
-
 from bastion.guardrails.content import text_slots
 from bastion.guardrails.injection import _call_name as call_name
 from bastion.guardrails.injection import finds_any as injection_found
@@ -38,8 +36,7 @@ from bastion.guardrails.prescan import only_text
 from bastion.guardrails.deputy import may_hold_reference
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.scanning import slots_size
-from bastion.model import REQUEST, TAINTED_BY, GatewayError, GatewayRequest, Handler, ToolEntry
-from bastion.protocol import jsonrpc
+from bastion.model import REQUEST, TAINTED_BY, GatewayError, GatewayRequest, Handler
 from bastion.protocol.jsonrpc import RawResponse
 
 if TYPE_CHECKING:
@@ -161,8 +158,6 @@ class CallStage:
         if request.method != CALL:  # ``methods`` says what to look at; a chain built by hand passes everything
             return await call_next(request)
         entry = request.target
-        if entry is None and type(request.params.get("name")) is msgspec.Raw:
-            entry = _entry_of_raw_name(request)
         server = entry.server if entry is not None else None
         plan = self._plans.get(server)
         if plan is None:
@@ -265,12 +260,6 @@ class CallStage:
         if result is not tree:
             self._raw_results.changed(result)
         return answer
-
-
-def _entry_of_raw_name(request: GatewayRequest) -> ToolEntry | None:
-    """The tool a call names when its params are still the client's JSON (a chain that reads no arguments)."""
-    name = jsonrpc.raw_string(request.params["name"])
-    return request.catalog.tool(name) if isinstance(name, str) else None
 
 
 def _scan_target(request: GatewayRequest) -> str:

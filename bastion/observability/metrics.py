@@ -20,9 +20,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import msgspec
-
-from bastion.model import TO_SERVER, GatewayRequest, Handler, ToolEntry
+from bastion.model import TO_SERVER, GatewayRequest, Handler
 
 if TYPE_CHECKING:
     from bastion.observability.config import MetricsConfig
@@ -196,7 +194,7 @@ class GatewayMetrics:
                 if not answered:  # else answered, on its way back
                     in_flight[entry.server] = in_flight.get(entry.server, 0) + 1
             elif message.method == "tools/call":
-                target = message.target or tool_of(message)
+                target = message.target
                 if target is not None:
                     waiting[target.server] = waiting.get(target.server, 0) + 1
         return in_flight, waiting
@@ -210,19 +208,6 @@ class GatewayMetrics:
         return Totals(time.monotonic(), sum(by_outcome.values()), by_outcome,
                       LatencySample.of(list(self.gateway_time.values())),
                       LatencySample.of(list(self.server_time.values())))
-
-
-def tool_of(message: GatewayRequest) -> ToolEntry | None:
-    """The tool a call names when its params are still the client's JSON bytes (nothing on its route reads them, so
-    the frontend left them undecoded and ``message.target`` cannot read the name)."""
-    name = message.params.get("name")
-    if type(name) is not msgspec.Raw:
-        return None
-    try:
-        decoded = msgspec.json.decode(name)
-    except msgspec.DecodeError:
-        return None
-    return message.catalog.tool(decoded) if type(decoded) is str else None
 
 
 class RequestMeter:
@@ -271,7 +256,7 @@ class RequestMeter:
             if method == "tools/call":
                 entry = probe[1]
                 if entry is None:  # refused before its server: the tool as the chain left it
-                    entry = message.target or tool_of(message)
+                    entry = message.target
                 tool, server = (entry.exposed_name, entry.server) if entry is not None else (OTHER, "")
             elif method in CLIENT_METHODS:
                 tool, server = "", metrics.server_for(method, message.params) or ""
@@ -318,7 +303,7 @@ class ServerClock:
 
     async def on_request(self, message: GatewayRequest, call_next: Handler) -> dict[str, Any]:
         probe = self._probes.get((id(message.session), message.request_id))
-        entry = message.target or tool_of(message)
+        entry = message.target
         if probe is None or entry is None:
             # a request the meter did not see (a chain of the tests' own), or a tool no server has: the router
             # refuses it itself

@@ -12,8 +12,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
-import msgspec
-
 from bastion.model import GatewayRequest, ToolEntry
 
 # The W3C Trace Context and Baggage keys, as HTTP headers (lower case) and as a 2026-07-28 request's ``_meta`` keys.
@@ -22,7 +20,6 @@ TRACE_KEYS = ("traceparent", "tracestate", "baggage")
 MAX_TRACE_VALUE = 8192
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 _ZERO_TRACE = "0" * 32
-_decode_name = msgspec.json.Decoder(str).decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,18 +112,9 @@ def client_trace_id(carrier: Mapping[str, str]) -> str | None:
 
 
 def call_entry(message: GatewayRequest) -> ToolEntry | None:
-    """The catalog's tool a ``tools/call`` names, None for any other request or a name no tool has; its params
-    may be the client's bytes still (nothing else on the route reads them), and stay so."""
-    if message.method != "tools/call":
-        return None
-    name = message.params.get("name")
-    if type(name) is msgspec.Raw:
-        try:
-            name = _decode_name(name)
-        except msgspec.DecodeError:  # not a string: the router answers it
-            return None
-        return message.catalog.tool(name)
-    return message.target
+    """The catalog's tool a ``tools/call`` names, None for any other request or a name no tool has (its params may
+    be the client's bytes still: ``GatewayRequest.target`` reads the name from them, and they stay so)."""
+    return message.target if message.method == "tools/call" else None
 
 
 def facts_of(message: GatewayRequest, trace_id: str | None) -> RequestFacts:
