@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in git bubblewrap libseccomp2 iproute2 chromium; do
+for pkg in git bubblewrap libseccomp2 iproute2 chromium redis-server haproxy; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

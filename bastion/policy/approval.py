@@ -3,7 +3,7 @@
 Modern clients are answered with an ``input_required`` result whose ``requestState`` is HMAC-signed and
 bound to the identity, tool and a digest of the arguments, so a client cannot forge an approval or reuse
 one for different arguments. Each state is accepted once: redeeming it claims its nonce in the gateway's
-``SharedState`` (bastion/shared_state.py), an atomic check-and-set, so of any number of requests carrying one
+``StateStore`` (bastion/state/), an atomic check-and-set, so of any number of requests carrying one
 state — one after another, at once, on other connections, or on other replicas sharing the state — one runs
 the call. The local queue is a directory of JSON files:
 the gateway writes ``ID.json`` with status ``pending`` and polls it; ``bastion approve ID`` / ``deny ID``
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import orjson
 
-from bastion.shared_state import SharedState
+from bastion.state import StateStore
 
 STATE_PREFIX = "bastion-approval."
 APPROVAL_KEY = "approval"
@@ -83,7 +83,7 @@ class Redeemed:
 class ApprovalSigner:
     """Issues and redeems the ``requestState`` of an approval round trip, each good once."""
 
-    def __init__(self, secret: bytes, ttl_seconds: float, used: SharedState,
+    def __init__(self, secret: bytes, ttl_seconds: float, used: StateStore,
                  clock: Callable[[], float] = time.time) -> None:
         self._secret = secret
         self._ttl = ttl_seconds

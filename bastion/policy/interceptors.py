@@ -41,7 +41,7 @@ from bastion.policy.config import ApprovalConfig, PolicyConfig, PolicyStartError
 from bastion.policy.decision import Decision, Effect
 from bastion.policy.engine import SCHEMA_RULE, PolicyEngine
 from bastion.policy.ratelimit import RATE_LIMITED, RateLimiter
-from bastion.shared_state import MemoryState, SharedState
+from bastion.state import MemoryStore, StateStore
 
 log = logging.getLogger("bastion.approval")
 refusals = logging.getLogger("bastion.policy")
@@ -448,7 +448,7 @@ class ApprovalStage:
         signer: ApprovalSigner,
         queue: ApprovalQueue | None,
         pre_approved: Mapping[str, Iterable[str]] | None = None,
-        state: SharedState | None = None,
+        state: StateStore | None = None,
     ) -> None:
         self.settings = config.approval
         self.signer = signer
@@ -456,7 +456,7 @@ class ApprovalStage:
         # Tools a user already approves in their client (autoApprove / alwaysAllow), by server.
         self._pre_approved = {server: frozenset(names) for server, names in (pre_approved or {}).items() if names}
         # Where calls a person approved are kept for policy.approval.reuse_seconds (nothing when it is 0).
-        self._state = state if state is not None else MemoryState()
+        self._state = state if state is not None else MemoryStore()
         self._reuse = self.settings.reuse_seconds
         self._approver = self.settings.approver
         self._queue_as_fallback = self.settings.fallback == "queue"
@@ -465,7 +465,7 @@ class ApprovalStage:
         self.waiting = 0  # calls waiting for a person now
 
     @property
-    def state(self) -> SharedState:
+    def state(self) -> StateStore:
         """Where used approvals are kept (the readiness check asks it)."""
         return self._state
 
@@ -789,7 +789,7 @@ class PolicyRuntime:
     interceptors: list[Interceptor]
     audit: AuditTrail
     approval: "ApprovalStage | None" = None
-    state: SharedState | None = None  # where used approvals are kept: handed to the runtime a reload builds
+    state: StateStore | None = None  # where used approvals are kept: handed to the runtime a reload builds
     limiter: RateLimiter | None = None  # the rate limits' buckets: kept by a reload that leaves the limits as they are
 
     def record_admission_refusal(self, identity: Identity, method: str, target: str | None, stage: str, rule: str,
@@ -851,7 +851,7 @@ def build_policy_runtime(
     pinned: Callable[[ToolEntry], bool] | None = None,
     pre_approved: Mapping[str, Iterable[str]] | None = None,
     claim_attributes: Iterable[str] = (),
-    shared_state: SharedState | None = None,
+    shared_state: StateStore | None = None,
     previous_limiter: RateLimiter | None = None,
 ) -> PolicyRuntime:
     """The policy interceptor and its parts; ``pre_approved`` maps a server to the tools (its own names) a user
@@ -867,7 +867,7 @@ def build_policy_runtime(
         key = _secret(config.audit.key_file, "audit.key_file") if config.audit.key_file else None
         writer = AuditWriter(config.audit.path, config.audit.rotate_bytes, key)
     audit = AuditTrail(writer, config.audit.arguments == "values", config.audit.on_failure == "refuse")
-    state = shared_state if shared_state is not None else MemoryState(clock)
+    state = shared_state if shared_state is not None else MemoryStore(clock)
     secret = _secret(config.approval.secret_file, "approval.secret_file")
     signer = ApprovalSigner(secret, config.approval.timeout_seconds, state)
     # A call approved out of band waits in the queue whatever the fallback says.
