@@ -20,6 +20,7 @@ from bastion.server_entry import pin_identities, pinned_entries
 from bastion.model import CatalogView, Interceptor
 from bastion.observability.metrics import GatewayMetrics
 from bastion.policy.interceptors import PolicyRuntime, build_policy_runtime
+from bastion.state import MemoryStore, StateStore
 
 if TYPE_CHECKING:
     from bastion.search.exposure import CatalogIndex
@@ -42,9 +43,10 @@ def build_gateway(
     lines written during it. Raises ``PolicyStartError`` when the policy cannot start (a key that cannot be read, an
     audit trail that cannot be written)."""
     catalog = server_catalog(config)
-    policy = build_policy(config)
+    state = build_state(config)
+    policy = build_policy(config, state=state)
     interventions = intervention_log(config, policy)
-    guardrails = build_guardrail_chain(config, policy, catalog, interventions)
+    guardrails = build_guardrail_chain(config, policy, catalog, interventions, state=state)
     metrics = GatewayMetrics(config.metrics) if config.metrics.enabled else None
     tool_index: CatalogIndex | LazyCatalogIndex
     exposure: list[Interceptor] = []
@@ -70,7 +72,7 @@ def build_gateway(
     gateway = Gateway(config, catalog=catalog, policy=policy, outermost=[metrics.meter] if metrics else [],
                       exposure=exposure, screens=guardrails.screens,
                       interceptors=[*guardrails.inner, *interceptors, *([metrics.clock] if metrics else [])],
-                      tool_index=tool_index, launcher=launcher, observer=observer)
+                      tool_index=tool_index, launcher=launcher, observer=observer, state=state)
     servers.gateway = gateway
     if metrics is not None:
         attach_metrics(gateway, metrics, interventions)
@@ -87,7 +89,7 @@ def reloaded_parts(config: GatewayConfig, running: PolicyRuntime | None, catalog
     (its audit writer: so the guardrails' intervention log, which writes there, is kept too), each watched by the
     gateway's metrics and tracing as the first were. Whether there is a policy at all changes only with a restart
     (``bastion.reload.restart_keys``): said at start, not again; guardrails turned off are said by the reload."""
-    policy = None if config.policy is None else build_policy(config, previous=running)
+    policy = None if config.policy is None else build_policy(config, previous=running, state=gateway.state)
     watch_policy(policy, gateway.metrics, gateway.observer)
     if config.guardrails is None:
         return policy, GuardrailChain([], [])
@@ -95,7 +97,7 @@ def reloaded_parts(config: GatewayConfig, running: PolicyRuntime | None, catalog
         interventions = intervention_log(config, policy)
         if gateway.metrics is not None:
             gateway.metrics.interventions = interventions
-    return policy, build_guardrail_chain(config, policy, catalog, interventions)
+    return policy, build_guardrail_chain(config, policy, catalog, interventions, state=gateway.state)
 
 
 def watch_policy(policy: PolicyRuntime | None, metrics: GatewayMetrics | None, observer: Any) -> None:
@@ -150,10 +152,17 @@ class ServersStarting:
             await self.gateway.wait_ready(report=False)
 
 
-def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None) -> PolicyRuntime | None:
-    """The policy runtime of ``config``, None when its policy is off (said once, as a warning). ``previous``, the
-    runtime a reload replaces, hands over its audit writer (one process holds a trail's hash chain) and its shared
-    state (an approval used before the reload stays used), and its rate limiter when the limits are the same."""
+def build_state(config: GatewayConfig) -> StateStore:
+    """What the gateway shares with its replicas (bastion/state/): kept in this process's memory."""
+    return MemoryStore()
+
+
+def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None,
+                 state: StateStore | None = None) -> PolicyRuntime | None:
+    """The policy runtime of ``config``, None when its policy is off (said once, as a warning), keeping what it must
+    share with replicas in ``state`` (the gateway's: a reload hands the same store over, so an approval used before
+    the reload stays used). ``previous``, the runtime a reload replaces, hands over its audit writer (one process
+    holds a trail's hash chain) and its rate limiter when the limits are the same."""
     if config.policy is None:
         if previous is None:
             log.warning("policy is off: every call is allowed and nothing is audited")
@@ -161,9 +170,11 @@ def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None) -
     pre_approved = {name: cfg.auto_approve for name, cfg in config.servers.items() if cfg.enabled}
     claims = tuple(config.auth.claims.attributes) if config.auth is not None else ()
     if previous is None:
-        return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims)
+        return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
+                                    shared_state=state)
     return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
-                                audit_writer=previous.audit.writer, shared_state=previous.state,
+                                audit_writer=previous.audit.writer,
+                                shared_state=state if state is not None else previous.state,
                                 previous_limiter=previous.limiter)
 
 
@@ -177,7 +188,7 @@ def intervention_log(config: GatewayConfig, policy: PolicyRuntime | None) -> Int
 
 
 def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, catalog: CatalogView,
-                          report: InterventionLog | None = None) -> GuardrailChain:
+                          report: InterventionLog | None = None, state: StateStore | None = None) -> GuardrailChain:
     """The guardrail interceptors of ``config`` (none when they are off, said once, as a warning), reporting to
     ``report`` (by default a log of their own)."""
     if config.guardrails is None:

@@ -32,6 +32,7 @@ from bastion.gateway.subscriptions import Subscriptions
 from bastion.gateway.upstream import Launcher, Upstream
 from bastion.launchers.plan import NotALauncher, plan_launch
 from bastion.model import REQUEST, TO_SERVER, Identity, Interceptor
+from bastion.state import MemoryStore, StateStore
 from bastion.transport.stdio import WriteBatch
 
 if TYPE_CHECKING:
@@ -70,12 +71,14 @@ class Gateway:
         launcher: Launcher = launch_server,
         credentials: CredentialSource | None = None,
         observer: Any = None,
+        state: StateStore | None = None,
     ) -> None:
         """Built by ``bastion.compose.build_gateway``, which builds the policy, the exposure and the tool index
         from ``config``; the chain is ``outermost`` (the metrics' meter, so it sees every refusal),
         ``exposure``, ``screens`` (what decides whether a definition is served at all), the policy's interceptors, then
         ``interceptors``; ``observer`` (``bastion.observability``: tracing, the request facts of JSON logs) watches
-        each client request, its steps and its server call, and is closed last."""
+        each client request, its steps and its server call, and is closed last; ``state`` is what replicas share
+        (bastion/state/: this process's memory unless ``[state] url`` names a store), closed with the gateway."""
         if config.policy is not None and policy is None:
             raise ValueError("the configuration has a policy and none was given: build the gateway with "
                              "bastion.compose.build_gateway, which builds it")
@@ -106,6 +109,7 @@ class Gateway:
         self._retiring: set[asyncio.Task[None]] = set()
         self._tool_index = tool_index
         self.policy = policy
+        self.state: StateStore = state if state is not None else MemoryStore()
         # The gateway's metrics (bastion/observability), attached by the composition root; None when they are off.
         self.metrics: Any = None
         self._connections: dict[str, ConnectedClient] = {}
@@ -315,6 +319,7 @@ class Gateway:
             self._tool_index.close()
         if self.observer is not None:
             await self.observer.aclose()  # the spans still batched are sent now, or lost with the process
+        await self.state.aclose()
 
     def tool_index(self) -> Any:
         """The search index over this gateway's catalog, as ``build_gateway`` gave it (its ``current()`` is the
