@@ -1,0 +1,89 @@
+"""A framework-free handshake-era MCP server on stdio that counts what it runs, for the replica tests and the load
+generator: every replica behind the balancer starts its own copy, and all copies append to one marks file
+(``COUNTING_MARKS``), so a test can tell that each call (named by the ``token`` its caller chose) ran at most once,
+whichever replica took it.
+
+Tools: ``echo`` (read-only) answers its token; ``slow`` (read-only) marks ``start``, waits ``seconds`` (or until
+cancelled), marks ``done`` and answers its token; ``write`` (no annotations: the default policy asks a person) answers
+its token. Marks: ``run R <token>`` (echo, write), ``start R <token>``, ``done R <token>``, ``cancelled R <token>`` (R: the
+replica, ``COUNTING_REPLICA``), one line each, written with one append so that the copies' lines never interleave.
+"""
+
+import json
+import os
+import sys
+import threading
+
+MARKS = os.environ.get("COUNTING_MARKS")
+REPLICA = os.environ.get("COUNTING_REPLICA", "-")
+READ_ONLY = {"readOnlyHint": True}
+TOKEN = {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}
+TOOLS = [
+    {"name": "echo", "description": "Answer the token", "inputSchema": TOKEN, "annotations": READ_ONLY},
+    {"name": "slow", "description": "Answer the token after some seconds (or never, when cancelled)",
+     "inputSchema": {"type": "object", "properties": {"token": {"type": "string"}, "seconds": {"type": "number"}},
+                     "required": ["token"]}, "annotations": READ_ONLY},
+    {"name": "write", "description": "Record the token", "inputSchema": TOKEN},
+]
+lock = threading.Lock()
+waits: dict = {}  # request id -> (token, event set by its cancellation)
+
+
+def mark(event: str, token: str) -> None:
+    if MARKS:
+        descriptor = os.open(MARKS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(descriptor, f"{event} {REPLICA} {token}\n".encode())
+        finally:
+            os.close(descriptor)
+
+
+def send(message: dict) -> None:
+    data = json.dumps(message) + "\n"
+    with lock:
+        sys.stdout.write(data)
+        sys.stdout.flush()
+
+
+def answer(rid, token: str) -> None:
+    send({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": token}]}})
+
+
+def slow(rid, token: str, seconds: float, cancelled: threading.Event) -> None:
+    mark("start", token)
+    if cancelled.wait(seconds):
+        mark("cancelled", token)
+        return
+    waits.pop(rid, None)
+    mark("done", token)
+    answer(rid, token)
+
+
+for line in sys.stdin:
+    message = json.loads(line)
+    method, rid, params = message.get("method"), message.get("id"), message.get("params") or {}
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": rid, "result": {
+            "protocolVersion": params.get("protocolVersion", "2025-11-25"), "capabilities": {"tools": {}},
+            "serverInfo": {"name": "counting", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS}})
+    elif method == "notifications/cancelled":
+        waiting = waits.pop(params.get("requestId"), None)
+        if waiting is not None:
+            waiting.set()
+    elif method == "tools/call":
+        name, arguments = params.get("name"), params.get("arguments") or {}
+        token = str(arguments.get("token", ""))
+        if name in ("echo", "write"):
+            mark("run", token)
+            answer(rid, token)
+        elif name == "slow":
+            cancelled = threading.Event()
+            waits[rid] = cancelled
+            threading.Thread(target=slow, args=(rid, token, float(arguments.get("seconds", 1)), cancelled),
+                             daemon=True).start()
+        else:
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": f"Unknown tool: {name}"}})
+    elif rid is not None and method is not None:
+        send({"jsonrpc": "2.0", "id": rid, "result": {}})
