@@ -247,6 +247,7 @@ defaults
     mode http
     option forwardfor
     option redispatch
+    option abortonclose
     retries 3
     timeout connect 2s
     timeout http-request 30s
