@@ -129,7 +129,7 @@ class Modern:
         closing the connection is the whole cancellation (a pool would keep it, or hand it back)."""
         async with httpx2.AsyncClient(timeout=CLIENT_TIMEOUT) as own:
             started = asyncio.create_task(Modern(own, self.url, self.key).call(
-                "count__slow", {"token": token, "seconds": CANCELLED_SECONDS}))
+                "count__slow", {"tag": token, "seconds": CANCELLED_SECONDS}))
             await asyncio.wait([started], timeout=0.3)
             if started.done():
                 raise Wrong(f"a {CANCELLED_SECONDS:.0f} s call answered at once: {started.result()}")
@@ -185,7 +185,7 @@ class Legacy:
         request_id = next(self.ids)
         started = asyncio.create_task(self.http.post(self.url, headers=self.headers(), json={
             "jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-            "params": {"name": "count__slow", "arguments": {"token": token, "seconds": CANCELLED_SECONDS}}}))
+            "params": {"name": "count__slow", "arguments": {"tag": token, "seconds": CANCELLED_SECONDS}}}))
         await asyncio.wait([started], timeout=0.3)
         sent = await self.http.post(self.url, headers=self.headers(), json={
             "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
@@ -202,7 +202,7 @@ async def operation(client: Modern | Legacy, kind: str, token: str, tally: Tally
     """One operation of the mix, its answer checked; raises Wrong when it is not right."""
     if kind == "echo":
         tally.requests += 1
-        if (text := text_of(await client.call("count__echo", {"token": token}))) != token:
+        if (text := text_of(await client.call("count__echo", {"tag": token}))) != token:
             raise Wrong(f"echo {token} answered {text!r}")
         tally.answered[token] = "echo"
     elif kind == "list":
@@ -212,7 +212,7 @@ async def operation(client: Modern | Legacy, kind: str, token: str, tally: Tally
             raise Wrong(f"tools/list lacks {TOOLS - names}")
     elif kind == "slow":
         tally.requests += 1
-        if (text := text_of(await client.call("count__slow", {"token": token, "seconds": SLOW_SECONDS}))) != token:
+        if (text := text_of(await client.call("count__slow", {"tag": token, "seconds": SLOW_SECONDS}))) != token:
             raise Wrong(f"slow {token} answered {text!r}")
         tally.answered[token] = "slow"
     elif kind == "cancel":
@@ -231,11 +231,11 @@ async def approve(client: Modern | Legacy, token: str, tally: Tally) -> None:
     the default approver there is out of band, and this configuration's client approver asks by elicitation, which
     a load client answers on the session's stream; it is left to the modern era."""
     tally.requests += 1
-    asked = result_of(await client.call("count__write", {"token": token}))
+    asked = result_of(await client.call("count__write", {"tag": token}))
     if asked.get("resultType") != "input_required":
         raise Wrong(f"write {token} was not asked about: {asked}")
     tally.requests += 1
-    ran = await client.call("count__write", {"token": token}, requestState=asked["requestState"],
+    ran = await client.call("count__write", {"tag": token}, requestState=asked["requestState"],
                             inputResponses={"approval": ACCEPT})
     if (text := text_of(ran)) != token:
         raise Wrong(f"approved write {token} answered {text!r}")

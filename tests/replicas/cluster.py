@@ -380,3 +380,24 @@ def read_marks(path: Path) -> list[tuple[str, str, str]]:
         event, replica, token = re.match(r"(\S+) (\S+) (.*)", line).groups()
         found.append((event, replica, token))
     return found
+
+
+def sessions_shared(cluster: Cluster) -> bool:
+    """Whether a 2025-11-25 session opened on one replica is known to another (the shared session records): the
+    session is opened on the first replica directly and pinged on the second directly, past the balancer."""
+    import httpx2
+
+    if len(cluster.replicas) < 2:
+        return True
+    first, second = cluster.replicas[0], cluster.replicas[1]
+    headers = {"x-api-key": cluster.keys[IDENTITIES[0]], "content-type": "application/json",
+               "accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
+    opened = httpx2.post(first.base + "/mcp", headers=headers, timeout=60, json={
+        "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}})
+    assert opened.status_code == 200, opened.text
+    session = {**headers, "mcp-session-id": opened.headers["mcp-session-id"]}
+    pinged = httpx2.post(second.base + "/mcp", headers=session, timeout=60,
+                         json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+    httpx2.delete(first.base + "/mcp", headers=session, timeout=60)
+    return pinged.status_code == 200

@@ -1,11 +1,11 @@
 """A framework-free handshake-era MCP server on stdio that counts what it runs, for the replica tests and the load
 generator: every replica behind the balancer starts its own copy, and all copies append to one marks file
-(``COUNTING_MARKS``), so a test can tell that each call (named by the ``token`` its caller chose) ran at most once,
+(``COUNTING_MARKS``), so a test can tell that each call (named by the ``tag`` its caller chose) ran at most once,
 whichever replica took it.
 
-Tools: ``echo`` (read-only) answers its token; ``slow`` (read-only) marks ``start``, waits ``seconds`` (or until
-cancelled), marks ``done`` and answers its token; ``write`` (no annotations: the default policy asks a person) answers
-its token. Marks: ``run R <token>`` (echo, write), ``start R <token>``, ``done R <token>``, ``cancelled R <token>`` (R: the
+Tools: ``echo`` (read-only) answers its tag; ``slow`` (read-only) marks ``start``, waits ``seconds`` (or until
+cancelled), marks ``done`` and answers its tag; ``write`` (no annotations: the default policy asks a person) answers
+its tag. Marks: ``run R <tag>`` (echo, write), ``start R <tag>``, ``done R <tag>``, ``cancelled R <tag>`` (R: the
 replica, ``COUNTING_REPLICA``), one line each, written with one append so that the copies' lines never interleave.
 """
 
@@ -17,13 +17,13 @@ import threading
 MARKS = os.environ.get("COUNTING_MARKS")
 REPLICA = os.environ.get("COUNTING_REPLICA", "-")
 READ_ONLY = {"readOnlyHint": True}
-TOKEN = {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}
+TAG = {"type": "object", "properties": {"tag": {"type": "string"}}, "required": ["tag"]}
 TOOLS = [
-    {"name": "echo", "description": "Answer the token", "inputSchema": TOKEN, "annotations": READ_ONLY},
-    {"name": "slow", "description": "Answer the token after some seconds (or never, when cancelled)",
-     "inputSchema": {"type": "object", "properties": {"token": {"type": "string"}, "seconds": {"type": "number"}},
-                     "required": ["token"]}, "annotations": READ_ONLY},
-    {"name": "write", "description": "Record the token", "inputSchema": TOKEN},
+    {"name": "echo", "description": "Answer the tag", "inputSchema": TAG, "annotations": READ_ONLY},
+    {"name": "slow", "description": "Answer the tag after some seconds (or never, when cancelled)",
+     "inputSchema": {"type": "object", "properties": {"tag": {"type": "string"}, "seconds": {"type": "number"}},
+                     "required": ["tag"]}, "annotations": READ_ONLY},
+    {"name": "write", "description": "Record the tag", "inputSchema": TAG},
 ]
 lock = threading.Lock()
 waits: dict = {}  # request id -> (token, event set by its cancellation)
@@ -74,7 +74,7 @@ for line in sys.stdin:
             waiting.set()
     elif method == "tools/call":
         name, arguments = params.get("name"), params.get("arguments") or {}
-        token = str(arguments.get("token", ""))
+        token = str(arguments.get("tag", ""))
         if name in ("echo", "write"):
             mark("run", token)
             answer(rid, token)
