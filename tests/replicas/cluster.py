@@ -242,9 +242,12 @@ HAPROXY_CONFIG = """\
 global
     maxconn 8000
     stats socket {socket} mode 600 level admin
+    log stdout format raw local0
 
 defaults
     mode http
+    log global
+    option httplog
     option forwardfor
     option redispatch
     option abortonclose
