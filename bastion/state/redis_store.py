@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import ssl
 from typing import Any, AsyncIterator, Awaitable, Sequence, TypeVar
-from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
@@ -28,13 +27,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from bastion.state.config import DEFAULT_MAX_CONNECTIONS, DEFAULT_PREFIX, DEFAULT_TIMEOUT, describe
 from bastion.state.store import TAKEN, Bucket, StateUnavailable, Taken
 
 T = TypeVar("T")
 
-DEFAULT_PREFIX = "bastion:"
-DEFAULT_TIMEOUT = 2.0
-DEFAULT_MAX_CONNECTIONS = 32
 _RECONNECT_CAP = 2.0  # the longest pause between a lost subscription connection's attempts to come back
 
 # Numbers leave scripts as strings: a Lua number returned to Redis is cut to an integer.
@@ -111,15 +108,6 @@ return number
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000 + 0.999))
-
-
-def describe(url: str) -> str:
-    """The store as people read it in messages: ``redis host:port/db``, never the password."""
-    parts = urlsplit(url)
-    db = (parts.path or "/0").lstrip("/") or "0"
-    host = parts.hostname or "localhost"
-    host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme or 'redis'} {host}:{parts.port or 6379}/{db}"
 
 
 class _Subscription:
@@ -297,6 +285,7 @@ class RedisStore:
         url: str,
         *,
         password: str | None = None,
+        username: str | None = None,
         key_prefix: str = DEFAULT_PREFIX,
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -315,6 +304,8 @@ class RedisStore:
         }
         if password is not None:
             options["password"] = password
+        if username is not None:
+            options["username"] = username
         if url.startswith("rediss://"):
             options.update(ssl_cert_reqs=ssl.CERT_REQUIRED, ssl_ca_certs=tls_ca_file, ssl_certfile=tls_cert_file,
                            ssl_keyfile=tls_key_file)
