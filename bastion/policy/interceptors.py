@@ -128,7 +128,6 @@ def state_refusal(trail: "Trail", stage: str, rule: str, what: str, name: str,
     message says so, and that the call was not run; the next call tries the store again."""
     decision = Decision.deny(rule, f"{what}: {error}")
     trail.add(stage, decision)
-    log.warning("refused %s: %s", name, decision.reason)
     return _refusal(STATE_UNAVAILABLE, f"Call to '{name}' was not run: {what}, because {error}; retry when it is "
                                        "back", decision)
 
@@ -325,7 +324,7 @@ class RateLimits:
                                                principal_key(identity))
         except StateUnavailable as error:
             raise state_refusal(trail, "rate_limit", RATE_STATE_RULE, "its rate limits could not be checked",
-                                entry.name, error) from None
+                                str(request.params.get("name") or entry.original_name), error) from None
         if verdict.allowed:
             return
         decision = Decision.deny(verdict.rule, "rate limit exceeded", retryAfterSeconds=verdict.retry_after_seconds)

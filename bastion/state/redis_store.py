@@ -276,7 +276,7 @@ def _why(error: BaseException) -> str:
     if isinstance(error, TimeoutError) and not str(error):
         return "no answer in time"
     text = str(error) or type(error).__name__
-    return text.splitlines()[0][:300]
+    return text.splitlines()[0][:300].rstrip(".")
 
 
 class RedisStore:
