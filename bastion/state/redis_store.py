@@ -34,7 +34,8 @@ T = TypeVar("T")
 
 _RECONNECT_CAP = 2.0  # the longest pause between a lost subscription connection's attempts to come back
 
-# Numbers leave scripts as strings: a Lua number returned to Redis is cut to an integer.
+# Numbers leave scripts as strings: a Lua number returned to Redis is cut to an integer, and one passed to a command
+# is written with 14 digits (1e+15 for a long expiry, which PEXPIRE refuses), so each is formatted on purpose.
 _TAKE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -58,7 +59,7 @@ for i, key in ipairs(KEYS) do
   local rate, burst = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
   redis.call('HSET', key, 't', string.format('%.17g', levels[i] - 1), 'u', string.format('%.17g', now))
   -- Kept while it refills: a full bucket is the same as none, so it may expire then.
-  redis.call('PEXPIRE', key, math.ceil((burst / rate + 1) * 1000))
+  redis.call('PEXPIRE', key, string.format('%d', math.min(math.ceil((burst / rate + 1) * 1000), 1e15)))
 end
 return {-1, '0'}
 """
@@ -76,7 +77,7 @@ if count >= limit then
 end
 -- A member per event: its time and the count before it, unique even for events in one microsecond.
 redis.call('ZADD', KEYS[1], string.format('%.17g', now), t[1] .. '.' .. t[2] .. ':' .. count)
-redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.min(math.ceil(window * 1000), 1e15)))
 return '0'
 """
 

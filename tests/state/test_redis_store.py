@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import signal
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,39 @@ async def test_buckets_follow_redis_clock_so_two_stores_share_them(redis_server)
     finally:
         await first.aclose()
         await second.aclose()
+
+
+async def test_extreme_limits_are_taken_as_given(redis_server) -> None:
+    store = _store(redis_server)
+    try:
+        # Expiries of centuries and waits of years: written as whole milliseconds, never as 1e+15.
+        huge = Bucket("huge", rate=1e-9, burst=1e9)
+        assert (await store.take([huge])).granted
+        tiny = Bucket("tiny", rate=1e-9, burst=1)
+        assert (await store.take([tiny])).granted
+        refused = await store.take([tiny])
+        assert not refused.granted and refused.wait > 1e8
+        assert await store.hit("long", 1, 1e10) == 0 and await store.hit("long", 1, 1e10) > 1e9
+        assert await store.add("big", 10**15) == 10**15
+    finally:
+        await store.aclose()
+
+
+async def test_a_hung_redis_times_out_and_the_next_operation_after_it_answers_again_works() -> None:
+    server = RedisServer().start()
+    store = _store(server, timeout=0.5)
+    try:
+        await store.put("k", b"v")
+        server.process.send_signal(signal.SIGSTOP)  # alive, listening, answering nothing
+        try:
+            with pytest.raises(StateUnavailable) as failed:
+                await store.get("k")
+            assert "no answer in time" in str(failed.value) or "Timeout" in str(failed.value)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        # The answer that came late is not taken for the next operation's: its connection was dropped.
+        await store.put("k2", b"v2")
+        assert await store.get("k") == b"v" and await store.get("k2") == b"v2"
+    finally:
+        await store.aclose()
+        server.close()
