@@ -840,7 +840,6 @@ class PolicyRuntime:
     audit: AuditTrail
     approval: "ApprovalStage | None" = None
     state: StateStore | None = None  # where used approvals and rate limits' buckets are kept: handed to a reload's
-    limiter: RateLimiter | None = None
 
     def record_admission_refusal(self, identity: Identity, method: str, target: str | None, stage: str, rule: str,
                                  reason: str, outcome: int) -> None:
@@ -926,7 +925,7 @@ def build_policy_runtime(
     limits = RateLimits(limiter) if limiter is not None else None
     approval = ApprovalStage(config, signer, queue, pre_approved, state)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
-    return PolicyRuntime(engine, [policy], audit, approval, state, limiter)
+    return PolicyRuntime(engine, [policy], audit, approval, state)
 
 
 def build_policy_interceptors(config: PolicyConfig, **options: Any) -> list[Interceptor]:
