@@ -36,7 +36,7 @@ class StateConfig(BaseModel):
                                    description="connect and answer timeout of every Redis operation: past it, "
                                                "what needs the state is refused as unreachable")
     max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=2, le=10_000,
-                                 description="connections to Redis per gateway process (plus one for messages); "
+                                 description="connections to Redis per gateway process, one of them for messages; "
                                              "more concurrent operations wait up to timeout_seconds for one")
 
     @field_validator("url")

@@ -7,7 +7,7 @@ argument, never as a pattern: nothing here lists keys (no KEYS, no SCAN), so a `
 identity is just a character of its key.
 
 Connections: one bounded pool per store (``max_connections``; a caller past the bound waits up to ``timeout`` for
-one to come free, then fails) and one more, shared by every subscription, for pub/sub. Every socket has a short
+one to come free, then fails), one of which, shared by every subscription, carries pub/sub. Every socket has a short
 connect and read timeout, so a Redis that is gone or hung becomes ``StateUnavailable`` naming the store
 (``host:port/db``, never the password) within about ``timeout`` seconds. Nothing is retried here: the next operation
 after Redis is back gets a fresh connection (the pool drops the ones the restart closed), and the subscriptions
@@ -201,13 +201,11 @@ class _Hub:
         async with self._connecting:
             if self._pubsub is None:
                 try:
-                    async with asyncio.timeout(self._timeout):
-                        pubsub = self._redis.pubsub()
-                        await pubsub.connect()
+                    # Every channel with subscribers: this may be the connection that comes back after an outage.
+                    self._pubsub = await self._open(tuple(self._listeners))
                 except (RedisError, OSError, TimeoutError) as error:
                     raise StateUnavailable(
                         f"the shared state ({self._where}) cannot be reached: {_why(error)}") from None
-                self._pubsub = pubsub
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read(), name="bastion-state-pubsub")
             return self._pubsub
@@ -231,13 +229,23 @@ class _Hub:
 
     async def _reconnect(self) -> PubSub:
         async with self._connecting:
+            self._pubsub = await self._open(tuple(self._listeners))
+            return self._pubsub
+
+    async def _open(self, channels: tuple[bytes, ...]) -> PubSub:
+        """A pub/sub connection subscribed to ``channels``; one that fails on the way gives its connection back to
+        the pool (a Redis away for long must not use the pool up, one attempt at a time)."""
+        pubsub = self._redis.pubsub()
+        try:
             async with asyncio.timeout(self._timeout):
-                pubsub = self._redis.pubsub()
                 await pubsub.connect()
-                if self._listeners:
-                    await pubsub.subscribe(*self._listeners)
-            self._pubsub = pubsub
-            return pubsub
+                if channels:
+                    await pubsub.subscribe(*channels)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+            raise
+        return pubsub
 
     async def _drop(self, pubsub: PubSub | None) -> None:
         if pubsub is not None and self._pubsub is pubsub:
