@@ -13,6 +13,9 @@ from typing import Any
 
 import httpx2
 import pytest
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from tests.http.conftest import Served, serve_config, stop_bastion
 from tests.redis_server import RedisServer, redis_available
@@ -184,3 +187,25 @@ async def test_a_gateway_starts_without_its_redis_and_joins_it_when_it_comes(tmp
     finally:
         stop_bastion(served)
         redis.close()
+
+
+def _sdk(served: Served, mode: str) -> Client:
+    http = httpx2.AsyncClient(headers={IDENTITY_HEADER: "alice"}, timeout=httpx2.Timeout(120, read=300))
+    return Client(streamable_http_client(served.url, http_client=http), mode=mode)
+
+
+async def test_official_clients_of_both_eras_share_one_burst_across_replicas(replicas) -> None:
+    """A handshake-era session on one replica and a 2026-07-28 client on the other draw from one bucket."""
+    _, first, second = replicas
+    async with _sdk(first, "legacy") as legacy, _sdk(second, "auto") as modern:
+        ran, refused = [], []
+        for n in range(BURST + 2):
+            client = legacy if n % 2 else modern
+            try:
+                result = await client.call_tool("raw__echo", {"text": f"c{n}"})
+                ran.append(result.content[0].text)
+            except MCPError as error:
+                refused.append(error)
+        assert ran == [f"c{n}" for n in range(BURST)]
+        assert [(e.code, e.data["rule"]) for e in refused] == [(-32000, "rate:tool:raw/echo")] * 2
+        assert all(e.data["retryAfterSeconds"] >= 1 for e in refused)
