@@ -16,7 +16,7 @@ Reports requests/s, p50/p99 per kind, errors (the target is 0), each replica's R
 Redis, this client), so that per-core throughput can be read on a machine with fewer cores than processes.
 
 Usage: .venv/bin/python bench/load.py [--minutes M | --operations N] [--replicas 1|3] [--clients C]
-                                      [--eras modern,legacy] [--json]
+                                      [--eras modern,legacy] [--mix mixed|calls] [--json]
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ MODERN, LEGACY = "2026-07-28", "2025-11-25"
 ACCEPT = {"action": "accept", "content": {"approve": True}}
 TOOLS = {"count__echo", "count__slow", "count__write"}
 # What each client does, by weight: mostly short calls and lists, some long calls, cancellations and approvals.
-MIX = (("echo", 60), ("list", 20), ("slow", 6), ("cancel", 6), ("approve", 8))
+MIXES = {"mixed": (("echo", 60), ("list", 20), ("slow", 6), ("cancel", 6), ("approve", 8)),
+         # Throughput alone (the scaling figure): short calls and lists, nothing that waits.
+         "calls": (("echo", 80), ("list", 20))}
 SLOW_SECONDS = 1.0
 CANCELLED_SECONDS = 20.0  # far past when the client gives up on it: a "done" mark would be a cancellation lost
 SESSION_OPERATIONS = 50
@@ -249,6 +251,7 @@ class Plan:
     deadline: float | None  # monotonic time to stop at, or None: stop after `operations`
     operations: int
     sample_every: int
+    mix: str = "mixed"
     seed: int = 31
 
 
@@ -273,7 +276,7 @@ class Run:
         era = self.plan.eras[index % len(self.plan.eras)]
         identity = IDENTITIES[index % len(IDENTITIES)]
         rng = random.Random(self.plan.seed * 1000 + index)
-        kinds, weights = zip(*[(k, w) for k, w in MIX if not (era == "legacy" and k == "approve")])
+        kinds, weights = zip(*[(k, w) for k, w in MIXES[self.plan.mix] if not (era == "legacy" and k == "approve")])
         client = (Modern if era == "modern" else Legacy)(http, self.cluster.url, self.cluster.keys[identity])
         in_session = 0
         serial = itertools.count()
@@ -404,7 +407,7 @@ def run_load(cluster: Cluster, plan: Plan) -> dict[str, Any]:
     everything = [t for values in tally.latencies.values() for t in values]
     replica_cpu = sum(v for k, v in cpu.items() if k.startswith("replica"))
     return {
-        "replicas": len(cluster.replicas), "clients": plan.clients, "eras": list(plan.eras),
+        "replicas": len(cluster.replicas), "clients": plan.clients, "eras": list(plan.eras), "mix": plan.mix,
         "redis": cluster.redis is not None, "seconds": run.elapsed, "operations": sum(tally.operations.values()),
         "requests": tally.requests, "requests_per_s": tally.requests / run.elapsed,
         "p50_ms": percentile(everything, 0.5) * 1000, "p99_ms": percentile(everything, 0.99) * 1000,
@@ -425,7 +428,7 @@ def run_load(cluster: Cluster, plan: Plan) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     lines = [f"{report['replicas']} replica(s) behind HAProxy{' on Redis' if report['redis'] else ''}, "
-             f"{report['clients']} clients ({', '.join(report['eras'])}): {report['operations']} operations, "
+             f"{report['mix']} traffic of {report['clients']} clients ({', '.join(report['eras'])}): {report['operations']} operations, "
              f"{report['requests']} requests in {report['seconds']:.1f} s = {report['requests_per_s']:.0f} requests/s, "
              f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, errors {report['errors']}"]
     for kind, figures in report["by_kind"].items():
@@ -448,6 +451,8 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, choices=(1, 3), default=3)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--eras", default="modern,legacy")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="mixed",
+                        help="mixed: calls, lists, long calls, cancellations, approvals; calls: short calls and lists")
     parser.add_argument("--sample-every", type=int, default=500, help="RSS sampled every this many operations")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -458,7 +463,8 @@ def main() -> None:
     with Cluster(folder, replicas_count=args.replicas, http=LOAD_HTTP) as cluster:
         print(f"cluster up: {cluster.url} ({folder})", file=sys.stderr)
         deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
-        report = run_load(cluster, Plan(args.clients, eras, deadline, args.operations, args.sample_every))
+        report = run_load(cluster, Plan(args.clients, eras, deadline, args.operations, args.sample_every,
+                                           args.mix))
     print(json.dumps(report) if args.json else render(report))
 
 
