@@ -197,16 +197,20 @@ class HAProxy:
                                             stdout=log, stderr=subprocess.STDOUT)
         self.wait_states({r.name: "UP" for r in self.replicas})
 
-    def states(self) -> dict[str, str]:
-        """Each replica's state as HAProxy's health checks see it (UP, DOWN, ...), from its stats socket."""
+    def command(self, line: str) -> str:
+        """One command on HAProxy's stats socket (management.txt), and what it answered."""
         with socket.socket(socket.AF_UNIX) as stats:
             stats.settimeout(10)
             stats.connect(str(self.socket))
-            stats.sendall(b"show stat\n")
+            stats.sendall(line.encode() + b"\n")
             data = b""
             while chunk := stats.recv(65536):
                 data += chunk
-        header, *rows = data.decode().strip().splitlines()
+        return data.decode()
+
+    def states(self) -> dict[str, str]:
+        """Each replica's state as HAProxy's health checks see it (UP, DOWN, ...), from its stats socket."""
+        header, *rows = self.command("show stat").strip().splitlines()
         columns = header.lstrip("# ").split(",")
         found = {}
         for row in rows:
