@@ -153,6 +153,21 @@ async def approve_through(http: httpx2.AsyncClient, cluster: Cluster, tag: str) 
     return answered_tag(ran)
 
 
+async def test_an_approval_replayed_on_every_replica_at_once_runs_its_call_once(cluster: Cluster) -> None:
+    needs_redis(cluster)
+    async with httpx2.AsyncClient(timeout=BOUND) as http:
+        asked = (await post(http, cluster, "count__write", {"tag": "replayed"})).json()["result"]
+        assert asked["resultType"] == "input_required"
+        approved = {"requestState": asked["requestState"], "inputResponses": {"approval": ACCEPT}}
+        # Nine at once, round robin: each replica gets three, racing each other for the one use.
+        answers = await asyncio.gather(*(post(http, cluster, "count__write", {"tag": "replayed"}, **approved)
+                                         for _ in range(9)))
+    tags = [answered_tag(a) for a in answers]
+    assert tags.count("replayed") == 1 and tags.count(None) == 8, [a.text[:200] for a in answers]
+    assert all("already used" in a.json()["error"]["message"] for a in answers if "error" in a.json())
+    assert ran_at_most_once(cluster)["replayed"] == 1
+
+
 def needs_redis(cluster: Cluster) -> None:
     if cluster.redis is None:
         pytest.skip("this gateway has no [state] table yet (issue 31, item 1): the replicas run without Redis")
