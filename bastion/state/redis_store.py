@@ -219,7 +219,7 @@ class _Hub:
                     pubsub = await self._reconnect()
                     pause = 0.05
                 message = await pubsub.get_message(timeout=60.0)
-            except (RedisError, OSError, TimeoutError):
+            except Exception:  # noqa: BLE001 - whatever broke the connection, the subscriptions must come back
                 await self._drop(pubsub)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _RECONNECT_CAP)
