@@ -27,6 +27,7 @@ import itertools
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -53,6 +54,7 @@ MIXES = {"mixed": (("echo", 60), ("list", 20), ("slow", 6), ("cancel", 6), ("app
 SLOW_SECONDS = 1.0
 CANCELLED_SECONDS = 20.0  # far past when the client gives up on it: a "done" mark would be a cancellation lost
 SESSION_OPERATIONS = 50
+LOAD_TAG = re.compile(r"[ml]\d+-\d+-[a-z]+$")  # the tags this generator gives its calls (see Run.client)
 CLIENT_TIMEOUT = 120.0  # a request the balancer or a replica never answers fails the run instead of hanging it
 
 
@@ -325,7 +327,7 @@ def check_marks(cluster: Cluster, tally: Tally, settle_seconds: float = 60.0) ->
     (waited for: a cancellation is a notification that may still be on its way)."""
     deadline = time.monotonic() + settle_seconds
     while True:
-        marks = read_marks(cluster.marks)
+        marks = [m for m in read_marks(cluster.marks) if LOAD_TAG.match(m[2])]  # this load's, not a test's before
         ends: Counter = Counter(token for event, _, token in marks if event in ("run", "done"))
         starts = {token for event, _, token in marks if event == "start"}
         stopped = {token for event, _, token in marks if event == "cancelled"}

@@ -54,8 +54,9 @@ def _no_pins_from_earlier_tests() -> None:
 
 
 # Folders whose test files share a session fixture between them: under pytest-xdist their files run on one worker.
-# The conformance suite's runs (tests/conformance/runs.py) are made once and read by three files.
-SHARED_BY_FILES = ("tests/conformance/",)
+# The conformance suite's runs (tests/conformance/runs.py) are made once and read by three files; the replicas behind
+# HAProxy (tests/replicas/conftest.py) are started once for the fault and load files.
+SHARED_BY_FILES = ("tests/conformance/", "tests/replicas/")
 
 
 def _work_unit(nodeid: str) -> str:

@@ -27,12 +27,6 @@ BOUND = 60.0  # no request may take longer than this, whatever failed: a hang fa
 LONG = 10.0  # seconds a long call runs when nothing ends it first: past the kill and the calls sent after it
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    with Cluster(tmp_path_factory.mktemp("faults"), cut="r3") as running:
-        yield running
-
-
 async def post(http: httpx2.AsyncClient, cluster: Cluster, tool: str, arguments: dict[str, Any],
                identity: str = "alice", **extra: Any) -> httpx2.Response:
     meta = {"io.modelcontextprotocol/protocolVersion": MODERN,

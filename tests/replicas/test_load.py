@@ -8,24 +8,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.replicas.cluster import Cluster, sessions_shared
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from load import LOAD_HTTP, Plan, render, run_load  # noqa: E402
+from load import Plan, render, run_load  # noqa: E402
 
-OPERATIONS = 1500
+OPERATIONS = 1200
 CLIENTS = 12
-# A replica that kept something per request would grow with the operations: 1,500 of them after warm-up, even
-# 10 KiB each would be 15 MiB. What the allocator and caches settle into after warm-up stays well under this.
+# A replica that kept something per request would grow with the operations: 900 of them after warm-up, even
+# 10 KiB each would be 9 MiB. What the allocator and caches settle into after warm-up stays well under this.
 RSS_GROWTH_BOUND_KIB = 8 * 1024
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    with Cluster(tmp_path_factory.mktemp("load"), http=LOAD_HTTP) as running:
-        yield running
 
 
 def test_mixed_load_through_the_balancer_has_no_error_and_flat_memory(cluster: Cluster) -> None:
