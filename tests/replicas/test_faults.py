@@ -162,6 +162,31 @@ async def test_an_approval_replayed_on_every_replica_at_once_runs_its_call_once(
     assert ran_at_most_once(cluster)["replayed"] == 1
 
 
+async def test_hostile_session_ids_and_bodies_through_the_balancer_get_clear_refusals(cluster: Cluster) -> None:
+    """Session ids shaped like store keys and patterns (":", "*", a prefix of a real key), and a body past the limit:
+    each refused by whichever replica gets it, and every replica stays ready."""
+    headers = {"x-api-key": cluster.keys["alice"], "content-type": "application/json",
+               "accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with httpx2.AsyncClient(timeout=BOUND) as http:
+        for session in ("*", "a:b", "session:*", "?", "bastion:*", "x" * 4000):
+            for _ in cluster.replicas:  # one each, round robin
+                refused = await http.post(cluster.url, headers={**headers, "mcp-session-id": session}, json=ping)
+                assert refused.status_code in (400, 404), (session[:20], refused.status_code, refused.text[:200])
+                assert refused.json()["error"]["message"]
+        # The replica answers 413 as soon as the body passes its limit and closes, while the client still writes:
+        # the client may see the 413 or the connection reset under its writes. HAProxy's log says what was sent.
+        try:
+            huge = await http.post(cluster.url, headers=headers, content=b'{"jsonrpc":"2.0","id":1,"method":"ping",'
+                                   b'"params":{"pad":"' + b"x" * (5 * 2**20) + b'"}}')
+            assert huge.status_code == 413, huge.text[:200]
+        except httpx2.TransportError:
+            pass
+    await wait_until(lambda: " 413 " in cluster.haproxy.output.read_text())  # logged when its stream ends
+    assert cluster.haproxy.states() == {r.name: "UP" for r in cluster.replicas}
+    await calls_all_answer(cluster, "after-hostile", 6)
+
+
 def needs_redis(cluster: Cluster) -> None:
     if cluster.redis is None:
         pytest.skip("this gateway has no [state] table yet (issue 31, item 1): the replicas run without Redis")
