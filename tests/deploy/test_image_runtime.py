@@ -1,0 +1,144 @@
+"""The image's runtime conditions, emulated with bubblewrap on this machine (no Docker engine runs here): a user
+namespace as uid/gid 10001 with no capabilities and no_new_privs (securityContext: runAsUser 10001, capabilities
+drop ALL, allowPrivilegeEscalation false), a root file system of /usr and /etc read-only with nothing else
+writable but a data volume at /var/lib/bastion (XDG_STATE_HOME, XDG_CACHE_HOME, HOME) and /tmp (the emptyDirs),
+and the image's entry point. Bastion's sandbox then nests its own bubblewrap inside, as it does in the pod.
+
+What this shows: the entry point's self-check passes, and `bastion run` serves a sandboxed server to the SDK's
+client in both eras, from a read-only root, writing only to the volumes. What it does not: the container runtime's
+own seccomp and AppArmor profiles, a kubelet, or the image's Debian userland (the host's /usr stands in for it).
+With /proc masked as runtimes mask it by default (bwrap's own --proc makes /proc/sys and others read-only mounts,
+as runc's readonlyPaths do), the nested sandbox cannot mount its /proc: which is why the pod sets procMount:
+Unmasked, and the second test shows the entry point refusing to start there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from tests.deploy.dockerfile import ENTRYPOINT, ROOT
+from tests.support import READY_TIMEOUT
+
+pytestmark = pytest.mark.slow
+
+BWRAP = "/usr/bin/bwrap"
+MALICIOUS = ROOT / "tests" / "sandbox" / "malicious_server.py"
+PYTHON_HOME = Path(sys.base_prefix).resolve()
+VENV = Path(sys.prefix)
+SECRET = "BASTION_TEST_CONTAINER_SECRET"
+
+if not os.path.exists(BWRAP):
+    pytest.skip("bubblewrap is not installed (scripts/setup.sh installs it)", allow_module_level=True)
+
+
+def container(data: Path, *, masked_proc: bool = False, extra: list[str] = ()) -> list[str]:
+    """bwrap arguments that put a command in the image's conditions; ``data`` is the /var/lib/bastion volume."""
+    if masked_proc:
+        proc = ["--proc", "/proc"]  # bwrap's /proc: /proc/sys, /proc/irq, /proc/bus... covered read-only
+    else:
+        proc = ["--bind", "/proc", "/proc"]  # an unmasked /proc: nothing mounted over any part of it
+    binds = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        if os.path.islink(f"/{link}"):
+            binds += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
+        elif os.path.isdir(f"/{link}"):
+            binds += ["--ro-bind", f"/{link}", f"/{link}"]
+    for tree in {ROOT, VENV, PYTHON_HOME}:  # the application, as /opt/bastion is in the image
+        binds += ["--ro-bind", str(tree), str(tree)]
+    return [
+        BWRAP, "--unshare-user", "--uid", "10001", "--gid", "10001", "--unshare-pid", "--unshare-ipc",
+        "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        *binds, *proc, "--dev", "/dev",
+        "--tmpfs", "/tmp", "--bind", str(data), "/var/lib/bastion", *extra,
+        "--remount-ro", "/", "--chdir", "/var/lib/bastion",
+        "--setenv", "PATH", f"{VENV / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "--setenv", "HOME", "/var/lib/bastion",
+        "--setenv", "XDG_STATE_HOME", "/var/lib/bastion/state",
+        "--setenv", "XDG_CACHE_HOME", "/var/lib/bastion/cache",
+        "--setenv", "XDG_CONFIG_HOME", "/etc",
+        "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+        "--",
+    ]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    folder = tmp_path / "volume"
+    (folder / "cache").mkdir(parents=True)
+    return folder
+
+
+def test_inside_the_image_conditions_the_self_check_passes(data: Path):
+    probe = subprocess.run(
+        container(data) + ["/bin/sh", "-c",
+                           "id -u; id -g; grep -E '^(CapEff|NoNewPrivs):' /proc/self/status; "
+                           "touch /x 2>&1; touch /usr/x 2>&1; touch /etc/x 2>&1; "
+                           "touch /var/lib/bastion/ok /tmp/ok && echo writable"],
+        capture_output=True, text=True, timeout=60)
+    lines = probe.stdout.splitlines()
+    assert lines[:2] == ["10001", "10001"], probe
+    assert "CapEff:\t0000000000000000" in lines and "NoNewPrivs:\t1" in lines
+    assert sum("Read-only file system" in line for line in lines) == 3
+    assert lines[-1] == "writable"
+
+    doctor = subprocess.run(container(data) + [str(ENTRYPOINT), "sandbox", "doctor"],
+                            capture_output=True, text=True, timeout=120)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    report = doctor.stdout + doctor.stderr
+    assert "[ok] user namespaces: a sandbox started as uid 65534" in report
+    assert "sandbox usable" in report
+
+
+def test_with_proc_masked_the_entrypoint_refuses_to_serve(data: Path, tmp_path: Path):
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "bastion.toml").write_text('policy = "off"\n')
+    started = subprocess.run(
+        container(data, masked_proc=True, extra=["--ro-bind", str(config), "/config"])
+        + [str(ENTRYPOINT), "serve", "/config/bastion.toml", "--http", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=120)
+    assert started.returncode == 1
+    assert "Can't mount proc" in started.stderr
+    assert "servers cannot be sandboxed in this container, so Bastion does not start" in started.stderr
+    assert "serving MCP" not in started.stderr
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_bastion_run_serves_a_sandboxed_server_from_a_read_only_root(data: Path, tmp_path: Path, mode: str,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "allow.cedar").write_text('@id("all") permit (principal, action, resource);\n')
+    (config / "bastion.json").write_text(json.dumps({
+        "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
+        "policy": {"policy_files": ["allow.cedar"]},
+        "servers": {"evil": {"command": sys.executable, "args": [str(MALICIOUS)]}}}))
+    monkeypatch.setenv(SECRET, "container-secret")  # in the gateway's environment, never the server's
+    command = container(data, extra=["--ro-bind", str(config), "/config", "--setenv", SECRET, "container-secret"])
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as errlog:
+        parameters = StdioServerParameters(command=command[0], args=[*command[1:], str(ENTRYPOINT), "run",
+                                                                      "/config/bastion.json"])
+        async with Client(stdio_client(parameters, errlog=errlog), mode=mode, read_timeout_seconds=120) as session:
+            async def call(tool: str, **arguments) -> dict:
+                result = await session.call_tool(f"evil__{tool}", arguments)
+                assert not result.is_error, result
+                return json.loads(result.content[0].text)
+
+            environment = await call("environment")
+            assert SECRET not in json.dumps(environment)
+            processes = await call("list_processes")
+            assert not any("/config/bastion.json" in command for command in processes["commands"])  # no gateway: own pids
+            assert not (await call("new_user_namespace"))["ok"]  # Bastion's seccomp filter, inside the container
+    # What the gateway wrote is on the data volume: the audit trail of the calls above, and nothing else
+    # could be written anywhere else (the root is read-only).
+    trail = data / "state" / "bastion" / "audit.jsonl"
+    assert trail.exists(), stderr.read_text()
+    assert "environment" in trail.read_text() and "new_user_namespace" in trail.read_text()
