@@ -13,6 +13,7 @@ Unmasked, and the second test shows the entry point refusing to start there."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -142,3 +143,66 @@ async def test_bastion_run_serves_a_sandboxed_server_from_a_read_only_root(data:
     trail = data / "state" / "bastion" / "audit.jsonl"
     assert trail.exists(), stderr.read_text()
     assert "environment" in trail.read_text() and "new_user_namespace" in trail.read_text()
+
+
+def healthcheck_command(port: int) -> list[str]:
+    """The Dockerfile's HEALTHCHECK, for a listener on ``port``."""
+    from tests.deploy.dockerfile import DOCKERFILE, stages
+
+    _, (_, runtime) = stages(DOCKERFILE.read_text())
+    (health,) = runtime.all("HEALTHCHECK")
+    exec_form = health.arguments[health.arguments.index("CMD") + len("CMD"):]
+    words = json.loads(exec_form)
+    return [words[0], *[w.replace(":8080/", f":{port}/") for w in words[1:]]]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_bastion_serve_in_the_image_conditions_answers_probes_and_clients(data: Path, tmp_path: Path,
+                                                                               mode: str):
+    import re
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.support import wait_for
+
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "bastion.json").write_text(json.dumps({
+        "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"}, "policy": "off",
+        "servers": {"evil": {"command": sys.executable, "args": [str(MALICIOUS)]}}}))
+    stderr = tmp_path / "stderr"
+    # The image's default command, on a free loopback port (the emulation shares the host's network).
+    process = subprocess.Popen(
+        container(data, extra=["--ro-bind", str(config), "/config"])
+        + [str(ENTRYPOINT), "serve", "/config/bastion.json", "--http", "127.0.0.1:0", "--log-format", "json"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"))
+    try:
+        found: list[str] = []
+
+        def listening() -> bool:
+            match = re.search(r"serving MCP on (http://127\.0\.0\.1:\d+)/mcp", stderr.read_text(errors="replace"))
+            found.extend([match.group(1)] if match else [])
+            assert process.poll() is None, stderr.read_text()
+            return bool(match)
+
+        assert await asyncio.to_thread(wait_for, listening, 120), stderr.read_text()
+        base = found[0]
+        async with httpx2.AsyncClient(timeout=60) as http:
+            assert (await http.get(f"{base}/healthz")).status_code == 200
+        # The sandboxed server is starting; readiness follows it.
+        assert await asyncio.to_thread(wait_for, lambda: httpx2.get(f"{base}/readyz", timeout=60).status_code == 200,
+                                       120), stderr.read_text()
+        port = int(base.rpartition(":")[2])
+        health = subprocess.run(container(data) + healthcheck_command(port), capture_output=True, text=True,
+                                timeout=60)
+        assert health.returncode == 0, health.stderr
+        async with Client(streamable_http_client(f"{base}/mcp"), mode=mode) as session:
+            result = await session.call_tool("evil__new_user_namespace", {})
+            assert not result.is_error and not json.loads(result.content[0].text)["ok"]
+    finally:
+        process.terminate()
+        process.wait(60)
+    # The healthcheck shows failure too: nothing listens there any more.
+    assert subprocess.run(container(data) + healthcheck_command(port), capture_output=True,
+                          timeout=60).returncode != 0
