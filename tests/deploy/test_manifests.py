@@ -253,3 +253,39 @@ def test_the_autoscaler_follows_the_request_rate_metric():
     assert 'matches: "^bastion_requests_total$", as: "bastion_requests_per_second"' in DEPLOY_DOC.read_text()
     budget = one("PodDisruptionBudget", "bastion")
     assert budget["spec"]["selector"] == one("Deployment", "bastion")["spec"]["selector"]
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (scripts/setup.sh)")
+def test_the_redis_pod_command_sets_the_password_from_stdin_not_the_command_line(tmp_path: Path):
+    """redis.yaml's container command, run by sh as the pod runs it, with Debian's redis-server: its folder and
+    port moved to this test's (and bound to loopback). The password from the environment is required, and it is on
+    no process's command line."""
+    import redis
+
+    from tests.support import free_port, wait_for
+
+    (container,) = one("Deployment", "redis")["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["/bin/sh", "-c"]
+    port = free_port()
+    script = container["args"][0].replace("--dir /data", f"--dir {tmp_path} --port {port} --bind 127.0.0.1")
+    password = "p4ss-" + os.urandom(8).hex()
+    process = subprocess.Popen(["/bin/sh", "-c", script], env={**os.environ, "REDIS_PASSWORD": password},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def answers() -> bool:
+            try:
+                return redis.Redis(port=port, password=password, socket_timeout=5).ping()
+            except redis.ConnectionError:
+                assert process.poll() is None, "redis-server exited"
+                return False
+
+        assert wait_for(answers, timeout=60)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, socket_timeout=5).ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, password="wrong", socket_timeout=5).ping()
+        command_line = Path(f"/proc/{process.pid}/cmdline").read_bytes()  # sh exec'd redis-server: same pid
+        assert b"redis-server" in command_line and password.encode() not in command_line
+    finally:
+        process.terminate()
+        process.wait(30)
