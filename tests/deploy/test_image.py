@@ -119,3 +119,13 @@ def test_entrypoint_healthcheck_and_default_command():
     script = ENTRYPOINT.read_text()
     assert script.startswith("#!/bin/sh\n") and "bastion sandbox doctor" in script and 'exec bastion "$@"' in script
     assert ENTRYPOINT.stat().st_mode & 0o111
+
+
+def test_the_build_context_is_only_what_is_copied():
+    ignore = (DOCKERFILE.parent / "Dockerfile.dockerignore").read_text().splitlines()
+    rules = [line.strip() for line in ignore if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*"  # everything excluded, then the few files let back in
+    allowed = {rule[1:] for rule in rules if rule.startswith("!")}
+    copied = {word for stage in STAGES for i in stage.all("COPY") for word in i.words()[:-1]
+              if not word.startswith("--")}
+    assert allowed == copied
