@@ -113,10 +113,10 @@ def test_kubectl_decodes_the_workloads_into_kubernetes_types(tmp_path: Path):
 
 
 def documented_secret_commands() -> list[str]:
+    """The shell block under docs/deploy.md's **Secrets**, one command per item (continued lines joined)."""
     text = DEPLOY_DOC.read_text()
-    commands = re.findall(r"^(kubectl -n bastion create secret generic .*?)(?<!\\)\n", text, re.M | re.S)
-    assert len(commands) == 2, commands
-    return [c.replace("\\\n", " ") for c in commands]
+    block = re.search(r"\*\*Secrets\*\*.*?```sh\n(.*?)```", text, re.S).group(1)
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
 def secret_references() -> dict[str, set[str]]:
@@ -141,25 +141,43 @@ def secret_references() -> dict[str, set[str]]:
 
 @needs_kubectl
 def test_the_documented_secret_commands_make_what_the_manifests_refer_to(tmp_path: Path):
+    """Each command of the block, in order, in one folder; kubectl's as client-side dry runs (no cluster)."""
     env = offline_env(tmp_path) | {"DOCS_TOKEN": "docs-token-for-the-test",
                                    "PATH": f"{Path(BASTION).parent}:{os.environ['PATH']}"}
-    made = subprocess.run([BASTION, "keys", "create", "alice", "--file", "api_keys.json"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert made.returncode == 0, made.stderr
-    secrets: dict[str, set[str]] = {}
-    for command in documented_secret_commands():
-        rendered = subprocess.run(["sh", "-c", f"{command} --dry-run=client -o yaml"], cwd=tmp_path,
-                                  capture_output=True, text=True, timeout=120, env=env)
-        assert rendered.returncode == 0, rendered.stderr
-        secret = yaml.safe_load(rendered.stdout)
-        kubernetes_validate.validate(secret, VERSIONS[0], strict=True)
+    made: dict[str, dict] = {}
+    commands = documented_secret_commands()
+    assert sum(c.startswith("kubectl") for c in commands) == 3, commands
+    for command in commands:
+        dry = command.startswith("kubectl")
+        ran = subprocess.run(["sh", "-c", command + (" --dry-run=client -o yaml" if dry else "")], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert ran.returncode == 0, (command, ran.stderr)
+        if dry:
+            made_object = yaml.safe_load(ran.stdout)
+            kubernetes_validate.validate(made_object, VERSIONS[0], strict=True)
+            made[made_object["metadata"]["name"]] = made_object
+    assert made["bastion"]["kind"] == "Namespace"
+    secrets = {name: o for name, o in made.items() if o["kind"] == "Secret"}
+    for secret in secrets.values():
+        assert secret["metadata"]["namespace"] == "bastion"
         assert all(secret["data"].values()), secret["metadata"]["name"]  # no empty value
-        secrets[secret["metadata"]["name"]] = set(secret["data"])
     references = secret_references()
     assert set(secrets) == set(references)
     for name, keys in references.items():
-        assert keys <= secrets[name], name
-    assert "api_keys.json" in secrets["bastion-api-keys"]
+        assert keys <= set(secrets[name]["data"]), name
+    assert set(secrets["bastion-keys"]["data"]) == {"api_keys.json", "approval.key"}
+    # What Bastion reads from them is what it wants: a key file, a 32-byte approval key, a 32-byte credentials key.
+    import base64
+    from bastion.policy.approval import load_secret
+
+    files = secrets["bastion-keys"]["data"]
+    (tmp_path / "approval-from-secret.key").write_bytes(base64.b64decode(files["approval.key"]))
+    assert len(load_secret(str(tmp_path / "approval-from-secret.key"))) == 32
+    assert "alice" in base64.b64decode(files["api_keys.json"]).decode()
+    from bastion.credentials.store import parse_key
+
+    credentials_key = base64.b64decode(secrets["bastion-secrets"]["data"]["credentials-key"]).decode()
+    assert len(parse_key(credentials_key)) == 32  # as BASTION_CREDENTIALS_KEY is read
 
 
 def configuration_files(tmp_path: Path) -> Path:
@@ -202,7 +220,9 @@ def test_probes_and_ports_name_what_bastion_serves():
     # /etc/bastion is where the ConfigMap is mounted, read-only
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts["/etc/bastion"]["readOnly"] and mounts["/etc/bastion"]["name"] == "config"
-    assert settings["auth"]["api_keys"].startswith(next(p for p, m in mounts.items() if m["name"] == "api-keys"))
+    keys = next(p for p, m in mounts.items() if m["name"] == "keys")
+    assert settings["auth"]["api_keys"].startswith(keys + "/")
+    assert settings["policy"]["approval"]["secret_file"].startswith(keys + "/")
     # draining: the preStop wait fits well inside the grace period
     pod = one("Deployment", "bastion")["spec"]["template"]["spec"]
     wait = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
