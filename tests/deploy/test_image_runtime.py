@@ -51,7 +51,8 @@ def container(data: Path, *, masked_proc: bool = False, extra: list[str] = ()) -
             binds += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
         elif os.path.isdir(f"/{link}"):
             binds += ["--ro-bind", f"/{link}", f"/{link}"]
-    for tree in {ROOT, VENV, PYTHON_HOME}:  # the application, as /opt/bastion is in the image
+    # The application, as /opt/bastion is in the image; a folder before any inside it, which it would cover.
+    for tree in sorted({ROOT, VENV, PYTHON_HOME}, key=lambda path: len(path.parts)):
         binds += ["--ro-bind", str(tree), str(tree)]
     return [
         BWRAP, "--unshare-user", "--uid", "10001", "--gid", "10001", "--unshare-pid", "--unshare-ipc",
