@@ -58,7 +58,8 @@ def container(data: Path, *, masked_proc: bool = False, extra: list[str] = ()) -
         BWRAP, "--unshare-user", "--uid", "10001", "--gid", "10001", "--unshare-pid", "--unshare-ipc",
         "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         *binds, *proc, "--dev", "/dev",
-        "--tmpfs", "/tmp", "--bind", str(data), "/var/lib/bastion", *extra,
+        "--tmpfs", "/tmp", "--bind", str(data), "/var/lib/bastion",
+        "--bind", os.environ["XDG_CACHE_HOME"], "/var/lib/bastion/cache", *extra,
         "--remount-ro", "/", "--chdir", "/var/lib/bastion",
         "--setenv", "PATH", f"{VENV / 'bin'}:/usr/local/bin:/usr/bin:/bin",
         "--setenv", "HOME", "/var/lib/bastion",
@@ -72,8 +73,10 @@ def container(data: Path, *, masked_proc: bool = False, extra: list[str] = ()) -
 
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
+    """The /var/lib/bastion volume. Its cache is the test run's (tests/conftest.py): what only saves time (the
+    derived search model, compiled rules) is made once per run, not once per test."""
     folder = tmp_path / "volume"
-    (folder / "cache").mkdir(parents=True)
+    (folder / "cache").mkdir(parents=True)  # where the run's cache is mounted
     return folder
 
 
@@ -207,3 +210,100 @@ async def test_bastion_serve_in_the_image_conditions_answers_probes_and_clients(
     # The healthcheck shows failure too: nothing listens there any more.
     assert subprocess.run(container(data) + healthcheck_command(port), capture_output=True,
                           timeout=60).returncode != 0
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_the_configmaps_configuration_serves_on_a_real_redis_in_the_image_conditions(
+        data: Path, tmp_path: Path, mode: str):
+    """deploy/kubernetes/configmap.yaml's bastion.toml and team.cedar, as the pod mounts them, with only its
+    addresses moved to this machine's loopback (Redis on a free port with a password, the metrics listener on port
+    0, the Secret's folder at /keys) and its placeholder remote server replaced by a local sandboxed one (nothing
+    leaves loopback): the replica gets ready with its state store answering, refuses a caller without an API key,
+    lists for one with a key sent with the Service's host name, and puts a call that is no read (team.cedar) in the
+    approval queue for a person."""
+    import re
+    import secrets
+
+    import httpx2
+    import yaml
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.redis_server import RedisServer, redis_available
+    from tests.support import BASTION, FIXTURES, wait_for
+
+    if not redis_available():
+        pytest.skip("redis-server is not installed (scripts/setup.sh)")
+    manifest = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "configmap.yaml").read_text())
+    config = tmp_path / "config"
+    config.mkdir()
+    for name, text in manifest["data"].items():
+        (config / name).write_text(text)
+    password = secrets.token_hex(16)
+    redis_server = RedisServer(password=password).start()
+    toml = (config / "bastion.toml").read_text()
+    head, _, placeholder = toml.partition("[servers.docs]")
+    assert placeholder and "[" not in placeholder.replace("[servers.docs]", ""), "the placeholder is the last table"
+    moved = (head.replace('url = "redis://redis:6379/0"', f'url = "redis://127.0.0.1:{redis_server.port}/0"')
+             .replace('listen = "0.0.0.0:9464"', 'listen = "127.0.0.1:0"')
+             .replace("/etc/bastion-keys/", "/keys/"))
+    assert moved.count("/keys/") == 2 and str(redis_server.port) in moved and "127.0.0.1:0" in moved
+    (config / "bastion.toml").write_text(
+        moved + f'[servers.raw]\ncommand = "{sys.executable}"\nargs = ["{FIXTURES / "raw_server.py"}"]\n')
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "approval.key").write_text(secrets.token_hex(32))
+    made = subprocess.run([BASTION, "keys", "create", "alice", "--file", str(keys / "api_keys.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    api_key = made.stdout.strip()
+    environment = ["--setenv", "REDIS_PASSWORD", password, "--setenv", "BASTION_CREDENTIALS_KEY",
+                   secrets.token_hex(32)]
+    stderr = tmp_path / "stderr"
+    process = subprocess.Popen(
+        container(data, extra=["--ro-bind", str(config), "/config", "--ro-bind", str(keys), "/keys", *environment])
+        + [str(ENTRYPOINT), "serve", "/config/bastion.toml", "--http", "127.0.0.1:0", "--log-format", "json"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"))
+    try:
+        found: list[str] = []
+
+        def listening() -> bool:
+            match = re.search(r"serving MCP on (http://127\.0\.0\.1:\d+)/mcp", stderr.read_text(errors="replace"))
+            found.extend([match.group(1)] if match else [])
+            assert process.poll() is None, stderr.read_text()
+            return bool(match)
+
+        assert await asyncio.to_thread(wait_for, listening, 120), stderr.read_text()
+        base = found[0]
+        assert await asyncio.to_thread(wait_for, lambda: httpx2.get(f"{base}/readyz", timeout=60).status_code == 200,
+                                       120), stderr.read_text()
+        assert httpx2.get(f"{base}/readyz", timeout=60).json()["checks"]["state"] == {"ok": True}
+        service = {"host": "bastion"}  # as a client in the cluster names the Service
+        refused = httpx2.post(f"{base}/mcp", headers=service, timeout=60, json={
+            "jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+        assert refused.status_code == 401
+        http = httpx2.AsyncClient(headers={**service, "authorization": f"Bearer {api_key}"}, timeout=120)
+        async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http), mode=mode) as session:
+            names = {tool.name for tool in (await session.list_tools()).tools}
+            assert {"raw__echo", "raw__slow"} <= names
+            # team.cedar: the echo is no read, so it needs a person; over HTTP that is asked out of band: the call
+            # waits in the pod's approval queue, which `bastion approvals` lists (kubectl exec in a cluster).
+            call = asyncio.create_task(session.call_tool("raw__echo", {"text": "hello"}))
+            queue = data / "state" / "bastion" / "approvals"
+            pending: list[dict] = []
+
+            def waiting() -> bool:
+                listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)],
+                                        capture_output=True, text=True, timeout=60)
+                pending[:] = json.loads(listed.stdout or "[]")
+                assert not call.done(), call
+                return bool(pending)
+
+            assert await asyncio.to_thread(wait_for, waiting, 120), stderr.read_text()
+            assert [(p["identity"], p["tool"]) for p in pending] == [("alice", "echo")], pending
+            call.cancel()
+    finally:
+        process.terminate()
+        process.wait(60)
+        redis_server.close()
+    trail = (data / "state" / "bastion" / "audit.jsonl").read_text()
+    assert '"name":"alice"' in trail and "tools/list" in trail
