@@ -200,7 +200,7 @@ def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, c
     out_of_band = policy.approval.ask_out_of_band if policy is not None else None
     client_approves = policy.approval.client_approves if policy is not None else None
     return build_guardrails(config.guardrails, report, catalog, pinned_entries(config), pin_identities(config),
-                            out_of_band, client_approves)
+                            out_of_band, client_approves, state)
 
 
 def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:

@@ -10,6 +10,7 @@ from mcp import Client, MCPError, StdioServerParameters
 
 from bastion.guardrails.taint import TaintMemory
 from bastion.model import Identity, TaintSource
+from bastion.state import MemoryStore
 from tests.guardrails.cross_server_support import DEADLINE, cross_server_setup, text_of
 from tests.support import BASTION
 
@@ -28,51 +29,65 @@ class Clock:
         return self.now
 
 
-def test_a_callers_taint_is_kept_for_its_next_requests_and_no_one_elses() -> None:
-    memory = TaintMemory(seconds=60, callers=10, clock=Clock())
-    assert memory.recall(ALICE) == {}
-    memory.keep(ALICE, {"web": WEB}, renewed="web")
-    assert memory.recall(ALICE) == {"web": WEB}
-    assert memory.recall(BOB) == {}
+def memory(clock: Clock, seconds: float = 60) -> TaintMemory:
+    # The store and the memory read one clock, as replicas read the store's for expiries.
+    return TaintMemory(MemoryStore(clock=clock), seconds=seconds, clock=clock)
+
+
+async def test_a_callers_taint_is_kept_for_its_next_requests_and_no_one_elses() -> None:
+    kept = memory(Clock())
+    assert await kept.recall(ALICE) == {}
+    await kept.keep(ALICE, {"web": WEB}, renewed="web")
+    assert await kept.recall(ALICE) == {"web": WEB}
+    assert await kept.recall(BOB) == {}
     # The same caller by name, method and issuer is the same caller; another issuer's "alice" is not.
-    assert memory.recall(Identity("alice")) == {"web": WEB}
-    assert memory.recall(Identity("alice", authenticated_by="oauth", issuer="https://id.example")) == {}
+    assert await kept.recall(Identity("alice")) == {"web": WEB}
+    assert await kept.recall(Identity("alice", authenticated_by="oauth", issuer="https://id.example")) == {}
 
 
-def test_the_first_content_of_each_server_is_what_is_kept() -> None:
-    memory = TaintMemory(seconds=60, callers=10, clock=Clock())
-    memory.keep(ALICE, {"web": WEB}, renewed="web")
+async def test_the_first_content_of_each_server_is_what_is_kept() -> None:
+    kept = memory(Clock())
+    await kept.keep(ALICE, {"web": WEB}, renewed="web")
     later = TaintSource("web", "tools/call web__other", "untrusted server")
-    memory.keep(ALICE, {"web": later, "docs": DOCS}, renewed="docs")
-    assert memory.recall(ALICE) == {"web": WEB, "docs": DOCS}
+    recalled = await kept.recall(ALICE)
+    await kept.keep(ALICE, {"web": later, "docs": DOCS}, renewed="docs", recalled=recalled)
+    assert list((await kept.recall(ALICE)).items()) == [("web", WEB), ("docs", DOCS)]  # in the order they came
 
 
-def test_taint_expires_after_the_last_answer_that_tainted() -> None:
+async def test_taint_expires_after_the_last_answer_that_tainted() -> None:
     clock = Clock()
-    memory = TaintMemory(seconds=60, callers=10, clock=clock)
-    memory.keep(ALICE, {"web": WEB}, renewed="web")
+    kept = memory(clock)
+    await kept.keep(ALICE, {"web": WEB}, renewed="web")
     clock.now += 50
-    memory.keep(ALICE, {"web": WEB}, renewed="web")  # web answered again: its 60 s start again
+    await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled={"web": WEB})  # web answered again: 60 s again
     clock.now += 50
-    assert memory.recall(ALICE) == {"web": WEB}
-    memory.keep(ALICE, {"web": WEB, "docs": DOCS}, renewed="docs")  # an answer of docs does not renew web
+    assert await kept.recall(ALICE) == {"web": WEB}
+    await kept.keep(ALICE, {"web": WEB, "docs": DOCS}, renewed="docs", recalled={"web": WEB})  # not web's time
     clock.now += 11
-    assert memory.recall(ALICE) == {"docs": DOCS}
+    assert await kept.recall(ALICE) == {"docs": DOCS}
     clock.now += 60
-    assert memory.recall(ALICE) == {}
-    assert len(memory) == 0  # an expired caller is dropped, not kept empty
+    assert await kept.recall(ALICE) == {}
 
 
-def test_the_memory_is_bounded_and_forgets_the_caller_least_recently_seen() -> None:
-    memory = TaintMemory(seconds=60, callers=2, clock=Clock())
-    carol = Identity("carol")
-    memory.keep(ALICE, {"web": WEB}, renewed="web")
-    memory.keep(BOB, {"web": WEB}, renewed="web")
-    assert memory.recall(ALICE) == {"web": WEB}  # alice is now the most recently seen
-    memory.keep(carol, {"docs": DOCS}, renewed="docs")
-    assert len(memory) == 2
-    assert memory.recall(BOB) == {}
-    assert memory.recall(ALICE) == {"web": WEB} and memory.recall(carol) == {"docs": DOCS}
+async def test_only_news_is_written() -> None:
+    # Nearly every request of a tainted caller leaves what it recalled: no write for it (a round trip on Redis).
+    kept = memory(Clock())
+    assert await kept.keep(ALICE, {"web": WEB}, renewed="web")
+    assert not await kept.keep(ALICE, {"web": WEB}, renewed=None, recalled={"web": WEB})
+    assert not await kept.keep(ALICE, {"web": WEB}, renewed="notes", recalled={"web": WEB})
+    assert await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled={"web": WEB})
+
+
+@pytest.mark.parametrize("first, second", [
+    (Identity("a:b", groups=("c",)), Identity("a", groups=("b:c",))),
+    (Identity("a", groups=("b", "c")), Identity("a", groups=("b,c",))),
+    (Identity("*"), Identity("alice")),
+    (Identity("alice", authenticated_by="oauth", issuer="x"), Identity("alice", authenticated_by="oauth", issuer="x:")),
+])
+async def test_callers_whose_words_run_together_are_kept_apart(first, second) -> None:
+    kept = memory(Clock())
+    await kept.keep(first, {"web": WEB}, renewed="web")
+    assert await kept.recall(second) == {}
 
 
 def modern_client(config) -> Client:
