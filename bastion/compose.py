@@ -35,15 +35,17 @@ def build_gateway(
     interceptors: Sequence[Interceptor] = (),
     launcher: Launcher = launch_server,
     log_context: bool = False,
+    state: StateStore | None = None,
 ) -> Gateway:
     """The gateway ``config`` describes: its servers, the metrics' meter (unless they are off), search exposure in
     search mode, the guardrails that screen definitions, the policy (unless it is off), the other guardrails (unless
     they are off), then ``interceptors`` (they see only what all of those let through), then the metrics' clock;
     tracing when ``config.tracing`` asks for it, and with ``log_context`` (JSON logs) each request's facts for the log
-    lines written during it. Raises ``PolicyStartError`` when the policy cannot start (a key that cannot be read, an
+    lines written during it. ``state``: a store to share (gateways in one process on one store act as replicas on
+    one Redis); by default the one ``config`` names. Raises ``PolicyStartError`` when the policy cannot start (a key that cannot be read, an
     audit trail that cannot be written)."""
     catalog = server_catalog(config)
-    state = build_state(config)
+    state = state if state is not None else build_state(config)
     policy = build_policy(config, state=state)
     interventions = intervention_log(config, policy)
     guardrails = build_guardrail_chain(config, policy, catalog, interventions, state=state)

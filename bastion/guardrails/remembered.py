@@ -40,10 +40,13 @@ def caller_key(kind: str, identity: Identity) -> str:
 
 
 def client_of(request: GatewayRequest) -> str:
-    """Whose budget a server's request to a client spends: the session's (its id, which a session shared between
-    replicas keeps), or the caller's when there is no session."""
+    """Whose budget a server's request to a client spends: a handshake-era session's (its id, which a session
+    shared between replicas keeps); a 2026-07-28 caller's, whose every request is a connection of its own (its id
+    would give each request a budget of its own), or anyone's without a session id."""
     session = request.session
-    return f"session {session.session_id}" if session.session_id else f"caller {caller(session.identity)}"
+    if session.era == "modern" or not session.session_id:
+        return f"caller {caller(session.identity)}"
+    return f"session {session.session_id}"
 
 
 def unreachable(error: StateUnavailable) -> str:
