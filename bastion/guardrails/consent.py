@@ -17,6 +17,7 @@ Each check is a pure function; ``ConsentGuard`` applies them, budget first, and 
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from bastion.guardrails.remembered import client_of, key, unreachable
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
 from bastion.state import MemoryStore, StateStore, StateUnavailable
+
+log = logging.getLogger("bastion.guardrails")
 
 ELICITATION = "elicitation/create"
 # The request itself is not acceptable, as for a refused sampling request.
@@ -157,7 +160,9 @@ class ConsentGuard:
         params = request.params if isinstance(request.params, dict) else {}
         refusal = await self._ledger.admit(client_of(request), server)
         if refusal is not None:
-            self._tell(request, "refused", "over-budget" if refusal.retry_after_seconds is not None else
+            if refusal.rule == "state-unavailable":
+                log.warning("elicitation from server '%s' refused: %s", server, refusal.reason)
+            self._tell(request, "refused", "over-budget" if refusal.rule != "state-unavailable" else
                        "state-unavailable", refusal.rule, refusal.reason)
             raise refusal.error(server)
         mode = self._config.consent.secrets

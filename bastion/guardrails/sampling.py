@@ -11,6 +11,7 @@ a refused request with a JSON-RPC error the server can read.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from bastion.guardrails.remembered import client_of, key, unreachable
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CallInFlight, CatalogView, GatewayError, GatewayRequest, Handler
 from bastion.state import MemoryStore, StateStore, StateUnavailable
+
+log = logging.getLogger("bastion.guardrails")
 
 SAMPLING = "sampling/createMessage"
 # The JSON-RPC error a refused sampling request is answered with: the request itself is not acceptable.
@@ -222,6 +225,8 @@ class SamplingGuard:
             tokens = min(requested_tokens(params) or limit, limit)
             refusal = await self._ledger.admit(client_of(request), server, request.calls_in_flight, tokens)
         if refusal is not None:
+            if refusal.rule == "state-unavailable":
+                log.warning("sampling request from server '%s' refused: %s", server, refusal.reason)
             self._tell(request, "refused", refusal.kind, refusal.rule, refusal.reason)
             raise refusal.error(server)
         params, asked = cap_max_tokens(params, limit)
