@@ -4,6 +4,7 @@ value memory and the argument reading on their own, then end to end through ``ba
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 import anyio
@@ -65,6 +66,29 @@ async def test_the_hashing_key_is_made_once_per_store() -> None:
     elsewhere = ValueMemory(MemoryStore(), seconds=60)
     await elsewhere.note(Identity("alice"), "web", [TICKET.encode()])
     assert await elsewhere._digests([TICKET.encode()]) != await first._digests([TICKET.encode()])
+
+
+class Yielding(MemoryStore):
+    """A memory store whose every operation gives way to the event loop first, as a network store's round trip
+    does: replicas' first uses of the store interleave."""
+
+    def __getattribute__(self, name: str):
+        found = super().__getattribute__(name)
+        if name in ("read_after", "append"):
+            async def after_a_turn(*args, **kwargs):
+                await asyncio.sleep(0)
+                return await found(*args, **kwargs)
+            return after_a_turn
+        return found
+
+
+async def test_replicas_starting_together_agree_on_one_hashing_key() -> None:
+    store = Yielding()
+    memories = [ValueMemory(store, seconds=60) for _ in range(5)]
+    keys = await asyncio.gather(*(memory._hash_key() for memory in memories))
+    assert len(set(keys)) == 1 and len(keys[0]) == 32
+    entries = (await store.read_after("guardrails:flow-hash-key", 0))[1]
+    assert 1 < len(entries) <= 5  # several appended, racing: the first appended is every one's
 
 
 # ------------------------------------------------------------------------------------------ end to end
