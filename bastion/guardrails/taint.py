@@ -363,10 +363,6 @@ class ValueMemory:
                 found[source] = found.get(source, 0) + 1
         return found
 
-    async def count(self, identity: Identity) -> int:
-        """How many values are kept for ``identity`` (expired ones too, until they are dropped)."""
-        return len(await self._store.map_all(caller_key("values", identity)))
-
 
 def _unpacked_value(packed: bytes | None) -> tuple[list[str], float] | None:
     if packed is None:

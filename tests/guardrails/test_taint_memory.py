@@ -8,6 +8,7 @@ import anyio
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 
+from bastion.guardrails.remembered import caller_key
 from bastion.guardrails.taint import TaintMemory
 from bastion.model import Identity, TaintSource
 from bastion.state import MemoryStore
@@ -88,6 +89,17 @@ async def test_callers_whose_words_run_together_are_kept_apart(first, second) ->
     kept = memory(Clock())
     await kept.keep(first, {"web": WEB}, renewed="web")
     assert await kept.recall(second) == {}
+
+
+async def test_what_the_store_holds_is_read_with_care() -> None:
+    # A store holds what it is given: an entry no gateway wrote (another version, a hand in Redis) is not a source.
+    store = MemoryStore()
+    kept = TaintMemory(store, seconds=60)
+    await store.map_put(caller_key("taint", ALICE), {
+        "s:web": b"not json", "u:web": b"9e99",  # no source
+        "s:docs": b'[1, "web", "t", "r"]', "u:docs": b"9e99",  # a source of another server than its field's
+        "s:mail": b'[1, "mail", "t", "r"]', "u:mail": b"soon"})  # no time
+    assert await kept.recall(ALICE) == {}
 
 
 def modern_client(config) -> Client:
