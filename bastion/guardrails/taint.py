@@ -28,6 +28,7 @@ import os
 import re
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
@@ -169,53 +170,72 @@ def _server_named(catalog: CatalogView, method: str, name: str | None) -> str | 
     return owner(name) if callable(owner) else None
 
 
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """What a caller's earlier requests left: the sources, in the order they came, and until when each holds."""
+
+    sources: dict[str, TaintSource]
+    until: dict[str, float]
+
+
+NOTHING_RECALLED = Recalled({}, {})
+
+
 class TaintMemory:
     """What tainted each caller's 2026-07-28 requests, kept between them in the gateway's store (so every replica
     sharing it recalls it): per identity, the first source of each server, which expires ``seconds`` after the last
-    answer of that server that tainted the caller. A caller's map holds at most one source per server and expires
-    with its last source, so the memory stays bounded by the servers and the callers of the last ``seconds``.
+    answer of that server that tainted the caller (renewed at most every ``renew_every`` seconds, so that a caller
+    reading one server again and again costs a write a minute, not one per call). A caller's map holds at most one
+    source per server and expires with its last source, so the memory stays bounded by the servers and the callers
+    of the last ``seconds``.
 
     Each source is two fields of the caller's map: ``s:SERVER`` (the source, written once: the first content is
-    what prompts name) and ``u:SERVER`` (until when, by ``clock``, rewritten by each tainting answer of the server),
+    what prompts name) and ``u:SERVER`` (until when, by ``clock``, rewritten when the server's answers renew it),
     so that renewing a source rewrites only its time."""
 
     def __init__(self, store: StateStore, seconds: float, clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._seconds = seconds
+        self._renew_every = min(60.0, seconds / 60)
         self._clock = clock
 
     async def recall(self, identity: Identity) -> dict[str, TaintSource]:
         """The sources still tainting ``identity``, in the order they came (empty when none); raises
         ``StateUnavailable`` when the store cannot be asked."""
+        return (await self.recall_kept(identity)).sources
+
+    async def recall_kept(self, identity: Identity) -> Recalled:
+        """``recall`` with until when each source holds."""
         kept = await self._store.map_all(caller_key("taint", identity))
         if not kept:
-            return {}
+            return NOTHING_RECALLED
         now = self._clock()
-        live: list[tuple[float, TaintSource]] = []
+        live: list[tuple[float, TaintSource, float]] = []
         for field, packed in kept.items():
             if not field.startswith("s:"):
                 continue
             until = _number(kept.get("u:" + field[2:]))
             source = _unpacked_source(packed)
             if source is not None and until is not None and until > now and source[1].server == field[2:]:
-                live.append(source)
+                live.append((*source, until))
         live.sort(key=lambda each: each[0])
-        return {source.server: source for _, source in live}
+        return Recalled({source.server: source for _, source, _ in live},
+                        {source.server: until for _, source, until in live})
 
     async def keep(self, identity: Identity, sources: Mapping[str, TaintSource], renewed: str | None,
-                   recalled: Mapping[str, TaintSource] | None = None) -> bool:
+                   recalled: Recalled = NOTHING_RECALLED) -> bool:
         """Remember ``sources`` for ``identity``: each not ``recalled`` (new) from now, and ``renewed`` (the server
-        that answered the request just done, when it taints) from now again; the others keep their time. Writes
-        only when there is something to write (most requests): whether it wrote."""
-        recalled = recalled or {}
+        that answered the request just done, when it taints) from now again, unless it was renewed within
+        ``renew_every``; the others keep their time. Writes only when there is something to write (most requests):
+        whether it wrote."""
         now = self._clock()
         until = str(now + self._seconds).encode()
         fields: dict[str, bytes] = {}
         for server, source in sources.items():
-            if server not in recalled:
+            if server not in recalled.sources:
                 fields["s:" + server] = msgspec.json.encode([now, source.server, source.target, source.reason])
                 fields["u:" + server] = until
-            elif server == renewed:
+            elif server == renewed and recalled.until[server] <= now + self._seconds - self._renew_every:
                 fields["u:" + server] = until
         if not fields:
             return False
@@ -456,14 +476,16 @@ class TaintRecall:
     async def _recalled(self, request: GatewayRequest, call_next: Handler) -> Any:
         session = request.session
         try:
-            recalled = await self._memory.recall(session.identity)
+            recalled = await self._memory.recall_kept(session.identity)
+            earlier = recalled.sources
         except StateUnavailable as error:
             why = unreachable(error)
             log.warning("taint: %s; caller %s is judged as tainted until it can be", why, session.identity.name)
-            recalled = {UNKNOWN_STATE: TaintSource(UNKNOWN_STATE, "(its earlier requests)",
-                                                   f"what they read is unknown: {why}")}
-        if recalled:
-            session.facts[TAINTED_BY] = {**recalled, **taint_sources(session)}
+            recalled = NOTHING_RECALLED
+            earlier = {UNKNOWN_STATE: TaintSource(UNKNOWN_STATE, "(its earlier requests)",
+                                                  f"what they read is unknown: {why}")}
+        if earlier:
+            session.facts[TAINTED_BY] = {**earlier, **taint_sources(session)}
         try:
             result = await call_next(request)
         except GatewayError as error:  # a server's error message reaches the model as its result does
@@ -472,8 +494,7 @@ class TaintRecall:
         await self._keep(request, recalled, None)
         return result
 
-    async def _keep(self, request: GatewayRequest, recalled: Mapping[str, TaintSource],
-                    failed: BaseException | None) -> None:
+    async def _keep(self, request: GatewayRequest, recalled: Recalled, failed: BaseException | None) -> None:
         """Record what the request left; withhold its answer (raise) when that cannot be recorded."""
         session = request.session
         after = {server: source for server, source in taint_sources(session).items() if server != UNKNOWN_STATE}

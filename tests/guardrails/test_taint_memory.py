@@ -50,7 +50,7 @@ async def test_the_first_content_of_each_server_is_what_is_kept() -> None:
     kept = memory(Clock())
     await kept.keep(ALICE, {"web": WEB}, renewed="web")
     later = TaintSource("web", "tools/call web__other", "untrusted server")
-    recalled = await kept.recall(ALICE)
+    recalled = await kept.recall_kept(ALICE)
     await kept.keep(ALICE, {"web": later, "docs": DOCS}, renewed="docs", recalled=recalled)
     assert list((await kept.recall(ALICE)).items()) == [("web", WEB), ("docs", DOCS)]  # in the order they came
 
@@ -60,10 +60,11 @@ async def test_taint_expires_after_the_last_answer_that_tainted() -> None:
     kept = memory(clock)
     await kept.keep(ALICE, {"web": WEB}, renewed="web")
     clock.now += 50
-    await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled={"web": WEB})  # web answered again: 60 s again
+    await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled=await kept.recall_kept(ALICE))  # web again: 60 s
     clock.now += 50
     assert await kept.recall(ALICE) == {"web": WEB}
-    await kept.keep(ALICE, {"web": WEB, "docs": DOCS}, renewed="docs", recalled={"web": WEB})  # not web's time
+    await kept.keep(ALICE, {"web": WEB, "docs": DOCS}, renewed="docs",
+                    recalled=await kept.recall_kept(ALICE))  # an answer of docs does not renew web
     clock.now += 11
     assert await kept.recall(ALICE) == {"docs": DOCS}
     clock.now += 60
@@ -71,12 +72,17 @@ async def test_taint_expires_after_the_last_answer_that_tainted() -> None:
 
 
 async def test_only_news_is_written() -> None:
-    # Nearly every request of a tainted caller leaves what it recalled: no write for it (a round trip on Redis).
-    kept = memory(Clock())
+    # Nearly every request of a tainted caller leaves what it recalled: no write for it (a round trip on Redis), and
+    # a server answering again and again renews its time at most every renew_every (60 s / 60 here).
+    clock = Clock()
+    kept = memory(clock)
     assert await kept.keep(ALICE, {"web": WEB}, renewed="web")
-    assert not await kept.keep(ALICE, {"web": WEB}, renewed=None, recalled={"web": WEB})
-    assert not await kept.keep(ALICE, {"web": WEB}, renewed="notes", recalled={"web": WEB})
-    assert await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled={"web": WEB})
+    assert not await kept.keep(ALICE, {"web": WEB}, renewed=None, recalled=await kept.recall_kept(ALICE))
+    assert not await kept.keep(ALICE, {"web": WEB}, renewed="notes", recalled=await kept.recall_kept(ALICE))
+    clock.now += 0.5
+    assert not await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled=await kept.recall_kept(ALICE))
+    clock.now += 0.6
+    assert await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled=await kept.recall_kept(ALICE))
 
 
 @pytest.mark.parametrize("first, second", [
