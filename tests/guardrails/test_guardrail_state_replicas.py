@@ -89,6 +89,7 @@ def elicitation_config(tmp_path: Path) -> GatewayConfig:
     return GatewayConfig.model_validate({
         "policy": "off", "ready_timeout": 60,
         "guardrails": {"consent": {"max_requests": 1, "window_seconds": 3600},
+                       "sampling_budget": {"requests_per_minute": 1},
                        "pins": {"path": str(tmp_path / "pins.json")}},
         "servers": {"fx": {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": "legacy",
                            "env": {"FIXTURE_EVENTS": str(tmp_path / "events.log")}, "sandbox": "none",
@@ -108,6 +109,20 @@ async def test_a_consent_budget_spent_on_one_replica_is_spent_on_the_other(tmp_p
         assert "over the budget of 1 within 3600 s" in str(over)
         assert (await ask(b, "bob"))["result"]["resultType"] == "input_required"
         assert (await ask(alone, "alice"))["result"]["resultType"] == "input_required"
+
+
+async def sample(gateway: Gateway, caller: str) -> dict[str, Any]:
+    return await call(modern(gateway, caller), "fx__test_sampling", {"prompt": "2+2?"}, {"sampling": {}})
+
+
+async def test_a_sampling_budget_spent_on_one_replica_is_spent_on_the_other(tmp_path: Path) -> None:
+    shared, own = MemoryStore(), MemoryStore()
+    async with replicas(elicitation_config(tmp_path), [shared, shared, own]) as (a, b, alone):
+        assert (await sample(a, "alice"))["result"]["resultType"] == "input_required"
+        over = await sample(b, "alice")
+        assert "over the budget of 1 requests a minute" in str(over)
+        assert (await sample(b, "bob"))["result"]["resultType"] == "input_required"
+        assert (await sample(alone, "alice"))["result"]["resultType"] == "input_required"
 
 
 # ------------------------------------------------------------------------------------------ unreachable
@@ -158,8 +173,8 @@ async def test_flow_fails_closed_when_the_store_cannot_be_reached(tmp_path: Path
         assert text(await call(modern(gateway, "alice"), "notes__write_note", {"text": "hello"})) == "wrote hello"
 
 
-async def test_a_consent_budget_fails_closed_when_the_store_cannot_be_reached(tmp_path: Path) -> None:
+async def test_consent_and_sampling_budgets_fail_closed_when_the_store_cannot_be_reached(tmp_path: Path) -> None:
     store = Unreachable()
     async with replicas(elicitation_config(tmp_path), [store]) as (gateway,):
-        answer = str(await ask(gateway, "alice"))
-        assert "the shared state cannot be reached" in answer and "input_required" not in answer
+        for answer in (str(await ask(gateway, "alice")), str(await sample(gateway, "alice"))):
+            assert "the shared state cannot be reached" in answer and "input_required" not in answer
