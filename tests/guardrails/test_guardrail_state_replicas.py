@@ -9,6 +9,7 @@ guardrail fail closed and say why."""
 
 from __future__ import annotations
 
+import json
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -74,6 +75,20 @@ async def test_taint_from_an_answer_on_one_replica_holds_the_callers_call_on_the
         # Another caller on the same replica, and the same caller on a gateway of its own store, were never tainted.
         assert text(await call(modern(b, "bob"), "notes__write_note", {"text": "bob"})) == "wrote bob"
         assert text(await call(modern(alone, "alice"), "notes__write_note", {"text": "own"})) == "wrote own"
+
+
+async def test_a_reload_forgets_nothing_the_guardrails_remember(tmp_path: Path) -> None:
+    # A reload builds new guardrails (here: a changed setting of theirs) on the gateway's store.
+    config = cross_server(tmp_path)
+    async with replicas(config, [MemoryStore()]) as (gateway,):
+        assert "the weather is fine" in text(await call(modern(gateway, "alice"), "web__fetch_page", {"url": "x"}))
+        written = json.loads((tmp_path / "bastion.json").read_text())
+        written["guardrails"]["cross_server"] = {"approval_timeout_seconds": 30}
+        (tmp_path / "bastion.json").write_text(json.dumps(written))
+        outcome = await gateway.reload()
+        assert outcome.applied and "guardrails" in outcome.describe(), outcome
+        held = refusal(await call(modern(gateway, "alice"), "notes__write_note", {"text": "tainted"}))
+        assert "web__fetch_page" in held
 
 
 async def test_a_value_from_an_answer_on_one_replica_is_held_on_the_other(tmp_path: Path) -> None:
