@@ -345,24 +345,31 @@ class ValueMemory:
         digests = await self._digests(values)
         where = caller_key("values", identity)
         now = self._clock()
-        kept = {digest: entry for digest, packed in (await self._store.map_all(where)).items()
-                if (entry := _unpacked_value(packed)) is not None}
+        kept = await self._store.map_all(where)
         until = now + self._seconds
         changed: dict[str, bytes] = {}
         for digest in dict.fromkeys(digests):
-            known = kept.get(digest)
+            # Only the values of this answer are read: a caller may have thousands kept, and most answers add few.
+            known = _unpacked_value(kept.get(digest))
             servers = sorted({server, *known[0]}) if known is not None and known[1] > now else [server]
-            kept[digest] = (servers, until)
             changed[digest] = msgspec.json.encode([servers, until])
-        live = [digest for digest, (_, seen) in kept.items() if seen > now]
-        dropped = [digest for digest, (_, seen) in kept.items() if seen <= now]
-        if len(live) > self._per_caller:
-            live.sort(key=lambda digest: kept[digest][1])
-            dropped += live[:len(live) - self._per_caller]
-        gone = set(dropped)
-        await self._store.map_put(where, {d: p for d, p in changed.items() if d not in gone}, self._seconds)
+        dropped = self._past_the_bound(kept, changed, now)
+        await self._store.map_put(where, {d: p for d, p in changed.items() if d not in dropped}, self._seconds)
         if dropped:
-            await self._store.map_delete(where, dropped)
+            await self._store.map_delete(where, sorted(dropped))
+
+    def _past_the_bound(self, kept: Mapping[str, bytes], changed: Mapping[str, bytes], now: float) -> set[str]:
+        """What to drop so that at most ``per_caller`` values stay: expired ones, then the least recently seen, down to
+        seven eighths of the bound, so that a caller at the bound has its whole map read once every so many new
+        values rather than with each answer."""
+        if len(kept) + sum(1 for digest in changed if digest not in kept) <= self._per_caller:
+            return set()
+        seen = {digest: entry[1] if (entry := _unpacked_value(packed)) is not None else 0.0
+                for digest, packed in {**kept, **changed}.items()}
+        dropped = {digest for digest, when in seen.items() if when <= now}
+        live = sorted((digest for digest in seen if digest not in dropped), key=seen.__getitem__)
+        keep = self._per_caller - self._per_caller // 8
+        return dropped | set(live[:max(0, len(live) - keep)])
 
     async def sources(self, identity: Identity, values: list[bytes], server: str) -> dict[str, int]:
         """The servers other than ``server`` whose answers gave ``identity`` any of ``values`` (and how many of
@@ -480,7 +487,7 @@ class TaintRecall:
             earlier = recalled.sources
         except StateUnavailable as error:
             why = unreachable(error)
-            log.warning("taint: %s; caller %s is judged as tainted until it can be", why, session.identity.name)
+            log.warning("taint: %s; caller %r is judged as tainted until it can be", why, session.identity.name)
             recalled = NOTHING_RECALLED
             earlier = {UNKNOWN_STATE: TaintSource(UNKNOWN_STATE, "(its earlier requests)",
                                                   f"what they read is unknown: {why}")}
@@ -505,7 +512,7 @@ class TaintRecall:
             await self._memory.keep(session.identity, after, renewed, recalled)
         except StateUnavailable as error:
             why = unreachable(error)
-            log.warning("taint: %s; the answer that tainted caller %s is withheld", why, session.identity.name)
+            log.warning("taint: %s; the answer that tainted caller %r is withheld", why, session.identity.name)
             if self._report is not None:
                 self._report.report(Intervention("taint", "refused", renewed, request.method, "state-unavailable",
                                                  "taint-state", why, session.session_id, session.identity))

@@ -56,6 +56,20 @@ async def test_the_memory_is_per_caller_hashed_bounded_and_expires() -> None:
     assert await memory.sources(alice, [b"value-4dddddddddd"], "mail") == {}  # expired
 
 
+async def test_past_the_bound_the_oldest_eighth_goes_at_once() -> None:
+    now = [0.0]
+    store = MemoryStore(clock=lambda: now[0])
+    memory = ValueMemory(store, seconds=600, per_caller=16, clock=lambda: now[0])
+    alice = Identity("alice")
+    values = [b"value-%02daaaaaaaaaa" % n for n in range(17)]
+    for value in values:
+        now[0] += 1  # each seen a second after the one before
+        await memory.note(alice, "web", [value])
+    assert len(await store.map_all(caller_key("values", alice))) == 14
+    assert await memory.sources(alice, values[:3], "notes") == {}  # the three oldest
+    assert await memory.sources(alice, values[3:], "notes") == {"web": 14}
+
+
 async def test_the_hashing_key_is_made_once_per_store() -> None:
     # Two memories on one store are two replicas on one Redis: the first key made is the one both use, so a value
     # one remembered is found by the other; on another store (another process) the hashes share nothing.
