@@ -1,7 +1,8 @@
 """Taint across replicas, for real: two ``bastion serve --http`` processes sharing one real Redis (``[state] url``),
 called by a 2026-07-28 client (each POST a connection of its own) as the same caller. A page read through one replica
-holds the caller's write through the other; another caller is not held; and while Redis is stopped the write is
-held for that reason, said in the answer, until Redis is back, with no restart of either gateway."""
+holds the caller's write through the other; another caller is not held; a value an answer gave through one is held
+on its way out through the other; and while Redis is stopped the write is held for that reason, said in the answer,
+until Redis is back, with no restart of either gateway."""
 
 from __future__ import annotations
 
@@ -43,9 +44,11 @@ def _replica(tmp_path: Path, name: str, redis: RedisServer, prefix: str) -> Serv
 
     config = folder / "bastion.json"
     config.write_text(json.dumps({
-        "servers": {"web": entry("web", "untrusted"), "notes": entry("notes", "trusted")},
+        "servers": {"web": entry("web", "untrusted"), "notes": entry("notes", "trusted"),
+                    "mail": entry("mail", "untrusted")},
         "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"}, "policy": "off",
-        "guardrails": {"pins": {"path": str(folder / "pins.json")}},
+        # Mail stands for a server a value can leave the machine through; its calls are left to flow alone.
+        "guardrails": {"pins": {"path": str(folder / "pins.json")}, "servers": {"mail": {"taint": "off"}}},
         "http": {"identity_header": IDENTITY_HEADER},
         "state": {"url": f"redis://127.0.0.1:{redis.port}/0", "key_prefix": prefix, "timeout_seconds": 1},
     }))
@@ -98,6 +101,11 @@ async def test_taint_read_through_one_replica_holds_the_callers_write_through_th
     held = _refusal(await _call(second, "alice", "notes__write_note", {"text": "tainted"}))
     assert "web__fetch_page" in held and "'write_note' on server 'notes' is not read-only" in held
     assert _text(await _call(second, "bob", "notes__write_note", {"text": "bob"})) == "wrote bob"
+    # A value one replica's answer gave the caller is held on its way out through the other (the hashing key of the
+    # values is the one the first replica made in Redis).
+    ticket = _text(await _call(first, "carol", "web__open_ticket", {})).split()[2].rstrip(";")
+    flowed = _refusal(await _call(second, "carol", "mail__write_note", {"text": ticket}))
+    assert "'web' (1 value)" in flowed
 
     redis.stop()  # Redis away: what alice's requests read is unknown, so her write is held, and says why
     blind = _refusal(await _call(first, "bob", "notes__write_note", {"text": "blind"}))
