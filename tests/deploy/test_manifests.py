@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -309,3 +310,17 @@ def test_the_redis_pod_command_sets_the_password_from_stdin_not_the_command_line
     finally:
         process.terminate()
         process.wait(30)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="bubblewrap is not installed (scripts/setup.sh)")
+def test_schema_validation_needs_no_network():
+    """kubernetes-validate ships the schemas: the same validation in a network namespace with no interface up."""
+    script = ("import sys, yaml, kubernetes_validate as kv\n"
+              "for path in sys.argv[1:]:\n"
+              "    for document in yaml.safe_load_all(open(path)):\n"
+              "        kv.validate(document, kv.latest_version(), strict=True)\n"
+              "print('validated')\n")
+    ran = subprocess.run(["/usr/bin/bwrap", "--unshare-net", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                          "--", sys.executable, "-c", script, *map(str, manifest_files())],
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stdout.strip() == "validated", ran.stderr
