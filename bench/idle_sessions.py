@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import sys
 import tempfile
 import time
@@ -30,13 +29,7 @@ LEGACY = "2025-11-25"
 
 def requests_per_replica(cluster: Cluster) -> dict[str, int]:
     """HAProxy's count of requests (HTTP sessions) each replica was sent, from its stats socket."""
-    with socket.socket(socket.AF_UNIX) as stats:
-        stats.connect(str(cluster.haproxy.socket))
-        stats.sendall(b"show stat\n")
-        data = b""
-        while chunk := stats.recv(65536):
-            data += chunk
-    header, *rows = data.decode().strip().splitlines()
+    header, *rows = cluster.haproxy.command("show stat").strip().splitlines()
     columns = header.lstrip("# ").split(",")
     found = {}
     for row in rows:
@@ -129,7 +122,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {name}: {figures['sessions']:.0f} sessions, RSS {figures['rss_before_mib']:.1f} -> "
                      f"{figures['rss_after_mib']:.1f} MiB, {'-' if per is None else f'{per:.1f}'} KiB per session")
     if report["redis"]:
-        lines.append(f"  Redis used memory {report['redis_used_before_mib']:.1f} -> {report['redis_used_after_mib']:.1f}"
+        lines.append(f"  Redis used memory {report['redis_used_before_mib']:.1f} -> "
+                     f"{report['redis_used_after_mib']:.1f}"
                      f" MiB, {report['redis_bytes_per_session']:.0f} bytes per session")
     lines.extend(f"  failure: {f}" for f in report["failure_examples"])
     return "\n".join(lines)

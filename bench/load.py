@@ -7,7 +7,8 @@ Clients (asyncio + httpx2 on loopback), each an identity of its own API key, in 
               whose connection the client closes), an approval (write: input_required, then the retry with the
               person's yes and the requestState, which may land on another replica)
   2025-11-25  sessions (initialize, then requests with Mcp-Session-Id; closed with DELETE and opened again every
-              50 operations): the same calls, the cancellation by notifications/cancelled
+              50 operations): the same calls, the cancellation by notifications/cancelled, the approval by
+              answering the elicitation/create the call's stream carries (a POST that may reach another replica)
 
 Every answer is checked (the echo of the token the client chose, the tool list), and afterwards the counting
 server's marks: every answered call ran exactly once, no call ran twice, no cancelled call ran to its end.
@@ -140,6 +141,20 @@ class Modern:
             started.cancel()
             await asyncio.gather(started, return_exceptions=True)
 
+    async def approve(self, token: str, tally: Tally) -> None:
+        """A write: input_required, then the same call with the yes and the requestState (a new POST, which the
+        balancer may send to another replica)."""
+        tally.requests += 1
+        asked = result_of(await self.call("count__write", {"tag": token}))
+        if asked.get("resultType") != "input_required":
+            raise Wrong(f"write {token} was not asked about: {asked}")
+        tally.requests += 1
+        ran = await self.call("count__write", {"tag": token}, requestState=asked["requestState"],
+                              inputResponses={"approval": ACCEPT})
+        if (text := text_of(ran)) != token:
+            raise Wrong(f"approved write {token} answered {text!r}")
+        tally.answered[token] = "write"
+
 
 class Legacy:
     """2025-11-25: one session (initialize, then Mcp-Session-Id on every request), which any replica may get."""
@@ -201,6 +216,39 @@ class Legacy:
         if ended.status_code not in (200, 202) or '"result"' in ended.text:
             raise Wrong(f"a cancelled call answered: HTTP {ended.status_code} {ended.text[:200]}")
 
+    async def approve(self, token: str, tally: Tally) -> None:
+        """A write: its stream carries elicitation/create, answered yes by a POST of its own in the session (which may
+        reach another replica); then the call's answer."""
+        request_id = next(self.ids)
+        tally.requests += 1
+        async with self.http.stream("POST", self.url, headers=self.headers(), json={
+                "jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": "count__write", "arguments": {"tag": token}}}) as response:
+            streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+            if response.status_code != 200 or not streamed:
+                body = (await response.aread())[:200]
+                raise Wrong(f"write {token}: HTTP {response.status_code} {body!r}, not a stream")
+            asked = False
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or not line[5:].strip():
+                    continue  # an event's other fields, or the priming event's empty data
+                message = json.loads(line[5:])
+                if message.get("method") == "elicitation/create" and "id" in message:
+                    asked = True
+                    tally.requests += 1
+                    said = await self.http.post(self.url, headers=self.headers(), json={
+                        "jsonrpc": "2.0", "id": message["id"], "result": ACCEPT})
+                    if said.status_code != 202:
+                        raise Wrong(f"the yes to {token}: HTTP {said.status_code} {said.text[:200]}")
+                elif message.get("id") == request_id:
+                    if not asked:
+                        raise Wrong(f"write {token} was not asked about: {message}")
+                    if (text := text_of(message)) != token:
+                        raise Wrong(f"approved write {token} answered {text!r}")
+                    tally.answered[token] = "write"
+                    return
+        raise Wrong(f"write {token}: the stream ended without an answer")
+
 
 async def operation(client: Modern | Legacy, kind: str, token: str, tally: Tally) -> None:
     """One operation of the mix, its answer checked; raises Wrong when it is not right."""
@@ -223,27 +271,10 @@ async def operation(client: Modern | Legacy, kind: str, token: str, tally: Tally
         tally.requests += 1
         tally.cancelled.add(token)
         await client.cancel(token, tally)
-    elif kind == "approve":
-        await approve(client, token, tally)
+    elif kind == "approve":  # write needs a person's yes, which the client gives
+        await client.approve(token, tally)
     else:
         raise AssertionError(kind)
-
-
-async def approve(client: Modern | Legacy, token: str, tally: Tally) -> None:
-    """write needs a person's yes. 2026-07-28: input_required, then the same call with the yes and the
-    requestState (the retry is a new POST, which the balancer may send to another replica). 2025-11-25 over HTTP:
-    the default approver there is out of band, and this configuration's client approver asks by elicitation, which
-    a load client answers on the session's stream; it is left to the modern era."""
-    tally.requests += 1
-    asked = result_of(await client.call("count__write", {"tag": token}))
-    if asked.get("resultType") != "input_required":
-        raise Wrong(f"write {token} was not asked about: {asked}")
-    tally.requests += 1
-    ran = await client.call("count__write", {"tag": token}, requestState=asked["requestState"],
-                            inputResponses={"approval": ACCEPT})
-    if (text := text_of(ran)) != token:
-        raise Wrong(f"approved write {token} answered {text!r}")
-    tally.answered[token] = "write"
 
 
 @dataclass
@@ -278,7 +309,7 @@ class Run:
         era = self.plan.eras[index % len(self.plan.eras)]
         identity = IDENTITIES[index % len(IDENTITIES)]
         rng = random.Random(self.plan.seed * 1000 + index)
-        kinds, weights = zip(*[(k, w) for k, w in MIXES[self.plan.mix] if not (era == "legacy" and k == "approve")])
+        kinds, weights = zip(*MIXES[self.plan.mix])
         client = (Modern if era == "modern" else Legacy)(http, self.cluster.url, self.cluster.keys[identity])
         in_session = 0
         serial = itertools.count()
@@ -430,11 +461,13 @@ def run_load(cluster: Cluster, plan: Plan) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     lines = [f"{report['replicas']} replica(s) behind HAProxy{' on Redis' if report['redis'] else ''}, "
-             f"{report['mix']} traffic of {report['clients']} clients ({', '.join(report['eras'])}): {report['operations']} operations, "
+             f"{report['mix']} traffic of {report['clients']} clients ({', '.join(report['eras'])}): "
+             f"{report['operations']} operations, "
              f"{report['requests']} requests in {report['seconds']:.1f} s = {report['requests_per_s']:.0f} requests/s, "
              f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, errors {report['errors']}"]
     for kind, figures in report["by_kind"].items():
-        lines.append(f"  {kind:16} {figures['count']:7d}  p50 {figures['p50_ms']:8.1f} ms  p99 {figures['p99_ms']:8.1f} ms")
+        lines.append(f"  {kind:16} {figures['count']:7d}  p50 {figures['p50_ms']:8.1f} ms  "
+                     f"p99 {figures['p99_ms']:8.1f} ms")
     lines.append("  CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in report["cpu_seconds"].items()))
     lines.append(f"  requests per replica CPU-second {report['requests_per_replica_cpu_second']:.0f}, per CPU-second "
                  f"of everything {report['requests_per_cpu_second_all']:.0f}")

@@ -192,7 +192,8 @@ class HAProxy:
 
     def start(self) -> None:
         if not os.access(HAPROXY, os.X_OK):
-            raise AssertionError(f"no HAProxy at {HAPROXY}: scripts/setup.sh installs Debian's (apt-get install haproxy)")
+            raise AssertionError(f"no HAProxy at {HAPROXY}: scripts/setup.sh installs Debian's "
+                                 "(apt-get install haproxy)")
         self.write_config()
         with self.output.open("ab") as log:
             self.process = subprocess.Popen([HAPROXY, "-db", "-f", str(self.config)], stdin=subprocess.DEVNULL,

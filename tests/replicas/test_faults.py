@@ -92,7 +92,8 @@ async def test_a_replica_killed_mid_call_gives_a_clear_error_and_the_others_keep
         raw = [asyncio.create_task(post(http, cluster, "count__slow", {"tag": tag, "seconds": LONG}))
                for tag in tags]
         sdk_call = asyncio.create_task(sdk_long_call())
-        marks = await asyncio.to_thread(wait_marks, cluster, lambda m: {t for e, _, t in m if e == "start"} >= {*tags, "long-sdk"})
+        started = {*tags, "long-sdk"}
+        marks = await asyncio.to_thread(wait_marks, cluster, lambda m: {t for e, _, t in m if e == "start"} >= started)
         where = {tag: replica for event, replica, tag in marks if event == "start"}
         victim = cluster.replica(where["long-sdk"])
         # The checks paused on the victim hold open the moment between its death and the checks seeing it (half a
@@ -174,23 +175,16 @@ async def test_hostile_session_ids_and_bodies_through_the_balancer_get_clear_ref
                 refused = await http.post(cluster.url, headers={**headers, "mcp-session-id": session}, json=ping)
                 assert refused.status_code in (400, 404), (session[:20], refused.status_code, refused.text[:200])
                 assert refused.json()["error"]["message"]
-        # The replica answers 413 as soon as the body passes its limit and closes, while the client still writes:
-        # the client may see the 413 or the connection reset under its writes. HAProxy's log says what was sent.
+        # The replica answers 413 as soon as the body passes its limit and closes with the rest unread, which
+        # resets the connection: the 413 reaches the client, or HAProxy's 502, or the reset under its writes.
         try:
             huge = await http.post(cluster.url, headers=headers, content=b'{"jsonrpc":"2.0","id":1,"method":"ping",'
                                    b'"params":{"pad":"' + b"x" * (5 * 2**20) + b'"}}')
-            assert huge.status_code == 413, huge.text[:200]
+            assert huge.status_code in (413, 502), huge.text[:200]
         except httpx2.TransportError:
             pass
-    await wait_until(lambda: "413" in logged_statuses(cluster))  # logged when its stream ends
     assert cluster.haproxy.states() == {r.name: "UP" for r in cluster.replicas}
     await calls_all_answer(cluster, "after-hostile", 6)
-
-
-def logged_statuses(cluster: Cluster) -> list[str]:
-    """The status of each request in HAProxy's log (httplog: client, date, frontend, server, timers, status, ...)."""
-    lines = cluster.haproxy.output.read_text(errors="replace").splitlines()
-    return [line.split()[5] for line in lines if " mcp replicas/" in line]
 
 
 def needs_redis(cluster: Cluster) -> None:
