@@ -255,6 +255,21 @@ class ClientConnection:
 
         await self._answer(event.request, answer())
 
+    def restore(self, protocol_version: str, client_capabilities: Mapping[str, Any],
+                client_info: Mapping[str, Any] | None, *, initialized: bool, log_level: str | None) -> None:
+        """Continue a handshake-era session begun in another process (a replica): the protocol state as the record
+        of it says, the session the interceptors see, and the servers of this process, as for a new client's; the
+        client's initialize is not replayed to anything."""
+        self.protocol.restore(protocol_version, client_capabilities, client_info, initialized=initialized,
+                              log_level=log_level)
+        self._session = Session(self.identity, "legacy", self.protocol.protocol_version,
+                                self.protocol.client_capabilities, self.protocol.client_info, self.id, client=self,
+                                over_network=self._over_network)
+        self.gateway.log_levels.client_joined()
+        self.gateway.start()
+        self._handshake.set()
+        self._takes_raw_calls = self.gateway.takes_raw_params
+
     def _serve(self, event: Serve) -> Awaitable[jsonrpc.Message | RawResponse]:
         """What answers a request (a plain function handing back the coroutine that does: no layer of its own
         per request)."""

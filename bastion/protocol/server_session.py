@@ -346,6 +346,21 @@ class ServerSession:
         self._answered_initialize = True
         return Response(request.id, result)
 
+    def restore(self, protocol_version: str, client_capabilities: Mapping[str, Any],
+                client_info: Mapping[str, Any] | None, *, initialized: bool, log_level: str | None) -> None:
+        """Take up a handshake-era session another process began (a replica of the gateway): its handshake is
+        done (answered, and ``initialized`` when the client said so), nothing of it is replayed."""
+        self.era = "legacy"
+        self._handshake = _Handshake(protocol_version, dict(client_capabilities), client_info)
+        self._answered_initialize = True
+        self.lifecycle.state = State.ACTIVE if initialized else State.INITIALIZING
+        self.log_level = log_level if log_level in LOG_LEVELS else None
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the client has said ``notifications/initialized`` (its session is in use)."""
+        return self.lifecycle.state is State.ACTIVE
+
     @property
     def ready_for_notifications(self) -> bool:
         """A handshake-era client may pipeline notifications/initialized before it has read the initialize

@@ -28,7 +28,8 @@ from bastion.frontends.http.answers import RETRY_MS, Answers
 from bastion.frontends.http.exchanges import Exchange, Peeked
 from bastion.frontends.http.guards import accepts
 from bastion.frontends.http.modern import ModernPosts
-from bastion.frontends.http.quotas import Holder, SessionQuotas, holder_of
+from bastion.frontends.http.quotas import Held, Holder, SessionQuotas, holder_of
+from bastion.frontends.http.records import ENDED_CHANNEL, KeyRing, SessionRecords
 from bastion.frontends.http.sessions import LegacySession, SseSession
 from bastion.frontends.http.streams import SseStream, event_number, priming_event, sse_event
 from bastion.frontends.http.wire import (
@@ -50,6 +51,7 @@ from bastion.observability.request_context import take_trace_context
 from bastion.frontends.http.operations import HEALTH_PATHS, METRICS_PATH, answer_health, answer_metrics
 from bastion.protocol.jsonrpc import is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, is_modern, is_modern_first_message
+from bastion.state import StateUnavailable
 
 log = logging.getLogger("bastion.http")
 
@@ -57,6 +59,7 @@ MCP_PATHS = ("/mcp", "/mcp/")
 # Where an upstream authorization server sends a person back after they authorized Bastion (task F's flow): it
 # carries a one-time state instead of credentials, so it is not authenticated here.
 OAUTH_CALLBACK_PATH = "/oauth/callback"
+UNKNOWN_SESSION = "unknown or ended session (Mcp-Session-Id); start a new one with initialize"
 
 __all__ = ["HttpError", "HttpFrontend", "LegacySession", "SseSession"]
 
@@ -79,7 +82,7 @@ class CurrentPolicy:
 class HttpFrontend:
     def __init__(self, gateway: Gateway, settings: HttpConfig, *, bound_to_loopback: bool,
                  auth: HttpAuth | None = None, callback: Callable[[Scope, Receive, Send], Awaitable[None]] | None
-                 = None) -> None:
+                 = None, session_keys: KeyRing | None = None) -> None:
         self.gateway = gateway
         # Tracing or JSON logs: a POST's trace context headers go with the messages it carries.
         self._observed = gateway.observer is not None
@@ -93,7 +96,16 @@ class HttpFrontend:
         self._metadata = orjson.dumps(self.auth.metadata) if self.auth.metadata is not None else None
         self.sessions: dict[str, LegacySession] = {}
         self.sse_sessions: dict[str, SseSession] = {}
-        self.quotas = SessionQuotas(settings)  # both kinds, by holder: the gateway's bound and each caller's quota
+        shared = gateway.state if gateway.state.shared else None
+        # Both kinds, by holder: the gateway's bound and each caller's quota (counted in the store replicas share).
+        self.quotas = SessionQuotas(settings, shared)
+        # Sessions any replica continues: only with a store other replicas see, and keys to seal the records.
+        self.records = (SessionRecords(shared, session_keys, settings.session_idle_timeout)
+                        if shared is not None and session_keys is not None else None)
+        if shared is not None and session_keys is None:
+            log.warning("the state store is shared, but http.session_key_files is empty: a handshake-era session "
+                        "continues only on the replica that made it (a load balancer must keep each client on one)")
+        self._ended_elsewhere: asyncio.Task[None] | None = None
         self.modern = ModernPosts(gateway, self.admission, self.answers, self.quotas, self._place_for)
         self._reaper: asyncio.Task[None] | None = None
         # The web console at /admin: the same authenticator logs a browser in, Cedar decides, the policy audits.
@@ -110,34 +122,68 @@ class HttpFrontend:
 
     # ------------------------------------------------------------------------------------------ lifetime
     def start(self) -> None:
-        self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_sessions())
+        loop = asyncio.get_running_loop()
+        self._reaper = loop.create_task(self._reap_idle_sessions())
+        if self.records is not None:
+            self._ended_elsewhere = loop.create_task(self._drop_sessions_ended_elsewhere(self.records))
 
     async def stop(self) -> None:
-        """End every stream and session, cancelling what they have in flight."""
-        if self._reaper is not None:
-            self._reaper.cancel()
+        """End every stream and session, cancelling what they have in flight. Sessions other replicas may continue
+        are only let go here (their records stay)."""
+        for task in (self._reaper, self._ended_elsewhere):
+            if task is not None:
+                task.cancel()
         for stream in list(self.answers.streams):
             stream.finish()
-        await asyncio.gather(*(self.end_session(s) for s in list(self.sessions.values())),
+        await asyncio.gather(*(self.end_session(s, everywhere=self.records is None)
+                               for s in list(self.sessions.values())),
                              *(s.connection.closed() for s in list(self.sse_sessions.values())),
                              return_exceptions=True)
         await self.auth.close()
 
-    async def end_session(self, session: LegacySession) -> None:
+    async def end_session(self, session: LegacySession, *, everywhere: bool = True) -> None:
+        """End ``session`` here and, ``everywhere``, on every replica (its record deleted, its quota place given
+        back once); otherwise only this replica's copy goes, and another replica may continue it."""
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.quotas.release(session.holder, session)
+            if everywhere:
+                try:
+                    ended = True if self.records is None else await self.records.end(session.id)
+                    if ended:
+                        await self.quotas.give_back(session.holder)
+                except StateUnavailable as exc:  # its record and quota place expire by themselves
+                    log.warning("session %s… ended here, but the shared state could not be told: %s",
+                                session.id[:8], exc)
         await session.close()
+
+    async def _drop_sessions_ended_elsewhere(self, records: SessionRecords) -> None:
+        """A session DELETEd on another replica: this replica's copy goes too (what it still runs is cancelled)."""
+        while True:
+            try:
+                ended = await records.store.subscribe(ENDED_CHANNEL)
+                try:
+                    async for message in ended:
+                        session = self.sessions.get(message.decode("ascii", "replace"))
+                        if session is not None:
+                            log.info("session %s… was ended on another replica", session.id[:8])
+                            await self.end_session(session, everywhere=False)
+                finally:
+                    await ended.aclose()
+            except StateUnavailable as exc:
+                # Until the store is back, a copy here lasts until its next refresh finds its record gone.
+                log.warning("not told of sessions ended on other replicas: %s", exc)
+                await asyncio.sleep(1.0)
 
     def _holder(self, identity: Identity, peer: str) -> Holder:
         return holder_of(identity, peer, authenticated=self.auth.required, settings=self.settings)
 
-    def _place_for(self, identity: Identity, peer: str, top: Peeked) -> Holder:
-        """Whose quota a new session (or listen stream) opened by ``top`` counts against, once there is room in it
-        and in the gateway's bound; a refusal over the caller's own quota is audited."""
+    async def _place_for(self, identity: Identity, peer: str, top: Peeked, held: Held) -> Holder:
+        """Count ``held``, a new session (or listen stream) opened by ``top``, against its holder's quota and the
+        gateway's bound, and return the holder; a refusal over the caller's own quota is audited."""
         holder = self._holder(identity, peer)
         try:
-            self.quotas.check(holder, top.id)
+            await self.quotas.admit(holder, held, top.id)
         except HttpError as refusal:
             if refusal.status == 429:
                 self.admission.audit_refusal(identity, top, "admission", holder.setting, refusal.message,
@@ -153,8 +199,21 @@ class HttpFrontend:
             for session in list(self.sessions.values()):
                 ends = session.ends_by_itself_at(timeout)
                 if ends is not None and now > ends:
+                    if await self._used_elsewhere(session):
+                        await self.end_session(session, everywhere=False)
+                        continue
                     log.info("session %s… ended after %.0f s without requests", session.id[:8], timeout)
                     await self.end_session(session)
+
+    async def _used_elsewhere(self, session: LegacySession) -> bool:
+        """Whether another replica has kept the record of a session quiet here alive (or cannot tell: then only
+        this copy goes, and the record expires by itself if nobody uses it)."""
+        if self.records is None:
+            return False
+        try:
+            return await self.records.exists(session.id)
+        except StateUnavailable:
+            return True
 
     # ------------------------------------------------------------------------------------------ ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -209,6 +268,14 @@ class HttpFrontend:
                                 exc.headers)
         except Gone:
             pass  # the client left while sending its request: nobody to answer
+        except StateUnavailable as exc:
+            log.warning("refused %s %s: %s", scope.get("method"), scope.get("path"), exc)
+            try:
+                await json_response(send, 503, error_body(None, -32000, f"the gateway's shared state cannot be "
+                                                                        f"reached ({exc}); retry later"),
+                                    ((b"retry-after", str(self.settings.retry_after_seconds).encode()),))
+            except RuntimeError:
+                pass  # its response had begun (a stream)
         except Exception:  # noqa: BLE001 - a fault of Bastion's is a JSON-RPC error, never the server's plain 500
             log.exception("internal error while answering %s %s", scope.get("method"), scope.get("path"))
             try:
@@ -251,7 +318,7 @@ class HttpFrontend:
                                                 self.settings.body_timeout, self.gateway.config.max_message_bytes)
         session_id = headers.get("mcp-session-id")
         if session_id is not None:
-            session = self._session(session_id, identity, headers)
+            session = await self._session(session_id, identity, headers)
             self.admission.check_method_scopes(identity, top)
             await self._legacy_post(session, body, message, top, headers, receive, send)
         elif is_modern(headers.get("mcp-protocol-version")) and top.kind in ("request", "notification"):
@@ -259,10 +326,13 @@ class HttpFrontend:
             await self.modern.post(body, top, message, headers, identity, peer, receive, send)
         elif top.method == "initialize":
             self.admission.check_method_scopes(identity, top)
-            holder = self._place_for(identity, peer, top)
-            session = LegacySession(self, identity, holder)
+            session = LegacySession(self, identity, self._holder(identity, peer))
+            try:
+                await self._place_for(identity, peer, top, session)
+            except BaseException:
+                await session.close()
+                raise
             self.sessions[session.id] = session
-            self.quotas.take(holder, session)
             await self._legacy_post(session, body, message, top, headers, receive, send)
         elif top.kind in ("request", "notification") and is_modern_first_message(
                 top.method or "", top.params if isinstance(top.params, dict) else None):
@@ -271,17 +341,62 @@ class HttpFrontend:
             raise HttpError(400, -32600, "no Mcp-Session-Id header: start a session with initialize, or send a "
                                          "2026-07-28 request (params._meta names its protocol version)", top.id)
 
-    def _session(self, session_id: str, identity: Identity, headers: dict[str, str]) -> LegacySession:
+    async def _session(self, session_id: str, identity: Identity, headers: dict[str, str]) -> LegacySession:
         session = self.sessions.get(session_id)
+        if session is None and self.records is not None:
+            session = await self._take_up(self.records, session_id, identity)
         if session is None:
-            raise HttpError(404, -32600, "unknown or ended session (Mcp-Session-Id); start a new one with initialize")
+            raise HttpError(404, -32600, UNKNOWN_SESSION)
         _claim(session, session_id, identity)
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in LEGACY_VERSIONS:
             raise HttpError(400, -32600, f"MCP-Protocol-Version {version!r} is not a version of a session "
                                          f"({', '.join(LEGACY_VERSIONS)})")
         session.last_seen = time.monotonic()
+        if self.records is not None and session.last_seen - session.saved_at > self.records.refresh_seconds:
+            await self._refresh(self.records, session)
         return session
+
+    async def _take_up(self, records: SessionRecords, session_id: str, identity: Identity) -> LegacySession | None:
+        """A session another replica made (or this one let go of), from its record: None when there is none, or
+        when another caller presents it (told apart from an unknown session by nothing)."""
+        record = await records.load(session_id)
+        if record is None or not record.presented_by(identity):
+            if record is not None:
+                log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
+            return None
+        taken = self.sessions.get(session_id)  # another request took it up while this one read the record
+        if taken is not None:
+            return taken
+        session = LegacySession(self, identity, record.holder, (session_id, record))
+        self.sessions[session_id] = session
+        self.quotas.take(record.holder, session)  # this replica's bound; the holder's quota counted it already
+        log.info("session %s… continues on this replica (made on another)", session_id[:8])
+        return session
+
+    async def _refresh(self, records: SessionRecords, session: LegacySession) -> None:
+        """Keep a session in use alive in the store; one whose record is gone was ended on another replica (or
+        expired there): this copy ends too, and the request is answered as for an unknown session."""
+        session.saved_at = time.monotonic()
+        if not await records.exists(session.id):
+            await self.end_session(session, everywhere=False)
+            raise HttpError(404, -32600, UNKNOWN_SESSION)
+        await self._save(records, session)
+        await self.quotas.refresh(session.holder)
+
+    async def _save(self, records: SessionRecords, session: LegacySession) -> None:
+        record = session.record()
+        await records.save(session.id, record)
+        session.saved, session.saved_at = record, time.monotonic()
+
+    async def _save_if_changed(self, session: LegacySession) -> None:
+        """Write the record when what another replica needs changed (the handshake, initialized, the log level)."""
+        if self.records is not None and not session.closing and session.record() != session.saved:
+            try:
+                await self._save(self.records, session)
+            except StateUnavailable as exc:
+                log.warning("session %s…: its record could not be written, so only this replica continues it for "
+                            "now: %s", session.id[:8], exc)
 
 
     async def _legacy_post(self, session: LegacySession, body: bytes, decoded: dict[str, Any], top: Peeked,
@@ -289,6 +404,7 @@ class HttpFrontend:
         session_header = ((b"mcp-session-id", session.id.encode()),)
         if top.kind != "request":
             session.feed(body, decoded=decoded)
+            await self._save_if_changed(session)
             if top.method == "notifications/cancelled" and isinstance(top.params, dict):
                 session.withdraw(top.params.get("requestId"))
             await empty_response(send, 202, session_header)
@@ -313,6 +429,7 @@ class HttpFrontend:
             session.progress[token] = exchange
         try:
             session.feed(body, decoded, exchange)
+            await self._save_if_changed(session)
         except BaseException:
             session.abandon(exchange)  # a request that failed to start holds neither its id nor its server's slot
             raise
@@ -329,7 +446,7 @@ class HttpFrontend:
             raise HttpError(400, -32600, "GET /mcp opens a session's stream: it needs the Mcp-Session-Id header")
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "the GET stream is text/event-stream; the Accept header refuses it")
-        session = self._session(session_id, identity, headers)
+        session = await self._session(session_id, identity, headers)
         resume = headers.get("last-event-id", "")
         if "." in resume:  # the id of a call's answer stream (the GET stream's ids are plain numbers)
             await self.answers.resume(session, resume, receive, send)
@@ -358,7 +475,7 @@ class HttpFrontend:
         session_id = headers.get("mcp-session-id")
         if session_id is None:
             raise HttpError(400, -32600, "DELETE /mcp ends a session: it needs the Mcp-Session-Id header")
-        session = self._session(session_id, identity, headers)
+        session = await self._session(session_id, identity, headers)
         await self.end_session(session)
         await empty_response(send, 200)
 
@@ -368,18 +485,22 @@ class HttpFrontend:
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "GET /sse is text/event-stream; the Accept header refuses it")
         holder = self._holder(identity, peer)
-        self.quotas.check(holder)
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
                            notice=self.answers.overflow_notice("this session ends; connect again", event="message"))
         session = SseSession(self, identity, holder, stream)
+        try:
+            await self.quotas.admit(holder, session)
+        except BaseException:
+            await session.connection.closed()
+            raise
         self.sse_sessions[session.id] = session
-        self.quotas.take(holder, session)
         stream.push(sse_event(f"/messages?session_id={session.id}".encode(), event="endpoint"))
         try:
             await self.answers.stream_until_gone(stream, receive)
         finally:
             self.sse_sessions.pop(session.id, None)
             self.quotas.release(holder, session)
+            await self.quotas.give_back(holder)
             log.debug("HTTP+SSE session %s… ended: its stream closed", session.id[:8])
             for release in session.releases.values():
                 release()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 
@@ -15,7 +15,7 @@ from bastion.frontends.http.admission import Admission
 from bastion.frontends.http.answers import STATUS_FOR_CODE, Answers
 from bastion.frontends.http.exchanges import Exchange, Peeked, answer_to
 from bastion.frontends.http.guards import accepts, modern_header_mismatch, param_header_mismatch
-from bastion.frontends.http.quotas import Holder, SessionQuotas
+from bastion.frontends.http.quotas import Held, Holder, SessionQuotas
 from bastion.frontends.http.wire import HttpError, Receive, Send, empty_response, json_response
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
@@ -44,7 +44,7 @@ class ModernPosts:
     """The 2026-07-28 POSTs, each its own gateway connection while it runs."""
 
     def __init__(self, gateway: Gateway, admission: Admission, answers: Answers, quotas: SessionQuotas,
-                 place_for: Callable[[Identity, str, Peeked], Holder]) -> None:
+                 place_for: Callable[[Identity, str, Peeked, Held], Awaitable[Holder]]) -> None:
         self.gateway = gateway
         self.admission = admission
         self.answers = answers
@@ -91,13 +91,13 @@ class ModernPosts:
                                          "session-wide log level)", top.id)
         self.admission.check_method_scopes(identity, top)
         if top.method == "subscriptions/listen":
-            holder = self.place_for(identity, peer, top)
             listen = OpenListen(secrets.token_hex(8))
-            self.quotas.take(holder, listen)
+            holder = await self.place_for(identity, peer, top, listen)
             try:
                 await self._run(body, top, message, headers, identity, receive, send)
             finally:
                 self.quotas.release(holder, listen)
+                await self.quotas.give_back(holder)
             return
         await self._run(body, top, message, headers, identity, receive, send)
 

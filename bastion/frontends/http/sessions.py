@@ -15,6 +15,7 @@ import orjson
 from bastion.frontends.connection import ClientConnection
 from bastion.frontends.http.exchanges import Exchange, answer_to
 from bastion.frontends.http.quotas import Holder
+from bastion.frontends.http.records import SessionRecord, caller_of
 from bastion.frontends.http.streams import ReplayLog, SseStream, sse_event
 from bastion.model import Identity
 from bastion.protocol.jsonrpc import Notification, Outgoing, is_valid_id
@@ -33,8 +34,9 @@ RESUMABLE_SINCE = "2025-11-25"
 class LegacySession:
     """A 2025-11-25 (or older) client's session: its gateway connection, its GET stream and the POSTs waiting."""
 
-    def __init__(self, frontend: "HttpFrontend", identity: Identity, holder: Holder) -> None:
-        self.id = secrets.token_urlsafe(24)
+    def __init__(self, frontend: "HttpFrontend", identity: Identity, holder: Holder,
+                 restored: tuple[str, SessionRecord] | None = None) -> None:
+        self.id = secrets.token_urlsafe(24) if restored is None else restored[0]
         self.identity = identity
         self.holder = holder  # whose quota it counts against (quotas.py)
         self.exchanges: dict[Any, Exchange] = {}
@@ -50,6 +52,22 @@ class LegacySession:
         self._stream_numbers = itertools.count(1)
         self.connection = ClientConnection(frontend.gateway, self.route, identity=identity,
                                            close=self._close_soon, over_network=True)
+        # The record replicas share (records.py) as last written, and when: written again when it changes, and
+        # refreshed every few seconds while the session is used.
+        self.saved: SessionRecord | None = None
+        self.saved_at = 0.0
+        if restored is not None:
+            record = restored[1]
+            self.connection.restore(record.protocol_version, record.client_capabilities, record.client_info,
+                                    initialized=record.initialized, log_level=record.log_level)
+            self.saved, self.saved_at = record, time.monotonic()
+
+    def record(self) -> SessionRecord:
+        """What another replica needs to continue this session."""
+        protocol = self.connection.protocol
+        return SessionRecord(caller_of(self.identity), self.holder, protocol.protocol_version,
+                             protocol.client_capabilities, protocol.client_info, protocol.initialized,
+                             protocol.log_level)
 
     def renew(self, identity: Identity) -> None:
         """The same caller with another credential (a refreshed token, or one stepped up to more scopes): what
