@@ -82,6 +82,7 @@ class ClientConnection:
         # Once a handshake-era session is established: a tools/call's arguments may stay the bytes the client sent.
         self._takes_raw_calls = False
         self._servers_waited: asyncio.Future[None] | None = None  # a modern client's first wait for the servers
+        self._taking_up: asyncio.Task[None] | None = None  # a session restored from a replica's record, until ready
         # The client's notifications an interceptor looks at pass the chain one after another, in the client's order.
         self._notices = InOrder("the client")
         self._max_bytes = gateway.config.max_message_bytes
@@ -267,8 +268,15 @@ class ClientConnection:
                                 over_network=self._over_network)
         self.gateway.log_levels.client_joined()
         self.gateway.start()
-        self._handshake.set()
         self._takes_raw_calls = self.gateway.takes_raw_params
+        # Its requests wait for this process's servers, as a new client's initialize does.
+        self._taking_up = self._loop.create_task(self._servers_then_serve())
+
+    async def _servers_then_serve(self) -> None:
+        try:
+            await self.gateway.wait_ready()
+        finally:
+            self._handshake.set()
 
     def _serve(self, event: Serve) -> Awaitable[jsonrpc.Message | RawResponse]:
         """What answers a request (a plain function handing back the coroutine that does: no layer of its own
@@ -489,6 +497,8 @@ class ClientConnection:
         """The transport is gone: abort everything this client started and release what it held."""
         self.protocol.connection_lost()
         self._notices.close()
+        if self._taking_up is not None:
+            self._taking_up.cancel()
         running = list(self._running.values())
         if running:
             for task in running:

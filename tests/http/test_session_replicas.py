@@ -1,0 +1,307 @@
+"""A handshake-era session made on one replica continues on another: two gateways, each with its own server
+processes and its HTTP frontend on uvicorn on 127.0.0.1, sharing one store (the in-memory one, told it is shared, as
+a Redis store is), behind a loopback forwarder that a test points at one replica, then the other."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx2
+import pytest
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from bastion.compose import build_gateway
+from bastion.config import GatewayConfig, HttpConfig
+from bastion.frontends.http.app import HttpFrontend
+from bastion.frontends.http.quotas import Holder
+from bastion.frontends.http.records import RECORD_KEY, KeyRing, SessionRecord, SessionRecords
+from bastion.state import MemoryStore
+from tests.auth.test_resource_server_frontend import serve
+from tests.http.conftest import IDENTITY_HEADER, SERVER
+from tests.http.forwarder import Forwarder
+from tests.support import FIXTURES, READY_TIMEOUT
+
+TEXT_TOOL = f"{SERVER}__test_simple_text"
+TEXT = "This is a simple text response for testing."
+
+
+class CountingStore(MemoryStore):
+    """The in-memory store, counting what is asked of it; ``shared`` as a replica's store would say."""
+
+    def __init__(self, shared: bool) -> None:
+        super().__init__()
+        self._shared = shared
+        self.puts = 0
+        self.gets = 0
+
+    @property
+    def shared(self) -> bool:
+        return self._shared
+
+    async def put(self, key: str, value: bytes, seconds: float | None = None) -> None:
+        self.puts += 1
+        await super().put(key, value, seconds)
+
+    async def get(self, key: str) -> bytes | None:
+        self.gets += 1
+        return await super().get(key)
+
+
+@dataclass
+class Replica:
+    frontend: HttpFrontend
+    base: str
+
+
+@dataclass
+class Replicas:
+    a: Replica
+    b: Replica
+    store: CountingStore
+    balancer: Forwarder
+
+    @property
+    def url(self) -> str:
+        return f"{self.balancer.url}/mcp"
+
+    def to(self, replica: Replica) -> None:
+        self.balancer.point_at(replica.base)
+
+
+def config(tmp: Path, http: dict[str, Any]) -> GatewayConfig:
+    return GatewayConfig.model_validate({
+        "policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT, "http": http,
+        "servers": {SERVER: {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")],
+                             "env": {"FIXTURE_EVENTS": str(tmp / "events.log")}, "sandbox": {"writable": [str(tmp)]}}}})
+
+
+async def start_replicas(tmp: Path, *, shared: bool = True, http: dict[str, Any] | None = None,
+                         keys: tuple[KeyRing | None, KeyRing | None] | None = None) -> AsyncIterator[Replicas]:
+    store = CountingStore(shared)
+    ring = KeyRing([secrets.token_bytes(32)])
+    keys = keys or (ring, ring)
+    settings = {"identity_header": IDENTITY_HEADER, **(http or {})}
+    started: list[tuple[Any, Any, Any, Replica]] = []
+    try:
+        for key_ring in keys:
+            gateway = build_gateway(config(tmp, settings))
+            gateway.state = store
+            gateway.start()
+            frontend = HttpFrontend(gateway, HttpConfig(**settings), bound_to_loopback=True, session_keys=key_ring)
+            frontend.start()
+            server, task, base = await serve(frontend)
+            started.append((gateway, server, task, Replica(frontend, base)))
+        first, second = started[0][3], started[1][3]
+        balancer = await Forwarder(first.base).start()
+        try:
+            yield Replicas(first, second, store, balancer)
+        finally:
+            await balancer.close()
+    finally:
+        for gateway, server, task, replica in started:
+            await replica.frontend.stop()
+            server.should_exit = True
+            await task
+            await gateway.close()
+
+
+@pytest.fixture
+async def replicas(tmp_path: Path) -> AsyncIterator[Replicas]:
+    async for made in start_replicas(tmp_path):
+        yield made
+
+
+async def until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+def fresh_connections(**options: Any) -> httpx2.AsyncClient:
+    """A client whose every request opens a connection, so that each goes where the balancer points now."""
+    return httpx2.AsyncClient(timeout=httpx2.Timeout(120, read=300), limits=httpx2.Limits(max_keepalive_connections=0),
+                              **options)
+
+
+def headers_for(identity: str) -> dict[str, str]:
+    return {IDENTITY_HEADER: identity, "accept": "application/json, text/event-stream"}
+
+
+async def initialize(http: httpx2.AsyncClient, url: str, version: str, identity: str = "alice") -> dict[str, str]:
+    init = await http.post(url, headers=headers_for(identity), json={
+        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {"roots": {}}, "clientInfo": {"name": "raw", "version": "7"}}})
+    assert init.status_code == 200, init.text
+    return {**headers_for(identity), "mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": version}
+
+
+def answer(response: httpx2.Response) -> dict[str, Any]:
+    """The JSON-RPC answer in a POST's response, whether JSON or an SSE stream."""
+    if response.headers["content-type"].startswith("text/event-stream"):
+        frames = [line[6:] for line in response.text.splitlines() if line.startswith("data: ") and line[6:].strip()]
+        return [f for f in map(json.loads, frames) if "id" in f][-1]
+    return response.json()
+
+
+@pytest.mark.parametrize("version", ("2025-11-25", "2025-06-18", "2025-03-26"))
+async def test_a_session_made_on_one_replica_continues_on_the_other_and_ends_everywhere(
+        replicas: Replicas, version: str) -> None:
+    async with fresh_connections() as http:
+        headers = await initialize(http, replicas.url, version)
+        session_id = headers["mcp-session-id"]
+        # Initialized and a log level said on A (a change each, written to the record), then a call on A.
+        assert (await http.post(replicas.url, headers=headers, json={
+            "jsonrpc": "2.0", "method": "notifications/initialized"})).status_code == 202
+        level = await http.post(replicas.url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 1, "method": "logging/setLevel", "params": {"level": "error"}})
+        assert "result" in answer(level), level.text
+        assert session_id in replicas.a.frontend.sessions and session_id not in replicas.b.frontend.sessions
+
+        replicas.to(replicas.b)
+        listed = answer(await http.post(replicas.url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        assert TEXT_TOOL in {tool["name"] for tool in listed["result"]["tools"]}
+        called = answer(await http.post(replicas.url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": TEXT_TOOL, "arguments": {}}}))
+        assert called["result"]["content"][0]["text"] == TEXT
+        taken_up = replicas.b.frontend.sessions[session_id]
+        protocol = taken_up.connection.protocol
+        assert (protocol.protocol_version, protocol.log_level, protocol.initialized) == (version, "error", True)
+        assert protocol.client_info == {"name": "raw", "version": "7"}
+        assert protocol.client_capabilities == {"roots": {}}
+
+        # DELETE on B ends it on A too: A drops its copy, and A answers the id as unknown.
+        assert (await http.delete(replicas.url, headers=headers)).status_code == 200
+        await until(lambda: session_id not in replicas.a.frontend.sessions, "A kept a session ended on B")
+        replicas.to(replicas.a)
+        gone = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        assert gone.status_code == 404
+        assert await replicas.store.get(RECORD_KEY + session_id) is None
+
+
+async def test_an_sdk_client_whose_requests_land_on_another_replica_keeps_its_session(replicas: Replicas) -> None:
+    http = fresh_connections(headers={IDENTITY_HEADER: "alice"})
+    async with Client(streamable_http_client(replicas.url, http_client=http), mode="legacy") as client:
+        assert TEXT_TOOL in {tool.name for tool in (await client.list_tools()).tools}
+        (session_id,) = replicas.a.frontend.sessions
+        replicas.to(replicas.b)
+        result = await client.call_tool(TEXT_TOOL, {})
+        assert result.content[0].text == TEXT
+        assert session_id in replicas.b.frontend.sessions
+        replicas.to(replicas.a)
+        result = await client.call_tool(TEXT_TOOL, {})
+        assert result.content[0].text == TEXT
+
+
+async def test_another_caller_presenting_the_id_on_another_replica_finds_no_session(replicas: Replicas) -> None:
+    async with fresh_connections() as http:
+        headers = await initialize(http, replicas.url, "2025-11-25")
+        await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        replicas.to(replicas.b)
+        stolen = await http.post(replicas.url, headers={**headers, IDENTITY_HEADER: "mallory"},
+                                 json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert stolen.status_code == 404
+        assert headers["mcp-session-id"] not in replicas.b.frontend.sessions
+        # Ids this gateway never makes are looked up nowhere: a ":" or "*" never reaches a store key.
+        gets = replicas.store.gets
+        for forged in ("a:*", "*", "x" * 31 + ":", "http-session:" + "a" * 32, ("é" * 16).encode()):
+            refused = await http.post(replicas.url, headers={**headers, "mcp-session-id": forged},
+                                      json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert refused.status_code in (400, 404), forged
+        assert replicas.store.gets == gets
+        # The owner still has it, on either replica.
+        ping = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert answer(ping) == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+async def test_a_session_in_use_is_not_rewritten_on_every_request(replicas: Replicas) -> None:
+    async with fresh_connections() as http:
+        headers = await initialize(http, replicas.url, "2025-11-25")
+        await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        replicas.to(replicas.b)
+        before = replicas.store.puts
+        for request_id in range(1, 21):
+            ping = await http.post(replicas.url, headers=headers, json={
+                "jsonrpc": "2.0", "id": request_id, "method": "ping"})
+            assert ping.status_code == 200
+        assert replicas.store.puts - before <= 1  # a refresh, at most, within the refresh interval
+
+
+async def test_with_the_memory_store_nothing_is_written(tmp_path: Path) -> None:
+    async for replicas in start_replicas(tmp_path, shared=False):
+        async with fresh_connections() as http:
+            headers = await initialize(http, replicas.url, "2025-11-25")
+            await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+            ping = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert ping.status_code == 200
+            assert replicas.a.frontend.records is None
+            assert replicas.store.puts == 0 and replicas.store.gets == 0
+            replicas.to(replicas.b)  # without a shared store a session stays where it was made
+            elsewhere = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+            assert elsewhere.status_code == 404
+
+
+async def test_the_quota_of_an_identity_holds_across_replicas(tmp_path: Path) -> None:
+    async for replicas in start_replicas(tmp_path, http={"max_sessions_per_identity": 2}):
+        async with fresh_connections() as http:
+            first = await initialize(http, replicas.url, "2025-11-25")
+            replicas.to(replicas.b)
+            await initialize(http, replicas.url, "2025-11-25")
+            replicas.to(replicas.a)
+            third = await http.post(replicas.url, headers=headers_for("alice"), json={
+                "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+            assert third.status_code == 429, third.text
+            assert third.json()["error"]["data"]["setting"] == "http.max_sessions_per_identity"
+            # Another identity is not held to alice's count; alice's session ended on B frees her place on A.
+            await initialize(http, replicas.url, "2025-11-25", identity="bob")
+            replicas.to(replicas.b)
+            assert (await http.delete(replicas.url, headers=first)).status_code == 200
+            replicas.to(replicas.a)
+            await initialize(http, replicas.url, "2025-11-25")
+
+
+async def test_a_record_opens_with_any_key_of_the_ring_until_it_is_retired_and_never_past_its_expiry() -> None:
+    old, new = secrets.token_bytes(32), secrets.token_bytes(32)
+    store = MemoryStore()
+    record = SessionRecord(["alice", [], "header", None], Holder(("identity", "header", "", "alice"), "alice",
+                                                                 "http.max_sessions_per_identity", 5),
+                           "2025-11-25", {}, None, True, None)
+    session_id = "A" * 32
+    await SessionRecords(store, KeyRing([old]), 60).save(session_id, record)
+    assert await SessionRecords(store, KeyRing([new, old]), 60).load(session_id) == record  # rotated: still read
+    assert await SessionRecords(store, KeyRing([new]), 60).load(session_id) is None  # old key retired
+    # Moved to another id, or altered, it does not open.
+    sealed = await store.get(RECORD_KEY + session_id)
+    assert sealed is not None
+    await store.put(RECORD_KEY + "B" * 32, sealed)
+    assert await SessionRecords(store, KeyRing([old]), 60).load("B" * 32) is None
+    await store.put(RECORD_KEY + session_id, sealed[:-1] + bytes([sealed[-1] ^ 1]))
+    assert await SessionRecords(store, KeyRing([old]), 60).load(session_id) is None
+    # Kept past its expiry (by a store that did not expire it, or a copy put back), it is refused.
+    ring = KeyRing([old])
+    await store.put(RECORD_KEY + session_id, ring.seal(record.encode(), session_id.encode(), time.time() - 1))
+    assert await SessionRecords(store, ring, 60).load(session_id) is None
+    await store.aclose()
+
+
+def test_a_key_file_that_is_not_a_key_is_refused_naming_the_file(tmp_path: Path) -> None:
+    short = tmp_path / "short.key"
+    short.write_text("abcd")
+    with pytest.raises(ValueError, match="short.key does not hold a key of 64 hex digits"):
+        KeyRing.from_files(["short.key"], tmp_path)
+    with pytest.raises(ValueError, match="cannot read"):
+        KeyRing.from_files(["missing.key"], tmp_path)
+    good = tmp_path / "good.key"
+    good.write_text(secrets.token_hex(32) + "\n")
+    ring = KeyRing.from_files(["good.key"], tmp_path)
+    assert ring.open(ring.seal(b"x", b"id", time.time() + 5), b"id", time.time()) == b"x"
