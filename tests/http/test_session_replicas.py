@@ -305,3 +305,31 @@ def test_a_key_file_that_is_not_a_key_is_refused_naming_the_file(tmp_path: Path)
     good.write_text(secrets.token_hex(32) + "\n")
     ring = KeyRing.from_files(["good.key"], tmp_path)
     assert ring.open(ring.seal(b"x", b"id", time.time() + 5), b"id", time.time()) == b"x"
+
+
+async def test_a_call_whose_replica_stopped_is_answered_on_resume_with_an_unknown_outcome(replicas: Replicas) -> None:
+    async with fresh_connections() as http:
+        headers = await initialize(http, replicas.url, "2025-11-25")
+        await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        primed = None
+        async with http.stream("POST", replicas.url, headers=headers, json={
+                "jsonrpc": "2.0", "id": 41, "method": "tools/call",
+                "params": {"name": f"{SERVER}__test_slow_cancellable", "arguments": {"tag": "replica-stops"}}}) as call:
+            assert call.headers["content-type"].startswith("text/event-stream")
+            async for line in call.aiter_lines():
+                if line.startswith("id: "):
+                    primed = line[4:]
+                    break
+            # The replica running the call stops (as one killed does, for the client: its stream ends unanswered).
+            await replicas.a.frontend.stop()
+        assert primed is not None and primed.endswith(".0")
+        replicas.to(replicas.b)
+        resumed = await http.get(replicas.url, headers={**headers, "last-event-id": primed})
+        assert resumed.status_code == 200, resumed.text
+        (error,) = [json.loads(line[6:]) for line in resumed.text.splitlines() if line.startswith("data: {")]
+        assert error["id"] == 41 and error["error"]["data"] == {"outcome": "unknown"}
+        # Told once: the same resume again finds nothing to resume, and the session goes on on B.
+        again = await http.get(replicas.url, headers={**headers, "last-event-id": primed})
+        assert again.status_code == 400
+        ping = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 42, "method": "ping"})
+        assert answer(ping) == {"jsonrpc": "2.0", "id": 42, "result": {}}

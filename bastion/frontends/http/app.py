@@ -10,6 +10,7 @@ import asyncio
 from functools import partial
 import logging
 import os
+import secrets
 import time
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
@@ -106,6 +107,9 @@ class HttpFrontend:
             log.warning("the state store is shared, but http.session_key_files is empty: a handshake-era session "
                         "continues only on the replica that made it (a load balancer must keep each client on one)")
         self._ended_elsewhere: asyncio.Task[None] | None = None
+        # Answer streams' keys begin with it where replicas share sessions: a key tells which replica ran the call.
+        self.replica_tag = secrets.token_hex(4) if self.records is not None else ""
+        self._settling: set[asyncio.Task[None]] = set()
         self.modern = ModernPosts(gateway, self.admission, self.answers, self.quotas, self._place_for)
         self._reaper: asyncio.Task[None] | None = None
         # The web console at /admin: the same authenticator logs a browser in, Cedar decides, the policy audits.
@@ -156,6 +160,21 @@ class HttpFrontend:
                     log.warning("session %s… ended here, but the shared state could not be told: %s",
                                 session.id[:8], exc)
         await session.close()
+
+    def settled(self, session: LegacySession, stream_key: str) -> None:
+        """A call recorded as pending was answered (or given up): its record goes, in the background."""
+        if self.records is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._forget_pending(self.records, session.id, stream_key))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    @staticmethod
+    async def _forget_pending(records: SessionRecords, session_id: str, stream_key: str) -> None:
+        try:
+            await records.answered(session_id, stream_key)
+        except StateUnavailable as exc:  # it expires with the session's idle timeout
+            log.warning("session %s…: could not record that a call was answered: %s", session_id[:8], exc)
 
     async def _drop_sessions_ended_elsewhere(self, records: SessionRecords) -> None:
         """A session DELETEd on another replica: this replica's copy goes too (what it still runs is cancelled)."""
@@ -434,7 +453,18 @@ class HttpFrontend:
             session.abandon(exchange)  # a request that failed to start holds neither its id nor its server's slot
             raise
         await self.answers.answer(exchange, receive, send, session_header, lambda: session.abandon(exchange),
-                           detach=detach, forget=lambda: session.forget(exchange))
+                                  detach=detach, forget=lambda: session.forget(exchange),
+                                  streaming=self._pending(session, exchange) if self.records is not None else None)
+
+    def _pending(self, session: LegacySession, exchange: Exchange) -> Callable[[], Awaitable[None]]:
+        async def record() -> None:
+            assert self.records is not None and exchange.stream_key is not None
+            try:
+                await self.records.pending(session.id, exchange.stream_key, exchange.request_id)
+                exchange.pending = True
+            except StateUnavailable as exc:
+                log.warning("session %s…: a call's stream is not recorded for other replicas: %s", session.id[:8], exc)
+        return record
 
 
     async def _get(self, headers: dict[str, str], identity: Identity, receive: Receive, send: Send) -> None:
@@ -449,6 +479,14 @@ class HttpFrontend:
         session = await self._session(session_id, identity, headers)
         resume = headers.get("last-event-id", "")
         if "." in resume:  # the id of a call's answer stream (the GET stream's ids are plain numbers)
+            key, _, after = resume.partition(".")
+            if key not in session.resumable and self.records is not None and event_number(after) is not None:
+                lost, request_id = await self.records.lost(session.id, key)
+                if lost:
+                    log.info("session %s…: request %r's stream was resumed here; the replica running it stopped",
+                             session.id[:8], request_id)
+                    await self.answers.answer_lost(session, key, request_id, event_number(after) or 0, send)
+                    return
             await self.answers.resume(session, resume, receive, send)
             return
         if session.get_stream is not None:

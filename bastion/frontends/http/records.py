@@ -39,6 +39,7 @@ from bastion.state import StateStore
 log = logging.getLogger("bastion.http")
 
 RECORD_KEY = "http-session:"
+PENDING_KEY = "http-session-pending:"  # the calls of a session whose answer is a resumable stream, by stream key
 ENDED_KEY = "http-session-ended:"  # who ended a session: exactly one replica gives its quota back
 ENDED_CHANNEL = "http-session-ended"  # the ids of sessions ended, for the replicas holding a copy
 # What secrets.token_urlsafe(24) makes: an id of any other shape was never made here, and is looked up nowhere (a
@@ -176,11 +177,30 @@ class SessionRecords:
     async def exists(self, session_id: str) -> bool:
         return await self.store.recorded(RECORD_KEY + session_id)
 
+    # ------------------------------------------------------------------ calls whose answer is a stream
+    async def pending(self, session_id: str, stream_key: str, request_id: Any) -> None:
+        """A call's answer became a resumable stream on this replica: if the replica stops, the client that resumes
+        the stream on another learns which request's outcome is unknown."""
+        await self.store.map_put(PENDING_KEY + session_id, {stream_key: orjson.dumps(request_id)}, self.idle_timeout)
+
+    async def answered(self, session_id: str, stream_key: str) -> None:
+        await self.store.map_delete(PENDING_KEY + session_id, [stream_key])
+
+    async def lost(self, session_id: str, stream_key: str) -> tuple[bool, Any]:
+        """Whether ``stream_key`` is a call another replica was running for this session, and its request id (taken:
+        the client is told once)."""
+        found = await self.store.map_get(PENDING_KEY + session_id, stream_key)
+        if found is None:
+            return False, None
+        await self.store.map_delete(PENDING_KEY + session_id, [stream_key])
+        return True, orjson.loads(found)
+
     async def end(self, session_id: str) -> bool:
         """End the session everywhere: its record deleted and the replicas told. True for the one caller (of any
         replica) that ended it, which gives its place in the quota back."""
         first = await self.store.claim(ENDED_KEY + session_id, self.idle_timeout)
         await self.store.delete(RECORD_KEY + session_id)
+        await self.store.delete(PENDING_KEY + session_id)
         if first:
             await self.store.publish(ENDED_CHANNEL, session_id.encode())
         return first

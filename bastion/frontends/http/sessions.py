@@ -90,7 +90,7 @@ class LegacySession:
 
     def resumable_exchange(self, request_id: Any, release: Callable[[], None]) -> Exchange:
         """An exchange for a client that accepts SSE, whose answer stream it may resume."""
-        key = f"s{next(self._stream_numbers)}"
+        key = f"s{self._frontend.replica_tag}{next(self._stream_numbers)}"
         exchange = Exchange(request_id, accepts_sse=True, release=release, stream_key=key,
                             replay=self._frontend.settings.replay_events)
         self.resumable[key] = exchange
@@ -114,6 +114,8 @@ class LegacySession:
         self.resuming(exchange)
         if exchange.stream_key is not None and self.resumable.get(exchange.stream_key) is exchange:
             del self.resumable[exchange.stream_key]
+            if exchange.pending:
+                self._frontend.settled(self, exchange.stream_key)
 
     def _expire(self, exchange: Exchange) -> None:
         exchange.expiry = None
