@@ -1,6 +1,6 @@
 """A load balancer of the simplest kind, for tests of replicas: a loopback TCP port whose new connections go to the
 replica it points at now; ``point_at`` another one closes the connections open (as a balancer draining a replica
-does), so that a client's next request lands on the new one."""
+does, unless told not to), so that a client's next request lands on the new one."""
 
 from __future__ import annotations
 
@@ -22,10 +22,12 @@ class Forwarder:
         self.url = f"http://127.0.0.1:{port}"
         return self
 
-    def point_at(self, target: str) -> None:
+    def point_at(self, target: str, *, drain: bool = True) -> None:
+        """New connections go to ``target``; ``drain``: the open ones are closed (else they stay where they are)."""
         self.target = target
-        for writer in list(self._open):
-            writer.close()
+        if drain:
+            for writer in list(self._open):
+                writer.close()
 
     async def close(self) -> None:
         assert self._server is not None

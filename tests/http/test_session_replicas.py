@@ -72,8 +72,8 @@ class Replicas:
     def url(self) -> str:
         return f"{self.balancer.url}/mcp"
 
-    def to(self, replica: Replica) -> None:
-        self.balancer.point_at(replica.base)
+    def to(self, replica: Replica, *, drain: bool = True) -> None:
+        self.balancer.point_at(replica.base, drain=drain)
 
 
 def config(tmp: Path, http: dict[str, Any]) -> GatewayConfig:
@@ -136,10 +136,12 @@ def headers_for(identity: str) -> dict[str, str]:
     return {IDENTITY_HEADER: identity, "accept": "application/json, text/event-stream"}
 
 
-async def initialize(http: httpx2.AsyncClient, url: str, version: str, identity: str = "alice") -> dict[str, str]:
+async def initialize(http: httpx2.AsyncClient, url: str, version: str, identity: str = "alice",
+                     capabilities: dict[str, Any] | None = None) -> dict[str, str]:
     init = await http.post(url, headers=headers_for(identity), json={
         "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": version, "capabilities": {"roots": {}}, "clientInfo": {"name": "raw", "version": "7"}}})
+            "protocolVersion": version, "capabilities": capabilities or {"roots": {}},
+            "clientInfo": {"name": "raw", "version": "7"}}})
     assert init.status_code == 200, init.text
     return {**headers_for(identity), "mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": version}
 
@@ -333,3 +335,34 @@ async def test_a_call_whose_replica_stopped_is_answered_on_resume_with_an_unknow
         assert again.status_code == 400
         ping = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 42, "method": "ping"})
         assert answer(ping) == {"jsonrpc": "2.0", "id": 42, "result": {}}
+
+
+async def test_the_answer_to_a_replicas_question_posted_to_another_replica_reaches_it(replicas: Replicas) -> None:
+    async with fresh_connections() as http:
+        headers = await initialize(http, replicas.url, "2025-11-25", capabilities={"sampling": {}})
+        await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        frames = []
+        async with http.stream("POST", replicas.url, headers=headers, json={
+                "jsonrpc": "2.0", "id": 51, "method": "tools/call",
+                "params": {"name": f"{SERVER}__test_sampling", "arguments": {"prompt": "hello"}}}) as call:
+            lines = call.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: {"):
+                    frame = json.loads(line[6:])
+                    if frame.get("method") == "sampling/createMessage":
+                        break
+            assert frame.get("method") == "sampling/createMessage", frame
+            # The client's answer goes through the balancer, which now sends new connections to B.
+            replicas.to(replicas.b, drain=False)
+            async with fresh_connections() as other:
+                relayed = await other.post(replicas.url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": frame["id"], "result": {
+                        "role": "assistant", "content": {"type": "text", "text": "from the client"},
+                        "model": "m"}})
+                assert relayed.status_code == 202, relayed.text
+            async for line in lines:  # the call's stream, still on A, gets the call's answer
+                if line.startswith("data: {"):
+                    frames.append(json.loads(line[6:]))
+                    if frames[-1].get("id") == 51:
+                        break
+        assert frames[-1]["result"]["content"][0]["text"] == "LLM response: from the client"

@@ -408,6 +408,13 @@ class HttpFrontend:
         await records.save(session.id, record)
         session.saved, session.saved_at = record, time.monotonic()
 
+    def _answers_another_replica(self, session: LegacySession, answered: Any) -> bool:
+        """Whether a client's answer is to a request of Bastion's that another replica sent (its id is Bastion's,
+        not this replica's)."""
+        protocol = session.connection.protocol
+        return (self.records is not None and isinstance(answered, str) and answered.startswith("bastion-")
+                and not answered.startswith(protocol.outgoing_prefix) and not protocol.expects(answered))
+
     async def _save_if_changed(self, session: LegacySession) -> None:
         """Write the record when what another replica needs changed (the handshake, initialized, the log level)."""
         if self.records is not None and not session.closing and session.record() != session.saved:
@@ -421,6 +428,11 @@ class HttpFrontend:
     async def _legacy_post(self, session: LegacySession, body: bytes, decoded: dict[str, Any], top: Peeked,
                            headers: dict[str, str], receive: Receive, send: Send) -> None:
         session_header = ((b"mcp-session-id", session.id.encode()),)
+        if top.kind == "response" and self._answers_another_replica(session, top.id):
+            assert self.records is not None
+            await self.records.relay_answer(session.id, body)
+            await empty_response(send, 202, session_header)
+            return
         if top.kind != "request":
             session.feed(body, decoded=decoded)
             await self._save_if_changed(session)

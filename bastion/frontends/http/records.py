@@ -26,7 +26,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import orjson
 from cryptography.exceptions import InvalidTag
@@ -40,6 +40,8 @@ log = logging.getLogger("bastion.http")
 
 RECORD_KEY = "http-session:"
 PENDING_KEY = "http-session-pending:"  # the calls of a session whose answer is a resumable stream, by stream key
+ANSWERS_KEY = "http-session-answers:"  # the client's answers to one replica's requests, POSTed to another
+ANSWERS_KEPT = 64
 ENDED_KEY = "http-session-ended:"  # who ended a session: exactly one replica gives its quota back
 ENDED_CHANNEL = "http-session-ended"  # the ids of sessions ended, for the replicas holding a copy
 # What secrets.token_urlsafe(24) makes: an id of any other shape was never made here, and is looked up nowhere (a
@@ -195,12 +197,35 @@ class SessionRecords:
         await self.store.map_delete(PENDING_KEY + session_id, [stream_key])
         return True, orjson.loads(found)
 
+    # ------------------------------------------------------------------ answers to another replica's requests
+    async def relay_answer(self, session_id: str, frame: bytes) -> None:
+        """The client answered, here, a request another replica sent it (sampling, elicitation, roots): kept for
+        that replica in the session's log of answers, and that replica woken."""
+        await self.store.append(ANSWERS_KEY + session_id, frame, keep=ANSWERS_KEPT, seconds=self.idle_timeout)
+        await self.store.publish(ANSWERS_KEY + session_id, b"")
+
+    async def answers(self, session_id: str) -> AsyncIterator[bytes]:
+        """The answers relayed for this session by other replicas, from those already kept, as they come."""
+        nudges = await self.store.subscribe(ANSWERS_KEY + session_id)
+        try:
+            seen = 0
+            waiting = aiter(nudges)
+            while True:
+                _, entries = await self.store.read_after(ANSWERS_KEY + session_id, seen)
+                for number, frame in entries:
+                    seen = number
+                    yield frame
+                await anext(waiting)
+        finally:
+            await nudges.aclose()
+
     async def end(self, session_id: str) -> bool:
         """End the session everywhere: its record deleted and the replicas told. True for the one caller (of any
         replica) that ended it, which gives its place in the quota back."""
         first = await self.store.claim(ENDED_KEY + session_id, self.idle_timeout)
         await self.store.delete(RECORD_KEY + session_id)
         await self.store.delete(PENDING_KEY + session_id)
+        await self.store.delete(ANSWERS_KEY + session_id)
         if first:
             await self.store.publish(ENDED_CHANNEL, session_id.encode())
         return first

@@ -15,10 +15,11 @@ import orjson
 from bastion.frontends.connection import ClientConnection
 from bastion.frontends.http.exchanges import Exchange, answer_to
 from bastion.frontends.http.quotas import Holder
-from bastion.frontends.http.records import SessionRecord, caller_of
+from bastion.frontends.http.records import SessionRecord, SessionRecords, caller_of
 from bastion.frontends.http.streams import ReplayLog, SseStream, sse_event
 from bastion.model import Identity
-from bastion.protocol.jsonrpc import Notification, Outgoing, is_valid_id
+from bastion.protocol.jsonrpc import Notification, Outgoing, Request, is_valid_id
+from bastion.state import StateUnavailable
 
 if TYPE_CHECKING:
     from bastion.frontends.http.app import HttpFrontend
@@ -56,6 +57,9 @@ class LegacySession:
         # refreshed every few seconds while the session is used.
         self.saved: SessionRecord | None = None
         self.saved_at = 0.0
+        self._relayed: asyncio.Task[None] | None = None  # answers to this replica's requests POSTed to another
+        if frontend.records is not None:
+            self.connection.protocol.outgoing_prefix = f"bastion-{frontend.replica_tag}-"
         if restored is not None:
             record = restored[1]
             self.connection.restore(record.protocol_version, record.client_capabilities, record.client_info,
@@ -149,6 +153,9 @@ class LegacySession:
             if exchange is not None:
                 exchange.deliver(frame, False)
                 return
+        if type(message) is Request and self._relayed is None and self._frontend.records is not None:
+            # The client may answer on another replica: from now on this one listens for what it relays.
+            self._relayed = asyncio.get_running_loop().create_task(self._take_relayed(self._frontend.records))
         if self.get_stream is None:
             # A client with no GET stream open still hears a question while its call waits, on that call's stream.
             streaming = [e for e in self.exchanges.values() if e.accepts_sse]
@@ -183,6 +190,19 @@ class LegacySession:
             self._forget_progress(exchange)
             exchange.withdraw()
 
+    async def _take_relayed(self, records: "SessionRecords") -> None:
+        try:
+            async for frame in records.answers(self.id):
+                try:
+                    answered = orjson.loads(frame).get("id")
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue
+                if self.connection.protocol.expects(answered):
+                    self.feed(frame)
+        except StateUnavailable as exc:
+            log.warning("session %s…: answers given on other replicas cannot reach this one: %s", self.id[:8], exc)
+            self._relayed = None  # the next request to the client tries again
+
     def _close_soon(self) -> None:
         asyncio.get_running_loop().create_task(self._frontend.end_session(self))
 
@@ -190,6 +210,8 @@ class LegacySession:
         if self.closing:
             return
         self.closing = True
+        if self._relayed is not None:
+            self._relayed.cancel()
         for exchange in list(self.resumable.values()):
             self.resuming(exchange)
         self.resumable.clear()
