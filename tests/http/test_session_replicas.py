@@ -366,3 +366,46 @@ async def test_the_answer_to_a_replicas_question_posted_to_another_replica_reach
                     if frames[-1].get("id") == 51:
                         break
         assert frames[-1]["result"]["content"][0]["text"] == "LLM response: from the client"
+
+
+async def test_a_get_stream_open_on_one_replica_hears_another_and_resumes_on_either(replicas: Replicas) -> None:
+    """Messages for the GET stream go through the session's log in the store: a stream open on B hears what A's
+    copy of the session sends, numbered there, and a client resuming with Last-Event-ID on A gets what it missed."""
+    a, b = f"{replicas.a.base}/mcp", f"{replicas.b.base}/mcp"
+    async with fresh_connections() as http:
+        headers = await initialize(http, a, "2025-11-25")
+        await http.post(a, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        json_only = {**headers, "accept": "application/json"}  # so that the call's logs go to the GET stream
+        heard: list[tuple[int, dict[str, Any]]] = []
+        async with http.stream("GET", b, headers={**headers, "accept": "text/event-stream"}) as stream:
+            assert stream.status_code == 200
+            call = asyncio.ensure_future(http.post(a, headers=json_only, json={
+                "jsonrpc": "2.0", "id": 61, "method": "tools/call",
+                "params": {"name": f"{SERVER}__test_tool_with_logging", "arguments": {}}}))
+            event_id = None
+            async for line in stream.aiter_lines():
+                if line.startswith("id: "):
+                    event_id = int(line[4:])
+                elif line.startswith("data: {") and event_id is not None:
+                    frame = json.loads(line[6:])
+                    if frame.get("method") == "notifications/message":  # (a list change may come first)
+                        heard.append((event_id, frame))
+                        break  # the client's GET stream drops after the call's first message
+        assert heard and heard[0][1]["method"] == "notifications/message"
+        answered = await call
+        assert answered.json()["result"]["content"][0]["text"] == "Tool with logging executed successfully"
+        # Back on A with the last id it saw: the rest of the call's messages, none twice.
+        async with http.stream("GET", a, headers={**headers, "accept": "text/event-stream",
+                                                  "last-event-id": str(heard[0][0])}) as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("id: "):
+                    event_id = int(line[4:])
+                elif line.startswith("data: {"):
+                    frame = json.loads(line[6:])
+                    if frame.get("method") == "notifications/message":
+                        heard.append((event_id, frame))
+                        if len(heard) == 3:
+                            break
+        numbers = [number for number, _ in heard]
+        assert numbers == sorted(set(numbers)), numbers  # in order, none twice
+        assert len({json.dumps(frame["params"]) for _, frame in heard}) == 3

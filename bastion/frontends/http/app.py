@@ -503,6 +503,9 @@ class HttpFrontend:
             return
         if session.get_stream is not None:
             session.get_stream.finish()  # a client that reconnects may not have been seen to leave; the new one wins
+        if self.records is not None:
+            await self._shared_get_stream(self.records, session, event_number(resume), receive, send)
+            return
         start = event_number(resume)
         if start is None:
             start = session.outbox.delivered
@@ -520,6 +523,41 @@ class HttpFrontend:
             if session.get_stream is stream:
                 session.get_stream = None
             session.last_seen = time.monotonic()
+
+    async def _shared_get_stream(self, records: SessionRecords, session: LegacySession, start: int | None,
+                                 receive: Receive, send: Send) -> None:
+        """The GET stream of a session replicas share: its messages come from the session's log in the store, where
+        every replica puts them, numbered there; ``Last-Event-ID`` resumes after that number on any replica, and
+        without one the stream begins with what comes next."""
+        if start is None:
+            start = await records.newest_event(session.id)
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+                           headers=((b"mcp-session-id", session.id.encode()),),
+                           notice=self.answers.overflow_notice("messages after it were dropped; open the stream again"))
+        if session.streams_resumable:
+            stream.push(priming_event(str(start), RETRY_MS))
+        session.get_stream = stream
+        feeder = asyncio.ensure_future(self._feed_from_store(records, session, stream, start))
+        try:
+            await self.answers.stream_until_gone(stream, receive)
+        finally:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
+            if session.get_stream is stream:
+                session.get_stream = None
+            session.last_seen = time.monotonic()
+
+    @staticmethod
+    async def _feed_from_store(records: SessionRecords, session: LegacySession, stream: SseStream,
+                               after: int) -> None:
+        try:
+            async for number, frame in records.events(session.id, after):
+                if not stream.push(sse_event(frame, str(number)), number):
+                    return
+        except StateUnavailable as exc:
+            log.warning("session %s…: its GET stream ends, the shared state cannot be reached: %s",
+                        session.id[:8], exc)
+            stream.finish()
 
     async def _delete(self, headers: dict[str, str], identity: Identity, send: Send) -> None:
         session_id = headers.get("mcp-session-id")

@@ -40,6 +40,7 @@ log = logging.getLogger("bastion.http")
 
 RECORD_KEY = "http-session:"
 PENDING_KEY = "http-session-pending:"  # the calls of a session whose answer is a resumable stream, by stream key
+EVENTS_KEY = "http-session-events:"  # the messages of a session's GET stream, numbered, for any replica to stream
 ANSWERS_KEY = "http-session-answers:"  # the client's answers to one replica's requests, POSTed to another
 ANSWERS_KEPT = 64
 ENDED_KEY = "http-session-ended:"  # who ended a session: exactly one replica gives its quota back
@@ -197,6 +198,31 @@ class SessionRecords:
         await self.store.map_delete(PENDING_KEY + session_id, [stream_key])
         return True, orjson.loads(found)
 
+    # ------------------------------------------------------------------ the GET stream's events
+    async def add_event(self, session_id: str, frame: bytes, keep: int) -> None:
+        """A message for the session's GET stream, wherever it is open: numbered in the session's log (the last
+        ``keep`` kept, for ``Last-Event-ID``), and the replicas streaming it woken."""
+        await self.store.append(EVENTS_KEY + session_id, frame, keep=max(keep, 1), seconds=self.idle_timeout)
+        await self.store.publish(EVENTS_KEY + session_id, b"")
+
+    async def newest_event(self, session_id: str) -> int:
+        _, entries = await self.store.read_after(EVENTS_KEY + session_id, 0)
+        return entries[-1][0] if entries else 0
+
+    async def events(self, session_id: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        """The session's GET stream messages numbered after ``after`` (those kept), then each as it comes."""
+        nudges = await self.store.subscribe(EVENTS_KEY + session_id)
+        try:
+            waiting = aiter(nudges)
+            while True:
+                _, entries = await self.store.read_after(EVENTS_KEY + session_id, after)
+                for number, frame in entries:
+                    after = number
+                    yield number, frame
+                await anext(waiting)
+        finally:
+            await nudges.aclose()
+
     # ------------------------------------------------------------------ answers to another replica's requests
     async def relay_answer(self, session_id: str, frame: bytes) -> None:
         """The client answered, here, a request another replica sent it (sampling, elicitation, roots): kept for
@@ -226,6 +252,7 @@ class SessionRecords:
         await self.store.delete(RECORD_KEY + session_id)
         await self.store.delete(PENDING_KEY + session_id)
         await self.store.delete(ANSWERS_KEY + session_id)
+        await self.store.delete(EVENTS_KEY + session_id)
         if first:
             await self.store.publish(ENDED_CHANNEL, session_id.encode())
         return first

@@ -58,6 +58,8 @@ class LegacySession:
         self.saved: SessionRecord | None = None
         self.saved_at = 0.0
         self._relayed: asyncio.Task[None] | None = None  # answers to this replica's requests POSTed to another
+        self._shared_out: asyncio.Queue[bytes] | None = None  # GET stream messages on their way to the store
+        self._sharing: asyncio.Task[None] | None = None
         if frontend.records is not None:
             self.connection.protocol.outgoing_prefix = f"bastion-{frontend.replica_tag}-"
         if restored is not None:
@@ -162,9 +164,32 @@ class LegacySession:
             if streaming:
                 streaming[-1].deliver(frame, False)
                 return
+        if self._frontend.records is not None:
+            self._share(frame)
+            return
         seq = self.outbox.record(frame)
         if self.get_stream is not None:
             self.get_stream.push(sse_event(frame, str(seq)), seq)
+
+    def _share(self, frame: bytes) -> None:
+        """A message for the GET stream, which may be open on any replica: through the session's log in the store,
+        in order (one writer per session)."""
+        if self._shared_out is None:
+            self._shared_out = asyncio.Queue()
+            self._sharing = asyncio.get_running_loop().create_task(self._write_shared(self._shared_out))
+        self._shared_out.put_nowait(frame)
+
+    async def _write_shared(self, frames: "asyncio.Queue[bytes]") -> None:
+        records = self._frontend.records
+        assert records is not None
+        while True:
+            frame = await frames.get()
+            try:
+                await records.add_event(self.id, frame, self._frontend.settings.replay_events)
+            except StateUnavailable as exc:
+                log.warning("session %s…: a message for its GET stream could not be shared: %s", self.id[:8], exc)
+                if self.get_stream is not None:  # a stream open here still gets it, without an id to resume at
+                    self.get_stream.push(sse_event(frame))
 
     def _forget_progress(self, exchange: Exchange) -> None:
         for token in [t for t, e in self.progress.items() if e is exchange]:
@@ -210,8 +235,9 @@ class LegacySession:
         if self.closing:
             return
         self.closing = True
-        if self._relayed is not None:
-            self._relayed.cancel()
+        for task in (self._relayed, self._sharing):
+            if task is not None:
+                task.cancel()
         for exchange in list(self.resumable.values()):
             self.resuming(exchange)
         self.resumable.clear()
