@@ -409,3 +409,41 @@ async def test_a_get_stream_open_on_one_replica_hears_another_and_resumes_on_eit
         numbers = [number for number, _ in heard]
         assert numbers == sorted(set(numbers)), numbers  # in order, none twice
         assert len({json.dumps(frame["params"]) for _, frame in heard}) == 3
+
+
+async def test_a_listen_stream_stays_on_its_replica_while_the_clients_requests_go_to_another(
+        replicas: Replicas) -> None:
+    """2026-07-28: the client's listen stream is held by A, its other requests are served by B (each request
+    stands alone); what A's servers announce still reaches the stream on A. (What B's servers announce reaches B's
+    listen streams only: docs/http.md, Sessions across replicas.)"""
+    from tests.http.test_listen import modern_headers
+    from tests.http.test_sdk_clients import MODERN_META
+
+    async with fresh_connections() as http:
+        listen = {"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
+                  "params": {"notifications": {"toolsListChanged": True}, "_meta": MODERN_META}}
+        async with http.stream("POST", replicas.url, headers=modern_headers("subscriptions/listen"),
+                               json=listen) as stream:
+            lines = stream.aiter_lines()
+
+            async def next_message() -> dict:
+                async for line in lines:
+                    if line.startswith("data: "):
+                        return json.loads(line[6:])
+                raise AssertionError("the listen stream ended")
+
+            assert (await next_message())["method"] == "notifications/subscriptions/acknowledged"
+            replicas.to(replicas.b, drain=False)  # the stream stays on A; the client's next requests reach B
+            listed = await http.post(replicas.url, headers=modern_headers("tools/list"), json={
+                "jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": MODERN_META}})
+            assert TEXT_TOOL in {tool["name"] for tool in listed.json()["result"]["tools"]}
+            assert replicas.b.frontend.modern.connections == set()  # served and gone: nothing held on B
+            # A's server changes its list (another client's call on A): the stream on A says so.
+            tool = f"{SERVER}__test_add_dynamic_tool"
+            added = await http.post(f"{replicas.a.base}/mcp", headers=modern_headers("tools/call", tool), json={
+                "jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+                    "name": tool, "arguments": {}, "_meta": MODERN_META}})
+            assert "result" in added.json()
+            changed = await next_message()
+            assert changed["method"] == "notifications/tools/list_changed"
+            assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen-1"
