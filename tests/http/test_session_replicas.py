@@ -24,9 +24,11 @@ from bastion.frontends.http.app import HttpFrontend
 from bastion.frontends.http.quotas import Holder
 from bastion.frontends.http.records import RECORD_KEY, KeyRing, SessionRecord, SessionRecords
 from bastion.state import MemoryStore
+from bastion.state.redis_store import RedisStore
 from tests.auth.test_resource_server_frontend import serve
 from tests.http.conftest import IDENTITY_HEADER, SERVER
 from tests.http.forwarder import Forwarder
+from tests.redis_server import RedisServer, redis_available
 from tests.support import FIXTURES, READY_TIMEOUT
 
 TEXT_TOOL = f"{SERVER}__test_simple_text"
@@ -84,8 +86,9 @@ def config(tmp: Path, http: dict[str, Any]) -> GatewayConfig:
 
 
 async def start_replicas(tmp: Path, *, shared: bool = True, http: dict[str, Any] | None = None,
-                         keys: tuple[KeyRing | None, KeyRing | None] | None = None) -> AsyncIterator[Replicas]:
-    store = CountingStore(shared)
+                         keys: tuple[KeyRing | None, KeyRing | None] | None = None,
+                         store: Any = None) -> AsyncIterator[Replicas]:
+    store = store or CountingStore(shared)
     ring = KeyRing([secrets.token_bytes(32)])
     keys = keys or (ring, ring)
     settings = {"identity_header": IDENTITY_HEADER, **(http or {})}
@@ -447,3 +450,42 @@ async def test_a_listen_stream_stays_on_its_replica_while_the_clients_requests_g
             changed = await next_message()
             assert changed["method"] == "notifications/tools/list_changed"
             assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen-1"
+
+
+@pytest.mark.skipif(not redis_available(), reason="redis-server is not installed (scripts/setup.sh)")
+async def test_with_redis_gone_a_replica_serves_its_own_copies_refuses_what_needs_redis_and_recovers(
+        tmp_path: Path) -> None:
+    redis = RedisServer().start()
+    store = RedisStore(redis.url, key_prefix=f"t{secrets.token_hex(4)}:", timeout=1)
+    try:
+        async for replicas in start_replicas(tmp_path, store=store):
+            async with fresh_connections() as http:
+                headers = await initialize(http, replicas.url, "2025-11-25")
+                await http.post(replicas.url, headers=headers, json={
+                    "jsonrpc": "2.0", "method": "notifications/initialized"})
+                redis.stop()
+                # A's own copy, its refresh due: served, the refresh tried and given up for now.
+                replicas.a.frontend.sessions[headers["mcp-session-id"]].saved_at = 0.0
+                ping = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+                assert answer(ping) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+                # What needs Redis is refused, saying why: a new session (its quota), a session taken up on B.
+                refused = await http.post(replicas.url, headers=headers_for("bob"), json={
+                    "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "r", "version": "1"}}})
+                assert refused.status_code == 503 and "cannot be" in refused.json()["error"]["message"]
+                replicas.to(replicas.b)
+                elsewhere = await http.post(replicas.url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": 2, "method": "ping"})
+                assert elsewhere.status_code == 503
+                assert "shared state cannot be reached" in elsewhere.json()["error"]["message"]
+                # Redis back, no replica restarted: B answers from the store again (the session, or, if this Redis
+                # kept nothing over its restart, an unknown session), and a new session moves between them.
+                redis.start()
+                after = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 3, "method": "ping"})
+                assert after.status_code in (200, 404), after.text
+                fresh = await initialize(http, replicas.url, "2025-11-25", identity="bob")
+                replicas.to(replicas.a)
+                moved = await http.post(replicas.url, headers=fresh, json={"jsonrpc": "2.0", "id": 4, "method": "ping"})
+                assert answer(moved) == {"jsonrpc": "2.0", "id": 4, "result": {}}
+    finally:
+        redis.close()

@@ -397,11 +397,15 @@ class HttpFrontend:
         """Keep a session in use alive in the store; one whose record is gone was ended on another replica (or
         expired there): this copy ends too, and the request is answered as for an unknown session."""
         session.saved_at = time.monotonic()
-        if not await records.exists(session.id):
-            await self.end_session(session, everywhere=False)
-            raise HttpError(404, -32600, UNKNOWN_SESSION)
-        await self._save(records, session)
-        await self.quotas.refresh(session.holder)
+        try:
+            if not await records.exists(session.id):
+                await self.end_session(session, everywhere=False)
+                raise HttpError(404, -32600, UNKNOWN_SESSION)
+            await self._save(records, session)
+            await self.quotas.refresh(session.holder)
+        except StateUnavailable as exc:
+            # This replica's copy goes on serving its client; the next refresh tries again.
+            log.warning("session %s…: its record could not be refreshed: %s", session.id[:8], exc)
 
     async def _save(self, records: SessionRecords, session: LegacySession) -> None:
         record = session.record()
