@@ -192,7 +192,7 @@ class HttpFrontend:
             except StateUnavailable as exc:
                 # Until the store is back, a copy here lasts until its next refresh finds its record gone.
                 log.warning("not told of sessions ended on other replicas: %s", exc)
-                await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # then listen again (a subscription that ended, or the store back)
 
     def _holder(self, identity: Identity, peer: str) -> Holder:
         return holder_of(identity, peer, authenticated=self.auth.required, settings=self.settings)
@@ -561,7 +561,7 @@ class HttpFrontend:
         except StateUnavailable as exc:
             log.warning("session %s…: its GET stream ends, the shared state cannot be reached: %s",
                         session.id[:8], exc)
-            stream.finish()
+        stream.finish()  # the client reconnects with Last-Event-ID, on whichever replica
 
     async def _delete(self, headers: dict[str, str], identity: Identity, send: Send) -> None:
         session_id = headers.get("mcp-session-id")

@@ -219,7 +219,10 @@ class SessionRecords:
                 for number, frame in entries:
                     after = number
                     yield number, frame
-                await anext(waiting)
+                try:
+                    await anext(waiting)
+                except StopAsyncIteration:  # the subscription ended (the store closed): so does this
+                    return
         finally:
             await nudges.aclose()
 
@@ -241,7 +244,10 @@ class SessionRecords:
                 for number, frame in entries:
                     seen = number
                     yield frame
-                await anext(waiting)
+                try:
+                    await anext(waiting)
+                except StopAsyncIteration:  # the subscription ended (the store closed): so does this
+                    return
         finally:
             await nudges.aclose()
 

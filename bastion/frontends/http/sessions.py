@@ -226,7 +226,8 @@ class LegacySession:
                     self.feed(frame)
         except StateUnavailable as exc:
             log.warning("session %s…: answers given on other replicas cannot reach this one: %s", self.id[:8], exc)
-            self._relayed = None  # the next request to the client tries again
+        finally:
+            self._relayed = None  # the next request to the client listens again
 
     def _close_soon(self) -> None:
         asyncio.get_running_loop().create_task(self._frontend.end_session(self))
