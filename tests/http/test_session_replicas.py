@@ -78,16 +78,17 @@ class Replicas:
         self.balancer.point_at(replica.base, drain=drain)
 
 
-def config(tmp: Path, http: dict[str, Any]) -> GatewayConfig:
+def config(tmp: Path, http: dict[str, Any], era: str | None = None) -> GatewayConfig:
     return GatewayConfig.model_validate({
         "policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT, "http": http,
         "servers": {SERVER: {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")],
+                             **({"era": era} if era is not None else {}),
                              "env": {"FIXTURE_EVENTS": str(tmp / "events.log")}, "sandbox": {"writable": [str(tmp)]}}}})
 
 
 async def start_replicas(tmp: Path, *, shared: bool = True, http: dict[str, Any] | None = None,
                          keys: tuple[KeyRing | None, KeyRing | None] | None = None,
-                         store: Any = None) -> AsyncIterator[Replicas]:
+                         store: Any = None, era: str | None = None) -> AsyncIterator[Replicas]:
     store = store or CountingStore(shared)
     ring = KeyRing([secrets.token_bytes(32)])
     keys = keys or (ring, ring)
@@ -95,7 +96,7 @@ async def start_replicas(tmp: Path, *, shared: bool = True, http: dict[str, Any]
     started: list[tuple[Any, Any, Any, Replica]] = []
     try:
         for key_ring in keys:
-            gateway = build_gateway(config(tmp, settings))
+            gateway = build_gateway(config(tmp, settings, era))
             gateway.state = store
             gateway.start()
             frontend = HttpFrontend(gateway, HttpConfig(**settings), bound_to_loopback=True, session_keys=key_ring)
@@ -489,3 +490,23 @@ async def test_with_redis_gone_a_replica_serves_its_own_copies_refuses_what_need
                 assert answer(moved) == {"jsonrpc": "2.0", "id": 4, "result": {}}
     finally:
         redis.close()
+
+
+async def test_a_2026_retry_with_input_responses_landing_on_another_replica_continues_the_call(
+        tmp_path: Path) -> None:
+    """A handshake-era server asks for sampling during a 2026-07-28 client's call on A: the client is answered
+    input_required, and its retry (inputResponses, requestState) reaches B, which relays it to A, where the call
+    waits; the call's answer comes back through B."""
+    from mcp.types import CreateMessageResult, TextContent
+
+    async for replicas in start_replicas(tmp_path, era="legacy"):
+        async def on_sampling(context: Any, params: Any) -> CreateMessageResult:
+            replicas.to(replicas.b)  # the retry that carries this answer lands on B
+            return CreateMessageResult(role="assistant", content=TextContent(type="text", text="four"), model="m")
+
+        http = fresh_connections(headers={IDENTITY_HEADER: "alice"})
+        async with Client(streamable_http_client(replicas.url, http_client=http), mode="2026-07-28",
+                          sampling_callback=on_sampling) as client:
+            result = await client.call_tool(f"{SERVER}__test_sampling", {"prompt": "2+2?"})
+        assert [block.text for block in result.content] == ["LLM response: four"]
+        assert replicas.balancer.target == replicas.b.base

@@ -28,6 +28,7 @@ from bastion.frontends.http.admission import Admission, nothing
 from bastion.frontends.http.answers import RETRY_MS, Answers
 from bastion.frontends.http.exchanges import Exchange, Peeked
 from bastion.frontends.http.guards import accepts
+from bastion.frontends.http.input_relay import InputRelay
 from bastion.frontends.http.modern import ModernPosts
 from bastion.frontends.http.quotas import Held, Holder, SessionQuotas, holder_of
 from bastion.frontends.http.records import ENDED_CHANNEL, KeyRing, SessionRecords
@@ -107,6 +108,7 @@ class HttpFrontend:
             log.warning("the state store is shared, but http.session_key_files is empty: a handshake-era session "
                         "continues only on the replica that made it (a load balancer must keep each client on one)")
         self._ended_elsewhere: asyncio.Task[None] | None = None
+        self._relaying: asyncio.Task[None] | None = None  # retries of 2026-07-28 calls held here, from other replicas
         # Answer streams' keys begin with it where replicas share sessions: a key tells which replica ran the call.
         self.replica_tag = secrets.token_hex(4) if self.records is not None else ""
         self._settling: set[asyncio.Task[None]] = set()
@@ -130,11 +132,13 @@ class HttpFrontend:
         self._reaper = loop.create_task(self._reap_idle_sessions())
         if self.records is not None:
             self._ended_elsewhere = loop.create_task(self._drop_sessions_ended_elsewhere(self.records))
+            relay = self.modern.relay = InputRelay(self.records.store, self.records.keys)
+            self._relaying = loop.create_task(relay.serve(self.gateway.inputs.holds, self.modern.run_relayed))
 
     async def stop(self) -> None:
         """End every stream and session, cancelling what they have in flight. Sessions other replicas may continue
         are only let go here (their records stay)."""
-        for task in (self._reaper, self._ended_elsewhere):
+        for task in (self._reaper, self._ended_elsewhere, self._relaying):
             if task is not None:
                 task.cancel()
         for stream in list(self.answers.streams):
