@@ -29,7 +29,7 @@ TEXT_TOOL = f"{SERVER}__test_simple_text"
 TEXT = "This is a simple text response for testing."
 
 
-def replica(tmp: Path, name: str, redis: RedisServer, key: Path, prefix: str) -> Served:
+def replica(tmp: Path, name: str, redis: RedisServer, key: Path, prefix: str, era: str = "legacy") -> Served:
     folder = tmp / name
     folder.mkdir()
     config = folder / "bastion.json"
@@ -37,7 +37,7 @@ def replica(tmp: Path, name: str, redis: RedisServer, key: Path, prefix: str) ->
         "policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT,
         "http": {"identity_header": IDENTITY_HEADER, "session_key_files": [str(key)]},
         "state": {"url": redis.url, "key_prefix": prefix},
-        "servers": {SERVER: {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")],
+        "servers": {SERVER: {"command": sys.executable, "args": [str(FIXTURES / "sdk_server.py")], "era": era,
                              "env": {"FIXTURE_EVENTS": str(tmp / "events.log")}, "request_timeout": 900,
                              "sandbox": {"writable": [str(tmp)]}}}}))
     return serve_config(config, folder, tmp / "events.log")
@@ -116,3 +116,22 @@ async def test_a_replica_killed_mid_call_leaves_its_client_an_unknown_outcome_no
         assert (await http.delete(url, headers=headers)).status_code == 200
         gone = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 11, "method": "ping"})
         assert gone.status_code == 404
+
+
+async def test_a_2026_retry_landing_on_the_other_real_replica_continues_the_call(
+        pair: tuple[Served, Served, Forwarder]) -> None:
+    from mcp.types import CreateMessageResult, TextContent
+
+    a, b, balancer = pair
+
+    async def on_sampling(context: Any, params: Any) -> CreateMessageResult:
+        balancer.point_at(b.base)  # the retry carrying this answer lands on B
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text="four"), model="m")
+
+    http = httpx2.AsyncClient(headers={IDENTITY_HEADER: "alice"}, timeout=httpx2.Timeout(120, read=300),
+                              limits=httpx2.Limits(max_keepalive_connections=0))
+    async with Client(streamable_http_client(f"{balancer.url}/mcp", http_client=http), mode="2026-07-28",
+                      sampling_callback=on_sampling) as session:
+        result = await session.call_tool(f"{SERVER}__test_sampling", {"prompt": "2+2?"})
+    assert [block.text for block in result.content] == ["LLM response: four"]
+    assert balancer.target == b.base
