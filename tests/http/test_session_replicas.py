@@ -510,3 +510,21 @@ async def test_a_2026_retry_with_input_responses_landing_on_another_replica_cont
             result = await client.call_tool(f"{SERVER}__test_sampling", {"prompt": "2+2?"})
         assert [block.text for block in result.content] == ["LLM response: four"]
         assert replicas.balancer.target == replicas.b.base
+
+
+async def test_a_client_whose_info_would_make_a_huge_record_keeps_its_session_on_its_replica(
+        replicas: Replicas) -> None:
+    async with fresh_connections() as http:
+        init = await http.post(replicas.url, headers=headers_for("alice"), json={
+            "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {"experimental": {"x": "y" * 200_000}},
+                "clientInfo": {"name": "huge", "version": "1"}}})
+        assert init.status_code == 200
+        headers = {**headers_for("alice"), "mcp-session-id": init.headers["mcp-session-id"]}
+        assert await replicas.store.get(RECORD_KEY + headers["mcp-session-id"]) is None
+        replicas.a.frontend.sessions[headers["mcp-session-id"]].saved_at = 0.0  # a refresh due: nothing to refresh
+        ping = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert answer(ping) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+        replicas.to(replicas.b)
+        elsewhere = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert elsewhere.status_code == 404

@@ -31,7 +31,7 @@ from bastion.frontends.http.guards import accepts
 from bastion.frontends.http.input_relay import InputRelay
 from bastion.frontends.http.modern import ModernPosts
 from bastion.frontends.http.quotas import Held, Holder, SessionQuotas, holder_of
-from bastion.frontends.http.records import ENDED_CHANNEL, KeyRing, SessionRecords
+from bastion.frontends.http.records import ENDED_CHANNEL, MAX_RECORD_BYTES, KeyRing, SessionRecords
 from bastion.frontends.http.sessions import LegacySession, SseSession
 from bastion.frontends.http.streams import SseStream, event_number, priming_event, sse_event
 from bastion.frontends.http.wire import (
@@ -401,6 +401,8 @@ class HttpFrontend:
         """Keep a session in use alive in the store; one whose record is gone was ended on another replica (or
         expired there): this copy ends too, and the request is answered as for an unknown session."""
         session.saved_at = time.monotonic()
+        if not session.shared:
+            return  # too large to share: nothing in the store to keep alive, or to find gone
         try:
             if not await records.exists(session.id):
                 await self.end_session(session, everywhere=False)
@@ -413,7 +415,10 @@ class HttpFrontend:
 
     async def _save(self, records: SessionRecords, session: LegacySession) -> None:
         record = session.record()
-        await records.save(session.id, record)
+        session.shared = await records.save(session.id, record)
+        if not session.shared and session.saved != record:
+            log.warning("session %s…: its client's info and capabilities make a record over %d bytes, so only this "
+                        "replica continues it", session.id[:8], MAX_RECORD_BYTES)
         session.saved, session.saved_at = record, time.monotonic()
 
     def _answers_another_replica(self, session: LegacySession, answered: Any) -> bool:

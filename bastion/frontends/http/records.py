@@ -48,6 +48,7 @@ ENDED_CHANNEL = "http-session-ended"  # the ids of sessions ended, for the repli
 # What secrets.token_urlsafe(24) makes: an id of any other shape was never made here, and is looked up nowhere (a
 # client's ":" or "*" never reaches a store key).
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{32}")
+MAX_RECORD_BYTES = 64 * 1024  # a record larger than this (a client's huge info or capabilities) is not shared
 _KEY_ID_BYTES = 4
 _NONCE_BYTES = 12
 _EXPIRY = struct.Struct(">d")
@@ -155,9 +156,16 @@ class SessionRecords:
         # Often enough that a session in use never expires, rarely enough that a request seldom writes.
         self.refresh_seconds = min(10.0, idle_timeout / 10)
 
-    async def save(self, session_id: str, record: SessionRecord) -> None:
-        sealed = self.keys.seal(record.encode(), session_id.encode(), time.time() + self.idle_timeout)
+    async def save(self, session_id: str, record: SessionRecord) -> bool:
+        """Write the record; False (nothing written) when it is larger than ``MAX_RECORD_BYTES``: a client's info
+        and capabilities are its own to fill, and a session is not worth megabytes of the store, rewritten at each
+        refresh."""
+        encoded = record.encode()
+        if len(encoded) > MAX_RECORD_BYTES:
+            return False
+        sealed = self.keys.seal(encoded, session_id.encode(), time.time() + self.idle_timeout)
         await self.store.put(RECORD_KEY + session_id, sealed, self.idle_timeout)
+        return True
 
     async def load(self, session_id: str) -> SessionRecord | None:
         """The record of ``session_id``, or None when there is none (never made, ended, expired) or it does not

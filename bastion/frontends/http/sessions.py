@@ -57,6 +57,7 @@ class LegacySession:
         # refreshed every few seconds while the session is used.
         self.saved: SessionRecord | None = None
         self.saved_at = 0.0
+        self.shared = restored is not None  # its record is in the store (not, when too large to share)
         self._relayed: asyncio.Task[None] | None = None  # answers to this replica's requests POSTed to another
         self._shared_out: asyncio.Queue[bytes] | None = None  # GET stream messages on their way to the store
         self._sharing: asyncio.Task[None] | None = None
