@@ -428,11 +428,11 @@ class HttpFrontend:
         return (self.records is not None and isinstance(answered, str) and answered.startswith("bastion-")
                 and not answered.startswith(protocol.outgoing_prefix) and not protocol.expects(answered))
 
-    async def _save_if_changed(self, session: LegacySession) -> None:
+    async def _save_if_changed(self, records: SessionRecords, session: LegacySession) -> None:
         """Write the record when what another replica needs changed (the handshake, initialized, the log level)."""
-        if self.records is not None and not session.closing and session.record() != session.saved:
+        if not session.closing and session.record() != session.saved:
             try:
-                await self._save(self.records, session)
+                await self._save(records, session)
             except StateUnavailable as exc:
                 log.warning("session %s…: its record could not be written, so only this replica continues it for "
                             "now: %s", session.id[:8], exc)
@@ -448,7 +448,8 @@ class HttpFrontend:
             return
         if top.kind != "request":
             session.feed(body, decoded=decoded)
-            await self._save_if_changed(session)
+            if self.records is not None:
+                await self._save_if_changed(self.records, session)
             if top.method == "notifications/cancelled" and isinstance(top.params, dict):
                 session.withdraw(top.params.get("requestId"))
             await empty_response(send, 202, session_header)
@@ -473,7 +474,8 @@ class HttpFrontend:
             session.progress[token] = exchange
         try:
             session.feed(body, decoded, exchange)
-            await self._save_if_changed(session)
+            if self.records is not None:  # with the memory store, not even a coroutine more per request
+                await self._save_if_changed(self.records, session)
         except BaseException:
             session.abandon(exchange)  # a request that failed to start holds neither its id nor its server's slot
             raise
