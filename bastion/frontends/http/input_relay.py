@@ -75,6 +75,14 @@ class InputRelay:
         """Answer the retries replicas relay: run those of calls held here (``holds`` their requestState), say
         "not mine" to the others (the asking replica's own included)."""
         running: set[asyncio.Task[None]] = set()
+        try:
+            await self._serve(holds, run, running)
+        finally:
+            for task in running:  # the replica stops: retries it runs end with it
+                task.cancel()
+
+    async def _serve(self, holds: Callable[[Any], bool], run: Callable[[Identity, bytes], Awaitable[bytes]],
+                     running: set[asyncio.Task[None]]) -> None:
         while True:
             try:
                 retries = await self.store.subscribe(CHANNEL)
