@@ -35,15 +35,17 @@ def build_gateway(
     interceptors: Sequence[Interceptor] = (),
     launcher: Launcher = launch_server,
     log_context: bool = False,
+    state: StateStore | None = None,
 ) -> Gateway:
     """The gateway ``config`` describes: its servers, the metrics' meter (unless they are off), search exposure in
     search mode, the guardrails that screen definitions, the policy (unless it is off), the other guardrails (unless
     they are off), then ``interceptors`` (they see only what all of those let through), then the metrics' clock;
     tracing when ``config.tracing`` asks for it, and with ``log_context`` (JSON logs) each request's facts for the log
     lines written during it. Raises ``PolicyStartError`` when the policy cannot start (a key that cannot be read, an
-    audit trail that cannot be written)."""
+    audit trail that cannot be written). ``state``: the store to share with replicas instead of the one ``config``
+    names (tests build two gateways on one store, as two replicas)."""
     catalog = server_catalog(config)
-    state = build_state(config)
+    state = build_state(config) if state is None else state
     policy = build_policy(config, state=state)
     interventions = intervention_log(config, policy)
     guardrails = build_guardrail_chain(config, policy, catalog, interventions, state=state)
@@ -200,7 +202,7 @@ def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, c
     out_of_band = policy.approval.ask_out_of_band if policy is not None else None
     client_approves = policy.approval.client_approves if policy is not None else None
     return build_guardrails(config.guardrails, report, catalog, pinned_entries(config), pin_identities(config),
-                            out_of_band, client_approves)
+                            out_of_band, client_approves, state=state)
 
 
 def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:

@@ -12,6 +12,7 @@ from bastion.guardrails.report import InterventionLog
 from bastion.model import CatalogView, Interceptor
 
 if TYPE_CHECKING:
+    from bastion.state import StateStore
     from bastion.guardrails.taint import ClientApproves, OutOfBand
 
 # The first guardrail sees a client's request first and the result last. Pinning and metadata scanning decide what
@@ -24,16 +25,17 @@ Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Intercepto
 
 
 def screen_builders(entries: Mapping[str, Mapping[str, Any]] | None = None,
-                    identities: Mapping[str, str] | None = None) -> list[Builder]:
+                    identities: Mapping[str, str] | None = None, state: "StateStore | None" = None) -> list[Builder]:
     """The builders of the guardrails that screen definitions, outermost first; each returns None when its
     guardrail is off everywhere. ``entries``: the servers' configuration entries, which pinning pins too;
-    ``identities``: the identity each server is pinned under."""
+    ``identities``: the identity each server is pinned under; ``state``: the gateway's store (pins are kept there
+    when replicas share it)."""
     from bastion.guardrails.injection import build_metadata
     from bastion.guardrails.pinning import build as build_pinning
     from bastion.guardrails.taint import build_recall as build_taint_recall
 
     # The metadata scan refuses calls to the tools it withholds itself (one layer, not two).
-    return [partial(build_pinning, entries=entries, identities=identities), build_metadata, build_taint_recall]
+    return [partial(build_pinning, entries=entries, identities=identities, state=state), build_metadata, build_taint_recall]
 
 
 def inner_builders() -> list[Builder]:
@@ -64,7 +66,8 @@ def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog:
                      entries: Mapping[str, Mapping[str, Any]] | None = None,
                      identities: Mapping[str, str] | None = None,
                      out_of_band: "OutOfBand | None" = None,
-                     client_approves: "ClientApproves | None" = None) -> GuardrailChain:
+                     client_approves: "ClientApproves | None" = None,
+                     state: "StateStore | None" = None) -> GuardrailChain:
     """``out_of_band``: where the guardrails that hold a call ask a person the client cannot reach (the policy's
     approval queue); without it such a call is refused. ``client_approves``: whether a session's client may be
     asked at all (the policy's ``approval.approver``; without a policy, only a client on stdio)."""
@@ -77,7 +80,7 @@ def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog:
         if hasattr(interceptor, "out_of_band"):
             interceptor.out_of_band = out_of_band  # type: ignore[attr-defined]
             interceptor.client_approves = client_approves  # type: ignore[attr-defined]
-    chain = GuardrailChain(screened(built(screen_builders(entries, identities))), staged(inner))
+    chain = GuardrailChain(screened(built(screen_builders(entries, identities, state))), staged(inner))
     # The guardrails that read a call's result as the server's bytes share one decoder, so that a result is decoded
     # once however many of them read it (bastion.guardrails.raw).
     shared = RawResults()

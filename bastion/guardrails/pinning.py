@@ -39,7 +39,9 @@ from bastion.guardrails.pin_book import (
     unclaimed,
 )
 from bastion.guardrails.pin_diff import summary
+from bastion.guardrails.pin_state import StatePins
 from bastion.guardrails.pin_store import PinStore, PinStoreError, Signature, configuration_gone, now
+from bastion.state import StateStore
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Session, note_withheld_tools
 
@@ -155,7 +157,7 @@ class PinningGuard:
     # as a server's bytes; a tools/call's result it never reads, so declaring it keeps that result raw.
     reads_results = False
 
-    def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore,
+    def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore | StatePins,
                  catalog: CatalogView | None = None, *, watch_seconds: float = WATCH_SECONDS,
                  entries: Mapping[str, Mapping[str, Any]] | None = None,
                  identities: Mapping[str, str] | None = None) -> None:
@@ -442,7 +444,7 @@ class PinningGuard:
         while self._unwritten:
             batch, self._unwritten = self._unwritten, []
             try:
-                book, signature = await asyncio.to_thread(self._store.record, batch)
+                book, signature = await self._store.record_async(batch)
             except PinStoreError as exc:
                 # Pinned in memory still: a change within this run is caught; a change across a restart is not.
                 if self._unwritable != str(exc):
@@ -471,7 +473,7 @@ class PinningGuard:
     async def _reread(self) -> bool:
         """Read the pins file again if it changed since it was read; whether it did."""
         try:
-            signature = await asyncio.to_thread(self._store.signature)
+            signature = await self._store.signature_async()
         except PinStoreError as exc:
             self._fail(str(exc))
             return True
@@ -489,7 +491,7 @@ class PinningGuard:
 
     async def _load(self) -> None:
         try:
-            book, signature = await asyncio.to_thread(self._store.load)
+            book, signature = await self._store.load_async()
         except PinStoreError as exc:
             self._fail(str(exc))
             return
@@ -497,7 +499,7 @@ class PinningGuard:
 
     def _take(self, book: PinBook, signature: Signature) -> None:
         if self._problem is not None:
-            log.warning("the pins file %s can be read again; definitions are checked against it", self._store.path)
+            log.warning("%s can be read again; definitions are checked against them", self._store.path)
         self._book, self._signature, self._problem, self._loaded = book, signature, None, True
 
     def _fail(self, problem: str) -> None:
@@ -509,12 +511,16 @@ class PinningGuard:
 
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
           entries: Mapping[str, Mapping[str, Any]] | None = None,
-          identities: Mapping[str, str] | None = None) -> PinningGuard | None:
+          identities: Mapping[str, str] | None = None, state: StateStore | None = None) -> PinningGuard | None:
     """The pinning interceptor, or None when pinning is off for every server. The pins file is read now, at start,
     so that a client's first call waits for no disk. ``entries``: each server's configuration entry, pinned too;
-    ``identities``: the identity each server is pinned under (by name when absent)."""
+    ``identities``: the identity each server is pinned under (by name when absent). With a ``state`` store that
+    replicas share, the pins are kept there (pin_state.py), read at the first request (the store is asynchronous),
+    and pins kept by name alone are not carried over (a shared store has none of before identities)."""
     if not config.on_anywhere("pinning"):
         return None
+    if state is not None and state.shared:
+        return PinningGuard(config, report, StatePins(state), catalog, entries=entries, identities=identities)
     store = PinStore(config.pins_path())
     guard = PinningGuard(config, report, store, catalog, entries=entries, identities=identities)
     claim_pins(store, entries or {}, identities or {})
