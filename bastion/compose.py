@@ -173,11 +173,16 @@ def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None,
     claims = tuple(config.auth.claims.attributes) if config.auth is not None else ()
     if previous is None:
         return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
-                                    shared_state=state)
+                                    shared_state=state, config_file=_source(config))
     return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
                                 audit_writer=previous.audit.writer,
                                 shared_state=state if state is not None else previous.state,
+                                config_file=_source(config),
                                 previous_limiter=previous.limiter)
+
+
+def _source(config: GatewayConfig) -> str | None:
+    return str(config.source) if config.source is not None else None
 
 
 def intervention_log(config: GatewayConfig, policy: PolicyRuntime | None) -> InterventionLog | None:
