@@ -20,6 +20,7 @@ from bastion.server_entry import pin_identities, pinned_entries
 from bastion.model import CatalogView, Interceptor
 from bastion.observability.metrics import GatewayMetrics
 from bastion.policy.interceptors import PolicyRuntime, build_policy_runtime
+from bastion.policy.config import PolicyStartError
 from bastion.state import MemoryStore, StateStore
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def build_gateway(
     names (tests build two gateways on one store, as two replicas)."""
     catalog = server_catalog(config)
     state = build_state(config) if state is None else state
+    check_token_key(config, state)
     policy = build_policy(config, state=state)
     interventions = intervention_log(config, policy)
     guardrails = build_guardrail_chain(config, policy, catalog, interventions, state=state)
@@ -157,6 +159,24 @@ class ServersStarting:
 def build_state(config: GatewayConfig) -> StateStore:
     """What the gateway shares with its replicas (bastion/state/): kept in this process's memory."""
     return MemoryStore()
+
+
+def check_token_key(config: GatewayConfig, state: StateStore) -> None:
+    """Refuse to start replicas sharing ``state`` whose servers need stored tokens without the key every replica
+    must be given (``BASTION_CREDENTIALS_KEY``): each would make a key file of its own and read the others' tokens
+    as damage."""
+    if not state.shared:
+        return
+    from bastion.credentials.state_store import needs_tokens, required_key
+    from bastion.transport.credentials import CredentialsError
+
+    servers = needs_tokens(config.servers)
+    if not servers:
+        return
+    try:
+        required_key()
+    except CredentialsError as exc:
+        raise PolicyStartError(f"servers {', '.join(servers)} keep upstream tokens: {exc}") from None
 
 
 def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None,

@@ -4,6 +4,7 @@ replicas, each in front of its own real SDK server (the rug-pull fixture) at the
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,14 @@ async def test_a_damaged_book_in_the_store_is_named_and_left_alone() -> None:
     with pytest.raises(PinStoreError):
         await StatePins(store).forget_async("rug", None)
     assert await store.get(BOOK_KEY) == b"{not json"
+
+
+async def test_replicas_pinning_at_once_lose_none_of_each_other_s_pins() -> None:
+    from bastion.guardrails.pin_book import Observation
+
+    store = SharedMemoryStore()
+    a, b = StatePins(store), StatePins(store)
+    await asyncio.gather(*(replica.record_async([Observation("pin", f"server:{n}*", "tools", "t", {"name": "t"})])
+                           for n, replica in enumerate([a, b] * 8)))
+    book, _ = await b.load_async()
+    assert {server for server, _, _ in book.records} == {f"server:{n}*" for n in range(16)}

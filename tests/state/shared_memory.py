@@ -1,9 +1,11 @@
 """A ``MemoryStore`` that says it is shared: two gateways built in one process on one of these are two replicas
 on one store, for the code that keeps its records in the store only when replicas share it. ``down`` makes every
-operation raise ``StateUnavailable`` as a store that cannot be reached does (a real one: tests/redis_server.py)."""
+operation raise ``StateUnavailable`` as a store that cannot be reached does (a real one: tests/redis_server.py), and
+every operation lets other tasks run before it, as a round trip to a real store does."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from bastion.state import MemoryStore, StateUnavailable
@@ -20,8 +22,15 @@ class SharedMemoryStore(MemoryStore):
         return True
 
     def __getattribute__(self, name: str) -> Any:
-        if name in _OPERATIONS and object.__getattribute__(self, "down"):
-            async def unreachable(*args: Any, **kwargs: Any) -> Any:
+        found = object.__getattribute__(self, name)
+        if name not in _OPERATIONS:
+            return found
+        store = self
+
+        async def over_the_network(*args: Any, **kwargs: Any) -> Any:
+            # Another task runs between a caller's operations, as it does while a real store's answer travels.
+            await asyncio.sleep(0)
+            if object.__getattribute__(store, "down"):
                 raise StateUnavailable("the shared state store at test:0 cannot be reached (connection refused)")
-            return unreachable
-        return object.__getattribute__(self, name)
+            return await found(*args, **kwargs)
+        return over_the_network
