@@ -42,7 +42,8 @@ def register(subparsers: Any) -> None:
     for command, handler in ((listing, _list), (diff, _diff), (accept, _accept), (forget, _forget)):
         command.add_argument("--config", "-c", metavar="FILE",
                              help="the configuration whose guardrails.pins.path to use (default: the state directory's "
-                                  "pins.json); its servers are the ones meant, unless --of says otherwise")
+                                  "pins.json), or whose [state] store replicas share (the pins are there); its "
+                                  "servers are the ones meant, unless --of says otherwise")
         command.add_argument("--of", metavar="FILE",
                              help="only the servers of this configuration file (it need not exist any more); '-' for "
                                   "pins kept by server name alone (from before pins were kept per configuration file)")

@@ -73,7 +73,8 @@ def register(subparsers: Any) -> None:
         else:
             command.add_argument("--json", action="store_true", help="the waiting calls as a JSON array on stdout")
         command.add_argument("--queue-dir", help="approval queue directory (default: from --config, else the default)")
-        command.add_argument("--config", help="config file whose policy.approval.queue_dir to use")
+        command.add_argument("--config", help="config file whose policy.approval.queue_dir to use, or whose [state] store "
+                                                  "replicas share (the queue is there)")
         command.set_defaults(handler=handler)
 
 
@@ -276,7 +277,8 @@ def _approvals(args: argparse.Namespace) -> int:
     for item in pending:  # what the session read before the call (guardrails.md, Cross-server taint)
         if item.record.get("note"):
             _say(f"{item.id}: {item.record['note']}")
-    _say("approve one with `bastion approve ID`, refuse it with `bastion deny ID`")
+    where = f" --config {args.config}" if args.config and args.queue_dir is None else ""
+    _say(f"approve one with `bastion approve ID{where}`, refuse it with `bastion deny ID{where}`")
     return 0
 
 
