@@ -73,8 +73,8 @@ def register(subparsers: Any) -> None:
         else:
             command.add_argument("--json", action="store_true", help="the waiting calls as a JSON array on stdout")
         command.add_argument("--queue-dir", help="approval queue directory (default: from --config, else the default)")
-        command.add_argument("--config", help="config file whose policy.approval.queue_dir to use, or whose [state] store "
-                                                  "replicas share (the queue is there)")
+        command.add_argument("--config", help="config file whose policy.approval.queue_dir to use, or whose [state] "
+                                              "store replicas share (the queue is there)")
         command.set_defaults(handler=handler)
 
 
