@@ -157,8 +157,18 @@ class ServersStarting:
 
 
 def build_state(config: GatewayConfig) -> StateStore:
-    """What the gateway shares with its replicas (bastion/state/): kept in this process's memory."""
-    return MemoryStore()
+    """What the gateway shares with its replicas (bastion/state/): the Redis ``[state]`` names, else this process's
+    memory. Nothing is connected here: the gateway's start asks the store (``Gateway.start``)."""
+    settings = config.state
+    if settings is None:
+        return MemoryStore()
+    # Imported only here: a gateway without [state] never loads the Redis client.
+    from bastion.state.redis_store import RedisStore
+
+    return RedisStore(settings.url, password=settings.password, username=settings.username,
+                      key_prefix=settings.key_prefix, timeout=settings.timeout_seconds,
+                      max_connections=settings.max_connections, tls_ca_file=settings.tls_ca_file,
+                      tls_cert_file=settings.tls_cert_file, tls_key_file=settings.tls_key_file)
 
 
 def check_token_key(config: GatewayConfig, state: StateStore) -> None:
@@ -183,8 +193,8 @@ def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None,
                  state: StateStore | None = None) -> PolicyRuntime | None:
     """The policy runtime of ``config``, None when its policy is off (said once, as a warning), keeping what it must
     share with replicas in ``state`` (the gateway's: a reload hands the same store over, so an approval used before
-    the reload stays used). ``previous``, the runtime a reload replaces, hands over its audit writer (one process
-    holds a trail's hash chain) and its rate limiter when the limits are the same."""
+    the reload stays used, and a rate limit the reload keeps keeps its buckets). ``previous``, the runtime a reload
+    replaces, hands over its audit writer (one process holds a trail's hash chain)."""
     if config.policy is None:
         if previous is None:
             log.warning("policy is off: every call is allowed and nothing is audited")
@@ -197,8 +207,7 @@ def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None,
     return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
                                 audit_writer=previous.audit.writer,
                                 shared_state=state if state is not None else previous.state,
-                                config_file=_source(config),
-                                previous_limiter=previous.limiter)
+                                config_file=_source(config))
 
 
 def _source(config: GatewayConfig) -> str | None:

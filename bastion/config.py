@@ -36,6 +36,7 @@ from bastion.observability.config import MetricsConfig
 from bastion.protocol.jsonrpc import DEFAULT_MAX_MESSAGE_BYTES
 from bastion.policy.config import PolicyConfig
 from bastion.sandbox.config import SandboxConfig
+from bastion.state.config import StateConfig
 from bastion.variables import Variables, VariableError, read_dotenv
 
 log = logging.getLogger("bastion.config")
@@ -384,6 +385,9 @@ class GatewayConfig(BaseModel):
         default_factory=MetricsConfig,
         description="Prometheus metrics at /metrics (admin identities on the HTTP listener, or a separate listener)")
     reload: ReloadConfig = Field(default_factory=ReloadConfig, description="hot reload: the file watch")
+    state: StateConfig | None = Field(
+        default=None, description="the Redis that replicas of this gateway share their state in (rate limits, "
+                                  "approvals, sessions, ...); absent: this process's memory")
     # The file this configuration was read from (None: built in); what lives beside it, such as the launcher lock
     # file, is found from here.
     _source: Path | None = PrivateAttr(default=None)
@@ -529,6 +533,7 @@ def load_config(path: str | os.PathLike[str] | None, *, log_notes: bool = True) 
         raise ConfigError(f"{file}: the top level must be an object/table, not {type(data).__name__}")
     client_file = _client_servers_key(file, data) is not None
     data, servers_key, notes = _normalize(file, data)
+    data = _expand_state(file, data)
     policy = data.get("policy")
     if isinstance(policy, dict) and "base_dir" not in policy:
         # Policy files named relative to the configuration are read from beside it.
@@ -765,6 +770,29 @@ def _expand_headers(file: Path, data: dict[str, Any]) -> dict[str, Any]:
             entry = {**entry, "auth": _expand_auth(file, f"servers.{name}.auth", auth, variables)}
         expanded_servers[name] = entry
     return {**data, "servers": expanded_servers}
+
+
+def _expand_state(file: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """``[state]``: its password's ``${env:NAME}`` or ``${file:PATH}`` expanded (the error names the key and the
+    variable, never a value) and its TLS files read from the configuration file's folder."""
+    state = data.get("state")
+    if not isinstance(state, dict):
+        return data
+    expanded = dict(state)
+    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        path = state.get(key)
+        if isinstance(path, str) and path:
+            path = os.path.expanduser(path)
+            expanded[key] = path if os.path.isabs(path) else str(file.resolve().parent / path)
+    for key in ("password", "username"):
+        value = state.get(key)
+        if isinstance(value, str):
+            try:
+                expanded[key] = Variables.for_file(file).expand(value)
+            except VariableError as exc:
+                raise ConfigError(f"{file}: state.{key}: {exc} — fix: {exc.fix}",
+                                  [Finding("error", f"state.{key}", str(exc), exc.fix)]) from None
+    return {**data, "state": expanded}
 
 
 def _expand_auth(file: Path, where: str, auth: dict[str, Any], variables: Variables,

@@ -33,7 +33,7 @@ from bastion.gateway.subscriptions import Subscriptions
 from bastion.gateway.upstream import Launcher, Upstream
 from bastion.launchers.plan import NotALauncher, plan_launch
 from bastion.model import REQUEST, TO_SERVER, Identity, Interceptor
-from bastion.state import MemoryStore, StateStore
+from bastion.state import MemoryStore, StateStore, StateUnavailable
 from bastion.transport.stdio import WriteBatch
 
 if TYPE_CHECKING:
@@ -253,6 +253,21 @@ class Gateway:
         for upstream in self.upstreams.values():
             upstream.client_capabilities = dict(declared)
             upstream.start()
+        if self.state.shared:
+            task = asyncio.ensure_future(self._ask_state())
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _ask_state(self) -> None:
+        """Said once at the start: whether the shared state answers. One that does not is no reason not to start:
+        /readyz says not ready and what needs the state is refused until it answers, with no restart."""
+        try:
+            await self.state.ping()
+        except StateUnavailable as error:
+            log.warning("%s; the gateway starts anyway: /readyz says not ready, and calls that need the shared "
+                        "state are refused until it answers", error)
+        else:
+            log.info("shared state: %s", getattr(self.state, "where", "answers"))
 
     async def wait_ready(self, timeout: float | None = None, *, report: bool = True) -> None:
         """Wait until every server is ready with its lists fetched, or has failed to start, or ``timeout`` passes

@@ -10,7 +10,9 @@ Ready means every check holds:
   ready again until that server is back, so a balancer sends clients to a replica that has it. A server that is
   meant to be absent is disabled in the configuration (``enabled = false``), not left failing.
 - audit: the audit trail is being written (when the policy keeps one).
-- state: the shared state store answers within ``STATE_TIMEOUT`` seconds (when the policy keeps one).
+- state: the state store answers (``ping``) within ``STATE_TIMEOUT`` seconds: always, for this process's memory;
+  for a shared store (``[state]``, Redis), while it is reachable, so a balancer stops sending clients to a replica
+  whose calls would be refused for want of it, and sends them again, with no restart, once it answers.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ if TYPE_CHECKING:
     from bastion.gateway.core import Gateway
 
 STATE_TIMEOUT = 2.0
-_PROBE_KEY = "bastion-readyz-probe"  # never claimed: a read of it is the probe
 ALIVE = orjson.dumps({"status": "ok"})
 
 
@@ -36,8 +37,7 @@ async def readiness(gateway: "Gateway") -> tuple[bool, bytes]:
         writer = policy.audit.writer
         if writer is not None:
             checks["audit"] = {"ok": writer.failure is None}
-        if policy.approval is not None:
-            checks["state"] = {"ok": await state_reachable(policy.approval.state)}
+    checks["state"] = {"ok": await state_reachable(gateway.state)}
     ready = all(check["ok"] for check in checks.values())
     return ready, orjson.dumps({"status": "ready" if ready else "not ready", "checks": checks})
 
@@ -51,7 +51,7 @@ def servers_check(gateway: "Gateway") -> dict[str, Any]:
 
 async def state_reachable(state: Any) -> bool:
     try:
-        await asyncio.wait_for(state.recorded(_PROBE_KEY), STATE_TIMEOUT)
+        await asyncio.wait_for(state.ping(), STATE_TIMEOUT)
     except Exception:  # noqa: BLE001 - whatever the store's failure, the answer is "not reachable"
         return False
     return True

@@ -62,6 +62,11 @@ _ANSWERED_UNRECORDED = frozenset({"initialize", "server/discover", "ping", "tool
                                   "resources/templates/list", "prompts/list"})
 REUSED_RULE = "approval:reused"  # the audit trail's rule for a call let through by policy.approval.reuse_seconds
 _REUSE_KEY = "approval-reuse:"  # a call a person approved, in the shared state, for policy.approval.reuse_seconds
+# A call refused because the shared state (bastion/state/) could not be reached to decide it: its own rules in the
+# audit trail, so an outage is told apart from limits and refusals.
+STATE_UNAVAILABLE = -32000
+RATE_STATE_RULE = "rate:state-unavailable"
+APPROVAL_STATE_RULE = "approval:state-unavailable"
 
 
 @dataclass(slots=True)
@@ -115,6 +120,16 @@ def _reuse_key(key: tuple[str, str, str]) -> str:
 
 def _refusal(code: int, message: str, decision: Decision) -> GatewayError:
     return GatewayError(code, message, {"rule": decision.rule, "reason": decision.reason})
+
+
+def state_refusal(trail: "Trail", stage: str, rule: str, what: str, name: str,
+                  error: StateUnavailable) -> GatewayError:
+    """A call that needs the shared state to be decided, refused when it cannot be reached (fail closed): the
+    message says so, and that the call was not run; the next call tries the store again."""
+    decision = Decision.deny(rule, f"{what}: {error}")
+    trail.add(stage, decision)
+    return _refusal(STATE_UNAVAILABLE, f"Call to '{name}' was not run: {what}, because {error}; retry when it is "
+                                       "back", decision)
 
 
 class InputInvalid(GatewayError):
@@ -296,14 +311,20 @@ class ArgumentGuards:
 
 
 class RateLimits:
-    """Token buckets; over the limit the answer is -32000 with ``data.retryAfterSeconds``."""
+    """Token buckets; over the limit the answer is -32000 with ``data.retryAfterSeconds``. The buckets are in the
+    state store: one that cannot be reached refuses the call (-32000, rule ``rate:state-unavailable``)."""
 
     def __init__(self, limiter: RateLimiter) -> None:
         self.limiter = limiter
 
-    def check(self, request: GatewayRequest, entry: ToolEntry, trail: Trail) -> None:
+    async def check(self, request: GatewayRequest, entry: ToolEntry, trail: Trail) -> None:
         identity = request.session.identity
-        verdict = self.limiter.check(identity.name, entry.server, entry.original_name, principal_key(identity))
+        try:
+            verdict = await self.limiter.check(identity.name, entry.server, entry.original_name,
+                                               principal_key(identity))
+        except StateUnavailable as error:
+            raise state_refusal(trail, "rate_limit", RATE_STATE_RULE, "its rate limits could not be checked",
+                                str(request.params.get("name") or entry.original_name), error) from None
         if verdict.allowed:
             return
         decision = Decision.deny(verdict.rule, "rate limit exceeded", retryAfterSeconds=verdict.retry_after_seconds)
@@ -419,7 +440,17 @@ class PolicyInterceptor:
             self.authorization.check_call(request, entry, trail)
             self.guards.check(request, entry, trail)
             if self.rate_limits is not None and not request.continues:
-                self.rate_limits.check(request, entry, trail)
+                return self._limited(request, entry, trail, call_next)
+        return self._approved(request, entry, trail, call_next)
+
+    async def _limited(self, request: GatewayRequest, entry: ToolEntry, trail: Trail,
+                       call_next: Handler) -> dict[str, Any]:
+        # A coroutine only under rate limits: the buckets are the state store's, which may be a round trip away.
+        await self.rate_limits.check(request, entry, trail)  # type: ignore[union-attr]
+        return await self._approved(request, entry, trail, call_next)
+
+    def _approved(self, request: GatewayRequest, entry: ToolEntry | None, trail: Trail,
+                  call_next: Handler) -> Awaitable[dict[str, Any]]:
         # A retry that continues a call was approved with that call, if it needed a person.
         if trail.approval is None or request.continues:
             return call_next(request)
@@ -506,7 +537,7 @@ class ApprovalStage:
         if session.era == "modern" and isinstance(state, str) and state.startswith(STATE_PREFIX):
             # A state is good once, reuse window or not: a replay is refused, never run.
             return await self._redeem(request, call_next, trail, key, name, state)
-        if self._reuse and await self._state.recorded(_reuse_key(key)):
+        if self._reuse and await self._reused(trail, key, name):
             trail.add("approval", Decision.allow(
                 REUSED_RULE, f"a person approved the identical call less than {self._reuse:g} s ago "
                              "(policy.approval.reuse_seconds)"))
@@ -545,13 +576,27 @@ class ApprovalStage:
         return await self._wait_for_person(request, Trail(), entry.server, entry.original_name,
                                            request.params.get("arguments"), False, question)
 
+    async def _reused(self, trail: Trail, key: tuple[str, str, str], name: str) -> bool:
+        """Whether a person approved the identical call within policy.approval.reuse_seconds; a store that cannot
+        say refuses the call rather than ask again a person who may have said yes on another replica."""
+        try:
+            return await self._state.recorded(_reuse_key(key))
+        except StateUnavailable as error:
+            raise state_refusal(trail, "approval", APPROVAL_STATE_RULE, "its approval could not be looked up", name,
+                                error) from None
+
     async def _redeem(
         self, request: GatewayRequest, call_next: Handler, trail: Trail, key: tuple[str, str, str], name: str,
         state: str,
     ) -> dict[str, Any]:
         """A retry bringing one of Bastion's states: the person's answer to the approval it asked for, or the next
-        round of a call approved already. Either way the state is used up here, before anything runs."""
-        redeemed: Redeemed = await self.signer.redeem(state, *key)
+        round of a call approved already. Either way the state is used up here, before anything runs: a store that
+        cannot be reached to use it up refuses the call (never run unapproved, nor twice across replicas)."""
+        try:
+            redeemed: Redeemed = await self.signer.redeem(state, *key)
+        except StateUnavailable as error:
+            raise state_refusal(trail, "approval", APPROVAL_STATE_RULE, "its approval could not be used up", name,
+                                error) from None
         responses = request.params.get("inputResponses")
         # Neither Bastion's state nor its question goes to the server; a continued round's answers are the server's.
         params = {k: v for k, v in request.params.items() if k != "requestState"}
@@ -585,7 +630,12 @@ class ApprovalStage:
             raise _refusal(POLICY_DENIED, f"Call to '{name}' was not approved: {problem}", decision)
         trail.add("approval", Decision.allow(rule, "approved by a person"))
         if self._reuse:
-            await self._state.claim(_reuse_key(key), self._reuse)
+            try:
+                await self._state.claim(_reuse_key(key), self._reuse)
+            except StateUnavailable as error:
+                # The person's yes stands (it runs this call once); only the grant for identical calls is lost, so
+                # the next one asks again.
+                log.warning("approval of %s not kept for policy.approval.reuse_seconds: %s", name, error)
         if self.settings.remember == "session":
             request.session.facts.setdefault(_REMEMBERED, set()).add(name)
         return await self._run_approved(request, call_next, key)
@@ -795,8 +845,7 @@ class PolicyRuntime:
     interceptors: list[Interceptor]
     audit: AuditTrail
     approval: "ApprovalStage | None" = None
-    state: StateStore | None = None  # where used approvals are kept: handed to the runtime a reload builds
-    limiter: RateLimiter | None = None  # the rate limits' buckets: kept by a reload that leaves the limits as they are
+    state: StateStore | None = None  # where used approvals and rate limits' buckets are kept: handed to a reload's
 
     def record_admission_refusal(self, identity: Identity, method: str, target: str | None, stage: str, rule: str,
                                  reason: str, outcome: int) -> None:
@@ -858,16 +907,15 @@ def build_policy_runtime(
     pre_approved: Mapping[str, Iterable[str]] | None = None,
     claim_attributes: Iterable[str] = (),
     shared_state: StateStore | None = None,
-    previous_limiter: RateLimiter | None = None,
     config_file: str | None = None,
 ) -> PolicyRuntime:
     """The policy interceptor and its parts; ``pre_approved`` maps a server to the tools (its own names) a user
     already approves in their client, which the approval stage lets through without asking; ``claim_attributes``
     are the principal attributes ``auth.claims.attributes`` names; ``shared_state`` is where used approvals (and
     calls approved within ``policy.approval.reuse_seconds``) are kept: this process's memory unless given one that
-    replicas share (``clock``, the monotonic clock, times the memory's records and the rate limits);
-    ``previous_limiter``, the rate limiter of the runtime a reload replaces, is kept, buckets and all, when
-    ``config.rate_limits`` are the limits it enforces (editing anything else in the file refills no bucket)."""
+    replicas share (``clock``, the monotonic clock, times the memory's records and the rate limits' buckets). The
+    rate limits' buckets are in that store, keyed by their limit: a reload that keeps a limit keeps its buckets (and
+    one that changes it starts fresh ones), with nothing handed over."""
     engine = engine or PolicyEngine(config, pinned=pinned, claim_attributes=claim_attributes)
     writer = audit_writer
     if writer is None and config.audit.enabled:
@@ -880,14 +928,11 @@ def build_policy_runtime(
     # A call approved out of band waits in the queue whatever the fallback says.
     queued = config.approval.fallback == "queue" or config.approval.approver != "client"
     queue = approval_queue(config.approval.queue_dir, state, config_file) if queued else None
-    limiter = None
-    if config.rate_limits:
-        same = previous_limiter is not None and previous_limiter.limits == tuple(config.rate_limits)
-        limiter = previous_limiter if same else RateLimiter(config.rate_limits, clock)
+    limiter = RateLimiter(config.rate_limits, state) if config.rate_limits else None
     limits = RateLimits(limiter) if limiter is not None else None
     approval = ApprovalStage(config, signer, queue, pre_approved, state)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
-    return PolicyRuntime(engine, [policy], audit, approval, state, limiter)
+    return PolicyRuntime(engine, [policy], audit, approval, state)
 
 
 def approval_queue(directory: str, state: StateStore, config_file: str | None = None) -> ApprovalQueue | StateQueue:

@@ -1,37 +1,39 @@
-"""Token buckets per principal, per tool and per server, with an injected clock for tests.
+"""Token buckets per principal, per tool and per server, kept in the gateway's state store (bastion/state/), so that
+replicas sharing one store share the buckets: a limit of burst N admits N calls in all, whichever replicas take them.
 
 Limits name principals by name (``match``); buckets are kept per caller key, which also tells apart callers of one
-name from different issuers or methods (see ``interceptors.principal_key``)."""
+name from different issuers or methods (see ``interceptors.principal_key``). A bucket's key carries a digest of its
+limit (scope, match, rate, burst, per_principal), so a reload that changes a limit starts fresh buckets for it and
+one that keeps it keeps them, whichever process, old runtime or new, takes the next token."""
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import math
 import re
-import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from bastion.policy.config import RateLimitConfig
+from bastion.state import Bucket, StateStore
 
 RATE_LIMITED = -32000
+_KEY = "rate:"  # the buckets' keys in the state store
 
 
-@dataclass(slots=True)
-class TokenBucket:
-    rate: float
-    burst: float
-    tokens: float
-    updated: float
+def limit_digest(limit: RateLimitConfig) -> str:
+    """A short digest of what makes a limit's buckets: the same limit, the same buckets, in any process."""
+    text = repr((limit.scope, limit.match, float(limit.rate), float(limit.burst), bool(limit.per_principal)))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
-    def take(self, now: float) -> float:
-        """Take one token; returns 0 when granted, else the seconds until one is available."""
-        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
-        self.updated = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate
+
+def bucket_key(digest: str, subject: str, who: str) -> str:
+    """Of one size whatever the caller's strings hold (``:``, ``*``, anything): hashed, never joined, so that no
+    subject and caller can make another pair's key."""
+    named = hashlib.sha256(len(subject).to_bytes(4, "big") + subject.encode("utf-8", "surrogatepass")
+                           + who.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{_KEY}{digest}:{named}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,71 +55,60 @@ _ADMITTED = RateVerdict()  # frozen: one instance serves every admitted call
 
 
 class RateLimiter:
-    """Checks every matching limit; a call is admitted only when all of them have a token."""
+    """Checks every matching limit; a call is admitted only when all of them have a token, taken in one operation
+    of the store (one round trip to Redis)."""
 
-    def __init__(self, limits: Sequence[RateLimitConfig], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limits: Sequence[RateLimitConfig], store: StateStore) -> None:
         self._limits = tuple(limits)
         # Per limit, what the hot path needs: its scope, a compiled pattern (None for "*", which every
-        # subject matches) and whether each principal has a bucket of its own.
+        # subject matches), whether each principal has a bucket of its own, and its buckets' digest.
         self._plans = tuple(
             (
                 index,
                 limit.scope,
                 None if limit.match == "*" else re.compile(fnmatch.translate(limit.match)),
                 limit.per_principal or limit.scope == "principal",
+                limit_digest(limit),
             )
             for index, limit in enumerate(self._limits)
         )
-        self._clock = clock
-        self._buckets: dict[tuple[int, str, str], TokenBucket] = {}
+        self._store = store
         self._rules = tuple(f"rate:{limit.scope}:{limit.match}" for limit in self._limits)
-        # The buckets a (principal, server, tool) draws from, found once: matching patterns and building
-        # keys on every call would cost more than taking the tokens.
-        self._routes: dict[tuple[str, str, str], tuple[tuple[int, TokenBucket], ...]] = {}
+        # The buckets a (caller, server, tool) draws from, and the limit of each, found once: matching patterns
+        # and hashing keys on every call would cost more than taking the tokens.
+        self._routes: dict[tuple[str, str, str], tuple[tuple[Bucket, ...], tuple[int, ...]]] = {}
 
     @property
     def limits(self) -> tuple[RateLimitConfig, ...]:
         return self._limits
 
-    def _route(self, principal: str, server: str, tool: str, now: float,
-               who: str) -> tuple[tuple[int, TokenBucket], ...]:
-        route = []
-        for index, scope, matcher, own_bucket in self._plans:
+    def _route(self, principal: str, server: str, tool: str,
+               who: str) -> tuple[tuple[Bucket, ...], tuple[int, ...]]:
+        buckets, indexes = [], []
+        for index, scope, matcher, own_bucket, digest in self._plans:
             subject = principal if scope == "principal" else server if scope == "server" else f"{server}/{tool}"
             if matcher is not None and not matcher.match(subject):
                 continue
-            key = (index, who if scope == "principal" else subject, who if own_bucket else "")
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                limit = self._limits[index]
-                bucket = self._buckets[key] = TokenBucket(limit.rate, limit.burst, limit.burst, now)
-            route.append((index, bucket))
+            limit = self._limits[index]
+            key = bucket_key(digest, who if scope == "principal" else subject, who if own_bucket else "")
+            buckets.append(Bucket(key, float(limit.rate), float(limit.burst)))
+            indexes.append(index)
         if len(self._routes) > 4096:
-            self._routes.clear()  # the buckets themselves stay in ``_buckets``
-        found = self._routes[(who, server, tool)] = tuple(route)
+            self._routes.clear()  # a route is found again from the limits; the buckets are the store's
+        found = self._routes[(who, server, tool)] = (tuple(buckets), tuple(indexes))
         return found
 
-    def check(self, principal: str, server: str, tool: str, who: str | None = None) -> RateVerdict:
-        """``principal`` is what limits match; ``who`` (default: the name) keys the caller's own buckets."""
-        if not self._plans:
-            return _ADMITTED
-        now = self._clock()
+    async def check(self, principal: str, server: str, tool: str, who: str | None = None) -> RateVerdict:
+        """``principal`` is what limits match; ``who`` (default: the name) keys the caller's own buckets. Raises
+        ``StateUnavailable`` when the store cannot be reached: the caller refuses the call."""
         who = principal if who is None else who
         route = self._routes.get((who, server, tool))
         if route is None:
-            route = self._route(principal, server, tool, now, who)
-        wait, refused = 0.0, -1
-        taken: list[TokenBucket] = []
-        for index, bucket in route:
-            delay = bucket.take(now)
-            if delay > 0:
-                if delay > wait:
-                    wait, refused = delay, index
-            else:
-                taken.append(bucket)
-        if wait > 0:
-            # A refused call must not spend tokens from the buckets that did admit it.
-            for bucket in taken:
-                bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
-            return RateVerdict(wait, self._rules[refused])
-        return _ADMITTED
+            route = self._route(principal, server, tool, who)
+        buckets, indexes = route
+        if not buckets:
+            return _ADMITTED
+        taken = await self._store.take(buckets)
+        if taken.granted:
+            return _ADMITTED
+        return RateVerdict(taken.wait, self._rules[indexes[taken.refused]])

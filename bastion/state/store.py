@@ -130,7 +130,9 @@ class StateStore(Protocol):
 
     # ------------------------------------------------------------------ messages between replicas
     async def publish(self, channel: str, message: bytes) -> int:
-        """Send ``message`` to everyone subscribed to ``channel`` now: how many (on any replica) received it."""
+        """Send ``message`` to everyone subscribed to ``channel`` now: how many received it, 0 when none did (on any
+        replica; a Redis store counts each replica's one pub/sub connection once, however many subscribers it
+        serves, so only 0 or not means the same on every store)."""
         ...
 
     async def subscribe(self, channel: str) -> Subscription:

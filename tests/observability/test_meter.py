@@ -152,12 +152,12 @@ async def test_the_collector_writes_what_the_meter_counted() -> None:
 
 async def test_a_state_store_that_fails_is_not_reachable() -> None:
     class Broken:
-        async def recorded(self, key: str) -> bool:
+        async def ping(self) -> None:
             raise ConnectionError("the store is gone")
 
     class Working:
-        async def recorded(self, key: str) -> bool:
-            return False
+        async def ping(self) -> None:
+            return None
 
     assert await state_reachable(Working()) is True
     assert await state_reachable(Broken()) is False

@@ -90,7 +90,8 @@ async def test_concurrent_adds_never_pass_the_limit(store) -> None:
 
 async def test_buckets_give_a_burst_then_refuse_with_the_wait_and_take_from_none(store) -> None:
     slow = Bucket("b:slow", rate=0.5, burst=2)
-    wide = Bucket("b:wide", rate=100, burst=100)
+    # Slow to refill, so that the round trips below (on a networked store) refill nothing of it.
+    wide = Bucket("b:wide", rate=0.01, burst=100)
     assert (await store.take([wide, slow])).granted
     assert (await store.take([wide, slow])).granted
     refused = await store.take([wide, slow])
@@ -149,7 +150,7 @@ async def test_messages_reach_every_subscriber_in_order(store) -> None:
     second = await store.subscribe("chan")
     received = await store.publish("chan", b"one")
     await store.publish("chan", b"two")
-    assert received == 2
+    assert received >= 1  # Redis counts a process's one pub/sub connection, not its subscribers
     for subscription in (first, second):
         messages = []
         async for message in subscription:

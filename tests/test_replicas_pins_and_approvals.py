@@ -1,0 +1,121 @@
+"""Pins and the approval queue across replicas, end to end: a real Redis (tests/redis_server.py) named by the
+configuration's ``[state]``, gateway processes (``bastion run``) as replicas of one configuration file, and the
+commands (``bastion pins``, ``bastion approvals``/``approve``) given that file, all in processes of their own. A
+change withheld on two replicas is released on both by one acceptance; a call waiting on one replica is listed
+and approved through the store while another replica runs, and the first replica runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.redis_server import RedisServer
+from tests.support import BASTION, FIXTURES, READY_TIMEOUT, RawClient, raw_server
+from tests.test_approval_once_end_to_end import LEGACY, _answer_of, _call, _next, _notice
+
+RUG = str(FIXTURES / "rug_pull_server.py")
+DEADLINE = 90
+
+
+@pytest.fixture
+def redis():
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state" / "bastion"
+
+
+def bastion(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([BASTION, *argv], capture_output=True, text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
+
+
+def tools(client: RawClient, request_id: int) -> set[str]:
+    return {tool["name"] for tool in client.request(request_id, "tools/list", {}, timeout=DEADLINE)["result"]["tools"]}
+
+
+def test_a_change_withheld_on_two_replicas_is_released_on_both_by_one_acceptance(
+        tmp_path: Path, state_dir: Path, redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        # One file for every replica (one identity for the server); the stage each replica's server is at comes
+        # from that replica's environment, as a rolling upgrade would bring it.
+        "servers": {"rug": {"command": sys.executable, "args": [RUG], "env": {"RUG_STAGE": "${env:RUG_STAGE}"},
+                            "trust": "reviewed"}},
+        "guardrails": {"servers": {"rug": {"metadata_injection": "off"}}},
+        "ready_timeout": READY_TIMEOUT, "state": {"url": redis.url}}))
+    monkeypatch.setenv("RUG_STAGE", "0")
+    first = RawClient(config)
+    try:
+        first.initialize()
+        assert "rug__delete_file" in tools(first, 1)
+    finally:
+        first.close()  # the replica that pinned it is gone
+    monkeypatch.setenv("RUG_STAGE", "1")  # delete_file now claims to be read-only
+    a, b = RawClient(config), RawClient(config)
+    try:
+        a.initialize()
+        b.initialize()
+        assert "rug__delete_file" not in tools(a, 1)
+        assert "rug__delete_file" not in tools(b, 1)
+        diff = bastion("pins", "diff", "rug/delete_file", "--config", str(config))
+        assert diff.returncode == 0, diff.stderr
+        assert "withheld, changed since it was pinned" in diff.stdout
+        accepted = bastion("pins", "accept", "rug/delete_file", "--config", str(config))
+        assert accepted.returncode == 0, accepted.stderr
+        assert accepted.stdout == "accepted rug/delete_file (tool)\n"
+        # A replica that left it out of a list watches the store and tells its client the list changed.
+        while not any(m.get("method") == "notifications/tools/list_changed" for m in a.skipped):
+            a.skipped.append(a.recv(timeout=DEADLINE))
+        assert "rug__delete_file" in tools(a, 2)
+        assert "rug__delete_file" in tools(b, 2)
+    finally:
+        a.close()
+        b.close()
+    assert not (state_dir / "pins.json").exists()  # all of it in Redis
+
+
+def test_a_call_waiting_on_one_replica_is_approved_through_the_store_while_another_runs(
+        tmp_path: Path, state_dir: Path, redis: RedisServer) -> None:
+    entry = raw_server(tmp_path / "marks", auto_approve=["echo"])
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"raw": entry}, "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
+        "policy": {"approval": {"fallback": "queue", "timeout_seconds": 120, "poll_seconds": 0.1},
+                   "audit": {"path": str(tmp_path / "audit.jsonl")}},
+        "state": {"url": redis.url}}))
+    a, b = RawClient(config), RawClient(config)
+    try:
+        a.initialize(LEGACY)  # no elicitation: the call waits in the queue
+        b.initialize(LEGACY)
+        _call(a, 1)
+        notice = _next(a, _notice)["params"]["data"]
+        approval_id = notice["approvalId"]
+        assert f"--config {config}" in notice["message"]
+        listed = bastion("approvals", "--json", "--config", str(config))
+        assert listed.returncode == 0, listed.stderr
+        [waiting] = json.loads(listed.stdout)
+        assert waiting["id"] == approval_id and waiting["tool"] == "big" and waiting["replica"]
+        approved = bastion("approve", approval_id, "--config", str(config))
+        assert approved.returncode == 0, approved.stderr
+        assert _next(a, _answer_of(1))["result"]["content"][0]["text"] == "x"
+        again = bastion("deny", approval_id, "--config", str(config))
+        assert again.returncode == 1 and "already approved" in again.stderr
+        assert b.request(2, "tools/call", {"name": "raw__echo", "arguments": {"text": "b"}},
+                         timeout=DEADLINE)["result"]["content"][0]["text"] == "b"
+    finally:
+        a.close()
+        b.close()
+    assert not (state_dir / "approvals").exists()  # all of it in Redis
+
+    redis.stop()  # Redis gone: nothing can be approved, and the command says why
+    refused = bastion("approve", approval_id, "--config", str(config))
+    assert refused.returncode == 1 and "nothing was approved or denied" in refused.stderr
