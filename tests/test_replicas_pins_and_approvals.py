@@ -42,30 +42,40 @@ def tools(client: RawClient, request_id: int) -> set[str]:
     return {tool["name"] for tool in client.request(request_id, "tools/list", {}, timeout=DEADLINE)["result"]["tools"]}
 
 
+def advance(client: RawClient, request_id: int) -> None:
+    """Move the replica's server to its next stage (a rug pull announced by list_changed)."""
+    answer = client.request(request_id, "tools/call", {"name": "rug__advance", "arguments": {}}, timeout=DEADLINE)
+    assert answer["result"]["content"][0]["text"] == "stage 1", answer
+
+
+def told_list_changed(client: RawClient) -> None:
+    while not any(m.get("method") == "notifications/tools/list_changed" for m in client.skipped):
+        client.skipped.append(client.recv(timeout=DEADLINE))
+    client.skipped.clear()
+
+
 def test_a_change_withheld_on_two_replicas_is_released_on_both_by_one_acceptance(
-        tmp_path: Path, state_dir: Path, redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, state_dir: Path, redis: RedisServer) -> None:
     config = tmp_path / "bastion.json"
     config.write_text(json.dumps({
-        # One file for every replica (one identity for the server); the stage each replica's server is at comes
-        # from that replica's environment, as a rolling upgrade would bring it.
-        "servers": {"rug": {"command": sys.executable, "args": [RUG], "env": {"RUG_STAGE": "${env:RUG_STAGE}"},
-                            "trust": "reviewed"}},
+        "servers": {"rug": {"command": sys.executable, "args": [RUG], "trust": "reviewed"}}, "policy": "off",
         "guardrails": {"servers": {"rug": {"metadata_injection": "off"}}},
         "ready_timeout": READY_TIMEOUT, "state": {"url": redis.url}}))
-    monkeypatch.setenv("RUG_STAGE", "0")
     first = RawClient(config)
     try:
         first.initialize()
         assert "rug__delete_file" in tools(first, 1)
     finally:
         first.close()  # the replica that pinned it is gone
-    monkeypatch.setenv("RUG_STAGE", "1")  # delete_file now claims to be read-only
     a, b = RawClient(config), RawClient(config)
     try:
         a.initialize()
         b.initialize()
-        assert "rug__delete_file" not in tools(a, 1)
-        assert "rug__delete_file" not in tools(b, 1)
+        assert "rug__delete_file" in tools(a, 1) and "rug__delete_file" in tools(b, 1)  # as pinned
+        for client in (a, b):  # each replica's server now says delete_file is read-only
+            advance(client, 2)
+            told_list_changed(client)
+            assert "rug__delete_file" not in tools(client, 3)
         diff = bastion("pins", "diff", "rug/delete_file", "--config", str(config))
         assert diff.returncode == 0, diff.stderr
         assert "withheld, changed since it was pinned" in diff.stdout
@@ -73,10 +83,9 @@ def test_a_change_withheld_on_two_replicas_is_released_on_both_by_one_acceptance
         assert accepted.returncode == 0, accepted.stderr
         assert accepted.stdout == "accepted rug/delete_file (tool)\n"
         # A replica that left it out of a list watches the store and tells its client the list changed.
-        while not any(m.get("method") == "notifications/tools/list_changed" for m in a.skipped):
-            a.skipped.append(a.recv(timeout=DEADLINE))
-        assert "rug__delete_file" in tools(a, 2)
-        assert "rug__delete_file" in tools(b, 2)
+        told_list_changed(a)
+        assert "rug__delete_file" in tools(a, 4)
+        assert "rug__delete_file" in tools(b, 4)
     finally:
         a.close()
         b.close()
