@@ -21,9 +21,12 @@ RUG = str(FIXTURES / "rug_pull_server.py")
 DEADLINE = 90
 
 
+PERSISTENT = ("--appendonly", "yes")  # pins must outlive a restart of Redis: without it they are trusted afresh
+
+
 @pytest.fixture
 def redis():
-    server = RedisServer().start()
+    server = RedisServer().start(*PERSISTENT)
     yield server
     server.close()
 
@@ -72,10 +75,25 @@ def test_a_change_withheld_on_two_replicas_is_released_on_both_by_one_acceptance
         a.initialize()
         b.initialize()
         assert "rug__delete_file" in tools(a, 1) and "rug__delete_file" in tools(b, 1)  # as pinned
-        for client in (a, b):  # each replica's server now says delete_file is read-only
-            advance(client, 2)
-            told_list_changed(client)
-            assert "rug__delete_file" not in tools(client, 3)
+
+        # Redis gone while A's server changes: the change is withheld against the pins A read, and what is offered
+        # for the first time is withheld too (another replica may have pinned something else under its name).
+        redis.stop()
+        advance(a, 2)
+        told_list_changed(a)
+        assert tools(a, 3) == {"rug__advance"}
+        refused = a.request(4, "tools/call", {"name": "rug__multiply", "arguments": {"a": 2, "b": 3}},
+                            timeout=DEADLINE)
+        assert "error" in refused, refused
+        refused = refused["error"]
+        assert "offered for the first time, and whether another replica pinned it cannot be checked" in \
+            refused["message"]
+        redis.start(*PERSISTENT)  # back, pins and all: the first use is confirmed, the change still withheld
+        assert tools(a, 5) == {"rug__advance", "rug__multiply"}
+
+        advance(b, 2)  # B's server changes too
+        told_list_changed(b)
+        assert "rug__delete_file" not in tools(b, 3)
         diff = bastion("pins", "diff", "rug/delete_file", "--config", str(config))
         assert diff.returncode == 0, diff.stderr
         assert "withheld, changed since it was pinned" in diff.stdout
@@ -84,7 +102,7 @@ def test_a_change_withheld_on_two_replicas_is_released_on_both_by_one_acceptance
         assert accepted.stdout == "accepted rug/delete_file (tool)\n"
         # A replica that left it out of a list watches the store and tells its client the list changed.
         told_list_changed(a)
-        assert "rug__delete_file" in tools(a, 4)
+        assert "rug__delete_file" in tools(a, 6)
         assert "rug__delete_file" in tools(b, 4)
     finally:
         a.close()

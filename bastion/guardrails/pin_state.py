@@ -166,6 +166,11 @@ class StatePins:
                                                     for line in lines})
 
 
+class PinsUnreachable(PinStoreError):
+    """The store cannot be reached now (it is not the pins that are wrong): a guard that read them before keeps
+    judging against what it read, so what was withheld stays withheld and nothing new is trusted."""
+
+
 class _unavailable:
     """A ``StateUnavailable`` as the ``PinStoreError`` every reader of pins handles: the pins cannot be checked."""
 
@@ -177,6 +182,6 @@ class _unavailable:
 
     def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> bool:
         if isinstance(exc, StateUnavailable):
-            raise PinStoreError(f"cannot {self._doing} {WHERE}: {exc}; what is withheld stays withheld until the "
-                                "store answers") from None
+            raise PinsUnreachable(f"cannot {self._doing} {WHERE}: {exc}; what is withheld stays withheld until the "
+                                  "store answers") from None
         return False

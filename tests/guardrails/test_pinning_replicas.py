@@ -124,3 +124,20 @@ async def test_replicas_pinning_at_once_lose_none_of_each_other_s_pins() -> None
                            for n, replica in enumerate([a, b] * 8)))
     book, _ = await b.load_async()
     assert {server for server, _, _ in book.records} == {f"server:{n}*" for n in range(16)}
+
+
+async def test_a_running_replica_that_loses_the_store_keeps_judging_against_the_pins_it_read(
+        state_dir: Path, replica) -> None:
+    store = SharedMemoryStore()
+    await tools(await replica(store, 0))
+    running = await replica(store, 1)
+    served = await tools(running)
+    assert "rug__delete_file" not in served and "rug__multiply" in served
+    store.down = True  # nothing served is withdrawn, nothing withheld is released, by an outage
+    assert await tools(running) == served
+    assert "changed" in (await refused(running, "rug__delete_file")).message
+    with pytest.raises(Exception, match="cannot be reached"):
+        await StatePins(store).accept_async("rug", "delete_file", by="ops")
+    store.down = False
+    await StatePins(store).accept_async("rug", "delete_file", by="ops")
+    assert "rug__delete_file" in await tools(running)
