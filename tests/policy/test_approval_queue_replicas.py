@@ -41,22 +41,23 @@ def queued(tmp_path: Path, timeout: float = 60) -> Any:
                                              "queue_dir": str(tmp_path / "queue"), "poll_seconds": 0.05})
 
 
-async def waiting_call(gateway: Any, size: int) -> tuple[asyncio.Task, Watcher]:
+async def waiting_call(gateway: Any, size: int, era: str = "legacy") -> tuple[asyncio.Task, Watcher]:
     watcher = Watcher()
-    task = asyncio.ensure_future(call(gateway, session(client=watcher), "raw__big", {"size": size},
+    task = asyncio.ensure_future(call(gateway, session(client=watcher, era=era), "raw__big", {"size": size},
                                       _meta={"progressToken": 1}))
     await watcher.waiting.wait()
     return task, watcher
 
 
+@pytest.mark.parametrize("era", ["legacy", "modern"])
 async def test_a_call_waiting_on_one_replica_is_listed_and_approved_through_another(
-        tmp_path: Path, gateway_factory) -> None:  # noqa: F811
+        tmp_path: Path, gateway_factory, era: str) -> None:  # noqa: F811
     store = SharedMemoryStore()
     a, _ = await gateway_factory(queued(tmp_path), shared_state=store)
     _, b = await gateway_factory(queued(tmp_path), shared_state=store)
     queue_b = b.approval.queue
     assert isinstance(queue_b, StateQueue)
-    task, watcher = await waiting_call(a, 3)
+    task, watcher = await waiting_call(a, 3, era)
     [waiting] = await queue_b.pending_async()
     assert waiting.record["tool"] == "big" and waiting.status == "pending"
     assert f"bastion approve {waiting.id} --config" in watcher.told[0][1]["message"]
@@ -67,7 +68,7 @@ async def test_a_call_waiting_on_one_replica_is_listed_and_approved_through_anot
     with pytest.raises(LookupError, match="already approved by ops"):
         await queue_b.settle_async(waiting.id, False, by="someone else")
 
-    denied, _ = await waiting_call(a, 2)
+    denied, _ = await waiting_call(a, 2, era)
     [waiting] = await queue_b.pending_async()
     await queue_b.settle_async(waiting.id, False, by="ops")
     assert (await refusal(denied)).code == -32001
