@@ -88,6 +88,8 @@ def test_a_change_withheld_on_two_replicas_is_released_on_both_by_one_acceptance
         refused = refused["error"]
         assert "offered for the first time, and whether another replica pinned it cannot be checked" in \
             refused["message"]
+        down = bastion("pins", "accept", "rug/delete_file", "--config", str(config))
+        assert down.returncode == 2 and "cannot be reached" in down.stderr, down.stderr
         redis.start(*PERSISTENT)  # back, pins and all: the first use is confirmed, the change still withheld
         assert tools(a, 5) == {"rug__advance", "rug__multiply"}
 
@@ -146,3 +148,37 @@ def test_a_call_waiting_on_one_replica_is_approved_through_the_store_while_anoth
     redis.stop()  # Redis gone: nothing can be approved, and the command says why
     refused = bastion("approve", approval_id, "--config", str(config))
     assert refused.returncode == 1 and "nothing was approved or denied" in refused.stderr
+
+
+def test_the_credentials_commands_act_on_the_replicas_store_and_only_ciphertext_reaches_it(
+        tmp_path: Path, state_dir: Path, redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+    import secrets
+
+    import redis as redis_client
+
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"up": {**raw_server(), "scope": "per_identity", "identity_env": {"UP_TOKEN": "up-token"}}},
+        "state": {"url": redis.url, "key_prefix": "replicas:"}}))
+    monkeypatch.delenv("BASTION_CREDENTIALS_KEY", raising=False)
+    refused = bastion("credentials", "list", "--config", str(config))
+    assert refused.returncode == 2 and "BASTION_CREDENTIALS_KEY is not set" in refused.stderr
+
+    monkeypatch.setenv("BASTION_CREDENTIALS_KEY", base64.b64encode(secrets.token_bytes(32)).decode())
+    secret = "s3cret-" + secrets.token_hex(8)
+    stored = subprocess.run([BASTION, "credentials", "set", "alice", "up", "up-token", "--config", str(config)],
+                            input=secret + "\n", capture_output=True, text=True, timeout=DEADLINE)
+    assert stored.returncode == 0, stored.stderr
+    listed = bastion("credentials", "list", "--json", "--config", str(config))
+    assert listed.returncode == 0, listed.stderr
+    assert "alice" in listed.stdout and secret not in listed.stdout
+    raw = redis_client.Redis(host="127.0.0.1", port=redis.port).get("replicas:credentials:document")
+    assert raw is not None and secret.encode() not in raw and b"alice" not in raw
+    assert not (state_dir / "credentials.enc").exists() and not (state_dir / "credentials.key").exists()
+    assert bastion("credentials", "revoke", "alice", "--config", str(config)).returncode == 0
+    assert "alice" not in bastion("credentials", "list", "--json", "--config", str(config)).stdout
+
+    redis.stop()  # gone: the command says so, changes nothing, and exits 2
+    down = bastion("credentials", "revoke", "alice", "--config", str(config))
+    assert down.returncode == 2 and "cannot be reached" in down.stderr
