@@ -58,6 +58,15 @@ class ConsoleData:
                 self._shared["opened"] = _open_shared(self.config)
             return self._shared["opened"]
 
+    def close(self) -> None:
+        """Close the shared state store and its runner, when they were opened."""
+        with self._opening:
+            opened = self._shared.pop("opened", None)
+        if opened is not None:
+            store, blocking = opened
+            blocking.run(store.aclose())
+            blocking.close()
+
     # ------------------------------------------------------------------------------------------ servers
     def gateways(self) -> list[RunningGateway]:
         found = running_gateways(self.running_dir)
