@@ -915,7 +915,8 @@ def build_policy_runtime(
     calls approved within ``policy.approval.reuse_seconds``) are kept: this process's memory unless given one that
     replicas share (``clock``, the monotonic clock, times the memory's records and the rate limits' buckets). The
     rate limits' buckets are in that store, keyed by their limit: a reload that keeps a limit keeps its buckets (and
-    one that changes it starts fresh ones), with nothing handed over."""
+    one that changes it starts fresh ones), with nothing handed over. With a store replicas share, the approval
+    queue is kept there too (approval_state.py), and ``config_file`` is the configuration its wait message names."""
     engine = engine or PolicyEngine(config, pinned=pinned, claim_attributes=claim_attributes)
     writer = audit_writer
     if writer is None and config.audit.enabled:
