@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bastion.finding import Finding
-from bastion.plaintext import is_plaintext_remote
+from bastion.plaintext import is_loopback_host, is_plaintext_remote
 from bastion.launchers.findings import installs_its_package, launcher_findings
 
 if TYPE_CHECKING:
@@ -33,6 +33,43 @@ def diagnose(config: "GatewayConfig") -> list[Finding]:
             findings.extend(_cwd_findings(where, server))
     findings.extend(launcher_findings(config))
     findings.extend(plain_text_secrets(config))
+    findings.extend(state_findings(config))
+    return findings
+
+
+def state_findings(config: "GatewayConfig") -> list[Finding]:
+    """``[state]``: where the shared state is, a password written in the file, Redis reached without TLS over a
+    network, TLS files that are not files. Nothing is connected here: ``/readyz`` says whether Redis answers."""
+    state = config.state
+    if state is None:
+        return []
+    from urllib.parse import urlsplit
+
+    findings = []
+    if config.source is not None:
+        from bastion.config import ConfigError, written
+
+        try:
+            data = written(config.source)
+        except ConfigError:
+            data = {}
+        table = data.get("state") if isinstance(data, dict) else None
+        password = table.get("password") if isinstance(table, dict) else None
+        if isinstance(password, str) and password and "${" not in password:
+            findings.append(Finding("warning", "state.password", "Redis's password is written in plain text in the "
+                                    "file (value not shown): anyone who reads or copies the file has it",
+                                    'write password = "${env:REDIS_PASSWORD}" (or "${file:PATH}") and set it there'))
+    host = urlsplit(state.url).hostname or ""
+    if state.url.startswith("redis://") and not is_loopback_host(host):
+        findings.append(Finding("warning", "state.url", "Redis is reached without TLS: approvals, rate limits and "
+                                "the password cross the network unencrypted",
+                                "use rediss:// (with tls_ca_file for a private CA), unless the network path is "
+                                "trusted"))
+    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        path = getattr(state, key)
+        if path is not None and not Path(path).is_file():
+            findings.append(Finding("error", f"state.{key}", f"{path} is not a file",
+                                    "give a PEM file (relative paths are read from the configuration file's folder)"))
     return findings
 
 

@@ -47,8 +47,8 @@ log = logging.getLogger("bastion.reload")
 LOCAL_PROCESS = Identity("local-process", ("local",), authenticated_by="process")
 # Top-level keys that a running gateway cannot take without a restart: what they configure was built once, at
 # start, by the frontend (listener, TLS, authentication, message bound, file watch) or the composition root (the
-# exposure and its index).
-RESTART_KEYS = ("http", "auth", "max_message_bytes", "tools", "reload")
+# exposure and its index, the state store every part holds).
+RESTART_KEYS = ("http", "auth", "max_message_bytes", "tools", "reload", "state")
 # Keys of the policy table that a restart alone changes: the audit trail is one writer process holding its hash
 # chain, and a stdio client's identity was fixed at its connection.
 RESTART_POLICY_KEYS = ("audit", "identity")

@@ -34,13 +34,15 @@ async def test_the_outcome_says_what_a_reload_did_and_why_one_was_refused(tmp_pa
     gateway.start()
     try:
         await gateway.wait_ready(120)
-        write(config, ("a", "b"), page_size=5, max_message_bytes=65536)
+        write(config, ("a", "b"), page_size=5, max_message_bytes=65536,
+              state={"url": "redis://127.0.0.1:1/0"})  # nothing listens there: a reload never connects
         applied = await gateway.reload(identity=OPERATOR, cause="the console")
         assert applied.applied and applied.error is None
         assert (applied.added, applied.removed, applied.restarted) == (("b",), (), ())
-        assert applied.policy_reloaded and applied.needs_restart == ("max_message_bytes",)
+        assert applied.policy_reloaded and applied.needs_restart == ("max_message_bytes", "state")
         assert gateway.config.page_size == 5  # applied
         assert gateway.config.max_message_bytes != 65536  # kept until a restart
+        assert gateway.config.state is None and not gateway.state.shared  # the store it started with
         await gateway.wait_ready(120)
         session = Session(gateway.identity, "legacy", "2025-11-25", {}, None, "test")
         result = await gateway.handle(GatewayRequest("tools/call", {"name": "b__hello", "arguments": {}}, session,

@@ -25,7 +25,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from bastion.state.config import DEFAULT_MAX_CONNECTIONS, DEFAULT_PREFIX, DEFAULT_TIMEOUT, describe
 from bastion.state.store import TAKEN, Bucket, StateUnavailable, Taken
@@ -219,7 +219,7 @@ class _Hub:
                     pubsub = await self._reconnect()
                     pause = 0.05
                 message = await pubsub.get_message(timeout=60.0)
-            except (RedisError, OSError, TimeoutError):
+            except Exception:  # noqa: BLE001 - whatever broke the connection, the subscriptions must come back
                 await self._drop(pubsub)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _RECONNECT_CAP)
@@ -338,6 +338,8 @@ class RedisStore:
     async def _run(self, operation: Awaitable[T]) -> T:
         try:
             return await operation
+        except ResponseError as error:  # reached, and refused: out of memory, a key of another type, a read-only replica
+            raise StateUnavailable(f"the shared state ({self.where}) answered with an error: {_why(error)}") from None
         except (RedisError, OSError, TimeoutError) as error:
             raise StateUnavailable(f"the shared state ({self.where}) cannot be reached: {_why(error)}") from None
 

@@ -278,3 +278,14 @@ async def test_a_long_outage_does_not_use_the_pool_up() -> None:
     finally:
         await store.aclose()
         server.close()
+
+
+async def test_an_error_answer_is_told_apart_from_an_unreachable_redis(redis_server) -> None:
+    store = _store(redis_server)
+    try:
+        await store.put("a value", b"v")
+        with pytest.raises(StateUnavailable) as failed:
+            await store.map_put("a value", {"f": b"1"})  # a key of another type: Redis answers WRONGTYPE
+        assert "answered with an error" in str(failed.value) and "WRONGTYPE" in str(failed.value)
+    finally:
+        await store.aclose()

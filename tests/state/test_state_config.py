@@ -78,3 +78,15 @@ def test_an_unset_password_variable_names_the_key(tmp_path: Path) -> None:
 ])
 def test_bad_settings_are_refused_naming_the_key(tmp_path: Path, state: str, said: str) -> None:
     assert said in _refused(tmp_path, state)
+
+
+def test_bastion_check_warns_of_a_plain_password_and_redis_without_tls_and_missing_tls_files(tmp_path: Path) -> None:
+    from bastion.diagnostics import state_findings
+
+    plain = state_findings(_load(tmp_path, 'url = "redis://redis.internal:6379/0"\npassword = "hunter2"'))
+    assert {(f.level, f.where) for f in plain} == {("warning", "state.password"), ("warning", "state.url")}
+    assert all("hunter2" not in f.message + f.fix for f in plain)
+    good = state_findings(_load(tmp_path, 'url = "redis://127.0.0.1:6379/0"\npassword = "${env:HOME}"'))
+    assert good == []
+    missing = state_findings(_load(tmp_path, 'url = "rediss://redis.internal:6380/0"\ntls_ca_file = "ca.pem"'))
+    assert [(f.level, f.where) for f in missing] == [("error", "state.tls_ca_file")]
