@@ -686,9 +686,10 @@ class ApprovalStage:
                 record["note"] = note
             try:
                 approval_id = await self._submit(record, timeout)
-            except StateUnavailable as exc:  # fails closed: nobody could be asked, so nobody approves
+            except StateUnavailable as exc:
                 log.warning("%s/%s: the approval queue cannot be reached: %s", server, label, exc)
-                return f"the approval queue cannot be reached, so nobody can approve it ({exc})"
+                if not ask_client:  # fails closed: nobody could be asked, so nobody approves
+                    return f"the approval queue cannot be reached, so nobody can approve it ({exc})"
         wait = ApprovalWait(server, label, approval_id, self._command(approval_id), ask_client, timeout,
                             session.identity.describe())
         log.warning("%s", wait.sentence())
@@ -724,8 +725,11 @@ class ApprovalStage:
         try:
             return await asyncio.shield(submitting)
         except asyncio.CancelledError:
-            approval_id = await submitting
-            await self.queue.close_request_async(approval_id, WITHDRAWN, "the client withdrew the call")
+            try:
+                approval_id = await submitting
+                await self.queue.close_request_async(approval_id, WITHDRAWN, "the client withdrew the call")
+            except StateUnavailable:
+                pass  # nothing to mark, or it lapses as orphaned: nobody waits for it either way
             raise
 
     async def _stop_asking(self, asks: Mapping[str, asyncio.Future[Any]], approval_id: str | None) -> None:
@@ -735,7 +739,11 @@ class ApprovalStage:
         if approval_id is not None and queue is not None and client is not None and client.done() \
                 and not client.cancelled():
             status = "approved" if client.exception() is None and client.result() is None else "denied"
-            await queue.close_request_async(approval_id, status, "answered in the client")
+            try:
+                await queue.close_request_async(approval_id, status, "answered in the client")
+            except StateUnavailable as exc:  # the person's answer stands; the request lapses as orphaned
+                log.warning("approval %s was answered in the client, but its queue request cannot be closed: %s",
+                            approval_id, exc)
         for ask in asks.values():
             ask.cancel()
         await asyncio.gather(*asks.values(), return_exceptions=True)

@@ -118,3 +118,15 @@ async def test_ids_that_are_not_ids_never_reach_the_store() -> None:
     for hostile in ("*", "a:b", "../x", "x" * 65, "ü"):
         with pytest.raises(ValueError, match="not an approval id"):
             await queue.settle_async(hostile, True)
+
+
+async def test_with_the_queue_unreachable_a_person_in_the_client_can_still_approve(
+        tmp_path: Path, gateway_factory) -> None:  # noqa: F811
+    from tests.policy.test_pipeline import ACCEPT, Person
+
+    store = SharedMemoryStore()
+    a, _ = await gateway_factory(queued(tmp_path), shared_state=store)
+    store.down = True
+    person = Person(ACCEPT)
+    assert (await call(a, session(client=person), "raw__big", {"size": 3}))["content"][0]["text"] == "xxx"
+    assert len(person.asked) == 1
