@@ -42,11 +42,11 @@ def build_gateway(
     search mode, the guardrails that screen definitions, the policy (unless it is off), the other guardrails (unless
     they are off), then ``interceptors`` (they see only what all of those let through), then the metrics' clock;
     tracing when ``config.tracing`` asks for it, and with ``log_context`` (JSON logs) each request's facts for the log
-    lines written during it. Raises ``PolicyStartError`` when the policy cannot start (a key that cannot be read, an
-    audit trail that cannot be written). ``state``: the store to share with replicas instead of the one ``config``
-    names (tests build two gateways on one store, as two replicas)."""
+    lines written during it. ``state``: a store to share (gateways in one process on one store act as replicas on
+    one Redis); by default the one ``config`` names. Raises ``PolicyStartError`` when the policy cannot start (a key
+    that cannot be read, an audit trail that cannot be written, replicas without the tokens' key)."""
     catalog = server_catalog(config)
-    state = build_state(config) if state is None else state
+    state = state if state is not None else build_state(config)
     check_token_key(config, state)
     policy = build_policy(config, state=state)
     interventions = intervention_log(config, policy)
@@ -236,7 +236,7 @@ def build_guardrail_chain(config: GatewayConfig, policy: PolicyRuntime | None, c
     out_of_band = policy.approval.ask_out_of_band if policy is not None else None
     client_approves = policy.approval.client_approves if policy is not None else None
     return build_guardrails(config.guardrails, report, catalog, pinned_entries(config), pin_identities(config),
-                            out_of_band, client_approves, state=state)
+                            out_of_band, client_approves, state)
 
 
 def catalog_index(catalog: CatalogView, tools: ToolsConfig) -> CatalogIndex:

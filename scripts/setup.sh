@@ -8,6 +8,11 @@ missing=()
 for pkg in git bubblewrap libseccomp2 iproute2 chromium redis-server haproxy; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# kubectl for the manifests' offline checks (tests/deploy): Debian's kubernetes-client where the release has it and
+# no kubectl is on PATH already (another package's /usr/bin/kubectl, such as the Google Cloud SDK's, collides with it).
+if ! command -v kubectl >/dev/null 2>&1 && apt-cache show kubernetes-client >/dev/null 2>&1; then
+    missing+=(kubernetes-client)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${missing[*]}" >&2
     if [ "$(id -u)" -eq 0 ]; then

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, update_wrapper
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.raw import RawResults
 from bastion.guardrails.report import InterventionLog
 from bastion.model import CatalogView, Interceptor
+from bastion.state import MemoryStore, StateStore
 
 if TYPE_CHECKING:
-    from bastion.state import StateStore
     from bastion.guardrails.taint import ClientApproves, OutOfBand
 
 # The first guardrail sees a client's request first and the result last. Pinning and metadata scanning decide what
@@ -24,22 +24,29 @@ if TYPE_CHECKING:
 Builder = Callable[[GuardrailsConfig, InterventionLog, CatalogView], "Interceptor | None"]
 
 
+def given(builder: Callable[..., "Interceptor | None"], **values: Any) -> Builder:
+    """``builder`` with some of its arguments given, still named as itself (bench/guardrails.py lists them)."""
+    return update_wrapper(partial(builder, **values), builder)
+
+
 def screen_builders(entries: Mapping[str, Mapping[str, Any]] | None = None,
-                    identities: Mapping[str, str] | None = None, state: "StateStore | None" = None) -> list[Builder]:
+                    identities: Mapping[str, str] | None = None, state: StateStore | None = None) -> list[Builder]:
     """The builders of the guardrails that screen definitions, outermost first; each returns None when its
     guardrail is off everywhere. ``entries``: the servers' configuration entries, which pinning pins too;
-    ``identities``: the identity each server is pinned under; ``state``: the gateway's store (pins are kept there
-    when replicas share it)."""
+    ``identities``: the identity each server is pinned under; ``state``: where what outlives a request is kept
+    (the pins too, when replicas share it)."""
     from bastion.guardrails.injection import build_metadata
     from bastion.guardrails.pinning import build as build_pinning
     from bastion.guardrails.taint import build_recall as build_taint_recall
 
     # The metadata scan refuses calls to the tools it withholds itself (one layer, not two).
-    return [partial(build_pinning, entries=entries, identities=identities, state=state), build_metadata, build_taint_recall]
+    return [given(build_pinning, entries=entries, identities=identities, state=state), build_metadata,
+            given(build_taint_recall, state=state)]
 
 
-def inner_builders() -> list[Builder]:
-    """The builders of the guardrails inside the policy, outermost first."""
+def inner_builders(state: StateStore | None = None) -> list[Builder]:
+    """The builders of the guardrails inside the policy, outermost first; ``state``: where what outlives a request
+    is kept."""
     from bastion.guardrails.consent import build as build_consent
     from bastion.guardrails.deputy import build as build_deputy
     from bastion.guardrails.flow import build as build_flow
@@ -50,7 +57,8 @@ def inner_builders() -> list[Builder]:
 
     # Flow is outermost: the answers it remembers values of are the ones the client gets, already redacted.
     # Consent's budget refuses before the output scan marks: a request over it is never scanned nor shown.
-    return [build_flow, build_deputy, build_taint, build_sampling, build_consent, build_output, build_scanning]
+    return [given(build_flow, state=state), build_deputy, build_taint, given(build_sampling, state=state),
+            given(build_consent, state=state), build_output, build_scanning]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +75,18 @@ def build_guardrails(config: GuardrailsConfig, report: InterventionLog, catalog:
                      identities: Mapping[str, str] | None = None,
                      out_of_band: "OutOfBand | None" = None,
                      client_approves: "ClientApproves | None" = None,
-                     state: "StateStore | None" = None) -> GuardrailChain:
+                     state: StateStore | None = None) -> GuardrailChain:
     """``out_of_band``: where the guardrails that hold a call ask a person the client cannot reach (the policy's
     approval queue); without it such a call is refused. ``client_approves``: whether a session's client may be
-    asked at all (the policy's ``approval.approver``; without a policy, only a client on stdio)."""
+    asked at all (the policy's ``approval.approver``; without a policy, only a client on stdio). ``state``: the
+    gateway's store, where a caller's taint, the values its answers carried and the budgets of servers' requests
+    are kept, so that replicas sharing it judge alike (without one, a store of this chain's own)."""
+    state = state or MemoryStore()
     def built(builders: list[Builder]) -> list[Interceptor]:
         made = (builder(config, report, catalog) for builder in builders)
         return [interceptor for interceptor in made if interceptor is not None]
 
-    inner = built(inner_builders())
+    inner = built(inner_builders(state))
     for interceptor in inner:
         if hasattr(interceptor, "out_of_band"):
             interceptor.out_of_band = out_of_band  # type: ignore[attr-defined]

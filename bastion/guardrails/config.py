@@ -164,9 +164,12 @@ class CrossServerSettings(_Strict):
     taint_memory_seconds: float = Field(
         default=3600.0, gt=0, description="how long a 2026-07-28 caller stays tainted after the last answer that "
         "tainted it (each request of such a client is a session of its own)")
+    # Read by nothing since the memory moved to the gateway's state store, where each caller's entry expires on its
+    # own (taint_memory_seconds) and no replica can count the others' callers: accepted so that a file setting it
+    # still loads.
     taint_memory_callers: int = Field(
-        default=10000, ge=1, description="how many 2026-07-28 callers' taint is kept at once; past it, the caller "
-        "least recently seen is forgotten")
+        default=10000, ge=1, description="no longer used: a caller's taint and values expire taint_memory_seconds "
+        "after the last answer that left them, in the gateway's state store")
 
     def allows(self, server: str, owner: str) -> bool:
         allowed = self.allow.get(server, ())

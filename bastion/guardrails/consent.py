@@ -17,16 +17,19 @@ Each check is a pure function; ``ConsentGuard`` applies them, budget first, and 
 
 from __future__ import annotations
 
+import logging
 import re
-import time
 import unicodedata
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from bastion.guardrails.config import ElicitationSettings, GuardrailsConfig
+from bastion.guardrails.remembered import client_of, key, unreachable
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler
+from bastion.state import MemoryStore, StateStore, StateUnavailable
+
+log = logging.getLogger("bastion.guardrails")
 
 ELICITATION = "elicitation/create"
 # The request itself is not acceptable, as for a refused sampling request.
@@ -101,34 +104,27 @@ def _plain(text: str) -> str:
 
 
 class ConsentLedger:
-    """How often each server asked each client within the window; entries idle for a window are dropped."""
+    """How often each server asked each client within the window: a sliding window per (client, server) in the
+    gateway's store (so that replicas sharing it share the budget), which forgets it a window after the last."""
 
-    def __init__(self, settings: ElicitationSettings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: StateStore, settings: ElicitationSettings) -> None:
+        self._store = store
         self._settings = settings
-        self._clock = clock
-        self._asked: dict[tuple[str, str], deque[float]] = {}
 
-    def admit(self, client: str, server: str) -> Refusal | None:
-        """Count one request, or say it is over the budget (nothing is counted then)."""
+    async def admit(self, client: str, server: str) -> Refusal | None:
+        """Count one request, or say it is over the budget (nothing is counted then), or that the store cannot be
+        asked (fails closed: the request is refused)."""
         limit, window = self._settings.for_server(server)
-        now = self._clock()
-        self._forget_idle(now)
-        asked = self._asked.setdefault((client, server), deque())
-        while asked and asked[0] <= now - window:
-            asked.popleft()
-        if len(asked) >= limit:
-            retry = asked[0] + window - now if asked else window
-            return Refusal("requests-per-window",
-                           f"it is request {len(asked) + 1} within {window:g} s, over the budget of {limit} "
-                           "(guardrails.consent.max_requests and window_seconds): asking a person again and again "
-                           "wears their judgement down", max(0.0, retry))
-        asked.append(now)
-        return None
-
-    def _forget_idle(self, now: float) -> None:
-        longest = self._settings.longest_window()
-        for key in [key for key, asked in self._asked.items() if not asked or asked[-1] <= now - longest]:
-            del self._asked[key]
+        try:
+            wait = await self._store.hit(key("consent", client, server), limit, window)
+        except StateUnavailable as error:
+            return Refusal("state-unavailable", f"{unreachable(error)} to count it against the budget "
+                           "(guardrails.consent.max_requests)")
+        if wait == 0:
+            return None
+        return Refusal("requests-per-window",
+                       f"it is over the budget of {limit} within {window:g} s (guardrails.consent.max_requests and "
+                       "window_seconds): asking a person again and again wears their judgement down", wait)
 
 
 def secrets_refusal(fields: list[str]) -> Refusal:
@@ -152,20 +148,22 @@ class ConsentGuard:
     methods = frozenset({ELICITATION})
     reads_results = False
 
-    def __init__(self, config: GuardrailsConfig, report: InterventionLog, ledger: ConsentLedger | None = None) -> None:
+    def __init__(self, config: GuardrailsConfig, report: InterventionLog, ledger: ConsentLedger) -> None:
         self._config = config
         self._report = report
-        self._ledger = ledger or ConsentLedger(config.consent)
+        self._ledger = ledger
 
     async def __call__(self, request: GatewayRequest, call_next: Handler) -> Any:
         server = request.server
         if request.method != ELICITATION or server is None or self._config.switch("elicitation", server) == "off":
             return await call_next(request)
         params = request.params if isinstance(request.params, dict) else {}
-        client = request.session.session_id or request.session.identity.name
-        refusal = self._ledger.admit(client, server)
+        refusal = await self._ledger.admit(client_of(request), server)
         if refusal is not None:
-            self._tell(request, "refused", "over-budget", refusal.rule, refusal.reason)
+            if refusal.rule == "state-unavailable":
+                log.warning("elicitation from server '%s' refused: %s", server, refusal.reason)
+            self._tell(request, "refused", "over-budget" if refusal.rule != "state-unavailable" else
+                       "state-unavailable", refusal.rule, refusal.reason)
             raise refusal.error(server)
         mode = self._config.consent.secrets
         fields = secret_fields(params) if mode != "off" else []
@@ -183,7 +181,9 @@ class ConsentGuard:
                                          request.session.session_id, request.session.identity))
 
 
-def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> ConsentGuard | None:
+def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
+          state: StateStore | None = None) -> ConsentGuard | None:
+    """``state``: where the budgets are counted (the gateway's store; a store of its own without one)."""
     if not config.on_anywhere("elicitation"):
         return None
-    return ConsentGuard(config, report)
+    return ConsentGuard(config, report, ConsentLedger(state or MemoryStore(), config.consent))

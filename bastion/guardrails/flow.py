@@ -16,12 +16,14 @@ decoding when they came as bytes) and an answer as the JSON text the server sent
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, NoReturn
 
 import msgspec
 import orjson
 
 from bastion.guardrails.config import GuardrailsConfig, Switch
+from bastion.guardrails.remembered import unreachable
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.scanning import ScannerInBackground
 from bastion.guardrails.taint import (
@@ -39,6 +41,9 @@ from bastion.guardrails.taint import (
 )
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, ToolEntry
 from bastion.protocol.jsonrpc import RawResponse
+from bastion.state import MemoryStore, StateStore, StateUnavailable
+
+log = logging.getLogger("bastion.guardrails")
 
 _CALL = "tools/call"
 _ANSWERS = frozenset({_CALL, "resources/read", "prompts/get"})
@@ -94,7 +99,7 @@ class FlowGuard:
                     sent = await self._check(request, entry, text)
         result = await call_next(request)
         if self._remembers:
-            self._note(request, result, sent)
+            await self._note(request, result, sent)
         return result
 
     # ------------------------------------------------------------------------------------------ arguments
@@ -111,7 +116,14 @@ class FlowGuard:
                                  {"kinds": kinds})
         flow_mode = self._flow(entry.server) if sent and sends_out(request.catalog, entry) else "off"
         if flow_mode != "off":
-            sources = self._memory.sources(request.session.identity, sent, entry.server)
+            try:
+                sources = await self._memory.sources(request.session.identity, sent, entry.server)
+            except StateUnavailable as error:
+                why = (f"its arguments carry values for server '{entry.server}' that may have come from another "
+                       f"server's answers, and {unreachable(error)} to tell")
+                log.warning("flow: %s", why)
+                await self._hold(request, entry, flow_mode, "flow", "state-unavailable", why, {})
+                return sent
             if sources:
                 named = ", ".join(f"'{server}' ({count} value{'s' if count > 1 else ''})"
                                   for server, count in sorted(sources.items()))
@@ -160,9 +172,10 @@ class FlowGuard:
                                          request.session.identity))
 
     # ------------------------------------------------------------------------------------------ answers
-    def _note(self, request: GatewayRequest, result: Any, sent: list[bytes]) -> None:
+    async def _note(self, request: GatewayRequest, result: Any, sent: list[bytes]) -> None:
         """Remember the distinctive values of an answer, for the caller, under the server that gave them; not those
-        the call itself sent (a server echoing what it was given did not give it)."""
+        the call itself sent (a server echoing what it was given did not give it). An answer whose values cannot be
+        remembered is withheld: the calls it would feed could not be checked."""
         if type(result) is RawResponse:
             text = bytes(result.result)
             if b"\\u" in text:
@@ -180,7 +193,18 @@ class FlowGuard:
         if values:
             server = answering_server(request)
             if server is not None:
-                self._memory.note(request.session.identity, server, values)
+                try:
+                    await self._memory.note(request.session.identity, server, values)
+                except StateUnavailable as error:
+                    self._withhold(request, server, unreachable(error))
+
+    def _withhold(self, request: GatewayRequest, server: str, why: str) -> NoReturn:
+        log.warning("flow: %s; an answer of server '%s' is withheld", why, server)
+        self._report.report(Intervention("flow", "refused", server, request.method, "state-unavailable",
+                                         "flow-state", why, request.session.session_id, request.session.identity))
+        raise GatewayError(TAINT_REFUSED, f"The answer of server '{server}' was withheld: it carries values whose "
+                           f"flow to other servers is checked, and {why} to remember them; try again when it is back",
+                           {"guardrail": "flow", "rule": "state-unavailable"})
 
 
 def sends_out(catalog: CatalogView, entry: ToolEntry) -> bool:
@@ -190,10 +214,11 @@ def sends_out(catalog: CatalogView, entry: ToolEntry) -> bool:
     return content_origin(catalog, entry.server) is not None or claims_open_world(entry.definition)
 
 
-def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> FlowGuard | None:
+def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
+          state: StateStore | None = None) -> FlowGuard | None:
+    """``state``: where the values are remembered (the gateway's store; a store of its own without one)."""
     secrets, flow = config.on_anywhere("argument_secrets"), config.on_anywhere("flow")
     if not secrets and not flow:
         return None
-    settings = config.cross_server
     return FlowGuard(config, report, ScannerInBackground() if secrets else None,
-                     ValueMemory(settings.taint_memory_seconds, settings.taint_memory_callers))
+                     ValueMemory(state or MemoryStore(), config.cross_server.taint_memory_seconds))

@@ -11,16 +11,21 @@ a refused request with a JSON-RPC error the server can read.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from bastion.guardrails.config import GuardrailsConfig, SamplingSettings
 from bastion.guardrails.content import text_slots
 from bastion.guardrails.injection import INJECTION_FLAGS, Verdict, mark_untrusted, scan_slots
+from bastion.guardrails.remembered import client_of, key, unreachable
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CallInFlight, CatalogView, GatewayError, GatewayRequest, Handler
+from bastion.state import MemoryStore, StateStore, StateUnavailable
+
+log = logging.getLogger("bastion.guardrails")
 
 SAMPLING = "sampling/createMessage"
 # The JSON-RPC error a refused sampling request is answered with: the request itself is not acceptable.
@@ -105,31 +110,33 @@ def limit_model_preferences(preferences: Any, trusted: bool) -> tuple[Any, bool]
 
 
 @dataclass(slots=True)
-class _Spending:
-    """One client's sampling from one server: when each request came and the tokens it asked, per call too."""
+class _Calls:
+    """One client's sampling from one server, per call in flight: kept in this process, where the call runs (a
+    server asks for sampling over the connection of the replica that sent it the call)."""
 
-    recent: deque[tuple[float, int]] = field(default_factory=deque)
     per_call: dict[Any, int] = field(default_factory=dict)
     last_used: float = 0.0
 
 
 class SamplingLedger:
-    """The budgets of ``SamplingSettings``, kept per (client, server); entries idle for a minute are dropped."""
+    """The budgets of ``SamplingSettings`` per (client, server): requests per call here, where the call runs;
+    requests a minute (a sliding window) and tokens a minute (counted per minute of ``clock``) in the gateway's
+    store, so that replicas sharing it share them."""
 
-    def __init__(self, settings: SamplingSettings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: StateStore, settings: SamplingSettings,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
         self._settings = settings
         self._clock = clock
-        self._spending: dict[tuple[str, str], _Spending] = {}
+        self._calls: dict[tuple[str, str], _Calls] = {}
 
-    def admit(self, client: str, server: str, calls: Sequence[CallInFlight], tokens: int) -> Refusal | None:
+    async def admit(self, client: str, server: str, calls: Sequence[CallInFlight], tokens: int) -> Refusal | None:
         """Count one request of ``tokens`` (its capped ``maxTokens``) against the budgets, or say which it would
-        exceed (nothing is counted then)."""
+        exceed (nothing is counted then), or that the store cannot be asked (fails closed: the request is refused)."""
         now = self._clock()
         self._forget_idle(now)
-        spending = self._spending.setdefault((client, server), _Spending())
+        spending = self._calls.setdefault((client, server), _Calls())
         spending.last_used = now
-        while spending.recent and spending.recent[0][0] <= now - _WINDOW_SECONDS:
-            spending.recent.popleft()
         settings = self._settings.for_server(server)
         call = calls[-1].request_id if calls else None
         live = {c.request_id for c in calls}
@@ -138,28 +145,40 @@ class SamplingLedger:
             return Refusal("requests-per-call", "over-budget",
                            f"it is request {spending.per_call.get(call, 0) + 1} within one call, over the budget of "
                            f"{settings.requests_per_call} (guardrails.sampling_budget.requests_per_call)")
-        if len(spending.recent) >= settings.requests_per_minute:
-            return Refusal("requests-per-minute", "over-budget",
-                           f"over the budget of {settings.requests_per_minute} requests a minute "
-                           "(guardrails.sampling_budget.requests_per_minute)", self._retry_after(spending, now))
-        spent = sum(t for _, t in spending.recent)
-        if spent + tokens > settings.tokens_per_minute:
+        try:
+            refusal = await self._spend(client, server, settings, tokens, now)
+        except StateUnavailable as error:
+            refusal = Refusal("state-unavailable", "state-unavailable",
+                              f"{unreachable(error)} to count it against the budgets (guardrails.sampling_budget)")
+        if refusal is None:
+            spending.per_call[call] = spending.per_call.get(call, 0) + 1
+        return refusal
+
+    async def _spend(self, client: str, server: str, settings: Any, tokens: int, now: float) -> Refusal | None:
+        """The minute's tokens, then the minute's requests, in the store: tokens given back when the requests
+        refuse, so that a refused request spends nothing."""
+        minute = math.floor(now / _WINDOW_SECONDS)
+        spent_key = f"{key('sampling-tokens', client, server)}:{minute}"
+        if await self._store.add(spent_key, tokens, limit=settings.tokens_per_minute,
+                                 seconds=2 * _WINDOW_SECONDS) is None:
             return Refusal("tokens-per-minute", "over-budget",
                            f"{tokens} more tokens would pass the budget of {settings.tokens_per_minute} a minute "
-                           f"({spent} asked already; guardrails.sampling_budget.tokens_per_minute)",
-                           self._retry_after(spending, now))
-        spending.recent.append((now, tokens))
-        spending.per_call[call] = spending.per_call.get(call, 0) + 1
-        return None
-
-    @staticmethod
-    def _retry_after(spending: _Spending, now: float) -> float:
-        return max(0.0, spending.recent[0][0] + _WINDOW_SECONDS - now) if spending.recent else 0.0
+                           "(guardrails.sampling_budget.tokens_per_minute)",
+                           max(0.0, (minute + 1) * _WINDOW_SECONDS - now))
+        wait = await self._store.hit(key("sampling-requests", client, server), settings.requests_per_minute,
+                                     _WINDOW_SECONDS)
+        if wait == 0:
+            return None
+        if tokens:
+            await self._store.add(spent_key, -tokens, seconds=2 * _WINDOW_SECONDS)
+        return Refusal("requests-per-minute", "over-budget",
+                       f"over the budget of {settings.requests_per_minute} requests a minute "
+                       "(guardrails.sampling_budget.requests_per_minute)", wait)
 
     def _forget_idle(self, now: float) -> None:
-        idle = [key for key, s in self._spending.items() if s.last_used <= now - _WINDOW_SECONDS]
+        idle = [key for key, s in self._calls.items() if s.last_used <= now - _WINDOW_SECONDS]
         for key in idle:
-            del self._spending[key]
+            del self._calls[key]
 
 
 # ------------------------------------------------------------------------------------------ the interceptor
@@ -185,11 +204,11 @@ class SamplingGuard:
     methods = frozenset({SAMPLING})
     reads_results = False
 
-    def __init__(self, config: GuardrailsConfig, report: InterventionLog, ledger: SamplingLedger | None = None,
+    def __init__(self, config: GuardrailsConfig, report: InterventionLog, ledger: SamplingLedger,
                  scanners: Sequence[Scanner] = ()) -> None:
         self._config = config
         self._report = report
-        self._ledger = ledger or SamplingLedger(config.sampling_budget)
+        self._ledger = ledger
         # Scanners of what the model would read (the system prompt and messages), as results are scanned; each
         # may rewrite the params in place or raise GatewayError.
         self._scanners = tuple(scanners)
@@ -204,9 +223,10 @@ class SamplingGuard:
         refusal = check_origin(server, request.calls_in_flight) or check_include_context(params, trust)
         if refusal is None:
             tokens = min(requested_tokens(params) or limit, limit)
-            client = request.session.session_id or request.session.identity.name
-            refusal = self._ledger.admit(client, server, request.calls_in_flight, tokens)
+            refusal = await self._ledger.admit(client_of(request), server, request.calls_in_flight, tokens)
         if refusal is not None:
+            if refusal.rule == "state-unavailable":
+                log.warning("sampling request from server '%s' refused: %s", server, refusal.reason)
             self._tell(request, "refused", refusal.kind, refusal.rule, refusal.reason)
             raise refusal.error(server)
         params, asked = cap_max_tokens(params, limit)
@@ -265,8 +285,11 @@ def injection_scan(config: GuardrailsConfig, report: InterventionLog) -> Scanner
     return scan
 
 
-def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> SamplingGuard | None:
+def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
+          state: StateStore | None = None) -> SamplingGuard | None:
+    """``state``: where the budgets are counted (the gateway's store; a store of its own without one)."""
     if not config.on_anywhere("sampling"):
         return None
     scanners = [injection_scan(config, report)] if config.on_anywhere("output_injection") else []
-    return SamplingGuard(config, report, scanners=scanners)
+    ledger = SamplingLedger(state or MemoryStore(), config.sampling_budget)
+    return SamplingGuard(config, report, ledger, scanners=scanners)

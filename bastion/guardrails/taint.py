@@ -27,7 +27,8 @@ import math
 import os
 import re
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
@@ -35,14 +36,20 @@ import msgspec
 from bastion.clients.known_tools import claims_open_world
 from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.injection import INJECTION_FLAGS
+from bastion.guardrails.remembered import caller_key, unreachable
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.guardrails.sampling import server_trust
 from bastion.model import (TAINTED_BY, TO_SERVER, CatalogView, GatewayError, GatewayRequest, Handler, Identity,
                            Session, TaintSource, ToolEntry)
+from bastion.state import MemoryStore, StateStore, StateUnavailable
 
 log = logging.getLogger("bastion.guardrails")
 
 TAINT_REFUSED = -32001  # the policy's refusal code: a tainted session's call is refused the way a policy refuses
+# What taints a 2026-07-28 request whose caller's earlier requests cannot be recalled (the store is unreachable): no
+# server is named so (a name in brackets and with a space is no configured server's), so every call that changes
+# something is held as after another server's content.
+UNKNOWN_STATE = "(shared state)"
 _ANNOTATIONS_TRUSTED_AT = frozenset({"trusted", "reviewed"})
 _ANSWERING = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
 
@@ -163,51 +170,95 @@ def _server_named(catalog: CatalogView, method: str, name: str | None) -> str | 
     return owner(name) if callable(owner) else None
 
 
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """What a caller's earlier requests left: the sources, in the order they came, and until when each holds."""
+
+    sources: dict[str, TaintSource]
+    until: dict[str, float]
+
+
+NOTHING_RECALLED = Recalled({}, {})
+
+
 class TaintMemory:
-    """What tainted each caller's 2026-07-28 requests, kept between them: per identity, the first source of each
-    server, which expires ``seconds`` after the last answer of that server that tainted the caller. At most
-    ``callers`` identities are kept; past that the one least recently seen is forgotten (its next call is then
-    judged as a first request's), so the memory stays bounded however many callers come."""
+    """What tainted each caller's 2026-07-28 requests, kept between them in the gateway's store (so every replica
+    sharing it recalls it): per identity, the first source of each server, which expires ``seconds`` after the last
+    answer of that server that tainted the caller (renewed at most every ``renew_every`` seconds, so that a caller
+    reading one server again and again costs a write a minute, not one per call). A caller's map holds at most one
+    source per server and expires with its last source, so the memory stays bounded by the servers and the callers
+    of the last ``seconds``.
 
-    def __init__(self, seconds: float, callers: int, clock: Callable[[], float] = time.monotonic) -> None:
+    Each source is two fields of the caller's map: ``s:SERVER`` (the source, written once: the first content is
+    what prompts name) and ``u:SERVER`` (until when, by ``clock``, rewritten when the server's answers renew it),
+    so that renewing a source rewrites only its time."""
+
+    def __init__(self, store: StateStore, seconds: float, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
         self._seconds = seconds
-        self._callers = callers
+        self._renew_every = min(60.0, seconds / 60)
         self._clock = clock
-        self._kept: OrderedDict[Identity, dict[str, tuple[TaintSource, float]]] = OrderedDict()
 
-    def recall(self, identity: Identity) -> dict[str, TaintSource]:
-        """The sources still tainting ``identity``, in the order they came (empty when none)."""
-        kept = self._kept.get(identity)
-        if kept is None:
-            return {}
-        now = self._clock()
-        live = {server: entry for server, entry in kept.items() if entry[1] > now}
-        if not live:
-            del self._kept[identity]
-            return {}
-        if len(live) != len(kept):
-            self._kept[identity] = live
-        self._kept.move_to_end(identity)
-        return {server: source for server, (source, _) in live.items()}
+    async def recall(self, identity: Identity) -> dict[str, TaintSource]:
+        """The sources still tainting ``identity``, in the order they came (empty when none); raises
+        ``StateUnavailable`` when the store cannot be asked."""
+        return (await self.recall_kept(identity)).sources
 
-    def keep(self, identity: Identity, sources: Mapping[str, TaintSource], renewed: str | None) -> None:
-        """Remember ``sources`` for ``identity``: each new one from now, and ``renewed`` (the server that answered
-        the request just done, when it taints) from now again; the others keep their time."""
-        if not sources:
-            return
+    async def recall_kept(self, identity: Identity) -> Recalled:
+        """``recall`` with until when each source holds."""
+        kept = await self._store.map_all(caller_key("taint", identity))
+        if not kept:
+            return NOTHING_RECALLED
         now = self._clock()
-        expires = now + self._seconds
-        kept = {server: entry for server, entry in self._kept.get(identity, {}).items() if entry[1] > now}
+        live: list[tuple[float, TaintSource, float]] = []
+        for field, packed in kept.items():
+            if not field.startswith("s:"):
+                continue
+            until = _number(kept.get("u:" + field[2:]))
+            source = _unpacked_source(packed)
+            if source is not None and until is not None and until > now and source[1].server == field[2:]:
+                live.append((*source, until))
+        live.sort(key=lambda each: each[0])
+        return Recalled({source.server: source for _, source, _ in live},
+                        {source.server: until for _, source, until in live})
+
+    async def keep(self, identity: Identity, sources: Mapping[str, TaintSource], renewed: str | None,
+                   recalled: Recalled = NOTHING_RECALLED) -> bool:
+        """Remember ``sources`` for ``identity``: each not ``recalled`` (new) from now, and ``renewed`` (the server
+        that answered the request just done, when it taints) from now again, unless it was renewed within
+        ``renew_every``; the others keep their time. Writes only when there is something to write (most requests):
+        whether it wrote."""
+        now = self._clock()
+        until = str(now + self._seconds).encode()
+        fields: dict[str, bytes] = {}
         for server, source in sources.items():
-            if server not in kept or server == renewed:
-                kept[server] = (kept[server][0] if server in kept else source, expires)
-        self._kept[identity] = kept
-        self._kept.move_to_end(identity)
-        while len(self._kept) > self._callers:
-            self._kept.popitem(last=False)
+            if server not in recalled.sources:
+                fields["s:" + server] = msgspec.json.encode([now, source.server, source.target, source.reason])
+                fields["u:" + server] = until
+            elif server == renewed and recalled.until[server] <= now + self._seconds - self._renew_every:
+                fields["u:" + server] = until
+        if not fields:
+            return False
+        await self._store.map_put(caller_key("taint", identity), fields, self._seconds)
+        return True
 
-    def __len__(self) -> int:
-        return len(self._kept)
+
+def _number(packed: bytes | None) -> float | None:
+    try:
+        return float(packed) if packed is not None else None
+    except ValueError:
+        return None
+
+
+def _unpacked_source(packed: bytes) -> tuple[float, TaintSource] | None:
+    """A source as ``keep`` wrote it, with when it came; None for anything else (a store holds what it is given)."""
+    try:
+        since, server, target, reason = msgspec.json.decode(packed)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return None
+    if not (isinstance(since, (int, float)) and all(isinstance(each, str) for each in (server, target, reason))):
+        return None
+    return float(since), TaintSource(server, target, reason)
 
 
 # ------------------------------------------------------------------------------------------ values that flow
@@ -245,61 +296,112 @@ def distinctive_values(json_text: bytes) -> list[bytes]:
     return [token for token in runs if distinctive(token)]
 
 
-class ValueMemory:
-    """Which server's answers carried each distinctive value a caller was given: per identity, keyed hashes (a
-    per-process random key, so the memory holds no value and a hash is no oracle across processes), each expiring
-    ``seconds`` after it was last seen. Bounded: ``per_caller`` values per identity (the oldest forgotten first) and
-    ``callers`` identities (the least recently seen forgotten first)."""
+# The hashing key of ValueMemory, shared through the store: a log whose first entry wins, so that replicas starting
+# together agree on one key however their appends interleave. A log is appended to only when it is found empty, and
+# lives far longer than any value it hashes is remembered.
+VALUE_KEY_LOG = "guardrails:flow-hash-key"
+VALUE_KEY_BYTES = 32
+_VALUE_KEY_SECONDS = 10 * 365 * 86400.0
 
-    def __init__(self, seconds: float, callers: int, per_caller: int = 4096,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+
+class ValueMemory:
+    """Which server's answers carried each distinctive value a caller was given, kept in the gateway's store (so
+    every replica sharing it knows): per identity, a map from keyed hashes of the values (the key made once per store
+    and shared through it, so the memory holds no value and a hash is no oracle to anyone without the store) to the
+    servers that gave them and until when (``seconds`` after the value was last seen). Bounded: ``per_caller`` values
+    per identity (the oldest forgotten first); a caller's map expires ``seconds`` after its last answer."""
+
+    def __init__(self, store: StateStore, seconds: float, per_caller: int = 4096,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
         self._seconds = seconds
-        self._callers = callers
         self._per_caller = per_caller
         self._clock = clock
-        self._key = os.urandom(32)
-        self._kept: OrderedDict[Identity, OrderedDict[bytes, tuple[frozenset[str], float]]] = OrderedDict()
+        self._key: bytes | None = None
 
-    def _digest(self, value: bytes) -> bytes:
-        return hashlib.blake2b(value, digest_size=16, key=self._key).digest()
+    async def _hash_key(self) -> bytes:
+        if self._key is None:
+            _, entries = await self._store.read_after(VALUE_KEY_LOG, 0)
+            if not entries:
+                await self._store.append(VALUE_KEY_LOG, os.urandom(VALUE_KEY_BYTES), keep=64,
+                                         seconds=_VALUE_KEY_SECONDS)
+                _, entries = await self._store.read_after(VALUE_KEY_LOG, 0)
+            key = entries[0][1] if entries else b""
+            if len(key) != VALUE_KEY_BYTES:
+                raise StateUnavailable(f"the flow guard's hashing key in the store ({VALUE_KEY_LOG}) is not "
+                                       f"{VALUE_KEY_BYTES} bytes")
+            self._key = key
+        return self._key
 
-    def note(self, identity: Identity, server: str, values: list[bytes]) -> None:
-        """Remember that ``server``'s answer gave ``identity`` these ``values``."""
+    async def _digests(self, values: list[bytes]) -> list[str]:
+        key = await self._hash_key()
+        return [hashlib.blake2b(value, digest_size=16, key=key).hexdigest() for value in values]
+
+    async def note(self, identity: Identity, server: str, values: list[bytes]) -> None:
+        """Remember that ``server``'s answer gave ``identity`` these ``values``; raises ``StateUnavailable`` when
+        the store cannot be asked."""
         if not values:
             return
-        kept = self._kept.get(identity)
-        if kept is None:
-            kept = self._kept[identity] = OrderedDict()
-            while len(self._kept) > self._callers:
-                self._kept.popitem(last=False)
-        self._kept.move_to_end(identity)
-        expires = self._clock() + self._seconds
-        for value in values:
-            digest = self._digest(value)
-            known = kept.pop(digest, None)
-            kept[digest] = ((known[0] | {server}) if known is not None and server not in known[0]
-                            else known[0] if known is not None else frozenset((server,)), expires)
-        while len(kept) > self._per_caller:
-            kept.popitem(last=False)
+        digests = await self._digests(values)
+        where = caller_key("values", identity)
+        now = self._clock()
+        kept = await self._store.map_all(where)
+        until = now + self._seconds
+        changed: dict[str, bytes] = {}
+        for digest in dict.fromkeys(digests):
+            # Only the values of this answer are read: a caller may have thousands kept, and most answers add few.
+            known = _unpacked_value(kept.get(digest))
+            servers = sorted({server, *known[0]}) if known is not None and known[1] > now else [server]
+            changed[digest] = msgspec.json.encode([servers, until])
+        dropped = self._past_the_bound(kept, changed, now)
+        await self._store.map_put(where, {d: p for d, p in changed.items() if d not in dropped}, self._seconds)
+        if dropped:
+            await self._store.map_delete(where, sorted(dropped))
 
-    def sources(self, identity: Identity, values: list[bytes], server: str) -> dict[str, int]:
+    def _past_the_bound(self, kept: Mapping[str, bytes], changed: Mapping[str, bytes], now: float) -> set[str]:
+        """What to drop so that at most ``per_caller`` values stay: expired ones, then the least recently seen, down to
+        seven eighths of the bound, so that a caller at the bound has its whole map read once every so many new
+        values rather than with each answer."""
+        if len(kept) + sum(1 for digest in changed if digest not in kept) <= self._per_caller:
+            return set()
+        seen = {digest: entry[1] if (entry := _unpacked_value(packed)) is not None else 0.0
+                for digest, packed in {**kept, **changed}.items()}
+        dropped = {digest for digest, when in seen.items() if when <= now}
+        live = sorted((digest for digest in seen if digest not in dropped), key=seen.__getitem__)
+        keep = self._per_caller - self._per_caller // 8
+        return dropped | set(live[:max(0, len(live) - keep)])
+
+    async def sources(self, identity: Identity, values: list[bytes], server: str) -> dict[str, int]:
         """The servers other than ``server`` whose answers gave ``identity`` any of ``values`` (and how many of
-        them), when ``server``'s own answers did not give that value too."""
-        kept = self._kept.get(identity)
-        if kept is None or not values:
+        them), when ``server``'s own answers did not give that value too; raises ``StateUnavailable`` when the
+        store cannot be asked."""
+        if not values:
+            return {}
+        kept = await self._store.map_all(caller_key("values", identity))
+        if not kept:
             return {}
         now = self._clock()
         found: dict[str, int] = {}
-        for value in values:
-            known = kept.get(self._digest(value))
+        for digest in await self._digests(values):
+            known = _unpacked_value(kept.get(digest))
             if known is None or known[1] <= now or server in known[0]:
                 continue
             for source in known[0]:
                 found[source] = found.get(source, 0) + 1
         return found
 
-    def __len__(self) -> int:
-        return sum(len(kept) for kept in self._kept.values())
+
+def _unpacked_value(packed: bytes | None) -> tuple[list[str], float] | None:
+    if packed is None:
+        return None
+    try:
+        servers, until = msgspec.json.decode(packed)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return None
+    if not (isinstance(until, (int, float)) and isinstance(servers, list)
+            and all(isinstance(each, str) for each in servers)):
+        return None
+    return servers, float(until)
 
 
 # Asks a person outside the client: the approval queue, settled with `bastion approve` from another terminal (the
@@ -358,14 +460,19 @@ def flagged_among(session: Session, sources: list[TaintSource]) -> list[str]:
 class TaintRecall:
     """Before the policy: a 2026-07-28 request starts with the taint its caller's earlier requests left (the policy,
     Cedar's ``context.session.tainted_by`` and ``TaintGuard`` read it from the session as for any session), and what
-    it leaves is kept for the caller's next requests. A handshake-era session keeps its own taint and passes."""
+    it leaves is kept for the caller's next requests. A handshake-era session keeps its own taint and passes.
+
+    Fails closed: when the store cannot be asked what the caller's earlier requests left, the request is judged as
+    tainted by ``UNKNOWN_STATE`` (a call that changes something waits for a person, or is refused); when what it
+    read cannot be recorded, its answer is withheld (the next request would not know of it)."""
 
     directions = frozenset({TO_SERVER})  # a client's requests: what answers them may taint
     reads_params = False  # only the name or URI of what answers, which ``named`` reads from the client's JSON too
     reads_results = False
 
-    def __init__(self, memory: TaintMemory) -> None:
+    def __init__(self, memory: TaintMemory, report: InterventionLog | None = None) -> None:
         self._memory = memory
+        self._report = report
 
     def on_request(self, request: GatewayRequest, call_next: Handler) -> Awaitable[Any]:
         # A plain function: a handshake-era session's request (nearly every one over stdio) costs no coroutine here.
@@ -375,16 +482,44 @@ class TaintRecall:
 
     async def _recalled(self, request: GatewayRequest, call_next: Handler) -> Any:
         session = request.session
-        recalled = self._memory.recall(session.identity)
-        if recalled:
-            session.facts[TAINTED_BY] = {**recalled, **taint_sources(session)}
         try:
-            return await call_next(request)
-        finally:
-            after = taint_sources(session)
-            if after:
-                renewed = answering_server(request) if request.method in _ANSWERING else None
-                self._memory.keep(session.identity, after, renewed)
+            recalled = await self._memory.recall_kept(session.identity)
+            earlier = recalled.sources
+        except StateUnavailable as error:
+            why = unreachable(error)
+            log.warning("taint: %s; caller %r is judged as tainted until it can be", why, session.identity.name)
+            recalled = NOTHING_RECALLED
+            earlier = {UNKNOWN_STATE: TaintSource(UNKNOWN_STATE, "(its earlier requests)",
+                                                  f"what they read is unknown: {why}")}
+        if earlier:
+            session.facts[TAINTED_BY] = {**earlier, **taint_sources(session)}
+        try:
+            result = await call_next(request)
+        except GatewayError as error:  # a server's error message reaches the model as its result does
+            await self._keep(request, recalled, error)
+            raise
+        await self._keep(request, recalled, None)
+        return result
+
+    async def _keep(self, request: GatewayRequest, recalled: Recalled, failed: BaseException | None) -> None:
+        """Record what the request left; withhold its answer (raise) when that cannot be recorded."""
+        session = request.session
+        after = {server: source for server, source in taint_sources(session).items() if server != UNKNOWN_STATE}
+        if not after:
+            return
+        renewed = answering_server(request) if request.method in _ANSWERING else None
+        try:
+            await self._memory.keep(session.identity, after, renewed, recalled)
+        except StateUnavailable as error:
+            why = unreachable(error)
+            log.warning("taint: %s; the answer that tainted caller %r is withheld", why, session.identity.name)
+            if self._report is not None:
+                self._report.report(Intervention("taint", "refused", renewed, request.method, "state-unavailable",
+                                                 "taint-state", why, session.session_id, session.identity))
+            raise GatewayError(TAINT_REFUSED, f"The answer was withheld: it may steer the model "
+                               f"({explain(list(after.values()))}), and {why} to remember that for this caller's "
+                               "next requests; try again when it is back",
+                               {"guardrail": "taint", "rule": "state-unavailable"}) from failed
 
 
 class TaintGuard:
@@ -507,9 +642,10 @@ def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogVie
     return TaintGuard(config, report)
 
 
-def build_recall(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView) -> TaintRecall | None:
-    """The per-caller memory of 2026-07-28 requests' taint (one per chain: its requests share it)."""
+def build_recall(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
+                 state: StateStore | None = None) -> TaintRecall | None:
+    """The per-caller memory of 2026-07-28 requests' taint, in ``state`` (the gateway's store: every chain and
+    replica on it shares it; a store of its own without one)."""
     if not config.on_anywhere("taint"):
         return None
-    settings = config.cross_server
-    return TaintRecall(TaintMemory(settings.taint_memory_seconds, settings.taint_memory_callers))
+    return TaintRecall(TaintMemory(state or MemoryStore(), config.cross_server.taint_memory_seconds), report)

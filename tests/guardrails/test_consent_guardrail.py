@@ -11,6 +11,7 @@ from mcp import Client, StdioServerParameters
 
 from bastion.guardrails.config import ElicitationSettings, GuardrailsConfig
 from bastion.guardrails.consent import ConsentLedger, secret_fields, warned
+from bastion.state import MemoryStore
 from tests.guardrails.cross_server_support import DEADLINE, Person, client, cross_server_setup, text_of
 from tests.support import BASTION
 
@@ -58,23 +59,24 @@ def test_ordinary_questions_are_not_taken_for_secrets(params) -> None:
     assert secret_fields(params) == []
 
 
-def test_the_ledger_counts_per_client_and_server_in_a_sliding_window() -> None:
+async def test_the_ledger_counts_per_client_and_server_in_a_sliding_window() -> None:
     now = [100.0]
-    ledger = ConsentLedger(ElicitationSettings(max_requests=2, window_seconds=30,
-                                               servers={"forms": {"max_requests": 4}}), clock=lambda: now[0])
-    assert ledger.admit("s1", "web") is None and ledger.admit("s1", "web") is None
-    third = ledger.admit("s1", "web")
+    ledger = ConsentLedger(MemoryStore(clock=lambda: now[0]),
+                           ElicitationSettings(max_requests=2, window_seconds=30, servers={"forms": {"max_requests": 4}}))
+    assert await ledger.admit("s1", "web") is None and await ledger.admit("s1", "web") is None
+    third = await ledger.admit("s1", "web")
     assert third is not None and third.rule == "requests-per-window" and third.retry_after_seconds == 30.0
     assert "guardrails.consent.max_requests" in third.reason
     error = third.error("web")
     assert error.code == -32600 and error.data == {"guardrail": "elicitation", "rule": "requests-per-window",
                                                    "retryAfterSeconds": 30.0}
-    assert ledger.admit("s2", "web") is None  # another client has its own budget
-    assert all(ledger.admit("s1", "forms") is None for _ in range(4)) and ledger.admit("s1", "forms") is not None
+    assert await ledger.admit("s2", "web") is None  # another client has its own budget
+    assert all([await ledger.admit("s1", "forms") is None for _ in range(4)])
+    assert await ledger.admit("s1", "forms") is not None
     now[0] += 20
-    assert ledger.admit("s1", "web") is not None  # still inside the window of the first two
+    assert await ledger.admit("s1", "web") is not None  # still inside the window of the first two
     now[0] += 11
-    assert ledger.admit("s1", "web") is None  # the window slid past them
+    assert await ledger.admit("s1", "web") is None  # the window slid past them
 
 
 def test_settings_are_typed_and_name_the_key() -> None:

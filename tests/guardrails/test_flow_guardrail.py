@@ -4,6 +4,7 @@ value memory and the argument reading on their own, then end to end through ``ba
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 import anyio
@@ -11,8 +12,10 @@ import pytest
 from mcp import MCPError
 
 from bastion.guardrails.flow import normalized_json
+from bastion.guardrails.remembered import caller_key
 from bastion.guardrails.taint import ValueMemory, distinctive_values
 from bastion.model import Identity
+from bastion.state import MemoryStore
 from tests.guardrails.cross_server_support import DEADLINE, Person, client, cross_server_setup, text_of
 
 TICKET = "web-7f3a9c2e71b04d5e"  # what web's open_ticket answers carry (notes' carry notes-7f3a9c2e71b04d5e)
@@ -32,22 +35,74 @@ def test_an_escaped_value_reads_as_the_plain_one() -> None:
     assert distinctive_values(plain) == distinctive_values(escaped) == [TICKET.encode()]
 
 
-def test_the_memory_is_per_caller_hashed_bounded_and_expires() -> None:
+async def test_the_memory_is_per_caller_hashed_bounded_and_expires() -> None:
     now = [0.0]
-    memory = ValueMemory(seconds=60, callers=2, per_caller=3, clock=lambda: now[0])
-    alice, bob, carol = Identity("alice"), Identity("bob"), Identity("carol")
-    memory.note(alice, "web", [b"value-1aaaaaaaaaa", b"value-2bbbbbbbbbb"])
-    assert memory.sources(alice, [b"value-1aaaaaaaaaa"], "notes") == {"web": 1}
-    assert memory.sources(alice, [b"value-1aaaaaaaaaa"], "web") == {}  # the same server's own value
-    assert memory.sources(bob, [b"value-1aaaaaaaaaa"], "notes") == {}  # another caller never got it
-    assert all(b"value" not in digest for kept in memory._kept.values() for digest in kept)
-    memory.note(alice, "web", [b"value-3cccccccccc", b"value-4dddddddddd"])  # past per_caller: the oldest goes
-    assert memory.sources(alice, [b"value-1aaaaaaaaaa"], "notes") == {} and len(memory) == 3
-    memory.note(bob, "web", [b"value-5eeeeeeeeee"])
-    memory.note(carol, "web", [b"value-6ffffffffff"])  # past callers: alice, least recently seen, is forgotten
-    assert memory.sources(alice, [b"value-4dddddddddd"], "notes") == {}
-    now[0] = 61.0
-    assert memory.sources(carol, [b"value-6ffffffffff"], "notes") == {}  # expired
+    store = MemoryStore(clock=lambda: now[0])
+    memory = ValueMemory(store, seconds=60, per_caller=3, clock=lambda: now[0])
+    alice, bob = Identity("alice"), Identity("bob")
+    await memory.note(alice, "web", [b"value-1aaaaaaaaaa", b"value-2bbbbbbbbbb"])
+    assert await memory.sources(alice, [b"value-1aaaaaaaaaa"], "notes") == {"web": 1}
+    assert await memory.sources(alice, [b"value-1aaaaaaaaaa"], "web") == {}  # the same server's own value
+    assert await memory.sources(bob, [b"value-1aaaaaaaaaa"], "notes") == {}  # another caller never got it
+    kept = await store.map_all(caller_key("values", alice))
+    assert not any(b"value" in field.encode() + packed for field, packed in kept.items())
+    now[0] = 1.0
+    await memory.note(alice, "web", [b"value-3cccccccccc", b"value-4dddddddddd"])  # past per_caller: the oldest goes
+    assert await memory.sources(alice, [b"value-1aaaaaaaaaa"], "notes") == {}
+    assert len(await store.map_all(caller_key("values", alice))) == 3
+    await memory.note(alice, "notes", [b"value-4dddddddddd"])  # given by two servers: both are named
+    assert await memory.sources(alice, [b"value-4dddddddddd"], "mail") == {"notes": 1, "web": 1}
+    now[0] = 62.0
+    assert await memory.sources(alice, [b"value-4dddddddddd"], "mail") == {}  # expired
+
+
+async def test_past_the_bound_the_oldest_eighth_goes_at_once() -> None:
+    now = [0.0]
+    store = MemoryStore(clock=lambda: now[0])
+    memory = ValueMemory(store, seconds=600, per_caller=16, clock=lambda: now[0])
+    alice = Identity("alice")
+    values = [b"value-%02daaaaaaaaaa" % n for n in range(17)]
+    for value in values:
+        now[0] += 1  # each seen a second after the one before
+        await memory.note(alice, "web", [value])
+    assert len(await store.map_all(caller_key("values", alice))) == 14
+    assert await memory.sources(alice, values[:3], "notes") == {}  # the three oldest
+    assert await memory.sources(alice, values[3:], "notes") == {"web": 14}
+
+
+async def test_the_hashing_key_is_made_once_per_store() -> None:
+    # Two memories on one store are two replicas on one Redis: the first key made is the one both use, so a value
+    # one remembered is found by the other; on another store (another process) the hashes share nothing.
+    store = MemoryStore()
+    first, second = ValueMemory(store, seconds=60), ValueMemory(store, seconds=60)
+    await first.note(Identity("alice"), "web", [TICKET.encode()])
+    assert await second.sources(Identity("alice"), [TICKET.encode()], "notes") == {"web": 1}
+    elsewhere = ValueMemory(MemoryStore(), seconds=60)
+    await elsewhere.note(Identity("alice"), "web", [TICKET.encode()])
+    assert await elsewhere._digests([TICKET.encode()]) != await first._digests([TICKET.encode()])
+
+
+class Yielding(MemoryStore):
+    """A memory store whose every operation gives way to the event loop first, as a network store's round trip
+    does: replicas' first uses of the store interleave."""
+
+    def __getattribute__(self, name: str):
+        found = super().__getattribute__(name)
+        if name in ("read_after", "append"):
+            async def after_a_turn(*args, **kwargs):
+                await asyncio.sleep(0)
+                return await found(*args, **kwargs)
+            return after_a_turn
+        return found
+
+
+async def test_replicas_starting_together_agree_on_one_hashing_key() -> None:
+    store = Yielding()
+    memories = [ValueMemory(store, seconds=60) for _ in range(5)]
+    keys = await asyncio.gather(*(memory._hash_key() for memory in memories))
+    assert len(set(keys)) == 1 and len(keys[0]) == 32
+    entries = (await store.read_after("guardrails:flow-hash-key", 0))[1]
+    assert 1 < len(entries) <= 5  # several appended, racing: the first appended is every one's
 
 
 # ------------------------------------------------------------------------------------------ end to end
@@ -141,17 +196,18 @@ async def test_both_off_pass_everything(tmp_path) -> None:
     assert person.elicitation_requests == []
 
 
-def test_a_huge_message_is_judged_in_bounded_time_and_memory() -> None:
+async def test_a_huge_message_is_judged_in_bounded_time_and_memory() -> None:
     from bastion.guardrails.taint import MAX_RUNS_PER_MESSAGE
 
     ids = (hashlib.sha256(b"%d" % n).hexdigest()[:16].encode() for n in range(60_000))
     huge = b'{"text":"' + b" ".join(ids) + b'"}'  # 1 MB of distinct ids
     values = distinctive_values(huge)
     assert 0 < len(values) <= MAX_RUNS_PER_MESSAGE
-    memory = ValueMemory(seconds=60, callers=1, per_caller=4096)
+    store = MemoryStore()
+    memory = ValueMemory(store, seconds=60, per_caller=4096)
     for _ in range(10):
-        memory.note(Identity("a"), "web", distinctive_values(huge))
-    assert len(memory) <= 4096
+        await memory.note(Identity("a"), "web", distinctive_values(huge))
+    assert len(await store.map_all(caller_key("values", Identity("a")))) <= 4096
 
 
 async def test_a_2026_07_28_caller_is_held_across_its_requests_and_refused_with_the_reason(tmp_path) -> None:

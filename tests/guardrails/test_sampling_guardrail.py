@@ -21,7 +21,9 @@ from bastion.guardrails.sampling import (
     check_origin,
     limit_model_preferences,
 )
+from bastion.guardrails.remembered import key
 from bastion.model import CallInFlight
+from bastion.state import MemoryStore
 from tests.guardrails.cross_server_support import DEADLINE, LLM_ANSWER, Person, client, cross_server_setup, text_of
 from tests.support import BASTION, FIXTURES
 
@@ -60,28 +62,38 @@ def test_model_preferences_limited() -> None:
     assert limit_model_preferences(None, trusted=False) == (None, False)
 
 
-def test_ledger_budgets_per_call_minute_and_tokens() -> None:
+async def test_ledger_budgets_per_call_minute_and_tokens() -> None:
     now = [1000.0]
-    ledger = SamplingLedger(SamplingSettings(requests_per_call=2, requests_per_minute=3, tokens_per_minute=500),
+    ledger = SamplingLedger(MemoryStore(clock=lambda: now[0]),
+                            SamplingSettings(requests_per_call=2, requests_per_minute=3, tokens_per_minute=500),
                             clock=lambda: now[0])
-    assert ledger.admit("s1", "web", (CALL,), 100) is None
-    assert ledger.admit("s1", "web", (CALL,), 100) is None
-    third = ledger.admit("s1", "web", (CALL,), 100)
+    assert await ledger.admit("s1", "web", (CALL,), 100) is None
+    assert await ledger.admit("s1", "web", (CALL,), 100) is None
+    third = await ledger.admit("s1", "web", (CALL,), 100)
     assert third is not None and third.rule == "requests-per-call"
     other_call = (CallInFlight("tools/call", 8),)
-    assert ledger.admit("s1", "web", other_call, 100) is None
-    minute = ledger.admit("s1", "web", (CallInFlight("tools/call", 9),), 100)
+    assert await ledger.admit("s1", "web", other_call, 100) is None
+    minute = await ledger.admit("s1", "web", (CallInFlight("tools/call", 9),), 100)
     assert minute is not None and minute.rule == "requests-per-minute" and minute.retry_after_seconds == 60.0
     # Another client, and the same client toward another server, have budgets of their own.
-    assert ledger.admit("s2", "web", (CALL,), 100) is None
-    assert ledger.admit("s1", "notes", (CALL,), 450) is None
-    tokens = ledger.admit("s1", "notes", (CallInFlight("tools/call", 10),), 100)
+    assert await ledger.admit("s2", "web", (CALL,), 100) is None
+    assert await ledger.admit("s1", "notes", (CALL,), 450) is None
+    tokens = await ledger.admit("s1", "notes", (CallInFlight("tools/call", 10),), 100)
     assert tokens is not None and tokens.rule == "tokens-per-minute"
     now[0] += 61  # a minute later the window is empty again
-    assert ledger.admit("s1", "web", (CallInFlight("tools/call", 11),), 100) is None
+    assert await ledger.admit("s1", "web", (CallInFlight("tools/call", 11),), 100) is None
 
 
-def test_the_switch_and_the_budget_are_per_server() -> None:
+async def test_a_request_refused_for_its_minutes_requests_spends_no_tokens() -> None:
+    store = MemoryStore()
+    ledger = SamplingLedger(store, SamplingSettings(requests_per_minute=1, tokens_per_minute=150), clock=lambda: 90.0)
+    assert await ledger.admit("s1", "web", (CALL,), 100) is None
+    refused = await ledger.admit("s1", "web", (CallInFlight("tools/call", 8),), 40)
+    assert refused is not None and refused.rule == "requests-per-minute"
+    assert await store.add(key("sampling-tokens", "s1", "web") + ":1", 0) == 100  # minute 1: 60 to 120 s
+
+
+async def test_the_switch_and_the_budget_are_per_server() -> None:
     config = GuardrailsConfig.model_validate({"servers": {"web": {"sampling": "off"}},
                                               "sampling_budget": {"max_tokens": 1000,
                                                                   "servers": {"notes": {"requests_per_call": 1}}}})
@@ -89,10 +101,10 @@ def test_the_switch_and_the_budget_are_per_server() -> None:
     notes = config.sampling_budget.for_server("notes")
     assert (notes.requests_per_call, notes.max_tokens) == (1, 1000)
     assert config.sampling_budget.for_server("web").requests_per_call == 3
-    ledger = SamplingLedger(config.sampling_budget)
-    assert ledger.admit("s1", "notes", (CALL,), 10) is None
-    assert ledger.admit("s1", "notes", (CALL,), 10) is not None
-    assert ledger.admit("s1", "web", (CALL,), 10) is None and ledger.admit("s1", "web", (CALL,), 10) is None
+    ledger = SamplingLedger(MemoryStore(), config.sampling_budget)
+    assert await ledger.admit("s1", "notes", (CALL,), 10) is None
+    assert await ledger.admit("s1", "notes", (CALL,), 10) is not None
+    assert await ledger.admit("s1", "web", (CALL,), 10) is None and await ledger.admit("s1", "web", (CALL,), 10) is None
 
 
 def test_a_budget_for_a_server_that_is_not_configured_is_an_error() -> None:

@@ -205,11 +205,11 @@ async def test_a_callers_earlier_taint_is_recalled_and_kept_alike(tmp_path: Path
     for screens in pair:
         screens.offer("ops", [ADD])
         screens.offer("web", [{"name": "fetch", "inputSchema": {"type": "object"}}])
-        screens.recall()._memory.keep(ALICE, {"web": WEB}, renewed="web")
+        await screens.recall()._memory.keep(ALICE, {"web": WEB}, renewed="web")
     await alike(pair, modern, "ops__add")
     assert pair[0].forwarded == [{"method": "tools/call", "taint": {"web": WEB}}]  # the policy sees it as the session's
     for screens in pair:
-        assert screens.recall()._memory.recall(ALICE) == {"web": WEB}
+        assert await screens.recall()._memory.recall(ALICE) == {"web": WEB}
     # A handshake-era session keeps its own taint: nothing is recalled into it.
     await alike(pair, legacy, "ops__add")
     assert pair[0].forwarded[-1] == {"method": "tools/call", "taint": {}}
@@ -234,14 +234,14 @@ async def test_what_a_call_leaves_is_kept_for_the_callers_next_request_alike(tmp
         screens.chain = [*screens.chain, tainting]
     assert await pair[0].call(sessions[0], "web__fetch") == await pair[1].call(sessions[1], "web__fetch")
     for screens in pair:
-        assert screens.recall()._memory.recall(ALICE) == {"web": WEB}
+        assert await screens.recall()._memory.recall(ALICE) == {"web": WEB}
 
 
 async def test_a_call_as_a_notification_is_screened_without_recall_alike(tmp_path: Path) -> None:
     pair = both(tmp_path)
     for screens in pair:
         screens.offer("ops", [NOTE])
-        screens.recall()._memory.keep(ALICE, {"web": WEB}, renewed="web")
+        await screens.recall()._memory.keep(ALICE, {"web": WEB}, renewed="web")
     refused = await alike(pair, modern, "ops__save_note", kind=NOTIFICATION)
     assert refused[3] == {"guardrail": "metadata_injection"}
     for screens in pair:

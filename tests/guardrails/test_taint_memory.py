@@ -8,8 +8,10 @@ import anyio
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 
+from bastion.guardrails.remembered import caller_key
 from bastion.guardrails.taint import TaintMemory
 from bastion.model import Identity, TaintSource
+from bastion.state import MemoryStore
 from tests.guardrails.cross_server_support import DEADLINE, cross_server_setup, text_of
 from tests.support import BASTION
 
@@ -28,51 +30,82 @@ class Clock:
         return self.now
 
 
-def test_a_callers_taint_is_kept_for_its_next_requests_and_no_one_elses() -> None:
-    memory = TaintMemory(seconds=60, callers=10, clock=Clock())
-    assert memory.recall(ALICE) == {}
-    memory.keep(ALICE, {"web": WEB}, renewed="web")
-    assert memory.recall(ALICE) == {"web": WEB}
-    assert memory.recall(BOB) == {}
+def memory(clock: Clock, seconds: float = 60) -> TaintMemory:
+    # The store and the memory read one clock, as replicas read the store's for expiries.
+    return TaintMemory(MemoryStore(clock=clock), seconds=seconds, clock=clock)
+
+
+async def test_a_callers_taint_is_kept_for_its_next_requests_and_no_one_elses() -> None:
+    kept = memory(Clock())
+    assert await kept.recall(ALICE) == {}
+    await kept.keep(ALICE, {"web": WEB}, renewed="web")
+    assert await kept.recall(ALICE) == {"web": WEB}
+    assert await kept.recall(BOB) == {}
     # The same caller by name, method and issuer is the same caller; another issuer's "alice" is not.
-    assert memory.recall(Identity("alice")) == {"web": WEB}
-    assert memory.recall(Identity("alice", authenticated_by="oauth", issuer="https://id.example")) == {}
+    assert await kept.recall(Identity("alice")) == {"web": WEB}
+    assert await kept.recall(Identity("alice", authenticated_by="oauth", issuer="https://id.example")) == {}
 
 
-def test_the_first_content_of_each_server_is_what_is_kept() -> None:
-    memory = TaintMemory(seconds=60, callers=10, clock=Clock())
-    memory.keep(ALICE, {"web": WEB}, renewed="web")
+async def test_the_first_content_of_each_server_is_what_is_kept() -> None:
+    kept = memory(Clock())
+    await kept.keep(ALICE, {"web": WEB}, renewed="web")
     later = TaintSource("web", "tools/call web__other", "untrusted server")
-    memory.keep(ALICE, {"web": later, "docs": DOCS}, renewed="docs")
-    assert memory.recall(ALICE) == {"web": WEB, "docs": DOCS}
+    recalled = await kept.recall_kept(ALICE)
+    await kept.keep(ALICE, {"web": later, "docs": DOCS}, renewed="docs", recalled=recalled)
+    assert list((await kept.recall(ALICE)).items()) == [("web", WEB), ("docs", DOCS)]  # in the order they came
 
 
-def test_taint_expires_after_the_last_answer_that_tainted() -> None:
+async def test_taint_expires_after_the_last_answer_that_tainted() -> None:
     clock = Clock()
-    memory = TaintMemory(seconds=60, callers=10, clock=clock)
-    memory.keep(ALICE, {"web": WEB}, renewed="web")
+    kept = memory(clock)
+    await kept.keep(ALICE, {"web": WEB}, renewed="web")
     clock.now += 50
-    memory.keep(ALICE, {"web": WEB}, renewed="web")  # web answered again: its 60 s start again
+    await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled=await kept.recall_kept(ALICE))  # web again: 60 s
     clock.now += 50
-    assert memory.recall(ALICE) == {"web": WEB}
-    memory.keep(ALICE, {"web": WEB, "docs": DOCS}, renewed="docs")  # an answer of docs does not renew web
+    assert await kept.recall(ALICE) == {"web": WEB}
+    await kept.keep(ALICE, {"web": WEB, "docs": DOCS}, renewed="docs",
+                    recalled=await kept.recall_kept(ALICE))  # an answer of docs does not renew web
     clock.now += 11
-    assert memory.recall(ALICE) == {"docs": DOCS}
+    assert await kept.recall(ALICE) == {"docs": DOCS}
     clock.now += 60
-    assert memory.recall(ALICE) == {}
-    assert len(memory) == 0  # an expired caller is dropped, not kept empty
+    assert await kept.recall(ALICE) == {}
 
 
-def test_the_memory_is_bounded_and_forgets_the_caller_least_recently_seen() -> None:
-    memory = TaintMemory(seconds=60, callers=2, clock=Clock())
-    carol = Identity("carol")
-    memory.keep(ALICE, {"web": WEB}, renewed="web")
-    memory.keep(BOB, {"web": WEB}, renewed="web")
-    assert memory.recall(ALICE) == {"web": WEB}  # alice is now the most recently seen
-    memory.keep(carol, {"docs": DOCS}, renewed="docs")
-    assert len(memory) == 2
-    assert memory.recall(BOB) == {}
-    assert memory.recall(ALICE) == {"web": WEB} and memory.recall(carol) == {"docs": DOCS}
+async def test_only_news_is_written() -> None:
+    # Nearly every request of a tainted caller leaves what it recalled: no write for it (a round trip on Redis), and
+    # a server answering again and again renews its time at most every renew_every (60 s / 60 here).
+    clock = Clock()
+    kept = memory(clock)
+    assert await kept.keep(ALICE, {"web": WEB}, renewed="web")
+    assert not await kept.keep(ALICE, {"web": WEB}, renewed=None, recalled=await kept.recall_kept(ALICE))
+    assert not await kept.keep(ALICE, {"web": WEB}, renewed="notes", recalled=await kept.recall_kept(ALICE))
+    clock.now += 0.5
+    assert not await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled=await kept.recall_kept(ALICE))
+    clock.now += 0.6
+    assert await kept.keep(ALICE, {"web": WEB}, renewed="web", recalled=await kept.recall_kept(ALICE))
+
+
+@pytest.mark.parametrize("first, second", [
+    (Identity("a:b", groups=("c",)), Identity("a", groups=("b:c",))),
+    (Identity("a", groups=("b", "c")), Identity("a", groups=("b,c",))),
+    (Identity("*"), Identity("alice")),
+    (Identity("alice", authenticated_by="oauth", issuer="x"), Identity("alice", authenticated_by="oauth", issuer="x:")),
+])
+async def test_callers_whose_words_run_together_are_kept_apart(first, second) -> None:
+    kept = memory(Clock())
+    await kept.keep(first, {"web": WEB}, renewed="web")
+    assert await kept.recall(second) == {}
+
+
+async def test_what_the_store_holds_is_read_with_care() -> None:
+    # A store holds what it is given: an entry no gateway wrote (another version, a hand in Redis) is not a source.
+    store = MemoryStore()
+    kept = TaintMemory(store, seconds=60)
+    await store.map_put(caller_key("taint", ALICE), {
+        "s:web": b"not json", "u:web": b"9e99",  # no source
+        "s:docs": b'[1, "web", "t", "r"]', "u:docs": b"9e99",  # a source of another server than its field's
+        "s:mail": b'[1, "mail", "t", "r"]', "u:mail": b"soon"})  # no time
+    assert await kept.recall(ALICE) == {}
 
 
 def modern_client(config) -> Client:
