@@ -96,6 +96,7 @@ def run_and_close(config: Path, work) -> str:
     return stderr
 
 
+@pytest.mark.slow  # installs real npm and PyPI packages
 def test_a_stock_claude_desktop_file_of_npx_and_uvx_servers_works_sandboxed_offline(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -155,6 +156,7 @@ def forget_what_other_files_locked() -> None:
     user_index_path(Path(os.environ["XDG_STATE_HOME"]) / "bastion").unlink(missing_ok=True)
 
 
+@pytest.mark.slow  # installs real npm packages twice
 def test_a_locked_older_version_is_honoured_and_servers_update_moves_it_on(tmp_path: Path) -> None:
     forget_what_other_files_locked()
     config = stock_file(tmp_path, {"memory": npx(MEMORY)}, policy="off")
