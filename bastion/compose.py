@@ -20,6 +20,7 @@ from bastion.server_entry import pin_identities, pinned_entries
 from bastion.model import CatalogView, Interceptor
 from bastion.observability.metrics import GatewayMetrics
 from bastion.policy.interceptors import PolicyRuntime, build_policy_runtime
+from bastion.policy.config import PolicyStartError
 from bastion.state import MemoryStore, StateStore
 
 if TYPE_CHECKING:
@@ -42,10 +43,11 @@ def build_gateway(
     they are off), then ``interceptors`` (they see only what all of those let through), then the metrics' clock;
     tracing when ``config.tracing`` asks for it, and with ``log_context`` (JSON logs) each request's facts for the log
     lines written during it. ``state``: a store to share (gateways in one process on one store act as replicas on
-    one Redis); by default the one ``config`` names. Raises ``PolicyStartError`` when the policy cannot start (a key that cannot be read, an
-    audit trail that cannot be written)."""
+    one Redis); by default the one ``config`` names. Raises ``PolicyStartError`` when the policy cannot start (a key
+    that cannot be read, an audit trail that cannot be written, replicas without the tokens' key)."""
     catalog = server_catalog(config)
     state = state if state is not None else build_state(config)
+    check_token_key(config, state)
     policy = build_policy(config, state=state)
     interventions = intervention_log(config, policy)
     guardrails = build_guardrail_chain(config, policy, catalog, interventions, state=state)
@@ -169,6 +171,24 @@ def build_state(config: GatewayConfig) -> StateStore:
                       tls_cert_file=settings.tls_cert_file, tls_key_file=settings.tls_key_file)
 
 
+def check_token_key(config: GatewayConfig, state: StateStore) -> None:
+    """Refuse to start replicas sharing ``state`` whose servers need stored tokens without the key every replica
+    must be given (``BASTION_CREDENTIALS_KEY``): each would make a key file of its own and read the others' tokens
+    as damage."""
+    if not state.shared:
+        return
+    from bastion.credentials.state_store import needs_tokens, required_key
+    from bastion.transport.credentials import CredentialsError
+
+    servers = needs_tokens(config.servers)
+    if not servers:
+        return
+    try:
+        required_key()
+    except CredentialsError as exc:
+        raise PolicyStartError(f"servers {', '.join(servers)} keep upstream tokens: {exc}") from None
+
+
 def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None,
                  state: StateStore | None = None) -> PolicyRuntime | None:
     """The policy runtime of ``config``, None when its policy is off (said once, as a warning), keeping what it must
@@ -183,10 +203,15 @@ def build_policy(config: GatewayConfig, previous: PolicyRuntime | None = None,
     claims = tuple(config.auth.claims.attributes) if config.auth is not None else ()
     if previous is None:
         return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
-                                    shared_state=state)
+                                    shared_state=state, config_file=_source(config))
     return build_policy_runtime(config.policy, pre_approved=pre_approved, claim_attributes=claims,
                                 audit_writer=previous.audit.writer,
-                                shared_state=state if state is not None else previous.state)
+                                shared_state=state if state is not None else previous.state,
+                                config_file=_source(config))
+
+
+def _source(config: GatewayConfig) -> str | None:
+    return str(config.source) if config.source is not None else None
 
 
 def intervention_log(config: GatewayConfig, policy: PolicyRuntime | None) -> InterventionLog | None:

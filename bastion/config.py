@@ -279,6 +279,12 @@ class HttpConfig(BaseModel):
         default=10.0, ge=0, description="how long a 2025-11-25 call whose answer stream dropped waits for its client "
                                         "to resume it with Last-Event-ID before it is cancelled; 0: answer streams "
                                         "are not resumable and a dropped one cancels its call at once")
+    session_key_files: list[str] = Field(
+        default_factory=list,
+        description="with a shared [state] store: files of the keys (64 hex digits each) that seal the session "
+                    "records replicas share, so a handshake-era session continues on any replica; the first seals, "
+                    "every one opens (rotate: put a new file first, drop the old one a session_idle_timeout later); "
+                    "none: sessions stay on the replica that made them")
     identity_header: str | None = Field(
         default=None, description="a request header whose value is the caller's identity, e.g. X-Bastion-Identity; "
                                   "a stand-in until OAuth, off unless set")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -27,6 +28,24 @@ if _WORKER is None:  # the controller of a parallel run, or a run without worker
     os.environ["XDG_CACHE_HOME"] = _CACHE
 else:
     _CACHE = None
+
+
+def _bytecode_cached_for_the_run() -> None:
+    """With bytecode writing off (``PYTHONDONTWRITEBYTECODE``, as in CI), every Python the run starts (each worker,
+    each ``bastion`` and fixture server, hundreds of them) would compile Bastion's modules from source again, and
+    each worker would rewrite every test module's assertions again: about 0.2 s of CPU a process. The run keeps
+    bytecode in its own cache folder instead (``PYTHONPYCACHEPREFIX``), so the source tree still gets no
+    ``__pycache__`` and nothing outlives the run. Set by the controller before the workers start; they inherit it."""
+    if _CACHE is None or not (sys.flags.dont_write_bytecode or os.environ.get("PYTHONDONTWRITEBYTECODE")):
+        return
+    prefix = os.path.join(_CACHE, "bytecode")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix
+    sys.pycache_prefix = prefix
+    sys.dont_write_bytecode = False
+
+
+_bytecode_cached_for_the_run()
 
 
 def _sdk_clients_pass_on_the_test_folders() -> None:

@@ -184,6 +184,7 @@ def test_search_mode_scale_runs_end_to_end_on_a_small_catalog() -> None:
     assert 0 < report["minilm_search_ms_p50"] <= report["minilm_search_ms_p99"]
 
 
+@pytest.mark.slow  # starts three real servers both ways
 def test_launcher_startup_benchmark_times_both_paths_to_every_servers_tools() -> None:
     result = subprocess.run([sys.executable, str(REPO / "bench" / "launcher_startup.py"), "--rounds", "1", "--json"],
                             capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)

@@ -33,7 +33,8 @@ from mcp.types import ElicitResult, TextContent
 
 from tests.support import BASTION, FIXTURES, ROOT
 
-pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
+# slow: each session installs real packages and starts five or six servers
+pytestmark = [pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning"), pytest.mark.slow]
 
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
 DEADLINE = 600.0  # installs and five or six servers starting on a busy 2-core machine; never a measured duration

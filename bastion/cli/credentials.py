@@ -37,6 +37,10 @@ def register(subparsers: Any) -> None:
     revoke = commands.add_parser("revoke", help="forget a user's tokens and secrets, for one server or all")
     revoke.add_argument("user")
     revoke.add_argument("server", nargs="?", help="only this server's (default: every server's)")
+    for command in (listing, revoke):
+        command.add_argument("--config", "-c", metavar="FILE",
+                             help="the configuration whose [state] names the store replicas share (the tokens are "
+                                  "there, not in the state directory)")
     for command, handler in ((set_, _set), (listing, _list), (revoke, _revoke)):
         command.set_defaults(handler=handler)
 
@@ -45,12 +49,28 @@ def _say(message: str) -> None:
     print(f"bastion credentials: {message}", file=sys.stderr)
 
 
-def _run(command: Any) -> int:
-    from bastion.transport.credentials import CredentialsError
+def _run(command: Any, config_path: str | None = None) -> int:
+    """``command`` on the store: the shared state store's when ``config_path``'s ``[state]`` names one, else the
+    file of the state directory."""
+    from pathlib import Path
+
+    from bastion.cli.shared_state import shared_state
+    from bastion.config import ConfigError, load_config
     from bastion.credentials.store import TokenStore
+    from bastion.transport.credentials import CredentialsError
 
     try:
-        return int(command(TokenStore.default()))
+        config = load_config(Path(config_path), log_notes=False) if config_path else None
+        with shared_state(config) as shared:
+            if shared is None:
+                return int(command(TokenStore.default()))
+            from bastion.credentials.state_store import StateTokenStore, required_key
+
+            state, blocking = shared
+            return int(command(StateTokenStore(state, required_key(), blocking)))
+    except ConfigError as exc:
+        print(f"bastion: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except CredentialsError as exc:
         _say(str(exc))
         return EXIT_USAGE
@@ -102,7 +122,7 @@ def _set(args: argparse.Namespace) -> int:
              "with it")
         return EXIT_OK
 
-    return _run(command)
+    return _run(command, args.config)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -128,7 +148,7 @@ def _list(args: argparse.Namespace) -> int:
             print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
         return EXIT_OK
 
-    return _run(command)
+    return _run(command, args.config)
 
 
 def _expiry(expires_at: float | None, now: float) -> str:
@@ -151,4 +171,4 @@ def _revoke(args: argparse.Namespace) -> int:
              "its next request")
         return EXIT_OK
 
-    return _run(command)
+    return _run(command, args.config)

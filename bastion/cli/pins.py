@@ -42,7 +42,8 @@ def register(subparsers: Any) -> None:
     for command, handler in ((listing, _list), (diff, _diff), (accept, _accept), (forget, _forget)):
         command.add_argument("--config", "-c", metavar="FILE",
                              help="the configuration whose guardrails.pins.path to use (default: the state directory's "
-                                  "pins.json); its servers are the ones meant, unless --of says otherwise")
+                                  "pins.json), or whose [state] store replicas share (the pins are there); its "
+                                  "servers are the ones meant, unless --of says otherwise")
         command.add_argument("--of", metavar="FILE",
                              help="only the servers of this configuration file (it need not exist any more); '-' for "
                                   "pins kept by server name alone (from before pins were kept per configuration file)")
@@ -53,16 +54,24 @@ def _say(message: str) -> None:
     print(f"bastion pins: {message}", file=sys.stderr)
 
 
-def _store(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace) -> Any:
+    if args.config is None:
+        return None
+    from bastion.config import load_config
+
+    return load_config(Path(args.config), log_notes=False)
+
+
+def _store(config: Any, shared: Any) -> Any:
+    """The pins of the shared state store when ``--config``'s ``[state]`` names one (``shared``), else the file."""
     from bastion.guardrails.config import GuardrailsConfig
     from bastion.guardrails.pin_store import PinStore
 
-    if args.config is None:
-        return PinStore(GuardrailsConfig().pins_path())
-    from bastion.config import load_config
+    if shared is not None:
+        from bastion.guardrails.pin_state import StatePins
 
-    config = load_config(Path(args.config), log_notes=False)
-    return PinStore((config.guardrails or GuardrailsConfig()).pins_path())
+        return StatePins(*shared)
+    return PinStore(((config.guardrails if config is not None else None) or GuardrailsConfig()).pins_path())
 
 
 def _scope(book: Any, server: str | None, args: argparse.Namespace) -> str | None:
@@ -81,9 +90,12 @@ def _run(args: argparse.Namespace, command: Any) -> int:
     from bastion.config import ConfigError
     from bastion.guardrails.pin_store import PinStoreError
 
+    from bastion.cli.shared_state import shared_state
+
     try:
-        store = _store(args)
-        return command(store)
+        config = _config(args)
+        with shared_state(config) as shared:
+            return command(_store(config, shared))
     except ConfigError as exc:
         print(f"bastion: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:  # imported by the command that uses it when it runs: `bastion --help` needs none of it
     from bastion.model import ToolEntry
@@ -72,7 +72,8 @@ def register(subparsers: Any) -> None:
         else:
             command.add_argument("--json", action="store_true", help="the waiting calls as a JSON array on stdout")
         command.add_argument("--queue-dir", help="approval queue directory (default: from --config, else the default)")
-        command.add_argument("--config", help="config file whose policy.approval.queue_dir to use")
+        command.add_argument("--config", help="config file whose policy.approval.queue_dir to use, or whose [state] "
+                                              "store replicas share (the queue is there)")
         command.set_defaults(handler=handler)
 
 
@@ -224,19 +225,40 @@ def _audit_lines(trail: Any) -> list[str]:
     return lines
 
 
-def _queue(args: argparse.Namespace) -> Any:
+@contextmanager
+def _queue(args: argparse.Namespace) -> Iterator[Any]:
+    """The queue of ``--queue-dir``, else of ``--config``: the shared state store's when its ``[state]`` names one
+    (the replicas' queue), else its ``policy.approval.queue_dir``."""
+    from bastion.cli.shared_state import shared_state
     from bastion.policy.approval import ApprovalQueue
     from bastion.policy.config import ApprovalConfig
 
     directory = args.queue_dir
+    gateway = None
     if directory is None and args.config:
+        from bastion.config import load_config
+
         config, _ = _load(args.config)
         directory = config.approval.queue_dir
-    return ApprovalQueue(directory or ApprovalConfig().queue_dir)
+        gateway = load_config(Path(args.config), log_notes=False)
+    with shared_state(gateway) as shared:
+        if shared is not None:
+            from bastion.policy.approval_state import StateQueue
+
+            yield StateQueue(*shared, config_file=args.config)
+        else:
+            yield ApprovalQueue(directory or ApprovalConfig().queue_dir)
 
 
 def _approvals(args: argparse.Namespace) -> int:
-    pending = _queue(args).pending()
+    from bastion.state import StateUnavailable
+
+    try:
+        with _queue(args) as queue:
+            pending = queue.pending()
+    except StateUnavailable as error:
+        _say(f"error: {error}")
+        return 1
     if args.json:
         print(json.dumps([_listing(item) for item in pending], ensure_ascii=False, indent=2))
         return 0
@@ -254,7 +276,8 @@ def _approvals(args: argparse.Namespace) -> int:
     for item in pending:  # what the session read before the call (guardrails.md, Cross-server taint)
         if item.record.get("note"):
             _say(f"{item.id}: {item.record['note']}")
-    _say("approve one with `bastion approve ID`, refuse it with `bastion deny ID`")
+    where = f" --config {args.config}" if args.config and args.queue_dir is None else ""
+    _say(f"approve one with `bastion approve ID{where}`, refuse it with `bastion deny ID{where}`")
     return 0
 
 
@@ -284,14 +307,21 @@ def _listing(item: Any) -> dict[str, Any]:
         "expires": record.get("expires"),
         "seconds_left": round(item.seconds_left, 1),
         "pid": record.get("pid"),
+        "replica": record.get("replica"),
     }
 
 
 def _settle(args: argparse.Namespace, approve: bool) -> int:
     import getpass
 
+    from bastion.state import StateUnavailable
+
     try:
-        item = _queue(args).settle(args.id, approve, by=getpass.getuser())
+        with _queue(args) as queue:
+            item = queue.settle(args.id, approve, by=getpass.getuser())
+    except StateUnavailable as error:
+        _say(f"error: {error}; nothing was approved or denied")
+        return 1
     except (LookupError, ValueError) as error:
         _say(f"error: {str(error).strip(chr(39))}")
         return 1

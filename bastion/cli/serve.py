@@ -46,6 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
     from bastion.cli.gateway import (_load, json_logs, run_loop, setup_logging, with_operations_listener,
                                      with_status_board)
     from bastion.compose import build_gateway
+    from bastion.frontends.http.records import KeyRing
     from bastion.frontends.http.server import is_loopback, serve_http, with_client_ca
 
     setup_logging(args)
@@ -74,6 +75,8 @@ def _serve(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"tls_cert": cert, "tls_key": key})
     try:
         settings = with_client_ca(settings, config.auth, config.source.parent if config.source else Path.cwd())
+        session_keys = (KeyRing.from_files(settings.session_key_files, config.source.parent if config.source else None)
+                        if settings.session_key_files else None)
     except ValueError as exc:
         print(f"bastion: {exc}", file=sys.stderr)
         return 2
@@ -98,7 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         stopped_by = run_loop(with_status_board(gateway, with_operations_listener(
             gateway, serve_http(gateway, settings, host, port, auth=auth, callback=callback,
-                                json_logs=json_logs(args)))))
+                                json_logs=json_logs(args), session_keys=session_keys))))
     except OSError as exc:
         print(f"bastion: cannot listen on {exc.filename or args.http}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ import orjson
 
 from bastion.model import Identity
 from bastion.policy.approval import ApprovalQueue, QueuedApproval
+from bastion.state import StateUnavailable
 
 # Replaces each credential found in the arguments' strings, in place; built from the guardrails' scanner by
 # ``secret_redactor``; tests and callers without a scanner may pass any such function.
@@ -102,6 +103,8 @@ def settle(queue: ApprovalQueue, approval_id: str, approve: bool, identity: Iden
         return Settled(approval_id, "unknown", "", str(error))
     except OSError as error:  # the queue directory cannot be read or written
         return Settled(approval_id, "unknown", "", f"the approval queue cannot be changed ({error.strerror})")
+    except StateUnavailable as error:  # the shared state store cannot be reached: nothing is approved
+        return Settled(approval_id, "unknown", "", f"the approval queue cannot be changed ({error})")
     except LookupError as error:
         standing = _standing(queue, approval_id)
         return Settled(approval_id, standing.status if standing else "unknown", _target(standing), str(error).strip("'"))

@@ -19,7 +19,9 @@ from bastion.guardrails.config import GuardrailsConfig
 from bastion.guardrails.pin_book import PinBook, server_id
 from bastion.guardrails.pin_store import PinStore
 from bastion.pin_review import identities, rows, scan_modes
+from bastion.guardrails.pin_state import StatePins
 from bastion.policy.approval import ApprovalQueue
+from bastion.policy.approval_state import StateQueue
 from bastion.policy.config import ApprovalConfig, PolicyConfig
 from bastion.running import RunningGateway, ask_reload, ask_retry, running_gateways
 
@@ -44,6 +46,26 @@ class ConsoleData:
     # ``Gateway.reload(identity=...)`` of the gateway the console runs in (serve --http); None beside stdio gateways,
     # which are asked with SIGHUP instead.
     reload_here: Callable[..., Awaitable[Any]] | None = None
+    # The configuration's shared state store and its runner, opened at the first use (when its ``[state]`` names a
+    # store replicas share, the pins and the approval queue are there, not on disk).
+    _shared: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _opening: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def shared_state(self) -> tuple[Any, Any] | None:
+        """(the store, its ``Blocking`` runner) when the configuration's ``[state]`` is shared; else None."""
+        with self._opening:
+            if "opened" not in self._shared:
+                self._shared["opened"] = _open_shared(self.config)
+            return self._shared["opened"]
+
+    def close(self) -> None:
+        """Close the shared state store and its runner, when they were opened."""
+        with self._opening:
+            opened = self._shared.pop("opened", None)
+        if opened is not None:
+            store, blocking = opened
+            blocking.run(store.aclose())
+            blocking.close()
 
     # ------------------------------------------------------------------------------------------ servers
     def gateways(self) -> list[RunningGateway]:
@@ -71,7 +93,10 @@ class ConsoleData:
         return False
 
     # ------------------------------------------------------------------------------------------ pins
-    def pins(self) -> PinStore:
+    def pins(self) -> PinStore | StatePins:
+        shared = self.shared_state()
+        if shared is not None:
+            return StatePins(*shared)
         guardrails = getattr(self.config, "guardrails", None) or GuardrailsConfig()
         return PinStore(guardrails.pins_path())
 
@@ -105,8 +130,12 @@ class ConsoleData:
         """The configuration's policy settings (the defaults without a configuration; None when the policy is off)."""
         return self.config.policy if self.config is not None else PolicyConfig()
 
-    def approval_queue(self) -> ApprovalQueue:
-        """The queue the gateways of this configuration wait on (``policy.approval.queue_dir``)."""
+    def approval_queue(self) -> ApprovalQueue | StateQueue:
+        """The queue the gateways of this configuration wait on (``policy.approval.queue_dir``, or the shared
+        state store's)."""
+        shared = self.shared_state()
+        if shared is not None:
+            return StateQueue(*shared)
         policy = self._policy()
         return ApprovalQueue(policy.approval.queue_dir if policy is not None else ApprovalConfig().queue_dir)
 
@@ -154,3 +183,21 @@ class TokenCosts:
                     self._known.clear()
                 self._known[key] = known
         return known
+
+
+def _open_shared(config: Any) -> tuple[Any, Any] | None:
+    """The store ``config``'s ``[state]`` names, on a runner of its own, when replicas share it; else None."""
+    if config is None:
+        return None
+    from bastion.compose import build_state
+    from bastion.state.blocking import Blocking
+
+    async def built() -> Any:
+        return build_state(config)  # on the runner's loop: a store's connections belong to the loop using them
+
+    blocking = Blocking()
+    store = blocking.run(built())
+    if not store.shared:
+        blocking.close()
+        return None
+    return store, blocking  # the runner's thread ends with the process, as the console does

@@ -8,7 +8,8 @@ file each time and decrypts it again only when its bytes changed, so a revocatio
 effect on the running gateway's next request.
 
 The store's methods block (file I/O, a lock another process may hold): on the event loop call the ``*_async``
-ones, which run them in a worker thread.
+ones, which run them in a worker thread. With a state store replicas share, the same encrypted document is kept
+there instead (credentials/state_store.py).
 """
 
 from __future__ import annotations
@@ -173,6 +174,45 @@ def _empty() -> dict[str, Any]:
     return {"tokens": {}, "secrets": {}}
 
 
+def _token(document: dict[str, Any], server: str, user: str) -> TokenSet | None:
+    entry = document["tokens"].get(server, {}).get(user)
+    return TokenSet.from_json(entry) if entry is not None else None
+
+
+def _putting(server: str, user: str, tokens: TokenSet) -> Callable[[dict[str, Any]], None]:
+    def change(document: dict[str, Any]) -> None:
+        document["tokens"].setdefault(server, {})[user] = tokens.to_json()
+    return change
+
+
+def _deleting(server: str, user: str | None) -> Callable[[dict[str, Any]], int]:
+    def change(document: dict[str, Any]) -> int:
+        users = document["tokens"].get(server, {})
+        if user is None:
+            document["tokens"].pop(server, None)
+            return len(users)
+        removed = int(users.pop(user, None) is not None)
+        if not users:
+            document["tokens"].pop(server, None)
+        return removed
+    return change
+
+
+def _revoking(user: str, server: str | None) -> Callable[[dict[str, Any]], int]:
+    def change(document: dict[str, Any]) -> int:
+        removed = 0
+        for kind in ("tokens", "secrets"):
+            for name in [server] if server is not None else list(document[kind]):
+                users = document[kind].get(name)
+                if users and user in users:
+                    entry = users.pop(user)
+                    removed += len(entry) if kind == "secrets" else 1
+                    if not users:
+                        del document[kind][name]
+        return removed
+    return change
+
+
 class TokenStore:
     """Upstream tokens by (server, user), and per-identity secrets by (server, user, name), in one encrypted file.
 
@@ -198,26 +238,14 @@ class TokenStore:
     # tokens
 
     def get(self, server: str, user: str) -> TokenSet | None:
-        entry = self._read()["tokens"].get(server, {}).get(user)
-        return TokenSet.from_json(entry) if entry is not None else None
+        return _token(self._read(), server, user)
 
     def put(self, server: str, user: str, tokens: TokenSet) -> None:
-        def change(document: dict[str, Any]) -> None:
-            document["tokens"].setdefault(server, {})[user] = tokens.to_json()
-        self._update(change)
+        self._update(_putting(server, user, tokens))
 
     def delete(self, server: str, user: str | None = None) -> int:
         """Forget one user's token for ``server``, or every user's when ``user`` is None; how many were."""
-        def change(document: dict[str, Any]) -> int:
-            users = document["tokens"].get(server, {})
-            if user is None:
-                document["tokens"].pop(server, None)
-                return len(users)
-            removed = int(users.pop(user, None) is not None)
-            if not users:
-                document["tokens"].pop(server, None)
-            return removed
-        return self._update(change)
+        return self._update(_deleting(server, user))
 
     def list(self) -> list[StoredToken]:
         tokens = self._read()["tokens"]
@@ -243,32 +271,27 @@ class TokenStore:
 
     def revoke(self, user: str, server: str | None = None) -> int:
         """Forget everything of ``user`` (tokens and secrets), for one server or all; how many entries were."""
-        def change(document: dict[str, Any]) -> int:
-            removed = 0
-            for kind in ("tokens", "secrets"):
-                for name in [server] if server is not None else list(document[kind]):
-                    users = document[kind].get(name)
-                    if users and user in users:
-                        entry = users.pop(user)
-                        removed += len(entry) if kind == "secrets" else 1
-                        if not users:
-                            del document[kind][name]
-            return removed
-        return self._update(change)
+        return self._update(_revoking(user, server))
 
-    # the same, off the event loop
+    # the same, off the event loop: what the gateway calls
 
     async def get_async(self, server: str, user: str) -> TokenSet | None:
-        return await asyncio.to_thread(self.get, server, user)
+        return _token(await self._read_async(), server, user)
 
     async def put_async(self, server: str, user: str, tokens: TokenSet) -> None:
-        await asyncio.to_thread(self.put, server, user, tokens)
+        await self._update_async(_putting(server, user, tokens))
 
     async def delete_async(self, server: str, user: str | None = None) -> int:
-        return await asyncio.to_thread(self.delete, server, user)
+        return await self._update_async(_deleting(server, user))
 
     async def get_secrets_async(self, server: str, user: str) -> dict[str, str]:
-        return await asyncio.to_thread(self.get_secrets, server, user)
+        return dict((await self._read_async())["secrets"].get(server, {}).get(user, {}))
+
+    async def _read_async(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self._read)
+
+    async def _update_async(self, change: Callable[[dict[str, Any]], Any]) -> Any:
+        return await asyncio.to_thread(self._update, change)
 
     # the file
 
@@ -299,6 +322,7 @@ class TokenStore:
         return document
 
     def _decrypt(self, blob: bytes) -> dict[str, Any]:
+        """The document of ``blob``: a CredentialsError naming ``self.path`` when it is not one of this key."""
         if not blob.startswith(_MAGIC) or len(blob) < len(_MAGIC) + _NONCE_BYTES:
             raise CredentialsError(f"{self.path} is not a Bastion credentials file")
         nonce = blob[len(_MAGIC):len(_MAGIC) + _NONCE_BYTES]
@@ -311,9 +335,12 @@ class TokenStore:
         document = json.loads(plain)
         return {**_empty(), **document}
 
-    def _write(self, document: dict[str, Any]) -> None:
+    def _encrypt(self, document: dict[str, Any]) -> bytes:
         nonce = secrets.token_bytes(_NONCE_BYTES)
-        replace_atomically(self.path, _MAGIC + nonce + self._aead.encrypt(nonce, json.dumps(document).encode(), _MAGIC))
+        return _MAGIC + nonce + self._aead.encrypt(nonce, json.dumps(document).encode(), _MAGIC)
+
+    def _write(self, document: dict[str, Any]) -> None:
+        replace_atomically(self.path, self._encrypt(document))
 
     def _locked(self) -> AbstractContextManager[None]:
         return exclusive_lock(self._lock_path)

@@ -82,6 +82,7 @@ class ClientConnection:
         # Once a handshake-era session is established: a tools/call's arguments may stay the bytes the client sent.
         self._takes_raw_calls = False
         self._servers_waited: asyncio.Future[None] | None = None  # a modern client's first wait for the servers
+        self._taking_up: asyncio.Task[None] | None = None  # a session restored from a replica's record, until ready
         # The client's notifications an interceptor looks at pass the chain one after another, in the client's order.
         self._notices = InOrder("the client")
         self._max_bytes = gateway.config.max_message_bytes
@@ -254,6 +255,28 @@ class ClientConnection:
                 self._takes_raw_calls = self.gateway.takes_raw_params
 
         await self._answer(event.request, answer())
+
+    def restore(self, protocol_version: str, client_capabilities: Mapping[str, Any],
+                client_info: Mapping[str, Any] | None, *, initialized: bool, log_level: str | None) -> None:
+        """Continue a handshake-era session begun in another process (a replica): the protocol state as the record
+        of it says, the session the interceptors see, and the servers of this process, as for a new client's; the
+        client's initialize is not replayed to anything."""
+        self.protocol.restore(protocol_version, client_capabilities, client_info, initialized=initialized,
+                              log_level=log_level)
+        self._session = Session(self.identity, "legacy", self.protocol.protocol_version,
+                                self.protocol.client_capabilities, self.protocol.client_info, self.id, client=self,
+                                over_network=self._over_network)
+        self.gateway.log_levels.client_joined()
+        self.gateway.start()
+        self._takes_raw_calls = self.gateway.takes_raw_params
+        # Its requests wait for this process's servers, as a new client's initialize does.
+        self._taking_up = self._loop.create_task(self._servers_then_serve())
+
+    async def _servers_then_serve(self) -> None:
+        try:
+            await self.gateway.wait_ready()
+        finally:
+            self._handshake.set()
 
     def _serve(self, event: Serve) -> Awaitable[jsonrpc.Message | RawResponse]:
         """What answers a request (a plain function handing back the coroutine that does: no layer of its own
@@ -474,6 +497,8 @@ class ClientConnection:
         """The transport is gone: abort everything this client started and release what it held."""
         self.protocol.connection_lost()
         self._notices.close()
+        if self._taking_up is not None:
+            self._taking_up.cancel()
         running = list(self._running.values())
         if running:
             for task in running:

@@ -87,6 +87,10 @@ class InputBridge:
     def is_ours(token: Any) -> bool:
         return isinstance(token, str) and token.startswith(TOKEN_PREFIX)
 
+    def holds(self, token: Any) -> bool:
+        """Whether a call waiting for input here goes by ``token`` (a replica tells its own from another's)."""
+        return isinstance(token, str) and token in self._by_token
+
     def resume(self, token: str, identity: Identity, responses: Any,
                target: tuple[str, Any] | None = None) -> BridgedCall:
         """The call a retry's ``requestState`` names, with the retry's answers given to its questions."""

@@ -17,6 +17,7 @@ from bastion import __version__
 from bastion.config import GatewayConfig, ServerConfig
 from bastion.credentials.build import CredentialSource
 from bastion.credentials.oauth_client import AuthorizationCodes
+from bastion.credentials.state_store import token_store_opener
 from bastion.gateway.bridge import InputBridge
 from bastion.clients.known_tools import server_nature
 from bastion.gateway.catalog import Catalog, ServerFacts
@@ -94,8 +95,9 @@ class Gateway:
         # What each upstream connection authenticates with (never a caller's own token): Bastion's own here.
         # Per-user authorization-code flows: their callbacks are served by the HTTP frontend or a loopback listener.
         self.authorization_codes = AuthorizationCodes(self.identity.name)
+        # With a store replicas share, the tokens are kept in it (encrypted), so that every replica uses one.
         self.credentials = credentials if credentials is not None else CredentialSource(
-            authorization_code=self.authorization_codes)
+            store=token_store_opener(state), authorization_code=self.authorization_codes)
         self._launcher = launcher
         self._instances = InstanceListener(self)
         self.upstreams = {name: self._upstream(name, cfg) for name, cfg in enabled.items()}

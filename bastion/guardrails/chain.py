@@ -33,13 +33,14 @@ def screen_builders(entries: Mapping[str, Mapping[str, Any]] | None = None,
                     identities: Mapping[str, str] | None = None, state: StateStore | None = None) -> list[Builder]:
     """The builders of the guardrails that screen definitions, outermost first; each returns None when its
     guardrail is off everywhere. ``entries``: the servers' configuration entries, which pinning pins too;
-    ``identities``: the identity each server is pinned under; ``state``: where what outlives a request is kept."""
+    ``identities``: the identity each server is pinned under; ``state``: where what outlives a request is kept
+    (the pins too, when replicas share it)."""
     from bastion.guardrails.injection import build_metadata
     from bastion.guardrails.pinning import build as build_pinning
     from bastion.guardrails.taint import build_recall as build_taint_recall
 
     # The metadata scan refuses calls to the tools it withholds itself (one layer, not two).
-    return [given(build_pinning, entries=entries, identities=identities), build_metadata,
+    return [given(build_pinning, entries=entries, identities=identities, state=state), build_metadata,
             given(build_taint_recall, state=state)]
 
 

@@ -9,11 +9,13 @@ overwritten: the error names it and says how to fix it.
 Who accepted what is kept beside it, one JSON line per accepted definition (``<pins file>.reviews.jsonl``,
 appended under the same lock): the pins file says what is trusted, the reviews say who decided to trust it.
 
-These calls block on the disk: the gateway makes them on a worker thread.
+These calls block on the disk: the gateway calls their ``*_async`` forms, which run them on a worker thread. With a
+shared state store (replicas), the pins are kept there instead, with the same methods (pin_state.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from contextlib import AbstractContextManager
@@ -24,12 +26,27 @@ from typing import Any, Callable, Iterable, Mapping
 from bastion.files import exclusive_lock, file_signature, replace_atomically
 from bastion.guardrails.pin_book import Address, Observation, PinBook, accept, apply, claim, forget, split_id
 
-Signature = tuple[int, int, int] | None  # (inode, size, mtime in ns) of the file; None when there is none
+# What changes whenever the pins do: (inode, size, mtime in ns) of the file (None when there is none), the version
+# of the shared state's pins (bytes).
+Signature = tuple[int, int, int] | bytes | None
 
 
 def configuration_gone(configuration: str) -> bool:
     """Whether a configuration file no longer exists (moved or deleted): its pins are for the taking."""
     return not os.path.lexists(configuration)
+
+
+def refused_offers(book: PinBook, server: str, key: str | None) -> list[Address]:
+    """What ``server`` offers instead of its pins (``key`` only, when given): what a refusal is recorded for."""
+    return [(s, kind, k) for (s, kind, k), record in sorted(book.records.items())
+            if s == server and (key is None or k == key) and record.offered is not None]
+
+
+def review_lines(at: str, by: str, reviewed: list[Address], decision: str | None = None) -> list[str]:
+    """One JSON line per reviewed definition: who accepted (or, with ``decision``, rejected) it, and when."""
+    said = {} if decision is None else {"decision": decision}
+    return [json.dumps({"at": at, "by": by, "server": split_id(s)[1], "configuration": split_id(s)[0],
+                        "kind": kind, "key": key, **said}, ensure_ascii=False) for s, kind, key in reviewed]
 
 
 class PinStoreError(Exception):
@@ -90,7 +107,7 @@ class PinStore:
         with self._locked():
             book, _ = self._update(change, locked=True)
             if by is not None and accepted:
-                self._review(at, by, accepted)
+                self._review(review_lines(at, by, accepted))
         return accepted, book
 
     def reject(self, server: str, key: str | None, by: str) -> list[Address]:
@@ -99,10 +116,9 @@ class PinStore:
         at = now()
         with self._locked():
             book, _ = self.load()
-            refused = [(s, kind, k) for (s, kind, k), record in sorted(book.records.items())
-                       if s == server and (key is None or k == key) and record.offered is not None]
+            refused = refused_offers(book, server, key)
             if refused:
-                self._review(at, by, refused, decision="rejected")
+                self._review(review_lines(at, by, refused, decision="rejected"))
         return refused
 
     def reviews(self) -> list[dict[str, str]]:
@@ -117,15 +133,11 @@ class PinStore:
             raise PinStoreError(f"{self.reviews_path}: cannot read the pins reviews: {exc.strerror}") from None
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def _review(self, at: str, by: str, accepted: list[Address], decision: str | None = None) -> None:
-        said = {} if decision is None else {"decision": decision}
-        lines = "".join(json.dumps({"at": at, "by": by, "server": split_id(s)[1], "configuration": split_id(s)[0],
-                                    "kind": kind, "key": key, **said}, ensure_ascii=False) + "\n"
-                        for s, kind, key in accepted)
+    def _review(self, lines: list[str]) -> None:
         try:
             fd = os.open(self.reviews_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             with os.fdopen(fd, "a", encoding="utf-8") as f:
-                f.write(lines)
+                f.write("".join(line + "\n" for line in lines))
         except OSError as exc:
             raise PinStoreError(f"{self.reviews_path}: the definitions were accepted but who accepted them could not "
                                 f"be recorded: {exc.strerror}") from None
@@ -157,6 +169,26 @@ class PinStore:
 
         self._update(change)
         return dropped
+
+    # The same, off the event loop: what the gateway calls (the shared state's pins, pin_state.py, have the same).
+    async def signature_async(self) -> Signature:
+        return await asyncio.to_thread(self.signature)
+
+    async def load_async(self) -> tuple[PinBook, Signature]:
+        return await asyncio.to_thread(self.load)
+
+    async def record_async(self, observations: Iterable[Observation]) -> tuple[PinBook, Signature]:
+        return await asyncio.to_thread(self.record, list(observations))
+
+    async def accept_async(self, server: str, key: str | None, by: str | None = None,
+                           ) -> tuple[list[Address], PinBook]:
+        return await asyncio.to_thread(self.accept, server, key, by)
+
+    async def reject_async(self, server: str, key: str | None, by: str) -> list[Address]:
+        return await asyncio.to_thread(self.reject, server, key, by)
+
+    async def reviews_async(self) -> list[dict[str, str]]:
+        return await asyncio.to_thread(self.reviews)
 
     def _update(self, change: Callable[[PinBook], PinBook], locked: bool = False) -> tuple[PinBook, Signature]:
         if not locked:

@@ -39,7 +39,9 @@ from bastion.guardrails.pin_book import (
     unclaimed,
 )
 from bastion.guardrails.pin_diff import summary
+from bastion.guardrails.pin_state import PinsUnreachable, StatePins
 from bastion.guardrails.pin_store import PinStore, PinStoreError, Signature, configuration_gone, now
+from bastion.state import StateStore
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CatalogView, GatewayError, GatewayRequest, Handler, Session, note_withheld_tools
 
@@ -155,7 +157,7 @@ class PinningGuard:
     # as a server's bytes; a tools/call's result it never reads, so declaring it keeps that result raw.
     reads_results = False
 
-    def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore,
+    def __init__(self, config: GuardrailsConfig, report: InterventionLog, store: PinStore | StatePins,
                  catalog: CatalogView | None = None, *, watch_seconds: float = WATCH_SECONDS,
                  entries: Mapping[str, Mapping[str, Any]] | None = None,
                  identities: Mapping[str, str] | None = None) -> None:
@@ -178,6 +180,7 @@ class PinningGuard:
         self._loaded = False
         self._problem: str | None = None  # why the pins file cannot be read, while it cannot
         self._unwritable: str | None = None  # said once: pins are kept for this run only
+        self._unreachable: str | None = None  # said once per outage: the shared store's pins cannot be read
         self._lock = asyncio.Lock()
         self._tools_from: Sequence[Any] | None = None  # the catalog's tool sequence last judged
         self._tools_book: PinBook | None = None  # the book it was judged against
@@ -340,7 +343,7 @@ class PinningGuard:
         async with self._lock:
             if entries is self._tools_from and self._tools_book is self._book:
                 return self._withheld_tools
-            await self._ensure_loaded()
+            await self._confirmed()
             offered = [_Offered(entry.exposed_name, entry.server, "tools", entry.original_name,
                                 {**entry.definition, "name": entry.original_name})
                        for entry in entries if self._enforced(entry.server)]
@@ -364,7 +367,7 @@ class PinningGuard:
         async with self._lock:
             if version is not None and version == self._others_from and self._others_book is self._book:
                 return self._withheld_prompts, self._withheld_templates
-            await self._ensure_loaded()
+            await self._confirmed()
             offered = [item for kind in ("prompts", "resourceTemplates")
                        for item in _listed(view, kind, view.listing(kind)) if self._enforced(item.server)]
             withheld = self._reconcile(offered)
@@ -383,6 +386,7 @@ class PinningGuard:
                         for item in offered}
             self._report_new(withheld.values())
             return withheld
+        before = self._book
         held = self._held_entries(offered)
         self._book, seen, verdicts = reconcile(
             self._book, [(self._id(item.server), item.kind, item.key, item.definition) for item in offered], now(),
@@ -397,6 +401,17 @@ class PinningGuard:
         withheld = {item.exposed: Withheld(item.exposed, item.server, item.kind, item.key, verdict,
                                            configuration=self._configuration(item.server))
                     for item, verdict in zip(offered, verdicts) if verdict.withheld}
+        if self._unreachable is not None:
+            # Trusted on first use only once the store says it is the first use: another replica may have pinned
+            # another definition under the name meanwhile. Nothing of this judgement is kept in memory, so the
+            # next one (the catalog moved) finds them first seen again, and withholds them again.
+            self._book = before
+            first = {(o.server, o.kind, o.key) for o in seen if o.action == "pin"}
+            withheld.update((item.exposed, Withheld(
+                item.exposed, item.server, item.kind, item.key, None,
+                f"it is offered for the first time, and whether another replica pinned it cannot be checked: "
+                f"{self._unreachable}", configuration=self._configuration(item.server)))
+                for item in offered if (self._id(item.server), item.kind, item.key) in first)
         self._report_new(withheld.values(), offered)
         for item in offered:  # a changed entry holds all its server offers, changed or not
             if item.server in held:
@@ -442,7 +457,7 @@ class PinningGuard:
         while self._unwritten:
             batch, self._unwritten = self._unwritten, []
             try:
-                book, signature = await asyncio.to_thread(self._store.record, batch)
+                book, signature = await self._store.record_async(batch)
             except PinStoreError as exc:
                 # Pinned in memory still: a change within this run is caught; a change across a restart is not.
                 if self._unwritable != str(exc):
@@ -471,14 +486,27 @@ class PinningGuard:
     async def _reread(self) -> bool:
         """Read the pins file again if it changed since it was read; whether it did."""
         try:
-            signature = await asyncio.to_thread(self._store.signature)
+            signature = await self._store.signature_async()
+        except PinsUnreachable as exc:
+            if self._keeps(exc):
+                return False
+            self._fail(str(exc))
+            return True
         except PinStoreError as exc:
             self._fail(str(exc))
             return True
-        if self._loaded and signature == self._signature and self._problem is None:
+        if self._loaded and signature == self._signature and self._problem is None and self._unreachable is None:
             return False
         await self._load()
         return True
+
+    async def _confirmed(self) -> None:
+        """Before a judgement: the pins as they are now, when they are the replicas' shared ones (another replica
+        may have pinned what this one sees first), else as read last."""
+        if isinstance(self._store, StatePins):
+            await self._reread()
+        else:
+            await self._ensure_loaded()
 
     def load_now(self) -> None:
         """Read the pins file on the calling thread: at start, before any request."""
@@ -489,7 +517,11 @@ class PinningGuard:
 
     async def _load(self) -> None:
         try:
-            book, signature = await asyncio.to_thread(self._store.load)
+            book, signature = await self._store.load_async()
+        except PinsUnreachable as exc:
+            if not self._keeps(exc):
+                self._fail(str(exc))
+            return
         except PinStoreError as exc:
             self._fail(str(exc))
             return
@@ -497,8 +529,19 @@ class PinningGuard:
 
     def _take(self, book: PinBook, signature: Signature) -> None:
         if self._problem is not None:
-            log.warning("the pins file %s can be read again; definitions are checked against it", self._store.path)
+            log.warning("%s can be read again; definitions are checked against them", self._store.path)
         self._book, self._signature, self._problem, self._loaded = book, signature, None, True
+        self._unreachable = None
+
+    def _keeps(self, exc: PinsUnreachable) -> bool:
+        """Whether to go on judging against the pins read last while the shared store cannot be reached: when they
+        were read (and could be), so an outage withholds nothing that was served and releases nothing withheld."""
+        if not self._loaded or self._problem is not None:
+            return False
+        if self._unreachable != str(exc):
+            self._unreachable = str(exc)
+            log.warning("%s; definitions are judged against the pins read last until it answers", exc)
+        return True
 
     def _fail(self, problem: str) -> None:
         if self._problem != problem:
@@ -509,12 +552,16 @@ class PinningGuard:
 
 def build(config: GuardrailsConfig, report: InterventionLog, catalog: CatalogView,
           entries: Mapping[str, Mapping[str, Any]] | None = None,
-          identities: Mapping[str, str] | None = None) -> PinningGuard | None:
+          identities: Mapping[str, str] | None = None, state: StateStore | None = None) -> PinningGuard | None:
     """The pinning interceptor, or None when pinning is off for every server. The pins file is read now, at start,
     so that a client's first call waits for no disk. ``entries``: each server's configuration entry, pinned too;
-    ``identities``: the identity each server is pinned under (by name when absent)."""
+    ``identities``: the identity each server is pinned under (by name when absent). With a ``state`` store that
+    replicas share, the pins are kept there (pin_state.py), read at the first request (the store is asynchronous),
+    and pins kept by name alone are not carried over (a shared store has none of before identities)."""
     if not config.on_anywhere("pinning"):
         return None
+    if state is not None and state.shared:
+        return PinningGuard(config, report, StatePins(state), catalog, entries=entries, identities=identities)
     store = PinStore(config.pins_path())
     guard = PinningGuard(config, report, store, catalog, entries=entries, identities=identities)
     claim_pins(store, entries or {}, identities or {})

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from bastion.guardrails.config import GuardrailsConfig, SamplingSettings
 from bastion.guardrails.content import text_slots
 from bastion.guardrails.injection import INJECTION_FLAGS, Verdict, mark_untrusted, scan_slots
-from bastion.guardrails.remembered import client_of, key, unreachable
+from bastion.guardrails.remembered import client_of, key as state_key, unreachable
 from bastion.guardrails.report import Intervention, InterventionLog
 from bastion.model import CallInFlight, CatalogView, GatewayError, GatewayRequest, Handler
 from bastion.state import MemoryStore, StateStore, StateUnavailable
@@ -158,14 +158,14 @@ class SamplingLedger:
         """The minute's tokens, then the minute's requests, in the store: tokens given back when the requests
         refuse, so that a refused request spends nothing."""
         minute = math.floor(now / _WINDOW_SECONDS)
-        spent_key = f"{key('sampling-tokens', client, server)}:{minute}"
+        spent_key = f"{state_key('sampling-tokens', client, server)}:{minute}"
         if await self._store.add(spent_key, tokens, limit=settings.tokens_per_minute,
                                  seconds=2 * _WINDOW_SECONDS) is None:
             return Refusal("tokens-per-minute", "over-budget",
                            f"{tokens} more tokens would pass the budget of {settings.tokens_per_minute} a minute "
                            "(guardrails.sampling_budget.tokens_per_minute)",
                            max(0.0, (minute + 1) * _WINDOW_SECONDS - now))
-        wait = await self._store.hit(key("sampling-requests", client, server), settings.requests_per_minute,
+        wait = await self._store.hit(state_key("sampling-requests", client, server), settings.requests_per_minute,
                                      _WINDOW_SECONDS)
         if wait == 0:
             return None

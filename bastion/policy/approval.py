@@ -220,9 +220,21 @@ class ApprovalQueue:
         self.directory = Path(directory).expanduser()
 
     def _file(self, approval_id: str) -> Path:
-        if not approval_id or not all(c.isalnum() or c == "-" for c in approval_id):
-            raise ValueError(f"not an approval id: {approval_id!r}")
-        return self.directory / f"{approval_id}.json"
+        return self.directory / f"{valid_id(approval_id)}.json"
+
+    def command(self, approval_id: str) -> str:
+        """The command a person runs to approve ``approval_id``."""
+        from bastion.policy.config import ApprovalConfig
+
+        return approve_command(approval_id, self.directory, ApprovalConfig().queue_dir)
+
+    # Off the event loop: what the gateway calls (the shared state's queue, approval_state.py, has the same).
+    async def submit_async(self, record: Mapping[str, Any], timeout_seconds: float) -> str:
+        return await asyncio.to_thread(self.submit, record, timeout_seconds)
+
+    async def close_request_async(self, approval_id: str, status: str, why: str) -> str:
+        await asyncio.to_thread(self.close_request, approval_id, status, why)
+        return status
 
     def _write(self, path: Path, record: Mapping[str, Any]) -> None:
         temporary = path.with_suffix(f".{secrets.token_hex(4)}.tmp")
@@ -289,7 +301,7 @@ class ApprovalQueue:
             if item is None:
                 raise LookupError(f"no approval request {approval_id} in {self.directory}")
             if item.status != "pending":
-                raise LookupError(_not_pending(item))
+                raise LookupError(not_pending(item))
             record = {**item.record, "status": "approved" if approve else "denied", "settled": time.time(), "by": by}
             self._write(self._file(approval_id), record)
         return QueuedApproval(approval_id, record["status"], record)
@@ -355,7 +367,15 @@ def _exists_without_proc(pid: int) -> bool:
     return True
 
 
-def _not_pending(item: QueuedApproval) -> str:
+def valid_id(approval_id: str) -> str:
+    """``approval_id`` when it is one (letters, digits, dashes: never a path or a key of the store of its own)."""
+    if not approval_id or len(approval_id) > 64 or not all(c.isalnum() and c.isascii() or c == "-"
+                                                            for c in approval_id):
+        raise ValueError(f"not an approval id: {approval_id!r}")
+    return approval_id
+
+
+def not_pending(item: QueuedApproval) -> str:
     """Why a request can no longer be approved or denied, in words a person can act on."""
     record = item.record
     where = f"{record.get('server')}/{record.get('tool')}"
@@ -371,6 +391,7 @@ def _not_pending(item: QueuedApproval) -> str:
         return (f"approval request {item.id} ({where}) was withdrawn: the client cancelled the call or "
                 "disconnected; nothing waits for it")
     if item.status == ORPHANED:
-        return (f"approval request {item.id} ({where}) is orphaned: the gateway that asked (pid {record.get('pid')}) "
+        asker = f"pid {record.get('pid')}" if "pid" in record else record.get("replica", "a replica")
+        return (f"approval request {item.id} ({where}) is orphaned: the gateway that asked ({asker}) "
                 "is no longer running, so approving it would run nothing")
     return f"approval request {item.id} ({where}) is {item.status}, not pending"

@@ -30,17 +30,17 @@ from bastion.policy.approval import (
     ApprovalSigner,
     Redeemed,
     approval_elicitation,
-    approve_command,
     arguments_digest,
     elicitation_approves,
     load_secret,
 )
 from bastion.policy.audit import AuditWriter, shape_of
 from bastion.policy.cedar_engine import SessionFacts, Target, authorize_admin, authorize_server_request
-from bastion.policy.config import ApprovalConfig, PolicyConfig, PolicyStartError
+from bastion.policy.config import PolicyConfig, PolicyStartError
 from bastion.policy.decision import Decision, Effect
 from bastion.policy.engine import SCHEMA_RULE, PolicyEngine
 from bastion.policy.ratelimit import RATE_LIMITED, RateLimiter
+from bastion.policy.approval_state import UNREACHABLE, StateQueue
 from bastion.state import MemoryStore, StateStore, StateUnavailable
 
 log = logging.getLogger("bastion.approval")
@@ -477,7 +477,7 @@ class ApprovalStage:
         self,
         config: PolicyConfig,
         signer: ApprovalSigner,
-        queue: ApprovalQueue | None,
+        queue: ApprovalQueue | StateQueue | None,
         pre_approved: Mapping[str, Iterable[str]] | None = None,
         state: StateStore | None = None,
     ) -> None:
@@ -684,7 +684,12 @@ class ApprovalStage:
             note = question or taint_note(session, server)
             if note:
                 record["note"] = note
-            approval_id = await self._submit(record, timeout)
+            try:
+                approval_id = await self._submit(record, timeout)
+            except StateUnavailable as exc:
+                log.warning("%s/%s: the approval queue cannot be reached: %s", server, label, exc)
+                if not ask_client:  # fails closed: nobody could be asked, so nobody approves
+                    return f"the approval queue cannot be reached, so nobody can approve it ({exc})"
         wait = ApprovalWait(server, label, approval_id, self._command(approval_id), ask_client, timeout,
                             session.identity.describe())
         log.warning("%s", wait.sentence())
@@ -716,12 +721,15 @@ class ApprovalStage:
     async def _submit(self, record: Mapping[str, Any], timeout: float) -> str:
         """Queue a request; one the client withdraws while it is being written is marked withdrawn at once."""
         assert self.queue is not None
-        submitting = asyncio.ensure_future(asyncio.to_thread(self.queue.submit, record, timeout))
+        submitting = asyncio.ensure_future(self.queue.submit_async(record, timeout))
         try:
             return await asyncio.shield(submitting)
         except asyncio.CancelledError:
-            approval_id = await submitting
-            await asyncio.to_thread(self.queue.close_request, approval_id, WITHDRAWN, "the client withdrew the call")
+            try:
+                approval_id = await submitting
+                await self.queue.close_request_async(approval_id, WITHDRAWN, "the client withdrew the call")
+            except StateUnavailable:
+                pass  # nothing to mark, or it lapses as orphaned: nobody waits for it either way
             raise
 
     async def _stop_asking(self, asks: Mapping[str, asyncio.Future[Any]], approval_id: str | None) -> None:
@@ -731,7 +739,11 @@ class ApprovalStage:
         if approval_id is not None and queue is not None and client is not None and client.done() \
                 and not client.cancelled():
             status = "approved" if client.exception() is None and client.result() is None else "denied"
-            await asyncio.to_thread(queue.close_request, approval_id, status, "answered in the client")
+            try:
+                await queue.close_request_async(approval_id, status, "answered in the client")
+            except StateUnavailable as exc:  # the person's answer stands; the request lapses as orphaned
+                log.warning("approval %s was answered in the client, but its queue request cannot be closed: %s",
+                            approval_id, exc)
         for ask in asks.values():
             ask.cancel()
         await asyncio.gather(*asks.values(), return_exceptions=True)
@@ -746,12 +758,14 @@ class ApprovalStage:
             return None
         if status == "denied":
             return f"denied in the approval queue{wait.reference()}"
+        if status == UNREACHABLE:
+            return f"the approval queue in the shared state store could not be reached until the timeout{wait.reference()}"
         return f"timed out: nobody approved it within {wait.timeout_seconds:g} s{wait.reference()}"
 
     def _command(self, approval_id: str | None) -> str | None:
         if approval_id is None or self.queue is None:
             return None
-        return approve_command(approval_id, self.queue.directory, ApprovalConfig().queue_dir)
+        return self.queue.command(approval_id)
 
     async def _ask_legacy(self, session: Session, server: str, name: str, arguments: Any) -> str | None:
         with_mode = session.protocol_version >= "2025-11-25"
@@ -901,6 +915,7 @@ def build_policy_runtime(
     pre_approved: Mapping[str, Iterable[str]] | None = None,
     claim_attributes: Iterable[str] = (),
     shared_state: StateStore | None = None,
+    config_file: str | None = None,
 ) -> PolicyRuntime:
     """The policy interceptor and its parts; ``pre_approved`` maps a server to the tools (its own names) a user
     already approves in their client, which the approval stage lets through without asking; ``claim_attributes``
@@ -908,7 +923,8 @@ def build_policy_runtime(
     calls approved within ``policy.approval.reuse_seconds``) are kept: this process's memory unless given one that
     replicas share (``clock``, the monotonic clock, times the memory's records and the rate limits' buckets). The
     rate limits' buckets are in that store, keyed by their limit: a reload that keeps a limit keeps its buckets (and
-    one that changes it starts fresh ones), with nothing handed over."""
+    one that changes it starts fresh ones), with nothing handed over. With a store replicas share, the approval
+    queue is kept there too (approval_state.py), and ``config_file`` is the configuration its wait message names."""
     engine = engine or PolicyEngine(config, pinned=pinned, claim_attributes=claim_attributes)
     writer = audit_writer
     if writer is None and config.audit.enabled:
@@ -920,12 +936,19 @@ def build_policy_runtime(
     signer = ApprovalSigner(secret, config.approval.timeout_seconds, state)
     # A call approved out of band waits in the queue whatever the fallback says.
     queued = config.approval.fallback == "queue" or config.approval.approver != "client"
-    queue = ApprovalQueue(config.approval.queue_dir) if queued else None
+    queue = approval_queue(config.approval.queue_dir, state, config_file) if queued else None
     limiter = RateLimiter(config.rate_limits, state) if config.rate_limits else None
     limits = RateLimits(limiter) if limiter is not None else None
     approval = ApprovalStage(config, signer, queue, pre_approved, state)
     policy = PolicyInterceptor(audit, AuthorizationStage(engine), ArgumentGuards(engine), limits, approval)
     return PolicyRuntime(engine, [policy], audit, approval, state)
+
+
+def approval_queue(directory: str, state: StateStore, config_file: str | None = None) -> ApprovalQueue | StateQueue:
+    """The queue of ``policy.approval.queue_dir``, or with a ``state`` store replicas share, the queue in it (any
+    replica lists and settles any replica's requests; ``config_file`` names the configuration in the command it
+    tells a person to run)."""
+    return StateQueue(state, config_file=config_file) if state.shared else ApprovalQueue(directory)
 
 
 def build_policy_interceptors(config: PolicyConfig, **options: Any) -> list[Interceptor]:

@@ -191,6 +191,9 @@ class ServerSession:
         self._listens: dict[Any, _Listen] = {}  # 2026-07-28 subscriptions/listen in force, by request id
         self._log_opt_ins: dict[Any, str] = {}  # 2026-07-28 requests in flight that asked for logs: id -> level
         self._outgoing: set[str] = set()  # ids of Bastion's requests the client has not answered
+        # What those ids begin with: replicas sharing a session each use their own, so that one tells the answers
+        # to its own requests from another's.
+        self.outgoing_prefix = _OUTGOING_PREFIX
         self._outgoing_ids = itertools.count(1)
 
     # ---------------------------------------------------------------------------------------- input
@@ -346,6 +349,21 @@ class ServerSession:
         self._answered_initialize = True
         return Response(request.id, result)
 
+    def restore(self, protocol_version: str, client_capabilities: Mapping[str, Any],
+                client_info: Mapping[str, Any] | None, *, initialized: bool, log_level: str | None) -> None:
+        """Take up a handshake-era session another process began (a replica of the gateway): its handshake is
+        done (answered, and ``initialized`` when the client said so), nothing of it is replayed."""
+        self.era = "legacy"
+        self._handshake = _Handshake(protocol_version, dict(client_capabilities), client_info)
+        self._answered_initialize = True
+        self.lifecycle.state = State.ACTIVE if initialized else State.INITIALIZING
+        self.log_level = log_level if log_level in LOG_LEVELS else None
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the client has said ``notifications/initialized`` (its session is in use)."""
+        return self.lifecycle.state is State.ACTIVE
+
     @property
     def ready_for_notifications(self) -> bool:
         """A handshake-era client may pipeline notifications/initialized before it has read the initialize
@@ -448,9 +466,13 @@ class ServerSession:
     def outgoing_request(self, method: str, params: Mapping[str, Any]) -> Request:
         """A request from Bastion to the client (sampling, elicitation, roots: handshake era only), under an id
         of Bastion's own that its answer is told apart by."""
-        request_id = f"{_OUTGOING_PREFIX}{next(self._outgoing_ids)}"
+        request_id = f"{self.outgoing_prefix}{next(self._outgoing_ids)}"
         self._outgoing.add(request_id)
         return Request(request_id, method, dict(params))
+
+    def expects(self, request_id: Any) -> bool:
+        """Whether ``request_id`` is one of Bastion's requests to the client that awaits its answer."""
+        return isinstance(request_id, str) and request_id in self._outgoing
 
     def outgoing_abandoned(self, request_id: str) -> Notification:
         """Bastion no longer wants the answer to one of its requests: the cancellation to tell the client."""

@@ -96,6 +96,7 @@ def run_and_close(config: Path, work) -> str:
     return stderr
 
 
+@pytest.mark.slow  # installs real npm and PyPI packages
 def test_a_stock_claude_desktop_file_of_npx_and_uvx_servers_works_sandboxed_offline(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -155,6 +156,7 @@ def forget_what_other_files_locked() -> None:
     user_index_path(Path(os.environ["XDG_STATE_HOME"]) / "bastion").unlink(missing_ok=True)
 
 
+@pytest.mark.slow  # installs real npm packages twice
 def test_a_locked_older_version_is_honoured_and_servers_update_moves_it_on(tmp_path: Path) -> None:
     forget_what_other_files_locked()
     config = stock_file(tmp_path, {"memory": npx(MEMORY)}, policy="off")
@@ -219,11 +221,14 @@ def test_a_package_that_cannot_be_installed_says_why_in_the_package_clients_word
         "memory": npx(MEMORY),
     }, policy="off")
     stderr = run_and_close(config, lambda client: (wait_for_tools(client, {"memory"}), time.sleep(3)))
-    npm_lines = [line for line in stderr.splitlines() if "WARNING" in line and "server missing-npm" in line]
+    # An install slower than the gateway's first answer (a loaded machine) adds the gateway's "not ready yet" line
+    # before the failure: a notice of the wait, not a second telling of why the install failed.
+    warnings = [line for line in stderr.splitlines() if "WARNING" in line and "is not ready yet" not in line]
+    npm_lines = [line for line in warnings if "server missing-npm" in line]
     assert len(npm_lines) == 1, stderr[-3000:]
     assert "npm install @modelcontextprotocol/server-that-does-not-exist failed" in stderr
     assert "npm error code ENOTCACHED" in stderr  # npm's own words, quoted
-    pip_lines = [line for line in stderr.splitlines() if "WARNING" in line and "server missing-pypi" in line]
+    pip_lines = [line for line in warnings if "server missing-pypi" in line]
     assert len(pip_lines) == 1, stderr[-3000:]
     assert "No matching distribution found for mcp-server-that-does-not-exist" in stderr
     assert "missing-npm" not in lock_of(config) and "memory" in lock_of(config)

@@ -35,6 +35,7 @@ def installs() -> set[str]:
             for folder in kind.iterdir() if not folder.name.startswith(".")} if packages.is_dir() else set()
 
 
+@pytest.mark.slow  # installs real packages
 def test_an_imported_file_runs_what_the_clients_file_locked_without_resolving_again(tmp_path: Path) -> None:
     home = tmp_path / "home"
     cursor = home / ".cursor" / "mcp.json"

@@ -3,7 +3,8 @@
 (bench/load.py) run against.
 
 One configuration for every replica: the default policy and guardrails, the counting server (counting_server.py)
-federated as ``count``, API keys for a few identities, one ``policy.approval.secret_file``; each replica has its own
+federated as ``count``, API keys for a few identities, one ``policy.approval.secret_file`` and one
+``http.session_key_files`` (with Redis: sessions continue on any replica); each replica has its own
 state folder (its audit trail, its approval queue, its pins) and its own stderr. HAProxy balances round robin with
 no stickiness, checks ``/readyz`` and redispatches a request whose connection failed. Everything is started here and
 waited for by the event that says it is up (a replica's "serving MCP on" line and its ``/readyz`` answering 200,
@@ -63,6 +64,8 @@ def base_config(folder: Path, marks: Path, *, redis_url: str | None, http: dict[
     }
     if redis_url is not None:
         config["state"] = {"url": redis_url}
+        # One key ring for all: a handshake-era session continues on whichever replica round robin picks.
+        config["http"]["session_key_files"] = [str(folder / "session.key")]
     return config
 
 
@@ -317,8 +320,9 @@ class Cluster:
     def _start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.marks.parent.mkdir(exist_ok=True)
-        (self.folder / "approval.key").write_text(secrets.token_hex(32))
-        os.chmod(self.folder / "approval.key", 0o600)
+        for key in ("approval.key", "session.key"):
+            (self.folder / key).write_text(secrets.token_hex(32))
+            os.chmod(self.folder / key, 0o600)
         self.keys = make_keys(self.folder / "api_keys.json", IDENTITIES)
         if self.with_redis:
             self.redis = RedisServer().start()

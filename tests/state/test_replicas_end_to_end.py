@@ -46,6 +46,9 @@ def _replica(tmp_path: Path, name: str, redis: RedisServer, secret: Path, prefix
     config.write_text(json.dumps({
         "servers": {"raw": entry}, "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
         "http": {"identity_header": IDENTITY_HEADER},
+        # Pins in Redis are checked before the policy, and withhold what cannot be checked while Redis is away
+        # (tests/test_replicas_pins_and_approvals.py): off here, so that what is refused is the policy's doing.
+        "guardrails": {"servers": {"raw": {"pinning": "off"}}},
         "state": {"url": f"redis://127.0.0.1:{redis.port}/0", "key_prefix": prefix, "timeout_seconds": 1},
         "policy": {
             "approval": {"approver": "client", "timeout_seconds": 120, "secret_file": str(secret),

@@ -5,7 +5,7 @@ with ``Last-Event-ID``; what ends a stream whose client stopped reading; a strea
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 import orjson
 
@@ -33,10 +33,12 @@ class Answers:
 
     async def answer(self, exchange: Exchange, receive: Receive, send: Send, headers: tuple[tuple[bytes, bytes], ...],
                      abandon: Callable[[], None], statuses: Mapping[int, int] = STATUS_FOR_CODE, *,
-                     detach: Callable[[], None] | None = None, forget: Callable[[], None] = lambda: None) -> None:
+                     detach: Callable[[], None] | None = None, forget: Callable[[], None] = lambda: None,
+                     streaming: Callable[[], Awaitable[None]] | None = None) -> None:
         """Send the exchange's answer as JSON, or as an SSE stream when something comes first; call ``abandon``
         when the client goes before the answer. A resumable exchange (``detach`` given) is streamed too when its
-        answer is slow, and a drop of its stream calls ``detach`` instead, leaving the call to be resumed."""
+        answer is slow, and a drop of its stream calls ``detach`` instead, leaving the call to be resumed;
+        ``streaming`` is awaited before such a stream begins (replicas record the call as pending there)."""
         first: bytes | None = None
         if not exchange.first.done():
             came = await _first_before_disconnect(exchange.first, receive,
@@ -55,6 +57,8 @@ class Answers:
                 status = statuses.get(exchange.error_code or 0, 200)
                 await json_response(send, status, first, headers)
                 return
+        if streaming is not None and detach is not None:
+            await streaming()
         stream = SseStream(send, limit=self.settings.stream_buffer_messages,
                            heartbeat=self.settings.heartbeat_seconds, headers=(NO_STORE, *headers),
                            notice=self.overflow_answer(exchange.request_id))
@@ -86,6 +90,20 @@ class Answers:
         finally:
             _settle(exchange, stream, lambda: session.abandon(exchange), lambda: session.detach(exchange),
                     lambda: session.forget(exchange))
+
+    async def answer_lost(self, session: "LegacySession", key: str, request_id: Any, after: int,
+                          send: Send) -> None:
+        """A client resuming, here, the answer stream of a call another replica ran: that replica stopped (or the
+        client was sent away from it), so the stream ends at once with an error for the request, never a wait."""
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+                           headers=(NO_STORE, (b"mcp-session-id", session.id.encode())))
+        stream.push(sse_event(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
+            "code": -32000, "message": "the gateway replica that ran this request stopped before its answer was "
+                                       "sent (or this client now reaches another replica): its outcome is unknown; "
+                                       "check before sending it again", "data": {"outcome": "unknown"}}}),
+                              f"{key}.{after + 1}"))
+        stream.finish()
+        await stream.run()
 
     def overflow_answer(self, request_id: Any) -> bytes:
         """What ends a request's stream whose client stopped reading: the request's answer, an error saying why."""

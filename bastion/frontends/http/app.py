@@ -10,6 +10,7 @@ import asyncio
 from functools import partial
 import logging
 import os
+import secrets
 import time
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
@@ -27,8 +28,10 @@ from bastion.frontends.http.admission import Admission, nothing
 from bastion.frontends.http.answers import RETRY_MS, Answers
 from bastion.frontends.http.exchanges import Exchange, Peeked
 from bastion.frontends.http.guards import accepts
+from bastion.frontends.http.input_relay import InputRelay
 from bastion.frontends.http.modern import ModernPosts
-from bastion.frontends.http.quotas import Holder, SessionQuotas, holder_of
+from bastion.frontends.http.quotas import Held, Holder, SessionQuotas, holder_of
+from bastion.frontends.http.records import ENDED_CHANNEL, MAX_RECORD_BYTES, KeyRing, SessionRecords
 from bastion.frontends.http.sessions import LegacySession, SseSession
 from bastion.frontends.http.streams import SseStream, event_number, priming_event, sse_event
 from bastion.frontends.http.wire import (
@@ -50,6 +53,7 @@ from bastion.observability.request_context import take_trace_context
 from bastion.frontends.http.operations import HEALTH_PATHS, METRICS_PATH, answer_health, answer_metrics
 from bastion.protocol.jsonrpc import is_valid_id
 from bastion.protocol.versions import LEGACY_VERSIONS, is_modern, is_modern_first_message
+from bastion.state import StateUnavailable
 
 log = logging.getLogger("bastion.http")
 
@@ -57,6 +61,7 @@ MCP_PATHS = ("/mcp", "/mcp/")
 # Where an upstream authorization server sends a person back after they authorized Bastion (task F's flow): it
 # carries a one-time state instead of credentials, so it is not authenticated here.
 OAUTH_CALLBACK_PATH = "/oauth/callback"
+UNKNOWN_SESSION = "unknown or ended session (Mcp-Session-Id); start a new one with initialize"
 
 __all__ = ["HttpError", "HttpFrontend", "LegacySession", "SseSession"]
 
@@ -79,7 +84,7 @@ class CurrentPolicy:
 class HttpFrontend:
     def __init__(self, gateway: Gateway, settings: HttpConfig, *, bound_to_loopback: bool,
                  auth: HttpAuth | None = None, callback: Callable[[Scope, Receive, Send], Awaitable[None]] | None
-                 = None) -> None:
+                 = None, session_keys: KeyRing | None = None) -> None:
         self.gateway = gateway
         # Tracing or JSON logs: a POST's trace context headers go with the messages it carries.
         self._observed = gateway.observer is not None
@@ -93,7 +98,20 @@ class HttpFrontend:
         self._metadata = orjson.dumps(self.auth.metadata) if self.auth.metadata is not None else None
         self.sessions: dict[str, LegacySession] = {}
         self.sse_sessions: dict[str, SseSession] = {}
-        self.quotas = SessionQuotas(settings)  # both kinds, by holder: the gateway's bound and each caller's quota
+        shared = gateway.state if gateway.state.shared else None
+        # Both kinds, by holder: the gateway's bound and each caller's quota (counted in the store replicas share).
+        self.quotas = SessionQuotas(settings, shared)
+        # Sessions any replica continues: only with a store other replicas see, and keys to seal the records.
+        self.records = (SessionRecords(shared, session_keys, settings.session_idle_timeout)
+                        if shared is not None and session_keys is not None else None)
+        if shared is not None and session_keys is None:
+            log.warning("the state store is shared, but http.session_key_files is empty: a handshake-era session "
+                        "continues only on the replica that made it (a load balancer must keep each client on one)")
+        self._ended_elsewhere: asyncio.Task[None] | None = None
+        self._relaying: asyncio.Task[None] | None = None  # retries of 2026-07-28 calls held here, from other replicas
+        # Answer streams' keys begin with it where replicas share sessions: a key tells which replica ran the call.
+        self.replica_tag = secrets.token_hex(4) if self.records is not None else ""
+        self._settling: set[asyncio.Task[None]] = set()
         self.modern = ModernPosts(gateway, self.admission, self.answers, self.quotas, self._place_for)
         self._reaper: asyncio.Task[None] | None = None
         # The web console at /admin: the same authenticator logs a browser in, Cedar decides, the policy audits.
@@ -110,34 +128,85 @@ class HttpFrontend:
 
     # ------------------------------------------------------------------------------------------ lifetime
     def start(self) -> None:
-        self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_sessions())
+        loop = asyncio.get_running_loop()
+        self._reaper = loop.create_task(self._reap_idle_sessions())
+        if self.records is not None:
+            self._ended_elsewhere = loop.create_task(self._drop_sessions_ended_elsewhere(self.records))
+            relay = self.modern.relay = InputRelay(self.records.store, self.records.keys)
+            self._relaying = loop.create_task(relay.serve(self.gateway.inputs.holds, self.modern.run_relayed))
 
     async def stop(self) -> None:
-        """End every stream and session, cancelling what they have in flight."""
-        if self._reaper is not None:
-            self._reaper.cancel()
+        """End every stream and session, cancelling what they have in flight. Sessions other replicas may continue
+        are only let go here (their records stay)."""
+        for task in (self._reaper, self._ended_elsewhere, self._relaying):
+            if task is not None:
+                task.cancel()
         for stream in list(self.answers.streams):
             stream.finish()
-        await asyncio.gather(*(self.end_session(s) for s in list(self.sessions.values())),
+        await asyncio.gather(*(self.end_session(s, everywhere=self.records is None)
+                               for s in list(self.sessions.values())),
                              *(s.connection.closed() for s in list(self.sse_sessions.values())),
                              return_exceptions=True)
         await self.auth.close()
 
-    async def end_session(self, session: LegacySession) -> None:
+    async def end_session(self, session: LegacySession, *, everywhere: bool = True) -> None:
+        """End ``session`` here and, ``everywhere``, on every replica (its record deleted, its quota place given
+        back once); otherwise only this replica's copy goes, and another replica may continue it."""
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.quotas.release(session.holder, session)
+            if everywhere:
+                try:
+                    ended = True if self.records is None else await self.records.end(session.id)
+                    if ended:
+                        await self.quotas.give_back(session.holder)
+                except StateUnavailable as exc:  # its record and quota place expire by themselves
+                    log.warning("session %s… ended here, but the shared state could not be told: %s",
+                                session.id[:8], exc)
         await session.close()
+
+    def settled(self, session: LegacySession, stream_key: str) -> None:
+        """A call recorded as pending was answered (or given up): its record goes, in the background."""
+        if self.records is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._forget_pending(self.records, session.id, stream_key))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    @staticmethod
+    async def _forget_pending(records: SessionRecords, session_id: str, stream_key: str) -> None:
+        try:
+            await records.answered(session_id, stream_key)
+        except StateUnavailable as exc:  # it expires with the session's idle timeout
+            log.warning("session %s…: could not record that a call was answered: %s", session_id[:8], exc)
+
+    async def _drop_sessions_ended_elsewhere(self, records: SessionRecords) -> None:
+        """A session DELETEd on another replica: this replica's copy goes too (what it still runs is cancelled)."""
+        while True:
+            try:
+                ended = await records.store.subscribe(ENDED_CHANNEL)
+                try:
+                    async for message in ended:
+                        session = self.sessions.get(message.decode("ascii", "replace"))
+                        if session is not None:
+                            log.info("session %s… was ended on another replica", session.id[:8])
+                            await self.end_session(session, everywhere=False)
+                finally:
+                    await ended.aclose()
+            except StateUnavailable as exc:
+                # Until the store is back, a copy here lasts until its next refresh finds its record gone.
+                log.warning("not told of sessions ended on other replicas: %s", exc)
+            await asyncio.sleep(1.0)  # then listen again (a subscription that ended, or the store back)
 
     def _holder(self, identity: Identity, peer: str) -> Holder:
         return holder_of(identity, peer, authenticated=self.auth.required, settings=self.settings)
 
-    def _place_for(self, identity: Identity, peer: str, top: Peeked) -> Holder:
-        """Whose quota a new session (or listen stream) opened by ``top`` counts against, once there is room in it
-        and in the gateway's bound; a refusal over the caller's own quota is audited."""
+    async def _place_for(self, identity: Identity, peer: str, top: Peeked, held: Held) -> Holder:
+        """Count ``held``, a new session (or listen stream) opened by ``top``, against its holder's quota and the
+        gateway's bound, and return the holder; a refusal over the caller's own quota is audited."""
         holder = self._holder(identity, peer)
         try:
-            self.quotas.check(holder, top.id)
+            await self.quotas.admit(holder, held, top.id)
         except HttpError as refusal:
             if refusal.status == 429:
                 self.admission.audit_refusal(identity, top, "admission", holder.setting, refusal.message,
@@ -153,8 +222,21 @@ class HttpFrontend:
             for session in list(self.sessions.values()):
                 ends = session.ends_by_itself_at(timeout)
                 if ends is not None and now > ends:
+                    if await self._used_elsewhere(session):
+                        await self.end_session(session, everywhere=False)
+                        continue
                     log.info("session %s… ended after %.0f s without requests", session.id[:8], timeout)
                     await self.end_session(session)
+
+    async def _used_elsewhere(self, session: LegacySession) -> bool:
+        """Whether another replica has kept the record of a session quiet here alive (or cannot tell: then only
+        this copy goes, and the record expires by itself if nobody uses it)."""
+        if self.records is None:
+            return False
+        try:
+            return await self.records.exists(session.id)
+        except StateUnavailable:
+            return True
 
     # ------------------------------------------------------------------------------------------ ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -209,6 +291,14 @@ class HttpFrontend:
                                 exc.headers)
         except Gone:
             pass  # the client left while sending its request: nobody to answer
+        except StateUnavailable as exc:
+            log.warning("refused %s %s: %s", scope.get("method"), scope.get("path"), exc)
+            try:
+                await json_response(send, 503, error_body(None, -32000, f"the gateway's shared state cannot be "
+                                                                        f"reached ({exc}); retry later"),
+                                    ((b"retry-after", str(self.settings.retry_after_seconds).encode()),))
+            except RuntimeError:
+                pass  # its response had begun (a stream)
         except Exception:  # noqa: BLE001 - a fault of Bastion's is a JSON-RPC error, never the server's plain 500
             log.exception("internal error while answering %s %s", scope.get("method"), scope.get("path"))
             try:
@@ -251,7 +341,7 @@ class HttpFrontend:
                                                 self.settings.body_timeout, self.gateway.config.max_message_bytes)
         session_id = headers.get("mcp-session-id")
         if session_id is not None:
-            session = self._session(session_id, identity, headers)
+            session = await self._session(session_id, identity, headers)
             self.admission.check_method_scopes(identity, top)
             await self._legacy_post(session, body, message, top, headers, receive, send)
         elif is_modern(headers.get("mcp-protocol-version")) and top.kind in ("request", "notification"):
@@ -259,10 +349,13 @@ class HttpFrontend:
             await self.modern.post(body, top, message, headers, identity, peer, receive, send)
         elif top.method == "initialize":
             self.admission.check_method_scopes(identity, top)
-            holder = self._place_for(identity, peer, top)
-            session = LegacySession(self, identity, holder)
+            session = LegacySession(self, identity, self._holder(identity, peer))
+            try:
+                await self._place_for(identity, peer, top, session)
+            except BaseException:
+                await session.close()
+                raise
             self.sessions[session.id] = session
-            self.quotas.take(holder, session)
             await self._legacy_post(session, body, message, top, headers, receive, send)
         elif top.kind in ("request", "notification") and is_modern_first_message(
                 top.method or "", top.params if isinstance(top.params, dict) else None):
@@ -271,24 +364,92 @@ class HttpFrontend:
             raise HttpError(400, -32600, "no Mcp-Session-Id header: start a session with initialize, or send a "
                                          "2026-07-28 request (params._meta names its protocol version)", top.id)
 
-    def _session(self, session_id: str, identity: Identity, headers: dict[str, str]) -> LegacySession:
+    async def _session(self, session_id: str, identity: Identity, headers: dict[str, str]) -> LegacySession:
         session = self.sessions.get(session_id)
+        if session is None and self.records is not None:
+            session = await self._take_up(self.records, session_id, identity)
         if session is None:
-            raise HttpError(404, -32600, "unknown or ended session (Mcp-Session-Id); start a new one with initialize")
+            raise HttpError(404, -32600, UNKNOWN_SESSION)
         _claim(session, session_id, identity)
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in LEGACY_VERSIONS:
             raise HttpError(400, -32600, f"MCP-Protocol-Version {version!r} is not a version of a session "
                                          f"({', '.join(LEGACY_VERSIONS)})")
         session.last_seen = time.monotonic()
+        if self.records is not None and session.last_seen - session.saved_at > self.records.refresh_seconds:
+            await self._refresh(self.records, session)
         return session
+
+    async def _take_up(self, records: SessionRecords, session_id: str, identity: Identity) -> LegacySession | None:
+        """A session another replica made (or this one let go of), from its record: None when there is none, or
+        when another caller presents it (told apart from an unknown session by nothing)."""
+        record = await records.load(session_id)
+        if record is None or not record.presented_by(identity):
+            if record is not None:
+                log.info("refused a request on session %s…: it belongs to another caller", session_id[:8])
+            return None
+        taken = self.sessions.get(session_id)  # another request took it up while this one read the record
+        if taken is not None:
+            return taken
+        session = LegacySession(self, identity, record.holder, (session_id, record))
+        self.sessions[session_id] = session
+        self.quotas.take(record.holder, session)  # this replica's bound; the holder's quota counted it already
+        log.info("session %s… continues on this replica (made on another)", session_id[:8])
+        return session
+
+    async def _refresh(self, records: SessionRecords, session: LegacySession) -> None:
+        """Keep a session in use alive in the store; one whose record is gone was ended on another replica (or
+        expired there): this copy ends too, and the request is answered as for an unknown session."""
+        session.saved_at = time.monotonic()
+        if not session.shared:
+            return  # too large to share: nothing in the store to keep alive, or to find gone
+        try:
+            if not await records.exists(session.id):
+                await self.end_session(session, everywhere=False)
+                raise HttpError(404, -32600, UNKNOWN_SESSION)
+            await self._save(records, session)
+            await self.quotas.refresh(session.holder)
+        except StateUnavailable as exc:
+            # This replica's copy goes on serving its client; the next refresh tries again.
+            log.warning("session %s…: its record could not be refreshed: %s", session.id[:8], exc)
+
+    async def _save(self, records: SessionRecords, session: LegacySession) -> None:
+        record = session.record()
+        session.shared = await records.save(session.id, record)
+        if not session.shared and session.saved != record:
+            log.warning("session %s…: its client's info and capabilities make a record over %d bytes, so only this "
+                        "replica continues it", session.id[:8], MAX_RECORD_BYTES)
+        session.saved, session.saved_at = record, time.monotonic()
+
+    def _answers_another_replica(self, session: LegacySession, answered: Any) -> bool:
+        """Whether a client's answer is to a request of Bastion's that another replica sent (its id is Bastion's,
+        not this replica's)."""
+        protocol = session.connection.protocol
+        return (self.records is not None and isinstance(answered, str) and answered.startswith("bastion-")
+                and not answered.startswith(protocol.outgoing_prefix) and not protocol.expects(answered))
+
+    async def _save_if_changed(self, records: SessionRecords, session: LegacySession) -> None:
+        """Write the record when what another replica needs changed (the handshake, initialized, the log level)."""
+        if not session.closing and session.record() != session.saved:
+            try:
+                await self._save(records, session)
+            except StateUnavailable as exc:
+                log.warning("session %s…: its record could not be written, so only this replica continues it for "
+                            "now: %s", session.id[:8], exc)
 
 
     async def _legacy_post(self, session: LegacySession, body: bytes, decoded: dict[str, Any], top: Peeked,
                            headers: dict[str, str], receive: Receive, send: Send) -> None:
         session_header = ((b"mcp-session-id", session.id.encode()),)
+        if top.kind == "response" and self._answers_another_replica(session, top.id):
+            assert self.records is not None
+            await self.records.relay_answer(session.id, body)
+            await empty_response(send, 202, session_header)
+            return
         if top.kind != "request":
             session.feed(body, decoded=decoded)
+            if self.records is not None:
+                await self._save_if_changed(self.records, session)
             if top.method == "notifications/cancelled" and isinstance(top.params, dict):
                 session.withdraw(top.params.get("requestId"))
             await empty_response(send, 202, session_header)
@@ -313,11 +474,24 @@ class HttpFrontend:
             session.progress[token] = exchange
         try:
             session.feed(body, decoded, exchange)
+            if self.records is not None:  # with the memory store, not even a coroutine more per request
+                await self._save_if_changed(self.records, session)
         except BaseException:
             session.abandon(exchange)  # a request that failed to start holds neither its id nor its server's slot
             raise
         await self.answers.answer(exchange, receive, send, session_header, lambda: session.abandon(exchange),
-                           detach=detach, forget=lambda: session.forget(exchange))
+                                  detach=detach, forget=lambda: session.forget(exchange),
+                                  streaming=self._pending(session, exchange) if self.records is not None else None)
+
+    def _pending(self, session: LegacySession, exchange: Exchange) -> Callable[[], Awaitable[None]]:
+        async def record() -> None:
+            assert self.records is not None and exchange.stream_key is not None
+            try:
+                await self.records.pending(session.id, exchange.stream_key, exchange.request_id)
+                exchange.pending = True
+            except StateUnavailable as exc:
+                log.warning("session %s…: a call's stream is not recorded for other replicas: %s", session.id[:8], exc)
+        return record
 
 
     async def _get(self, headers: dict[str, str], identity: Identity, receive: Receive, send: Send) -> None:
@@ -329,13 +503,24 @@ class HttpFrontend:
             raise HttpError(400, -32600, "GET /mcp opens a session's stream: it needs the Mcp-Session-Id header")
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "the GET stream is text/event-stream; the Accept header refuses it")
-        session = self._session(session_id, identity, headers)
+        session = await self._session(session_id, identity, headers)
         resume = headers.get("last-event-id", "")
         if "." in resume:  # the id of a call's answer stream (the GET stream's ids are plain numbers)
+            key, _, after = resume.partition(".")
+            if key not in session.resumable and self.records is not None and event_number(after) is not None:
+                lost, request_id = await self.records.lost(session.id, key)
+                if lost:
+                    log.info("session %s…: request %r's stream was resumed here; the replica running it stopped",
+                             session.id[:8], request_id)
+                    await self.answers.answer_lost(session, key, request_id, event_number(after) or 0, send)
+                    return
             await self.answers.resume(session, resume, receive, send)
             return
         if session.get_stream is not None:
             session.get_stream.finish()  # a client that reconnects may not have been seen to leave; the new one wins
+        if self.records is not None:
+            await self._shared_get_stream(self.records, session, event_number(resume), receive, send)
+            return
         start = event_number(resume)
         if start is None:
             start = session.outbox.delivered
@@ -354,11 +539,46 @@ class HttpFrontend:
                 session.get_stream = None
             session.last_seen = time.monotonic()
 
+    async def _shared_get_stream(self, records: SessionRecords, session: LegacySession, start: int | None,
+                                 receive: Receive, send: Send) -> None:
+        """The GET stream of a session replicas share: its messages come from the session's log in the store, where
+        every replica puts them, numbered there; ``Last-Event-ID`` resumes after that number on any replica, and
+        without one the stream begins with what comes next."""
+        if start is None:
+            start = await records.newest_event(session.id)
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+                           headers=((b"mcp-session-id", session.id.encode()),),
+                           notice=self.answers.overflow_notice("messages after it were dropped; open the stream again"))
+        if session.streams_resumable:
+            stream.push(priming_event(str(start), RETRY_MS))
+        session.get_stream = stream
+        feeder = asyncio.ensure_future(self._feed_from_store(records, session, stream, start))
+        try:
+            await self.answers.stream_until_gone(stream, receive)
+        finally:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
+            if session.get_stream is stream:
+                session.get_stream = None
+            session.last_seen = time.monotonic()
+
+    @staticmethod
+    async def _feed_from_store(records: SessionRecords, session: LegacySession, stream: SseStream,
+                               after: int) -> None:
+        try:
+            async for number, frame in records.events(session.id, after):
+                if not stream.push(sse_event(frame, str(number)), number):
+                    return
+        except StateUnavailable as exc:
+            log.warning("session %s…: its GET stream ends, the shared state cannot be reached: %s",
+                        session.id[:8], exc)
+        stream.finish()  # the client reconnects with Last-Event-ID, on whichever replica
+
     async def _delete(self, headers: dict[str, str], identity: Identity, send: Send) -> None:
         session_id = headers.get("mcp-session-id")
         if session_id is None:
             raise HttpError(400, -32600, "DELETE /mcp ends a session: it needs the Mcp-Session-Id header")
-        session = self._session(session_id, identity, headers)
+        session = await self._session(session_id, identity, headers)
         await self.end_session(session)
         await empty_response(send, 200)
 
@@ -368,18 +588,22 @@ class HttpFrontend:
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "GET /sse is text/event-stream; the Accept header refuses it")
         holder = self._holder(identity, peer)
-        self.quotas.check(holder)
         stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
                            notice=self.answers.overflow_notice("this session ends; connect again", event="message"))
         session = SseSession(self, identity, holder, stream)
+        try:
+            await self.quotas.admit(holder, session)
+        except BaseException:
+            await session.connection.closed()
+            raise
         self.sse_sessions[session.id] = session
-        self.quotas.take(holder, session)
         stream.push(sse_event(f"/messages?session_id={session.id}".encode(), event="endpoint"))
         try:
             await self.answers.stream_until_gone(stream, receive)
         finally:
             self.sse_sessions.pop(session.id, None)
             self.quotas.release(holder, session)
+            await self.quotas.give_back(holder)
             log.debug("HTTP+SSE session %s… ended: its stream closed", session.id[:8])
             for release in session.releases.values():
                 release()

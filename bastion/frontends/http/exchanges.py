@@ -68,6 +68,7 @@ class Exchange:
         self.answered = False
         self.error_code: int | None = None  # the answer's, once answered with an error
         self.stream_key = stream_key
+        self.pending = False  # recorded in the store replicas share as a call whose answer is a stream
         self.expiry: asyncio.TimerHandle | None = None  # while its stream is down: when its call is given up
         self._backlog: list[tuple[bytes, bool]] = []
         self._release: Callable[[], None] | None = release

@@ -4,9 +4,10 @@ its answer as JSON or an SSE stream."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 
@@ -15,7 +16,8 @@ from bastion.frontends.http.admission import Admission
 from bastion.frontends.http.answers import STATUS_FOR_CODE, Answers
 from bastion.frontends.http.exchanges import Exchange, Peeked, answer_to
 from bastion.frontends.http.guards import accepts, modern_header_mismatch, param_header_mismatch
-from bastion.frontends.http.quotas import Holder, SessionQuotas
+from bastion.frontends.http.input_relay import InputRelay
+from bastion.frontends.http.quotas import Held, Holder, SessionQuotas
 from bastion.frontends.http.wire import HttpError, Receive, Send, empty_response, json_response
 from bastion.gateway.core import Gateway
 from bastion.model import Identity
@@ -25,6 +27,9 @@ from bastion.protocol.versions import META_CLIENT_CAPABILITIES, META_PROTOCOL_VE
 # A 2026-07-28 answer's HTTP status follows its error code (a JSON answer; a stream has begun with 200 already).
 MODERN_STATUS_FOR_CODE = {-32700: 400, -32600: 400, -32602: 400, **STATUS_FOR_CODE, -32601: 404}
 ENVELOPE_KEYS = (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES)
+# How long a retry relayed to the replica holding its call waits for that call's next answer: a bound for a replica
+# that stops while it runs the retry (one that is gone already is known at once).
+RETRY_WAIT = 900.0
 REMOVED_IN_MODERN = frozenset({"initialize", "ping", "logging/setLevel", "resources/subscribe",
                                "resources/unsubscribe"})
 
@@ -44,13 +49,15 @@ class ModernPosts:
     """The 2026-07-28 POSTs, each its own gateway connection while it runs."""
 
     def __init__(self, gateway: Gateway, admission: Admission, answers: Answers, quotas: SessionQuotas,
-                 place_for: Callable[[Identity, str, Peeked], Holder]) -> None:
+                 place_for: Callable[[Identity, str, Peeked, Held], Awaitable[Holder]]) -> None:
         self.gateway = gateway
         self.admission = admission
         self.answers = answers
         self.quotas = quotas
         self.place_for = place_for
         self.connections: set[ClientConnection] = set()
+        # With replicas sharing sessions: retries of calls another replica holds go there (input_relay.py).
+        self.relay: InputRelay | None = None
 
     def _param_header_mismatch(self, params: dict[str, Any], headers: dict[str, str]) -> str | None:
         name = params.get("name")
@@ -91,15 +98,44 @@ class ModernPosts:
                                          "session-wide log level)", top.id)
         self.admission.check_method_scopes(identity, top)
         if top.method == "subscriptions/listen":
-            holder = self.place_for(identity, peer, top)
             listen = OpenListen(secrets.token_hex(8))
-            self.quotas.take(holder, listen)
+            holder = await self.place_for(identity, peer, top, listen)
             try:
                 await self._run(body, top, message, headers, identity, receive, send)
             finally:
                 self.quotas.release(holder, listen)
+                await self.quotas.give_back(holder)
             return
+        if self.relay is not None and self._held_elsewhere(params.get("requestState")):
+            answer = await self.relay.ask(identity, body, RETRY_WAIT)
+            if answer is not None:
+                error = orjson.loads(answer).get("error")
+                code = error.get("code") if isinstance(error, dict) else None
+                await json_response(send, MODERN_STATUS_FOR_CODE.get(code, 200) if isinstance(code, int) else 200,
+                                    answer)
+                return
         await self._run(body, top, message, headers, identity, receive, send)
+
+    def _held_elsewhere(self, state: Any) -> bool:
+        inputs = self.gateway.inputs
+        return inputs.is_ours(state) and not inputs.holds(state)
+
+    async def run_relayed(self, identity: Identity, body: bytes) -> bytes:
+        """A retry another replica received, of a call held here: run as if it had come here; its answer."""
+        final: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        def route(frame: bytes, message: Outgoing) -> None:
+            if answer_to(message)[0] and not final.done():
+                final.set_result(frame)
+
+        connection = ClientConnection(self.gateway, route, identity=identity, close=lambda: None, over_network=True)
+        self.connections.add(connection)
+        try:
+            connection.feed(body)
+            return await final
+        finally:
+            self.connections.discard(connection)
+            await connection.closed()
 
     async def _run(self, body: bytes, top: Peeked, message: dict[str, Any], headers: dict[str, str],
                    identity: Identity, receive: Receive, send: Send) -> None:

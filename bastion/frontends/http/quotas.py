@@ -5,22 +5,30 @@ the configured identity, its client address's (``http.max_sessions_per_address``
 block one host is usually given). A new session past either is refused before it is made; the quota frees when a
 session ends.
 
+With a store replicas share (``gateway.state.shared``), a holder's sessions are counted in it, on whichever replica
+they were made (``StateStore.add`` with the quota as its limit), so that the quota holds across replicas; the count
+expires ``http.session_idle_timeout`` after its last change or refresh, so that the sessions of a replica that died
+without giving theirs back free their places. ``http.max_sessions`` stays a bound of each replica's own: it is what
+one process may hold in memory.
+
 A full gateway evicts nobody: a session is its caller's state (remembered approvals, subscriptions, calls it may
 resume), and letting a newcomer end a stranger's session would turn the bound into a way to disturb other
 callers. The quota is what keeps the bound from being one caller's to fill."""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from bastion.config import HttpConfig
 from bastion.frontends.http.wire import HttpError
 from bastion.model import Identity
+from bastion.state import StateStore, StateUnavailable
 
 log = logging.getLogger("bastion.http")
 
@@ -68,13 +76,56 @@ def holder_of(identity: Identity, peer: str, *, authenticated: bool, settings: H
                   settings.max_sessions_per_address)
 
 
-class SessionQuotas:
-    """The open sessions by holder, and the refusals of a new one past a holder's quota or the gateway's bound."""
+QUOTA_KEY = "http-sessions-held:"
 
-    def __init__(self, settings: HttpConfig) -> None:
+
+def quota_key(holder: Holder) -> str:
+    """The store key of a holder's count: a digest, so that a name or an issuer holding ":" or "*" can neither
+    reach another holder's count nor any other key."""
+    return QUOTA_KEY + hashlib.sha256(repr(holder.key).encode()).hexdigest()[:40]
+
+
+class SessionQuotas:
+    """The open sessions by holder, and the refusals of a new one past a holder's quota or the gateway's bound;
+    ``shared``, the store replicas share that counts each holder's sessions (None: this process counts them)."""
+
+    def __init__(self, settings: HttpConfig, shared: StateStore | None = None) -> None:
         self.settings = settings
+        self.shared = shared
         self._held: dict[tuple[str, ...], dict[str, Held]] = {}
         self.total = 0
+
+    async def admit(self, holder: Holder, session: Held, request_id: Any = None) -> None:
+        """Count ``session`` against its holder's quota and the gateway's bound, or raise the refusal."""
+        if self.shared is None:
+            self.check(holder, request_id)
+            self.take(holder, session)
+            return
+        self._check_bound(request_id)
+        try:
+            counted = await self.shared.add(quota_key(holder), 1, limit=holder.limit,
+                                            seconds=self.settings.session_idle_timeout)
+        except StateUnavailable as exc:
+            raise HttpError(503, -32000, f"a new session cannot be counted against {holder.who}'s quota "
+                                         f"({holder.setting}): {exc}; retry later", request_id,
+                            ((b"retry-after", str(self.settings.retry_after_seconds).encode()),)) from None
+        if counted is None:
+            self._refuse(holder, holder.limit, self._held.get(holder.key, {}).values(), request_id)
+        self.take(holder, session)
+
+    async def give_back(self, holder: Holder) -> None:
+        """One of the holder's sessions ended for good (on any replica): its place in the shared count is free."""
+        if self.shared is None:
+            return
+        try:
+            await self.shared.add(quota_key(holder), -1)
+        except StateUnavailable as exc:  # the count expires by itself a session_idle_timeout after its last change
+            log.warning("could not give back a session of %s to its quota: %s", holder.who, exc)
+
+    async def refresh(self, holder: Holder) -> None:
+        """A session of the holder's is alive: its count outlives the idle timeout from now."""
+        if self.shared is not None:
+            await self.shared.add(quota_key(holder), 0, seconds=self.settings.session_idle_timeout)
 
     def held_by(self, holder: Holder) -> int:
         return len(self._held.get(holder.key, ()))
@@ -84,14 +135,20 @@ class SessionQuotas:
         it can free itself), then the gateway's bound (503: nobody gets one until some session ends)."""
         held = self._held.get(holder.key, {})
         if len(held) >= holder.limit:
-            retry = self._retry_after(held.values())
-            log.info("refused a new session to %s: it holds %d, its quota (%s)", holder.who, len(held), holder.setting)
-            raise HttpError(429, -32000, f"{holder.who} has {len(held)} sessions open, the most one "
+            self._refuse(holder, len(held), held.values(), request_id)
+        self._check_bound(request_id)
+
+    def _refuse(self, holder: Holder, count: int, sessions: Any, request_id: Any) -> NoReturn:
+        retry = self._retry_after(sessions)
+        log.info("refused a new session to %s: it holds %d, its quota (%s)", holder.who, count, holder.setting)
+        raise HttpError(429, -32000, f"{holder.who} has {count} sessions open, the most one "
                                          f"{'identity' if holder.key[0] == 'identity' else 'client address'} may "
                                          f"keep ({holder.setting}); end one (DELETE /mcp, or close an HTTP+SSE "
                                          f"or subscriptions/listen stream) or retry in {retry} s", request_id,
                             ((b"retry-after", str(retry).encode()),),
                             {"retryAfterSeconds": retry, "setting": holder.setting, "limit": holder.limit})
+
+    def _check_bound(self, request_id: Any) -> None:
         if self.total >= self.settings.max_sessions:
             retry = self.settings.retry_after_seconds
             raise HttpError(503, -32000, f"{self.settings.max_sessions} sessions are open, the most this gateway keeps "

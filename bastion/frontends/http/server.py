@@ -19,6 +19,7 @@ from bastion.auth.config import AuthConfig
 from bastion.config import HttpConfig, client_certificate_contradiction
 from bastion.frontends.http.app import HttpFrontend
 from bastion.frontends.http.guards import TrustedProxies
+from bastion.frontends.http.records import KeyRing
 from bastion.frontends.http.wire import error_body
 from bastion.gateway.core import Gateway
 from bastion.transport.listener import (ConnectionBounds, QuietServer, http_protocol, is_loopback, listen,
@@ -28,13 +29,15 @@ log = logging.getLogger("bastion.http")
 
 
 async def serve_http(gateway: Gateway, settings: HttpConfig, host: str, port: int, *, auth: HttpAuth | None = None,
-                     callback: Any = None, json_logs: bool = False) -> signal.Signals | None:
+                     callback: Any = None, json_logs: bool = False,
+                     session_keys: KeyRing | None = None) -> signal.Signals | None:
     """Serve until SIGTERM or SIGINT; the signal that stopped it. SIGHUP is not a stop: it reloads the
     configuration (``bastion.cli.gateway.with_reloading``). ``json_logs``: the address is said as a log record, so
     every line on stderr is one JSON object."""
     sock = listen(host, port)  # first: an address in use is said before any server starts
     gateway.start()
-    frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host), auth=auth, callback=callback)
+    frontend = HttpFrontend(gateway, settings, bound_to_loopback=is_loopback(host), auth=auth, callback=callback,
+                            session_keys=session_keys)
     tls = settings.tls_cert is not None
     bounds = connection_bounds(settings)
     config = uvicorn.Config(

@@ -15,9 +15,11 @@ import orjson
 from bastion.frontends.connection import ClientConnection
 from bastion.frontends.http.exchanges import Exchange, answer_to
 from bastion.frontends.http.quotas import Holder
+from bastion.frontends.http.records import SessionRecord, SessionRecords, caller_of
 from bastion.frontends.http.streams import ReplayLog, SseStream, sse_event
 from bastion.model import Identity
-from bastion.protocol.jsonrpc import Notification, Outgoing, is_valid_id
+from bastion.protocol.jsonrpc import Notification, Outgoing, Request, is_valid_id
+from bastion.state import StateUnavailable
 
 if TYPE_CHECKING:
     from bastion.frontends.http.app import HttpFrontend
@@ -33,8 +35,9 @@ RESUMABLE_SINCE = "2025-11-25"
 class LegacySession:
     """A 2025-11-25 (or older) client's session: its gateway connection, its GET stream and the POSTs waiting."""
 
-    def __init__(self, frontend: "HttpFrontend", identity: Identity, holder: Holder) -> None:
-        self.id = secrets.token_urlsafe(24)
+    def __init__(self, frontend: "HttpFrontend", identity: Identity, holder: Holder,
+                 restored: tuple[str, SessionRecord] | None = None) -> None:
+        self.id = secrets.token_urlsafe(24) if restored is None else restored[0]
         self.identity = identity
         self.holder = holder  # whose quota it counts against (quotas.py)
         self.exchanges: dict[Any, Exchange] = {}
@@ -50,6 +53,28 @@ class LegacySession:
         self._stream_numbers = itertools.count(1)
         self.connection = ClientConnection(frontend.gateway, self.route, identity=identity,
                                            close=self._close_soon, over_network=True)
+        # The record replicas share (records.py) as last written, and when: written again when it changes, and
+        # refreshed every few seconds while the session is used.
+        self.saved: SessionRecord | None = None
+        self.saved_at = 0.0
+        self.shared = restored is not None  # its record is in the store (not, when too large to share)
+        self._relayed: asyncio.Task[None] | None = None  # answers to this replica's requests POSTed to another
+        self._shared_out: asyncio.Queue[bytes] | None = None  # GET stream messages on their way to the store
+        self._sharing: asyncio.Task[None] | None = None
+        if frontend.records is not None:
+            self.connection.protocol.outgoing_prefix = f"bastion-{frontend.replica_tag}-"
+        if restored is not None:
+            record = restored[1]
+            self.connection.restore(record.protocol_version, record.client_capabilities, record.client_info,
+                                    initialized=record.initialized, log_level=record.log_level)
+            self.saved, self.saved_at = record, time.monotonic()
+
+    def record(self) -> SessionRecord:
+        """What another replica needs to continue this session."""
+        protocol = self.connection.protocol
+        return SessionRecord(caller_of(self.identity), self.holder, protocol.protocol_version,
+                             protocol.client_capabilities, protocol.client_info, protocol.initialized,
+                             protocol.log_level)
 
     def renew(self, identity: Identity) -> None:
         """The same caller with another credential (a refreshed token, or one stepped up to more scopes): what
@@ -72,7 +97,7 @@ class LegacySession:
 
     def resumable_exchange(self, request_id: Any, release: Callable[[], None]) -> Exchange:
         """An exchange for a client that accepts SSE, whose answer stream it may resume."""
-        key = f"s{next(self._stream_numbers)}"
+        key = f"s{self._frontend.replica_tag}{next(self._stream_numbers)}"
         exchange = Exchange(request_id, accepts_sse=True, release=release, stream_key=key,
                             replay=self._frontend.settings.replay_events)
         self.resumable[key] = exchange
@@ -96,6 +121,8 @@ class LegacySession:
         self.resuming(exchange)
         if exchange.stream_key is not None and self.resumable.get(exchange.stream_key) is exchange:
             del self.resumable[exchange.stream_key]
+            if exchange.pending:
+                self._frontend.settled(self, exchange.stream_key)
 
     def _expire(self, exchange: Exchange) -> None:
         exchange.expiry = None
@@ -129,15 +156,41 @@ class LegacySession:
             if exchange is not None:
                 exchange.deliver(frame, False)
                 return
+        if type(message) is Request and self._relayed is None and self._frontend.records is not None:
+            # The client may answer on another replica: from now on this one listens for what it relays.
+            self._relayed = asyncio.get_running_loop().create_task(self._take_relayed(self._frontend.records))
         if self.get_stream is None:
             # A client with no GET stream open still hears a question while its call waits, on that call's stream.
             streaming = [e for e in self.exchanges.values() if e.accepts_sse]
             if streaming:
                 streaming[-1].deliver(frame, False)
                 return
+        if self._frontend.records is not None:
+            self._share(frame)
+            return
         seq = self.outbox.record(frame)
         if self.get_stream is not None:
             self.get_stream.push(sse_event(frame, str(seq)), seq)
+
+    def _share(self, frame: bytes) -> None:
+        """A message for the GET stream, which may be open on any replica: through the session's log in the store,
+        in order (one writer per session)."""
+        if self._shared_out is None:
+            self._shared_out = asyncio.Queue()
+            self._sharing = asyncio.get_running_loop().create_task(self._write_shared(self._shared_out))
+        self._shared_out.put_nowait(frame)
+
+    async def _write_shared(self, frames: "asyncio.Queue[bytes]") -> None:
+        records = self._frontend.records
+        assert records is not None
+        while True:
+            frame = await frames.get()
+            try:
+                await records.add_event(self.id, frame, self._frontend.settings.replay_events)
+            except StateUnavailable as exc:
+                log.warning("session %s…: a message for its GET stream could not be shared: %s", self.id[:8], exc)
+                if self.get_stream is not None:  # a stream open here still gets it, without an id to resume at
+                    self.get_stream.push(sse_event(frame))
 
     def _forget_progress(self, exchange: Exchange) -> None:
         for token in [t for t, e in self.progress.items() if e is exchange]:
@@ -163,6 +216,20 @@ class LegacySession:
             self._forget_progress(exchange)
             exchange.withdraw()
 
+    async def _take_relayed(self, records: "SessionRecords") -> None:
+        try:
+            async for frame in records.answers(self.id):
+                try:
+                    answered = orjson.loads(frame).get("id")
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue
+                if self.connection.protocol.expects(answered):
+                    self.feed(frame)
+        except StateUnavailable as exc:
+            log.warning("session %s…: answers given on other replicas cannot reach this one: %s", self.id[:8], exc)
+        finally:
+            self._relayed = None  # the next request to the client listens again
+
     def _close_soon(self) -> None:
         asyncio.get_running_loop().create_task(self._frontend.end_session(self))
 
@@ -170,6 +237,9 @@ class LegacySession:
         if self.closing:
             return
         self.closing = True
+        for task in (self._relayed, self._sharing):
+            if task is not None:
+                task.cancel()
         for exchange in list(self.resumable.values()):
             self.resuming(exchange)
         self.resumable.clear()
