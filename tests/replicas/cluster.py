@@ -395,22 +395,37 @@ def read_marks(path: Path) -> list[tuple[str, str, str]]:
     return found
 
 
-def sessions_shared(cluster: Cluster) -> bool:
-    """Whether a 2025-11-25 session opened on one replica is known to another (the shared session records): the
-    session is opened on the first replica directly and pinged on the second directly, past the balancer."""
+def session_problem(cluster: Cluster) -> str | None:
+    """What stops a 2025-11-25 session from moving between replicas as round robin moves it, or None when nothing
+    does: the handshake's three steps each sent to another replica, past the balancer (initialize to the first,
+    notifications/initialized to the second, tools/list to the third, then to the first again)."""
     import httpx2
 
     if len(cluster.replicas) < 2:
-        return True
-    first, second = cluster.replicas[0], cluster.replicas[1]
+        return None
+    urls = [r.base + "/mcp" for r in cluster.replicas]
+    urls = (urls * 2)[:4] if len(urls) == 2 else [*urls, urls[0]]
     headers = {"x-api-key": cluster.keys[IDENTITIES[0]], "content-type": "application/json",
                "accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
-    opened = httpx2.post(first.base + "/mcp", headers=headers, timeout=60, json={
+    opened = httpx2.post(urls[0], headers=headers, timeout=60, json={
         "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}})
     assert opened.status_code == 200, opened.text
     session = {**headers, "mcp-session-id": opened.headers["mcp-session-id"]}
-    pinged = httpx2.post(second.base + "/mcp", headers=session, timeout=60,
-                         json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
-    httpx2.delete(first.base + "/mcp", headers=session, timeout=60)
-    return pinged.status_code == 200
+    try:
+        done = httpx2.post(urls[1], headers=session, timeout=60,
+                           json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if done.status_code == 404:
+            return ("the replicas do not share 2025-11-25 sessions (no [state], or no http.session_key_files): a "
+                    "session opened on one is unknown to the next a balancer without stickiness picks")
+        for n, url in enumerate(urls[2:], start=2):
+            listed = httpx2.post(url, headers=session, timeout=60,
+                                 json={"jsonrpc": "2.0", "id": n, "method": "tools/list"})
+            if listed.status_code != 200 or "error" in listed.text[:200]:
+                replica = cluster.replicas[urls.index(url)].name
+                return (f"a session opened on {cluster.replicas[0].name}, its handshake ended on "
+                        f"{cluster.replicas[1].name}: tools/list on {replica} answered {listed.status_code} "
+                        f"{listed.text[:160]}")
+        return None
+    finally:
+        httpx2.delete(urls[0], headers=session, timeout=60)

@@ -18,7 +18,7 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.replicas.cluster import Cluster, read_marks, sessions_shared
+from tests.replicas.cluster import Cluster, read_marks, session_problem
 from tests.support import BASTION
 
 MODERN = "2026-07-28"
@@ -125,9 +125,13 @@ async def test_a_replica_killed_mid_call_gives_a_clear_error_and_the_others_keep
 
 
 async def test_a_handshake_era_client_keeps_its_session_on_any_replica(cluster: Cluster) -> None:
-    if not sessions_shared(cluster):
-        pytest.skip("the replicas do not share 2025-11-25 sessions yet (issue 31, item 2): a session opened on one "
-                    "is unknown to the next a balancer without stickiness picks")
+    problem = session_problem(cluster)
+    if problem is not None and "do not share" in problem:
+        pytest.skip(problem)
+    if problem is not None:
+        # Found by this harness: the replica that opened a session keeps its own copy, which never learns that the
+        # handshake ended on another replica, and refuses the session's next request there.
+        pytest.xfail(f"issue 31, sessions across replicas: {problem}")
     async with sdk_client(cluster, "legacy") as sdk:
         for n in range(6):  # two rounds of the three replicas
             result = await sdk.call_tool("count__echo", {"tag": f"legacy-{n}"})
