@@ -246,12 +246,13 @@ async def test_the_configmaps_configuration_serves_on_a_real_redis_in_the_image_
     moved = (head.replace('url = "redis://redis:6379/0"', f'url = "redis://127.0.0.1:{redis_server.port}/0"')
              .replace('listen = "0.0.0.0:9464"', 'listen = "127.0.0.1:0"')
              .replace("/etc/bastion-keys/", "/keys/"))
-    assert moved.count("/keys/") == 2 and str(redis_server.port) in moved and "127.0.0.1:0" in moved
+    assert moved.count("/keys/") == 3 and str(redis_server.port) in moved and "127.0.0.1:0" in moved
     (config / "bastion.toml").write_text(
         moved + f'[servers.raw]\ncommand = "{sys.executable}"\nargs = ["{FIXTURES / "raw_server.py"}"]\n')
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "approval.key").write_text(secrets.token_hex(32))
+    (keys / "session.key").write_text(secrets.token_hex(32))
     made = subprocess.run([BASTION, "keys", "create", "alice", "--file", str(keys / "api_keys.json")],
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
@@ -286,14 +287,18 @@ async def test_the_configmaps_configuration_serves_on_a_real_redis_in_the_image_
             names = {tool.name for tool in (await session.list_tools()).tools}
             assert {"raw__echo", "raw__slow"} <= names
             # team.cedar: the echo is no read, so it needs a person; over HTTP that is asked out of band: the call
-            # waits in the pod's approval queue, which `bastion approvals` lists (kubectl exec in a cluster).
+            # waits in the approval queue, kept in Redis for every replica, which `bastion approvals --config`
+            # lists from anywhere the configuration and the Redis password are (kubectl exec in a cluster).
             call = asyncio.create_task(session.call_tool("raw__echo", {"text": "hello"}))
-            queue = data / "state" / "bastion" / "approvals"
+            outside = config / "outside.toml"
+            outside.write_text((config / "bastion.toml").read_text().replace("/keys/", f"{keys}/"))
             pending: list[dict] = []
 
             def waiting() -> bool:
-                listed = subprocess.run([BASTION, "approvals", "--json", "--queue-dir", str(queue)],
-                                        capture_output=True, text=True, timeout=60)
+                listed = subprocess.run([BASTION, "approvals", "--json", "--config", str(outside)],
+                                        capture_output=True, text=True, timeout=60,
+                                        env={**os.environ, "REDIS_PASSWORD": password})
+                assert listed.returncode == 0, listed.stderr
                 pending[:] = json.loads(listed.stdout or "[]")
                 assert not call.done(), call
                 return bool(pending)

@@ -166,7 +166,7 @@ def test_the_documented_secret_commands_make_what_the_manifests_refer_to(tmp_pat
     assert set(secrets) == set(references)
     for name, keys in references.items():
         assert keys <= set(secrets[name]["data"]), name
-    assert set(secrets["bastion-keys"]["data"]) == {"api_keys.json", "approval.key"}
+    assert set(secrets["bastion-keys"]["data"]) == {"api_keys.json", "approval.key", "session.key"}
     # What Bastion reads from them is what it wants: a key file, a 32-byte approval key, a 32-byte credentials key.
     import base64
     from bastion.policy.approval import load_secret
@@ -174,6 +174,7 @@ def test_the_documented_secret_commands_make_what_the_manifests_refer_to(tmp_pat
     files = secrets["bastion-keys"]["data"]
     (tmp_path / "approval-from-secret.key").write_bytes(base64.b64decode(files["approval.key"]))
     assert len(load_secret(str(tmp_path / "approval-from-secret.key"))) == 32
+    assert len(bytes.fromhex(base64.b64decode(files["session.key"]).decode().strip())) == 32
     assert "alice" in base64.b64decode(files["api_keys.json"]).decode()
     from bastion.credentials.store import parse_key
 
