@@ -359,6 +359,13 @@ class ServerSession:
         self.lifecycle.state = State.ACTIVE if initialized else State.INITIALIZING
         self.log_level = log_level if log_level in LOG_LEVELS else None
 
+    def follow(self, *, initialized: bool, log_level: str | None) -> None:
+        """What the client said to another process of the gateway (a replica) since this one took the session up:
+        ``notifications/initialized`` (a handshake is never undone), the log level it set last."""
+        if initialized and self._answered_initialize and self.lifecycle.state is State.INITIALIZING:
+            self.lifecycle.state = State.ACTIVE
+        self.log_level = log_level if log_level in LOG_LEVELS else None
+
     @property
     def initialized(self) -> bool:
         """Whether the client has said ``notifications/initialized`` (its session is in use)."""

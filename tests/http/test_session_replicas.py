@@ -194,6 +194,30 @@ async def test_a_session_made_on_one_replica_continues_on_the_other_and_ends_eve
         assert await replicas.store.get(RECORD_KEY + session_id) is None
 
 
+async def test_a_handshake_ended_on_another_replica_is_known_to_the_replica_that_began_it(
+        replicas: Replicas) -> None:
+    """Round robin sends initialize to one replica and notifications/initialized to the next: the first replica's
+    own copy of the session learns it from the record, and a log level set through B is not written back over by
+    A's copy when A refreshes the record."""
+    async with fresh_connections() as http:
+        headers = await initialize(http, replicas.url, "2025-11-25")
+        session_id = headers["mcp-session-id"]
+        replicas.to(replicas.b)
+        assert (await http.post(replicas.url, headers=headers, json={
+            "jsonrpc": "2.0", "method": "notifications/initialized"})).status_code == 202
+        level = await http.post(replicas.url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 1, "method": "logging/setLevel", "params": {"level": "critical"}})
+        assert "result" in answer(level), level.text
+        replicas.to(replicas.a)
+        listed = await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "id": 2,
+                                                                      "method": "tools/list"})
+        assert "result" in answer(listed), listed.text
+        began = replicas.a.frontend.sessions[session_id].connection.protocol
+        assert (began.initialized, began.log_level) == (True, "critical")
+        record = await replicas.a.frontend.records.load(session_id)
+        assert (record.initialized, record.log_level) == (True, "critical")
+
+
 async def test_an_sdk_client_whose_requests_land_on_another_replica_keeps_its_session(replicas: Replicas) -> None:
     http = fresh_connections(headers={IDENTITY_HEADER: "alice"})
     async with Client(streamable_http_client(replicas.url, http_client=http), mode="legacy") as client:

@@ -128,10 +128,9 @@ async def test_a_handshake_era_client_keeps_its_session_on_any_replica(cluster: 
     problem = session_problem(cluster)
     if problem is not None and "do not share" in problem:
         pytest.skip(problem)
-    if problem is not None:
-        # Found by this harness: the replica that opened a session keeps its own copy, which never learns that the
-        # handshake ended on another replica, and refuses the session's next request there.
-        pytest.xfail(f"issue 31, sessions across replicas: {problem}")
+    # Found by this harness once: the replica that opened a session kept its own copy, which never learned that the
+    # handshake ended on another replica, and refused the session's next request there.
+    assert problem is None, problem
     async with sdk_client(cluster, "legacy") as sdk:
         for n in range(6):  # two rounds of the three replicas
             result = await sdk.call_tool("count__echo", {"tag": f"legacy-{n}"})

@@ -376,9 +376,27 @@ class HttpFrontend:
             raise HttpError(400, -32600, f"MCP-Protocol-Version {version!r} is not a version of a session "
                                          f"({', '.join(LEGACY_VERSIONS)})")
         session.last_seen = time.monotonic()
+        if self.records is not None and session.shared and not session.connection.protocol.initialized:
+            # Its handshake may have ended on another replica (round robin sends initialize to one and
+            # notifications/initialized to the next): the record says; read only until this copy knows.
+            await self._follow(self.records, session)
         if self.records is not None and session.last_seen - session.saved_at > self.records.refresh_seconds:
             await self._refresh(self.records, session)
         return session
+
+    async def _follow(self, records: SessionRecords, session: LegacySession) -> None:
+        """Take what other replicas wrote to the session's record since this copy last wrote or read it (the
+        client's notifications/initialized, its log level), unless this copy changed since (then its own
+        change is the newer and is written with the next save)."""
+        try:
+            record = await records.load(session.id)
+        except StateUnavailable as exc:
+            log.warning("session %s…: its record could not be read: %s", session.id[:8], exc)
+            return
+        if record is None or record == session.saved or session.record() != session.saved:
+            return
+        session.connection.protocol.follow(initialized=record.initialized, log_level=record.log_level)
+        session.saved = record
 
     async def _take_up(self, records: SessionRecords, session_id: str, identity: Identity) -> LegacySession | None:
         """A session another replica made (or this one let go of), from its record: None when there is none, or
@@ -407,6 +425,7 @@ class HttpFrontend:
             if not await records.exists(session.id):
                 await self.end_session(session, everywhere=False)
                 raise HttpError(404, -32600, UNKNOWN_SESSION)
+            await self._follow(records, session)  # a log level set through another replica is not written back
             await self._save(records, session)
             await self.quotas.refresh(session.holder)
         except StateUnavailable as exc:
