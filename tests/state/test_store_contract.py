@@ -126,12 +126,12 @@ async def test_a_sliding_window_counts_to_its_limit(store) -> None:
     assert await store.hit("w", 2, 0.4) == 0
     wait = await store.hit("w", 2, 0.4)
     assert 0 < wait <= 0.4 + 0.01
+    # Once the oldest leaves the window, a hit is counted again (the look that finds room is that hit; the second
+    # hit may still be in the window then, so nothing is said of a hit after it).
     await _until_gone(store, lambda: _window_full(store))
-    assert await store.hit("w", 2, 0.4) == 0
 
 
 async def _window_full(store) -> bool:
-    # Looks at the window without counting in it: a limit of 0 is always full, so use the real one and undo.
     return await store.hit("w", 2, 0.4) > 0
 
 
