@@ -365,6 +365,32 @@ async def test_a_call_whose_replica_stopped_is_answered_on_resume_with_an_unknow
         assert answer(ping) == {"jsonrpc": "2.0", "id": 42, "result": {}}
 
 
+async def _the_rest(lines: Any) -> list[str]:
+    return [line async for line in lines]
+
+
+async def test_a_cancellation_posted_to_another_replica_cancels_the_call_where_it_runs(replicas: Replicas) -> None:
+    async with fresh_connections() as http:
+        headers = await initialize(http, replicas.url, "2025-11-25")
+        await http.post(replicas.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        async with http.stream("POST", replicas.url, headers=headers, json={
+                "jsonrpc": "2.0", "id": 51, "method": "tools/call",
+                "params": {"name": f"{SERVER}__test_slow_cancellable", "arguments": {"tag": "cancel-elsewhere"}}}) as call:
+            lines = aiter(call.aiter_lines())
+            async for line in lines:
+                if line.startswith("id: "):
+                    break  # the call runs on A, its stream open
+            (session_id,) = replicas.a.frontend.sessions
+            replicas.to(replicas.b, drain=False)
+            sent = await http.post(replicas.url, headers=headers, json={
+                "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 51}})
+            assert sent.status_code == 202
+            rest = await asyncio.wait_for(_the_rest(lines), READY_TIMEOUT)  # the bound of a cancellation lost
+        # A's POST ends with no answer (as a cancelled call's does on one replica), and A holds nothing of it.
+        assert not any(line.startswith("data: {") for line in rest), rest
+        assert 51 not in replicas.a.frontend.sessions[session_id].exchanges
+
+
 async def test_the_answer_to_a_replicas_question_posted_to_another_replica_reaches_it(replicas: Replicas) -> None:
     async with fresh_connections() as http:
         headers = await initialize(http, replicas.url, "2025-11-25", capabilities={"sampling": {}})

@@ -31,7 +31,8 @@ from bastion.frontends.http.guards import accepts
 from bastion.frontends.http.input_relay import InputRelay
 from bastion.frontends.http.modern import ModernPosts
 from bastion.frontends.http.quotas import Held, Holder, SessionQuotas, holder_of
-from bastion.frontends.http.records import ENDED_CHANNEL, MAX_RECORD_BYTES, KeyRing, SessionRecords
+from bastion.frontends.http.records import (CANCELLED_CHANNEL, ENDED_CHANNEL, MAX_RECORD_BYTES, KeyRing,
+                                            SessionRecords)
 from bastion.frontends.http.sessions import LegacySession, SseSession
 from bastion.frontends.http.streams import SseStream, event_number, priming_event, sse_event
 from bastion.frontends.http.wire import (
@@ -108,6 +109,7 @@ class HttpFrontend:
             log.warning("the state store is shared, but http.session_key_files is empty: a handshake-era session "
                         "continues only on the replica that made it (a load balancer must keep each client on one)")
         self._ended_elsewhere: asyncio.Task[None] | None = None
+        self._cancelled_elsewhere: asyncio.Task[None] | None = None
         self._relaying: asyncio.Task[None] | None = None  # retries of 2026-07-28 calls held here, from other replicas
         # Answer streams' keys begin with it where replicas share sessions: a key tells which replica ran the call.
         self.replica_tag = secrets.token_hex(4) if self.records is not None else ""
@@ -131,14 +133,20 @@ class HttpFrontend:
         loop = asyncio.get_running_loop()
         self._reaper = loop.create_task(self._reap_idle_sessions())
         if self.records is not None:
-            self._ended_elsewhere = loop.create_task(self._drop_sessions_ended_elsewhere(self.records))
+            self._ended_elsewhere = loop.create_task(self._listen(
+                self.records, ENDED_CHANNEL, self._ended_elsewhere_heard,
+                "not told of sessions ended on other replicas (a copy here lasts until its next refresh finds its "
+                "record gone)"))
+            self._cancelled_elsewhere = loop.create_task(self._listen(
+                self.records, CANCELLED_CHANNEL, self._cancelled_elsewhere_heard,
+                "not told of cancellations sent to other replicas"))
             relay = self.modern.relay = InputRelay(self.records.store, self.records.keys)
             self._relaying = loop.create_task(relay.serve(self.gateway.inputs.holds, self.modern.run_relayed))
 
     async def stop(self) -> None:
         """End every stream and session, cancelling what they have in flight. Sessions other replicas may continue
         are only let go here (their records stay)."""
-        for task in (self._reaper, self._ended_elsewhere, self._relaying):
+        for task in (self._reaper, self._ended_elsewhere, self._cancelled_elsewhere, self._relaying):
             if task is not None:
                 task.cancel()
         for stream in list(self.answers.streams):
@@ -180,23 +188,43 @@ class HttpFrontend:
         except StateUnavailable as exc:  # it expires with the session's idle timeout
             log.warning("session %s…: could not record that a call was answered: %s", session_id[:8], exc)
 
-    async def _drop_sessions_ended_elsewhere(self, records: SessionRecords) -> None:
-        """A session DELETEd on another replica: this replica's copy goes too (what it still runs is cancelled)."""
+    @staticmethod
+    async def _listen(records: SessionRecords, channel: str, heard: Callable[[bytes], Awaitable[None]],
+                      missed: str) -> None:
+        """What other replicas tell every replica on ``channel``, each message to ``heard``, for as long as the
+        frontend runs: listened to again when the subscription ends or the store comes back."""
         while True:
             try:
-                ended = await records.store.subscribe(ENDED_CHANNEL)
+                subscription = await records.store.subscribe(channel)
                 try:
-                    async for message in ended:
-                        session = self.sessions.get(message.decode("ascii", "replace"))
-                        if session is not None:
-                            log.info("session %s… was ended on another replica", session.id[:8])
-                            await self.end_session(session, everywhere=False)
+                    async for message in subscription:
+                        await heard(message)
                 finally:
-                    await ended.aclose()
+                    await subscription.aclose()
             except StateUnavailable as exc:
-                # Until the store is back, a copy here lasts until its next refresh finds its record gone.
-                log.warning("not told of sessions ended on other replicas: %s", exc)
-            await asyncio.sleep(1.0)  # then listen again (a subscription that ended, or the store back)
+                log.warning("%s: %s", missed, exc)
+            await asyncio.sleep(1.0)
+
+    async def _ended_elsewhere_heard(self, message: bytes) -> None:
+        """A session DELETEd on another replica: this replica's copy goes too (what it still runs is cancelled)."""
+        session = self.sessions.get(message.decode("ascii", "replace"))
+        if session is not None:
+            log.info("session %s… was ended on another replica", session.id[:8])
+            await self.end_session(session, everywhere=False)
+
+    async def _cancelled_elsewhere_heard(self, message: bytes) -> None:
+        """A client's notifications/cancelled that reached another replica: cancelled here when this replica runs
+        the request (the replica that took it checked the session was the caller's)."""
+        try:
+            heard = orjson.loads(message)
+            session = self.sessions.get(heard["session"])
+            frame = heard["notification"].encode()
+            request_id = orjson.loads(frame)["params"]["requestId"]
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeError):
+            return
+        if session is not None and is_valid_id(request_id) and request_id in session.exchanges:
+            session.feed(frame)
+            session.withdraw(request_id)
 
     def _holder(self, identity: Identity, peer: str) -> Holder:
         return holder_of(identity, peer, authenticated=self.auth.required, settings=self.settings)
@@ -447,6 +475,14 @@ class HttpFrontend:
         return (self.records is not None and isinstance(answered, str) and answered.startswith("bastion-")
                 and not answered.startswith(protocol.outgoing_prefix) and not protocol.expects(answered))
 
+    @staticmethod
+    async def _relay_cancel(records: SessionRecords, session: LegacySession, body: bytes) -> None:
+        try:
+            await records.relay_cancel(session.id, body)
+        except StateUnavailable as exc:
+            log.warning("session %s…: a cancellation of a request another replica runs could not be passed on: %s",
+                        session.id[:8], exc)
+
     async def _save_if_changed(self, records: SessionRecords, session: LegacySession) -> None:
         """Write the record when what another replica needs changed (the handshake, initialized, the log level)."""
         if not session.closing and session.record() != session.saved:
@@ -470,7 +506,10 @@ class HttpFrontend:
             if self.records is not None:
                 await self._save_if_changed(self.records, session)
             if top.method == "notifications/cancelled" and isinstance(top.params, dict):
-                session.withdraw(top.params.get("requestId"))
+                cancelled = top.params.get("requestId")
+                if self.records is not None and is_valid_id(cancelled) and cancelled not in session.exchanges:
+                    await self._relay_cancel(self.records, session, body)
+                session.withdraw(cancelled)
             await empty_response(send, 202, session_header)
             return
         if top.id in session.exchanges:

@@ -45,6 +45,8 @@ ANSWERS_KEY = "http-session-answers:"  # the client's answers to one replica's r
 ANSWERS_KEPT = 64
 ENDED_KEY = "http-session-ended:"  # who ended a session: exactly one replica gives its quota back
 ENDED_CHANNEL = "http-session-ended"  # the ids of sessions ended, for the replicas holding a copy
+# A client's notifications/cancelled that reached a replica not running the request it names, for the one that is.
+CANCELLED_CHANNEL = "http-session-cancelled"
 # What secrets.token_urlsafe(24) makes: an id of any other shape was never made here, and is looked up nowhere (a
 # client's ":" or "*" never reaches a store key).
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{32}")
@@ -258,6 +260,12 @@ class SessionRecords:
                     return
         finally:
             await nudges.aclose()
+
+    async def relay_cancel(self, session_id: str, notification: bytes) -> None:
+        """The client cancelled, here, a request of its session that another replica runs: every replica is told
+        (cancellations are rare; which replica runs a request is recorded nowhere), the one running it cancels."""
+        await self.store.publish(CANCELLED_CHANNEL, orjson.dumps({"session": session_id,
+                                                                  "notification": notification.decode()}))
 
     async def end(self, session_id: str) -> bool:
         """End the session everywhere: its record deleted and the replicas told. True for the one caller (of any
