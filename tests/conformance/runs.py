@@ -165,6 +165,9 @@ def write_bastion_config(place: Path, fixture_entry: dict, *, policy: bool = Tru
         # far beyond any server here: the suite's first tools/list sees the whole catalog
         "ready_timeout": 120,
         "servers": {FIXTURE_NAME: server},
+        # The suite's scenarios send one caller dozens of elicitations a minute (every 2026-07-28 request of one
+        # caller counts in one budget, docs/guardrails.md): the budget that spares a person that would refuse them.
+        "guardrails": {"consent": {"max_requests": 10_000}},
     }
     if policy:
         (place / "allow-all.cedar").write_text(ALLOW_ALL)
