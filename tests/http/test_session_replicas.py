@@ -22,7 +22,8 @@ from bastion.compose import build_gateway
 from bastion.config import GatewayConfig, HttpConfig
 from bastion.frontends.http.app import HttpFrontend
 from bastion.frontends.http.quotas import Holder
-from bastion.frontends.http.records import RECORD_KEY, KeyRing, SessionRecord, SessionRecords
+from bastion.frontends.http import answers
+from bastion.frontends.http.records import PENDING_KEY, RECORD_KEY, KeyRing, SessionRecord, SessionRecords
 from bastion.state import MemoryStore
 from bastion.state.redis_store import RedisStore
 from tests.auth.test_resource_server_frontend import serve
@@ -389,6 +390,45 @@ async def test_a_cancellation_posted_to_another_replica_cancels_the_call_where_i
         # A's POST ends with no answer (as a cancelled call's does on one replica), and A holds nothing of it.
         assert not any(line.startswith("data: {") for line in rest), rest
         assert 51 not in replicas.a.frontend.sessions[session_id].exchanges
+
+
+class AnswerDuringRecord(CountingStore):
+    """Holds the write that records a call's answer stream as pending until the call's answer has come: the
+    moment a loaded Redis round trip gives an answer to arrive in."""
+
+    def __init__(self) -> None:
+        super().__init__(shared=True)
+        self.frontends: list[HttpFrontend] = []
+        self.held = 0
+
+    async def map_put(self, key: str, values: dict[str, bytes], seconds: float | None = None) -> None:
+        if key.startswith(PENDING_KEY):
+            session_id = key[len(PENDING_KEY):]
+            (stream_key,) = values
+            (exchange,) = [f.sessions[session_id].resumable[stream_key] for f in self.frontends
+                           if session_id in f.sessions and stream_key in f.sessions[session_id].resumable]
+            await until(exchange.first.done, "the call's answer never came")
+            self.held += 1
+        await super().map_put(key, values, seconds)
+
+
+async def test_an_answer_that_comes_while_its_stream_is_recorded_is_sent_on_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the soak through HAProxy under load: the answer of a call that had just become a resumable stream
+    arrived during the store write recording it, and the stream ended after its priming event with no answer."""
+    monkeypatch.setattr(answers, "STREAM_AFTER_SECONDS", 0.0)  # every call's answer is a stream: no race to win
+    store = AnswerDuringRecord()
+    async for replicas in start_replicas(tmp_path, store=store):
+        store.frontends = [replicas.a.frontend, replicas.b.frontend]
+        async with fresh_connections() as http:
+            headers = await initialize(http, replicas.url, "2025-11-25")
+            await http.post(replicas.url, headers=headers,
+                            json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+            called = await http.post(replicas.url, headers=headers, json={
+                "jsonrpc": "2.0", "id": 61, "method": "tools/call", "params": {"name": TEXT_TOOL, "arguments": {}}})
+            assert called.headers["content-type"].startswith("text/event-stream")
+            assert answer(called)["result"]["content"][0]["text"] == TEXT
+        assert store.held == 1
 
 
 async def test_the_answer_to_a_replicas_question_posted_to_another_replica_reaches_it(replicas: Replicas) -> None:

@@ -59,6 +59,12 @@ class Answers:
                 return
         if streaming is not None and detach is not None:
             await streaming()
+            if first is None and exchange.first.done():
+                # The answer came while the call was being recorded for other replicas (a store round trip): it is
+                # the stream's first event, not lost (a withdrawal then ends the stream with nothing, as it should).
+                came, final = exchange.first.result()
+                if not (final and came == WITHDRAWN):
+                    first = came
         stream = SseStream(send, limit=self.settings.stream_buffer_messages,
                            heartbeat=self.settings.heartbeat_seconds, headers=(NO_STORE, *headers),
                            notice=self.overflow_answer(exchange.request_id))
