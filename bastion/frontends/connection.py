@@ -81,7 +81,8 @@ class ClientConnection:
         self._handshake = asyncio.Event()
         # Once a handshake-era session is established: a tools/call's arguments may stay the bytes the client sent.
         self._takes_raw_calls = False
-        self._servers_waited: asyncio.Future[None] | None = None  # a modern client's first wait for the servers
+        # A modern client's first wait for the servers; False once its first request found nothing to wait for.
+        self._servers_waited: asyncio.Future[None] | bool | None = None
         self._taking_up: asyncio.Task[None] | None = None  # a session restored from a replica's record, until ready
         # The client's notifications an interceptor looks at pass the chain one after another, in the client's order.
         self._notices = InOrder("the client")
@@ -332,9 +333,13 @@ class ClientConnection:
         and late servers join with list_changed. Once every server has settled nothing is waited for (a 2026-07-28
         HTTP client's every POST is a first request, and a wait costs Tasks)."""
         waited = self._servers_waited
+        if waited is False:
+            return None
         if waited is None:
             self.gateway.start()  # already started with Bastion, unless this frontend runs without serve_stdio
             if self.gateway.servers_settled():
+                # Its later requests do not wait either, not even while a list_changed's fetch is under way.
+                self._servers_waited = False
                 return None
             waited = self._servers_waited = asyncio.ensure_future(self.gateway.wait_ready())
         return None if waited.done() else asyncio.shield(waited)

@@ -142,7 +142,8 @@ class Gateway:
         self.input_rounds = InputRounds(self.upstreams, self.pools, self.relay.toward_client)
         self.router = Router(config, self.catalog, self.upstreams, self.pools, self.subscriptions,
                              self.input_rounds, self._catalog_may_grow, self.relay.notices.pending,
-                             self.log_levels, lists_fetched=self.refresh.wait, observer=observer)
+                             self.log_levels, lists_fetched=self.refresh.wait, observer=observer,
+                             lists_announced=self.refresh.announced_under_way)
         self.handle = self.chain.handle
         self.takes_raw_params = self.chain.route(TO_SERVER, REQUEST, "tools/call").raw_params
 

@@ -60,6 +60,15 @@ class CatalogRefresh:
         for connection in list(self._connections.values()):
             connection.list_changed(notification)
 
+    def announced_under_way(self, list_method: str) -> list[asyncio.Task[None]]:
+        """The fetches of ``list_method`` under way that a server announced: a client's list waits for them, so a list
+        asked for after an answer whose server announced a change before it (as a rug pull's ``advance`` does)
+        shows the change, never the catalog from before it."""
+        if not self._announced:
+            return []
+        return [task for key in self._announced if key[1] == list_method
+                and (task := self._refreshes.get(key)) is not None and not task.done()]
+
     def settled(self) -> bool:
         """Whether no fetch is under way."""
         return all(task.done() for task in self._refreshes.values())

@@ -32,7 +32,8 @@ class Router:
                  catalog_may_grow: Callable[[], Awaitable[bool]],
                  notices_pending: Callable[[], "asyncio.Task[None] | None"] = lambda: None,
                  log_levels: LogLevels | None = None,
-                 lists_fetched: Callable[[str], Awaitable[None]] | None = None, observer: Any = None) -> None:
+                 lists_fetched: Callable[[str], Awaitable[None]] | None = None, observer: Any = None,
+                 lists_announced: Callable[[str], list["asyncio.Task[None]"]] = lambda method: []) -> None:
         self._config = config
         if observer is not None:
             # Tracing: the call to a server is a span of its own, and the server is sent its context. Without an
@@ -41,6 +42,8 @@ class Router:
         # Until a server's lists are in the catalog, after it became ready: a name of a server a call retried is
         # looked up again then.
         self._lists_fetched = lists_fetched
+        # The fetches under way of a list a server announced as changed: a client's list of it waits for them.
+        self._lists_announced = lists_announced
         # What level each handshake-era server is asked to log at: the most verbose its clients want.
         self._log_levels = log_levels if log_levels is not None else LogLevels({}, upstreams, pools)
         # The server notifications still passing the chain (``Relay.notices``): an answer leaves after them.
@@ -81,6 +84,11 @@ class Router:
             return await self._forward(request, entry.server, {**params, "name": entry.original_name}, raw_results)
         if method in LISTS:
             kind, key, _ = LISTS[method]
+            for _ in range(3):  # a fetch a newer announcement cancelled is followed by the newer one, a few times
+                announced = self._lists_announced(method)
+                if not announced:
+                    break
+                await asyncio.wait(announced)
             try:
                 page, next_cursor = paginate(catalog.listing(kind), params.get("cursor"), self._config.page_size)
             except BadCursor as exc:

@@ -78,7 +78,8 @@ async def test_the_catalog_shows_token_costs_and_pin_states_and_escapes_what_ser
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 async def test_a_changed_tool_is_shown_with_its_reasons_rejected_then_accepted_and_served_again(
         tmp_path, state, mode) -> None:
-    rug = {"command": sys.executable, "args": [RUG], "trust": "reviewed"}
+    # handshake era: its announcement comes before its answer, so the list after it shows the change
+    rug = {"command": sys.executable, "args": [RUG], "trust": "reviewed", "era": "legacy"}
     served, admin, guest = serve_with_keys(tmp_path, {"rug": rug},
                                            guardrails={"servers": {"rug": {"metadata_injection": "off"}}})
     try:
