@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import uuid
+from pathlib import Path
 
 import pytest
 
 from bastion.sandbox import SandboxConfig, spawn
-from bastion.sandbox.cgroups import ResourceLimits, detect_host
+from bastion.sandbox.cgroups import ResourceLimits, detect_hierarchy, detect_host
 from bastion.sandbox.config import ProfileLimits
 from bastion.sandbox.process import workdir_prefix
 
@@ -76,3 +83,107 @@ async def test_workdirs_left_by_a_killed_gateway_are_swept():
     await process.terminate()
     assert not os.path.exists(stale) and os.path.exists(live)
     os.rmdir(live)
+
+
+# cgroup v2 on the real kernel, in a private mount namespace: a scratch cgroup2 mount (the host's one v2 hierarchy,
+# mounted once more) where the probe sits in a group of its own, as a gateway does in a delegated group.
+HIERARCHY = detect_hierarchy()
+PROBE = Path(__file__).with_name("cgroup2_probe.py")
+SCRATCH_MOUNT = r'''
+set -e
+root=$1 group=$2 inner=$3 python=$4 probe=$5
+mount -t cgroup2 none "$root"
+for controller in $(cat "$root/cgroup.controllers"); do
+    echo "+$controller" > "$root/cgroup.subtree_control" 2>/dev/null || true
+done
+mkdir "$root/$group"
+echo $$ > "$root/$group/cgroup.procs"
+if [ -n "$inner" ]; then
+    # A cgroup namespace rooted at the group (its /proc/self/cgroup says 0::/), with its own nsdelegate mount.
+    exec unshare --cgroup --mount --propagation private sh -c \
+        'mount -t cgroup2 -o nsdelegate none "$1" && exec "$2" "$3" "$1"' sh "$inner" "$python" "$probe"
+fi
+exec "$python" "$probe" "$root"
+'''
+
+
+def _unshare_refusal() -> str | None:
+    if shutil.which("unshare") is None:
+        return "no unshare(1)"
+    done = subprocess.run(["unshare", "--mount", "--cgroup", "true"], capture_output=True, text=True, timeout=10)
+    return None if done.returncode == 0 else f"unshare --mount --cgroup: {done.stderr.strip()}"
+
+
+_REFUSAL = _unshare_refusal() or (None if HIERARCHY.v2_mount else f"no cgroup2 mounted ({HIERARCHY.describe()})")
+needs_scratch_cgroup2 = pytest.mark.skipif(_REFUSAL is not None, reason=str(_REFUSAL))
+
+
+def _remove_tree(directory: str) -> None:
+    for entry in os.scandir(directory):
+        if entry.is_dir():
+            _remove_tree(entry.path)
+    os.rmdir(directory)
+
+
+@pytest.fixture
+def v2_probe(tmp_path):
+    """Run the probe in a scratch cgroup2 mount; the group is removed afterwards through the host's own mount."""
+    assert HIERARCHY.v2_mount is not None
+    enabled_before = set(read(HIERARCHY.v2_mount, "cgroup.subtree_control").split())
+    groups = []
+
+    def run(namespace: bool) -> dict:
+        group = f"bastion-probe-{uuid.uuid4().hex[:8]}"
+        groups.append(os.path.join(HIERARCHY.v2_mount, group))
+        (tmp_path / "root").mkdir(exist_ok=True)
+        (tmp_path / "inner").mkdir(exist_ok=True)
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", SCRATCH_MOUNT, "sh", str(tmp_path / "root"),
+             group, str(tmp_path / "inner") if namespace else "", sys.executable, str(PROBE)],
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    yield run
+    for group in groups:
+        if os.path.exists(group):
+            _remove_tree(group)
+    for controller in set(read(HIERARCHY.v2_mount, "cgroup.subtree_control").split()) - enabled_before:
+        try:
+            with open(os.path.join(HIERARCHY.v2_mount, "cgroup.subtree_control"), "w") as handle:
+                handle.write(f"-{controller}")
+        except OSError:  # another test's group still uses it
+            pass
+
+
+def _check_sandbox_group(seen: dict) -> None:
+    """A group made, its limit files those the kernel offers, a process moved in, killed and the group gone."""
+    offered = set(seen["controllers"])
+    expected = {}
+    if "memory" in offered:
+        expected["memory.max"] = str(64 * 1024 * 1024)
+    if "pids" in offered:
+        expected["pids.max"] = "32"
+    if "cpu" in offered:
+        expected["cpu.max"] = "50000 100000"
+    assert {k: v for k, v in seen["limits"].items() if k != "memory.swap.max"} == expected
+    assert seen["group"].startswith(seen["parent"] + "/bastion-probe_")
+    assert seen["child group"].endswith("/" + os.path.basename(seen["group"]))
+    assert seen["pids"] == [seen["child"]]
+    assert seen["child status"] == -signal.SIGKILL and not seen["group left"]
+
+
+@needs_scratch_cgroup2
+@pytest.mark.parametrize("namespace", [False, True], ids=["own-group", "cgroup-namespace"])
+def test_v2_groups_on_the_real_kernel(v2_probe, namespace):
+    report = v2_probe(namespace)
+    assert report["own group"] == "/" if namespace else report["own group"].startswith("/bastion-probe-")
+    _check_sandbox_group(report["plain"])
+    if not report["offered"]:
+        pytest.skip(f"the kernel offers no controller to cgroup2 here ({HIERARCHY.describe()}): every one is "
+                    f"bound to a v1 hierarchy; groups, process moves, cgroup.kill and removal were tested")
+    # Enabling a controller for the children moved the probe out of its group, into a gateway leaf.
+    assert report["offered"][0] in report["enabled"]
+    assert os.path.basename(report["own group after"]).startswith("bastion-gateway-")
+    assert report["delegated"]["parent"] == report["plain"]["parent"]
+    _check_sandbox_group(report["delegated"])
