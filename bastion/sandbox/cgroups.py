@@ -239,7 +239,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def sweep_stale(parent: str) -> list[str]:
-    """Remove empty groups left by a gateway that was SIGKILLed (``bastion-NAME-PID-HEX``, PID gone)."""
+    """Remove the groups left by a gateway that was SIGKILLed (``bastion-NAME-PID-HEX``, PID gone), killing
+    what still runs in them first."""
     removed = []
     try:
         entries = os.listdir(parent)
@@ -251,12 +252,26 @@ def sweep_stale(parent: str) -> list[str]:
         parts = entry.rsplit("-", 2)
         if len(parts) != 3 or not parts[1].isdigit() or _pid_alive(int(parts[1])):
             continue
+        directory = os.path.join(parent, entry)
+        _kill_members(directory)  # a sandbox whose gateway died: nobody may talk to it any more
         try:
-            os.rmdir(os.path.join(parent, entry))  # fails while anything still runs in it
+            os.rmdir(directory)  # fails until the kernel has reaped what was killed: the next sweep removes it
             removed.append(entry)
         except OSError:
             pass
     return removed
+
+
+def _kill_members(directory: str) -> None:
+    try:
+        members = _read_words(os.path.join(directory, "cgroup.procs"))
+    except OSError:
+        return
+    for pid in members:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class ResourceLimits:

@@ -42,7 +42,13 @@ FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.
 HANDOVER_STDIN, HANDOVER_STDOUT = 3, 4
 SHELL = "/bin/sh"
 OUTER_SHIM = f'exec "$@" {HANDOVER_STDIN}<&0 {HANDOVER_STDOUT}>&1 </dev/null >/dev/null'
-INNER_SHIM = f'exec "$@" <&{HANDOVER_STDIN} >&{HANDOVER_STDOUT} {HANDOVER_STDIN}<&- {HANDOVER_STDOUT}>&-'
+# The first line on the server's stdin is the gateway's go-ahead, written once the sandbox is in its groups. bwrap
+# executes the inner shell once its block fd is readable, and a dead gateway's end of that pipe reads as end of file
+# too; a sandbox whose bwrap died before bwrap's --die-with-parent took hold of it would then run the server with
+# no one to stop it. Without the go-ahead (end of file: the gateway is gone) the inner shell exits instead.
+GO_AHEAD = b"go\n"
+INNER_SHIM = (f'read -r go <&{HANDOVER_STDIN} && [ "$go" = go ] || exit 125; '
+              f'exec "$@" <&{HANDOVER_STDIN} >&{HANDOVER_STDOUT} {HANDOVER_STDIN}<&- {HANDOVER_STDOUT}>&-')
 SHIM_NAME = "bastion-sandbox"  # the shell's $0: how the inner shell names itself when the server cannot run
 
 
@@ -460,6 +466,24 @@ def _above_handover(fd: int, owned: list[int]) -> int:
     return moved
 
 
+def bound_to_gateway(argv: list[str]) -> list[str]:
+    """``argv`` (the outer shim) killed by the kernel when the gateway dies, however it dies (SIGKILL included).
+
+    bwrap's ``--die-with-parent`` binds the sandbox to bwrap, not bwrap to the gateway: a SIGKILLed gateway left
+    bwrap, reparented to init, and the server it had already started (or, while bwrap waited on its block fd,
+    the server it then started anyway). ``setpriv --pdeathsig KILL`` sets PR_SET_PDEATHSIG, which survives the
+    execs into the shell and bwrap. The signal fires when the *thread* that forked dies: ``_start`` runs on the
+    event loop's thread, which lives as long as the gateway. A gateway killed after the fork but before the prctl
+    is caught by the shell: its parent is no longer the gateway then, and it exits instead of starting bwrap.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return argv
+    check = f'[ "$PPID" = {os.getpid()} ] || exit 1; '
+    assert argv[:2] == [SHELL, "-c"]
+    return [setpriv, "--pdeathsig", "KILL", "--", SHELL, "-c", check + argv[2], *argv[3:]]
+
+
 async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[str, str], cwd: str | None,
                           config: SandboxConfig) -> ServerProcess:
     try:
@@ -487,8 +511,8 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         block_read, block_write = os.pipe()
         fds += [block_read, block_write]
         filter_fd, info_write, block_read = [_above_handover(fd, fds) for fd in (filter_fd, info_write, block_read)]
-        argv = [SHELL, "-c", OUTER_SHIM, SHIM_NAME, plan.argv[0], "--seccomp", str(filter_fd),
-                "--info-fd", str(info_write), "--block-fd", str(block_read), *plan.argv[1:]]
+        argv = bound_to_gateway([SHELL, "-c", OUTER_SHIM, SHIM_NAME, plan.argv[0], "--seccomp", str(filter_fd),
+                                 "--info-fd", str(info_write), "--block-fd", str(block_read), *plan.argv[1:]])
         started = await _start(argv, env=plan.env, limit=STREAM_LIMIT, pass_fds=(filter_fd, info_write, block_read))
         process = started.process
         for fd in fds:
@@ -499,6 +523,7 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         try:
             child_pid = int(json.loads(info)["child-pid"])
             await limits.place(child_pid)
+            started.stdin.write(GO_AHEAD)
             os.write(block_write, b"1")  # the sandbox now executes the server
         except (ValueError, KeyError, ProcessLookupError, BrokenPipeError) as error:
             # bwrap gave up while setting up (a missing path, no user namespaces): its stderr says why.
