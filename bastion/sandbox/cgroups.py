@@ -224,7 +224,7 @@ def enable_controllers(parent: str, controllers: list[str]) -> None:
     except OSError as error:
         if error.errno != errno.EBUSY:
             raise
-    leaf = os.path.join(parent, f"{GATEWAY_LEAF}{os.getpid()}-{secrets.token_hex(3)}")
+    leaf = os.path.join(parent, f"{GATEWAY_LEAF}{os.getpid()}-{leaf_suffix()}")
     os.mkdir(leaf)
     for pid in _read_words(os.path.join(parent, "cgroup.procs")):
         try:
@@ -238,22 +238,37 @@ def _pid_alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
+def _pid_namespace() -> str:
+    return os.readlink("/proc/self/ns/pid").strip("pid:[]")
+
+
+def leaf_suffix() -> str:
+    """``PIDNSxHEX``: the pid in a group's name means something only in the gateway's own pid namespace."""
+    return f"{_pid_namespace()}x{secrets.token_hex(3)}"
+
+
 def sweep_stale(parent: str) -> list[str]:
-    """Remove the groups left by a gateway that was SIGKILLed (``bastion-NAME-PID-HEX``, PID gone), killing
-    what still runs in them first."""
+    """Remove the groups left by a gateway that was SIGKILLed (``bastion-NAME-PID-PIDNSxHEX``, PID gone from
+    this pid namespace), killing what still runs in them first. A group named without a namespace (an older
+    gateway's) is only removed once empty."""
     removed = []
     try:
         entries = os.listdir(parent)
     except OSError:
         return removed
+    own_namespace = f"{_pid_namespace()}x"
     for entry in entries:
         if not entry.startswith(LEAF_PREFIX):
             continue
         parts = entry.rsplit("-", 2)
-        if len(parts) != 3 or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+        if len(parts) != 3 or not parts[1].isdigit():
             continue
+        ours = parts[2].startswith(own_namespace)
+        if "x" in parts[2] and not ours or _pid_alive(int(parts[1])):
+            continue  # another pid namespace's gateway, or a live one
         directory = os.path.join(parent, entry)
-        _kill_members(directory)  # a sandbox whose gateway died: nobody may talk to it any more
+        if ours:
+            _kill_members(directory)  # a sandbox whose gateway died: nobody may talk to it any more
         try:
             os.rmdir(directory)  # fails until the kernel has reaped what was killed: the next sweep removes it
             removed.append(entry)
@@ -268,6 +283,8 @@ def _kill_members(directory: str) -> None:
     except OSError:
         return
     for pid in members:
+        if pid == "0":  # a process of a pid namespace we cannot see: never ours (and kill(0) is our own group)
+            continue
         try:
             os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -285,7 +302,7 @@ class ResourceLimits:
         if host.mode == "rlimits":
             return
         safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40]
-        leaf = f"{LEAF_PREFIX}{safe_name}-{os.getpid()}-{secrets.token_hex(3)}"
+        leaf = f"{LEAF_PREFIX}{safe_name}-{os.getpid()}-{leaf_suffix()}"
         parents = {host.parent} if host.parent is not None else set(host.dirs.values())
         for parent in parents:
             sweep_stale(parent)

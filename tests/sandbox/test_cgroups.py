@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bastion.sandbox import SandboxConfig, spawn
-from bastion.sandbox.cgroups import ResourceLimits, detect_hierarchy, detect_host
+from bastion.sandbox.cgroups import ResourceLimits, detect_hierarchy, detect_host, leaf_suffix, sweep_stale
 from bastion.sandbox.config import ProfileLimits
 from bastion.sandbox.process import workdir_prefix
 
@@ -55,7 +55,7 @@ async def test_a_running_sandbox_is_in_its_group_and_the_group_goes_away():
     limits = process._limits
     process.stdin.write(b"ping\n")
     assert await process.stdout.readline() == b"ping\n"  # the server is up, not just the sandbox's init
-    # The sandbox's init and the server itself; bwrap's monitor (process.pid) stays outside.
+    # The sandbox's init and the server itself; the outer shell (process.pid) and bwrap's monitor stay outside.
     assert limits is not None and len(limits.pids()) >= 2 and process.pid not in limits.pids()
     directories = list(limits.dirs)
     await process.terminate(grace=0.5)
@@ -74,6 +74,36 @@ async def test_groups_left_by_a_killed_gateway_are_swept():
         await limits.release()
         if os.path.exists(stale):
             os.rmdir(stale)
+
+
+@needs_cgroups
+async def test_what_still_runs_in_a_killed_gateways_group_is_killed_and_the_group_removed():
+    parent = next(iter(HOST.dirs.values()))
+    gateway = subprocess.Popen(["cat"], stdin=subprocess.PIPE)  # stands for a gateway, killed below
+    ours = os.path.join(parent, f"bastion-ghost-{gateway.pid}-{leaf_suffix()}")
+    foreign = os.path.join(parent, f"bastion-ghost-{DEAD_PID}-1x{uuid.uuid4().hex[:6]}")  # another pid namespace's
+    members = []
+    try:
+        for directory in (ours, foreign):
+            os.mkdir(directory)
+            member = subprocess.Popen(["cat"], stdin=subprocess.PIPE)
+            members.append(member)
+            with open(os.path.join(directory, "cgroup.procs"), "w") as handle:
+                handle.write(str(member.pid))
+        gateway.kill()
+        gateway.wait()
+        sweep_stale(parent)  # any gateway's sweep in this pid namespace may be the one that does it
+        assert members[0].wait(timeout=10) == -signal.SIGKILL
+        sweep_stale(parent)  # the killed process reaped, the group goes
+        assert not os.path.exists(ours)
+        assert members[1].poll() is None and os.path.exists(foreign)
+    finally:
+        for child in [gateway, *members]:
+            child.kill()
+            child.wait()
+        for directory in (ours, foreign):
+            if os.path.exists(directory):
+                os.rmdir(directory)
 
 
 async def test_workdirs_left_by_a_killed_gateway_are_swept():
