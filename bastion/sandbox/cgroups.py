@@ -267,8 +267,10 @@ def sweep_stale(parent: str) -> list[str]:
         if "x" in parts[2] and not ours or _pid_alive(int(parts[1])):
             continue  # another pid namespace's gateway, or a live one
         directory = os.path.join(parent, entry)
-        if ours:
-            _kill_members(directory)  # a sandbox whose gateway died: nobody may talk to it any more
+        if ours and not entry.startswith(GATEWAY_LEAF):
+            # A sandbox whose gateway died: nobody may talk to it any more. A gateway leaf may also hold processes
+            # that only shared the gateway's group (another gateway, a shell): it goes once they are gone.
+            _kill_members(directory)
         try:
             os.rmdir(directory)  # fails until the kernel has reaped what was killed: the next sweep removes it
             removed.append(entry)

@@ -82,6 +82,7 @@ async def test_what_still_runs_in_a_killed_gateways_group_is_killed_and_the_grou
     gateway = subprocess.Popen(["cat"], stdin=subprocess.PIPE)  # stands for a gateway, killed below
     ours = os.path.join(parent, f"bastion-ghost-{gateway.pid}-{leaf_suffix()}")
     foreign = os.path.join(parent, f"bastion-ghost-{DEAD_PID}-1x{uuid.uuid4().hex[:6]}")  # another pid namespace's
+    leaf = os.path.join(parent, f"bastion-gateway-{gateway.pid}-{leaf_suffix()}")
     members = []
     try:
         for directory in (ours, foreign):
@@ -90,6 +91,12 @@ async def test_what_still_runs_in_a_killed_gateways_group_is_killed_and_the_grou
             members.append(member)
             with open(os.path.join(directory, "cgroup.procs"), "w") as handle:
                 handle.write(str(member.pid))
+        # A dead gateway's own leaf (v2) may hold processes that merely shared its group: they are left alone.
+        os.mkdir(leaf)
+        bystander = subprocess.Popen(["cat"], stdin=subprocess.PIPE)
+        members.append(bystander)
+        with open(os.path.join(leaf, "cgroup.procs"), "w") as handle:
+            handle.write(str(bystander.pid))
         gateway.kill()
         gateway.wait()
         sweep_stale(parent)  # any gateway's sweep in this pid namespace may be the one that does it
@@ -97,11 +104,16 @@ async def test_what_still_runs_in_a_killed_gateways_group_is_killed_and_the_grou
         sweep_stale(parent)  # the killed process reaped, the group goes
         assert not os.path.exists(ours)
         assert members[1].poll() is None and os.path.exists(foreign)
+        assert bystander.poll() is None and os.path.exists(leaf)
+        bystander.kill()
+        bystander.wait()
+        sweep_stale(parent)
+        assert not os.path.exists(leaf)
     finally:
         for child in [gateway, *members]:
             child.kill()
             child.wait()
-        for directory in (ours, foreign):
+        for directory in (ours, foreign, leaf):
             if os.path.exists(directory):
                 os.rmdir(directory)
 
