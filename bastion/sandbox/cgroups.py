@@ -20,7 +20,6 @@ from bastion.sandbox.config import ProfileLimits, format_bytes
 
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
-CGROUP_ROOT = "/sys/fs/cgroup"
 LEAF_PREFIX = "bastion-"
 # Where the gateway moves the processes of its own v2 group, so that group may have child groups with controllers.
 GATEWAY_LEAF = f"{LEAF_PREFIX}gateway-"

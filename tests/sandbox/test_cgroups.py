@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from bastion.sandbox import SandboxConfig, spawn
-from bastion.sandbox.cgroups import ResourceLimits, detect_hierarchy, detect_host, leaf_suffix, sweep_stale
+from bastion.sandbox.cgroups import (
+    Mount,
+    ResourceLimits,
+    detect_hierarchy,
+    detect_host,
+    leaf_suffix,
+    own_v2_groups,
+    sweep_stale,
+)
 from bastion.sandbox.config import ProfileLimits
 from bastion.sandbox.process import workdir_prefix
 
@@ -229,3 +237,25 @@ def test_v2_groups_on_the_real_kernel(v2_probe, namespace):
     assert os.path.basename(report["own group after"]).startswith("bastion-gateway-")
     assert report["delegated"]["parent"] == report["plain"]["parent"]
     _check_sandbox_group(report["delegated"])
+
+
+def test_the_hierarchy_is_named_from_the_mounts():
+    v1 = Mount("/sys/fs/cgroup/memory", "cgroup", "/", frozenset({"rw", "memory"}))
+    named = Mount("/sys/fs/cgroup/systemd", "cgroup", "/", frozenset({"rw", "name=systemd"}))
+    v2 = Mount("/nonexistent/unified", "cgroup2", "/", frozenset({"rw", "nsdelegate"}))
+    assert detect_hierarchy([v1, named, v2]).kind == "hybrid"
+    assert detect_hierarchy([v1, named]).kind == "v1" and detect_hierarchy([v1]).v1_controllers == ("memory",)
+    assert detect_hierarchy([v2]).kind == "v2" and detect_hierarchy([named]).kind == "none"
+    assert detect_hierarchy([]).describe() == "none: no cgroup filesystem mounted"
+
+
+def test_our_group_is_found_below_a_mount_of_part_of_the_hierarchy():
+    # A container's /sys/fs/cgroup, or a mount made inside a cgroup namespace, shows a group, not the root.
+    container = Mount("/sys/fs/cgroup", "cgroup2", "/system.slice/box.scope", frozenset({"rw"}))
+    assert container.directory_of("/system.slice/box.scope") == "/sys/fs/cgroup"
+    assert container.directory_of("/system.slice/box.scope/app") == "/sys/fs/cgroup/app"
+    assert container.directory_of("/system.slice/box.scopeX") is None
+    outside = Mount("/sys/fs/cgroup/unified", "cgroup2", "/..", frozenset({"rw"}))  # made outside our namespace
+    assert outside.directory_of("/") is None
+    assert own_v2_groups({"": "/app"}, [container, outside]) == []
+    assert own_v2_groups({"": "/system.slice/box.scope/app"}, [container]) == ["/sys/fs/cgroup/app"]
