@@ -99,6 +99,10 @@ class ServerConfig(BaseModel):
                                 "go unused before it is stopped")
     max_instances: int = Field(default=16, ge=1, description="per_identity/per_session: most instances running at "
                                "once; a caller past it is refused with -32000 and retryAfterSeconds")
+    max_queued_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="a local server that stops reading its stdin: bytes Bastion "
+        "may hold for it; past them a request to it is refused at once with -32000 and retryAfterSeconds, and the "
+        "other servers serve on")
     enabled: bool = True
     auto_approve: list[str] = Field(
         default_factory=list,

@@ -9,6 +9,7 @@ supervisor opens a new one to restart the server.
     transport = open_transport(name, config, launch=..., max_message_bytes=...)   # launch: how a process starts
     await transport.start(receiver)     # raises StartRefused (never retried) or any other error (retried)
     transport.send(frame)               # never blocks; raises TransportClosed once it has ended
+    transport.backlog()                 # bytes sent that the server has not taken yet (its stdin pipe is full)
     reason = await transport.ended()    # after the receiver has had the last frames
     transport.refusal()                 # after the end: why a restart cannot mend it, or None
     transport.diagnostics()             # the server's last stderr lines (or an HTTP transport's own notes)
@@ -124,6 +125,10 @@ class StdioTransport:
             frames.write(frame)
         except (ConnectionError, RuntimeError) as exc:
             raise TransportClosed(str(exc)) from None
+
+    def backlog(self) -> int:
+        frames = self._frames
+        return frames.backlog() if frames is not None else 0
 
     async def ended(self) -> str:
         """Its stdout has ended: the server exited (the reason says how), or closed its stdout and runs on."""
