@@ -226,3 +226,53 @@ def _message(response) -> dict:
         return response.json()
     data = [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
     return json.loads(data[-1])
+
+
+# ------------------------------------------------------------------------------------- very large results
+# A 10 MB result passes: tests/test_faults.py::test_a_ten_megabyte_result_passes. A 64 KiB limit's oversize answer:
+# tests/test_faults.py::test_an_answer_over_max_message_bytes_fails_its_call_at_once_and_the_server_serves_on.
+def _peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_a_hundred_megabyte_result_over_the_default_limit_fails_at_once_and_is_never_held_whole(tmp_path):
+    marks = tmp_path / "big.txt"
+    client = RawClient(_config(tmp_path, {"raw": _entry(marks, f"big-{uuid.uuid4().hex[:8]}")}))
+    try:
+        client.initialize()
+        assert client.request("warm", "tools/call", {"name": "raw__echo", "arguments": {"text": "x"}})["result"]
+        before = _rss(client.proc.pid)
+        answer = client.request(1, "tools/call", {"name": "raw__big", "arguments": {"size": 100 * 1024 * 1024}},
+                                timeout=120)  # the call itself waits LONG_WAIT
+        error = answer["error"]
+        assert error["code"] == -32603, error
+        assert "server 'raw' answered tools/call with a message of 104857" in error["message"], error
+        assert "over max_message_bytes (33554432); Bastion dropped it unread" in error["message"], error
+        # Dropped as it streamed in, never gathered: Bastion's peak memory stayed far below the message.
+        grown = _peak_rss(client.proc.pid) - before
+        assert grown < 40 * 1024 * 1024, f"bastion's peak memory grew by {grown} bytes for a dropped 100 MiB message"
+        assert client.request(2, "tools/call", {"name": "raw__echo", "arguments": {"text": "on"}})["result"]
+        assert marks.read_text().count("started ") == 1  # the server answered on, it was not restarted
+    finally:
+        client.close()
+
+
+def test_a_fifty_megabyte_result_passes_under_a_raised_limit_and_every_ping_meanwhile_is_answered(tmp_path):
+    """The latency of those pings, against the 50 ms the issue sets, is measured in bench/large_result_pings.py."""
+    size = 50 * 1024 * 1024
+    client = RawClient(_config(tmp_path, {"raw": _entry(tmp_path / "big.txt", f"big-{uuid.uuid4().hex[:8]}")},
+                               max_message_bytes=64 * 1024 * 1024))
+    try:
+        client.initialize()
+        client.send(_call("big", "raw__big", {"size": size}))
+        pings = {f"ping-{i}" for i in range(20)}
+        for rid in sorted(pings):
+            client.send({"jsonrpc": "2.0", "id": rid, "method": "ping"})
+        answers = _answers(client, pings | {"big"}, timeout=120)
+        assert all(answers[rid]["result"] == {} for rid in pings)
+        assert answers["big"]["result"]["content"][0]["text"] == "x" * size
+    finally:
+        client.close()
