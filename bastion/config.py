@@ -278,6 +278,10 @@ class HttpConfig(BaseModel):
     stream_buffer_messages: int = Field(
         default=1024, ge=8, description="messages one SSE stream may hold for a client that is not reading; past "
                                         "it the stream is closed")
+    stream_buffer_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=65536, description="bytes of messages one SSE stream may hold for a client that "
+        "is not reading; past them the stream is closed, as past stream_buffer_messages (one message alone always "
+        "passes)")
     replay_events: int = Field(default=256, ge=0, description="events of a GET stream kept for Last-Event-ID")
     resume_seconds: float = Field(
         default=10.0, ge=0, description="how long a 2025-11-25 call whose answer stream dropped waits for its client "

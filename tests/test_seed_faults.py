@@ -276,3 +276,106 @@ def test_a_fifty_megabyte_result_passes_under_a_raised_limit_and_every_ping_mean
         assert answers["big"]["result"]["content"][0]["text"] == "x" * size
     finally:
         client.close()
+
+
+# ------------------------------------------------------------------------------ a client that stops reading
+# tests/http/test_overflow_end_to_end.py: past http.stream_buffer_messages, the stream ends with the request's answer
+# naming the bound. Here few messages, but large ones: the byte bound ends the stream, Bastion's memory stays
+# bounded, and another client is served meanwhile.
+FLOOD_SERVER = r'''
+import json, sys
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    message = json.loads(line)
+    rid, method, params = message.get("id"), message.get("method"), message.get("params") or {}
+    if rid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"protocolVersion": params.get("protocolVersion", "2025-11-25"),
+              "capabilities": {"tools": {}, "logging": {}}, "serverInfo": {"name": "flood", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"tools": [{"name": "flood", "inputSchema": {"type": "object"}},
+                                                                {"name": "echo", "inputSchema": {"type": "object"}}]}})
+    elif method == "tools/call" and params["name"] == "flood":
+        big = "x" * 100000
+        for n in range(400):  # 40 MB of log messages, far fewer than http.stream_buffer_messages
+            send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": f"{n} {big}"}})
+        send({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": "flooded"}]}})
+    elif method == "tools/call":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": "echoed"}]}})
+    else:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "Method not found"}})
+'''
+
+
+async def test_a_client_that_stops_reading_its_stream_is_cut_off_at_the_byte_bound_and_told_why(tmp_path):
+    import asyncio
+    import socket
+
+    import httpx2
+
+    from tests.http.conftest import serve_config, stop_bastion
+    from tests.http.test_sdk_clients import MODERN_META
+
+    script = tmp_path / "flood_server.py"
+    script.write_text(FLOOD_SERVER)
+    bound = 1024 * 1024
+    config = _config(tmp_path, {"flood": {"command": os.sys.executable, "args": [str(script)],
+                                          "sandbox": {"profile": "none"}}},
+                     # The last replay_events of a stream are kept for a client that resumes it (256 by default, here
+                     # 25 MB of the flood): few here, so what is measured is the buffer for the client.
+                     http={"stream_buffer_bytes": bound, "replay_events": 8})
+    served = serve_config(config, tmp_path, tmp_path / "events.log")
+    loop = asyncio.get_running_loop()
+    reader = socket.socket()
+    try:
+        base = {"accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient(timeout=120) as http:
+            init = await http.post(served.url, headers=base, json={
+                "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+            session = init.headers["mcp-session-id"]
+            assert (await http.post(served.url, headers={**base, "mcp-session-id": session,
+                                                         "mcp-protocol-version": "2025-11-25"},
+                                    json={"jsonrpc": "2.0", "method": "notifications/initialized"})).status_code == 202
+            before = _rss(served.process.pid)
+            # The call, on a socket that reads nothing until the bound has been passed.
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            reader.setblocking(False)
+            host, port = served.base.removeprefix("http://").split(":")
+            await loop.sock_connect(reader, (host, int(port)))
+            body = json.dumps(_call(9, "flood__flood")).encode()
+            await loop.sock_sendall(reader, (
+                f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Accept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\n"
+                f"MCP-Protocol-Version: 2025-11-25\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+            deadline = time.monotonic() + 120
+            while "events unread" not in served.stderr.read_text():
+                assert time.monotonic() < deadline, "the stream never passed its bound"
+                await asyncio.sleep(0.1)
+            # Another client is served while this one reads nothing.
+            other = await http.post(served.url, headers={
+                **base, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "flood__echo"},
+                json={"jsonrpc": "2.0", "id": "other", "method": "tools/call",
+                      "params": {"name": "flood__echo", "arguments": {}, "_meta": MODERN_META}})
+            assert _message(other)["result"]["content"][0]["text"] == "echoed"
+            # 40 MB went by: Bastion held about the bound of them for the client (and 8 kept to resume), never the flood.
+            grown = _peak_rss(served.process.pid) - before
+            assert grown < 12 * 1024 * 1024, f"bastion's peak memory grew by {grown} bytes"
+        received = bytearray()
+        while not received.endswith(b"0\r\n\r\n"):  # the chunked body's end: the response was completed
+            chunk = await asyncio.wait_for(loop.sock_recv(reader, 1 << 20), 120)
+            assert chunk, "the connection closed before the stream's last event"
+            received += chunk
+        messages = [json.loads(line[len(b"data: "):]) for line in bytes(received).split(b"\n")
+                    if line.startswith(b"data: {")]
+        last = messages[-1]
+        assert last["id"] == 9 and last["error"]["code"] == -32000, last
+        assert f"{bound} bytes waited unread" in last["error"]["message"], last
+        assert "http.stream_buffer_bytes" in last["error"]["message"], last
+        assert 0 < len(messages) - 1 < 400  # some of the flood, then the notice, never the answer the server gave
+    finally:
+        reader.close()
+        stop_bastion(served)

@@ -566,7 +566,9 @@ class Upstream:
                encode: Callable[[Any, str, Any], bytes] = jsonrpc.request_frame) -> Pending:
         """Register a request and send it; its answer arrives in ``pending.context``: an ``Answer``, or the
         ``context`` given (anything with ``settle(answer)``)."""
-        self._admit(method)
+        transport = self._transport
+        if transport is not None and transport.backlog() > self.config.max_queued_bytes:
+            self._refuse_full(method, transport.backlog())
         loop = self._loop
         future = Answer(loop=loop) if context is None else context
         deadline = loop.time() + timeout if timeout is not None else None
@@ -579,18 +581,13 @@ class Upstream:
             raise
         return pending
 
-    def _admit(self, method: str) -> None:
+    def _refuse_full(self, method: str, queued: int) -> None:
         """A server that stopped reading its stdin gets no more requests once ``max_queued_bytes`` wait for it:
         the caller is told to retry, rather than Bastion's memory growing with what the server never reads."""
-        transport = self._transport
-        if transport is None:
-            return
-        queued = transport.backlog()
-        if queued > self.config.max_queued_bytes:
-            raise GatewayError(jsonrpc.SERVER_BUSY, (
-                f"server {self.name!r} is not reading its input: {queued} bytes wait for it, over max_queued_bytes "
-                f"({self.config.max_queued_bytes}); {method} refused, retry in {_RETRY_AFTER_FULL} s"),
-                {"retryAfterSeconds": _RETRY_AFTER_FULL})
+        raise GatewayError(jsonrpc.SERVER_BUSY, (
+            f"server {self.name!r} is not reading its input: {queued} bytes wait for it, over max_queued_bytes "
+            f"({self.config.max_queued_bytes}); {method} refused, retry in {_RETRY_AFTER_FULL} s"),
+            {"retryAfterSeconds": _RETRY_AFTER_FULL})
 
     async def _answer(self, pending: Pending) -> Response | ErrorResponse:
         try:

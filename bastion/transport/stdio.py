@@ -107,11 +107,6 @@ class CoalescingWriter:
         if burst and not self._transport.is_closing():
             self._transport.write(b"".join(burst))
 
-    def backlog(self) -> int:
-        """Bytes written that the peer has not taken yet (those held for the chunk under way, at most one chunk's
-        worth, are not counted: they leave when it is done)."""
-        return self._transport.get_write_buffer_size()
-
     async def drain(self) -> None:
         # Only a peer that stopped reading makes us wait; the common case costs no await at all.
         if self._transport.get_write_buffer_size() > _DRAIN_ABOVE:

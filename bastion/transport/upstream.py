@@ -81,6 +81,7 @@ class StdioTransport:
         self._stderr: deque[str] = deque(maxlen=DIAGNOSTICS_KEPT)
         self._process: ServerProcess | None = None
         self._frames: CoalescingWriter | None = None
+        self._pipe: asyncio.WriteTransport | None = None
         self._stdout_ended = asyncio.Event()
         self._stderr_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -104,6 +105,7 @@ class StdioTransport:
             await process.terminate()
             raise TransportClosed("closed while starting")
         self._frames = CoalescingWriter(process.stdin, self._writes)
+        self._pipe = process.stdin.transport  # what waits in it is the backlog (frames held for a chunk are not)
         self._stderr_task = asyncio.create_task(self._pump_stderr(process))
         framer = LineFramer(self._max_bytes)
         ended = self._stdout_ended
@@ -127,8 +129,8 @@ class StdioTransport:
             raise TransportClosed(str(exc)) from None
 
     def backlog(self) -> int:
-        frames = self._frames
-        return frames.backlog() if frames is not None else 0
+        pipe = self._pipe
+        return pipe.get_write_buffer_size() if pipe is not None else 0
 
     async def ended(self) -> str:
         """Its stdout has ended: the server exited (the reason says how), or closed its stdout and runs on."""
@@ -175,6 +177,7 @@ class StdioTransport:
         first = not self._closed
         self._closed = True
         self._frames = None
+        self._pipe = None
         process = self._process
         if process is not None:
             await process.terminate()
