@@ -108,6 +108,60 @@ def test_a_server_that_stops_reading_its_stdin_is_refused_with_retry_after_while
         client.close()
 
 
+async def test_over_http_a_server_that_stops_reading_is_refused_with_retry_after_in_both_eras(tmp_path):
+    import asyncio
+
+    import httpx2
+
+    from tests.http.conftest import serve_config, stop_bastion
+    from tests.http.test_sdk_clients import MODERN_META
+
+    marks = tmp_path / "stuck.txt"
+    bound = 1024 * 1024
+    config = _config(tmp_path, {"stuck": _entry(marks, f"stuck-{uuid.uuid4().hex[:8]}", max_queued_bytes=bound),
+                                "other": _entry(tmp_path / "other.txt", f"other-{uuid.uuid4().hex[:8]}")})
+    served = serve_config(config, tmp_path, tmp_path / "events.log")
+    modern = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
+              "mcp-method": "tools/call"}
+
+    def modern_call(http, rid: str, name: str, arguments: dict | None = None):
+        return http.post(served.url, headers={**modern, "mcp-name": name}, json={
+            "jsonrpc": "2.0", "id": rid, "method": "tools/call",
+            "params": {"name": name, "arguments": arguments or {}, "_meta": MODERN_META}})
+
+    try:
+        async with httpx2.AsyncClient(timeout=LONG_WAIT) as http, httpx2.AsyncClient(timeout=60) as legacy:
+            stop = asyncio.ensure_future(modern_call(http, "stop", "stuck__stop_reading"))
+            assert await asyncio.to_thread(wait_for, lambda: marks.exists() and "stopped reading" in marks.read_text(),
+                                           60)
+            text = "y" * (256 * 1024)
+            # 3 MiB of calls: the first ones fill the pipe and then Bastion's bound, the rest are refused. The server
+            # reads nothing, so any answer is a refusal.
+            waiting = [asyncio.ensure_future(modern_call(http, f"fill-{i}", "stuck__echo", {"text": text}))
+                       for i in range(12)]
+            done, _ = await asyncio.wait(waiting, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            assert done, "no call was refused"
+            refused = _message(done.pop().result())
+            assert refused["error"]["code"] == -32000 and refused["error"]["data"] == {"retryAfterSeconds": 1}, refused
+            assert "server 'stuck' is not reading its input" in refused["error"]["message"], refused
+            init = await legacy.post(served.url, headers={"accept": modern["accept"]}, json={
+                "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+            session = {"accept": modern["accept"], "mcp-protocol-version": "2025-11-25",
+                       "mcp-session-id": init.headers["mcp-session-id"]}
+            await legacy.post(served.url, headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+            again = _message(await legacy.post(served.url, headers=session, json=_call("l-1", "stuck__echo")))
+            assert again["error"]["code"] == -32000 and again["error"]["data"] == {"retryAfterSeconds": 1}, again
+            other = _message(await legacy.post(served.url, headers=session, json=_call(
+                "l-2", "other__echo", {"text": "fine"})))
+            assert other["result"]["content"][0]["text"] == "fine", other
+            for call in (stop, *waiting):
+                call.cancel()
+            await asyncio.gather(stop, *waiting, return_exceptions=True)
+    finally:
+        stop_bastion(served)
+
+
 # ------------------------------------------------------------------------------ a server killed mid-call
 # tests/test_faults.py covers one call of one client whose server exits on its own; here SIGKILL comes from outside,
 # with several calls pending (from several clients over HTTP), and the server's neighbour must not notice.

@@ -105,7 +105,7 @@ class StdioTransport:
             await process.terminate()
             raise TransportClosed("closed while starting")
         self._frames = CoalescingWriter(process.stdin, self._writes)
-        self._pipe = process.stdin.transport  # what waits in it is the backlog (frames held for a chunk are not)
+        self._pipe = process.stdin.transport
         self._stderr_task = asyncio.create_task(self._pump_stderr(process))
         framer = LineFramer(self._max_bytes)
         ended = self._stdout_ended
@@ -130,7 +130,11 @@ class StdioTransport:
 
     def backlog(self) -> int:
         pipe = self._pipe
-        return pipe.get_write_buffer_size() if pipe is not None else 0
+        if pipe is None:
+            return 0
+        # The frames held to leave together at the end of this chunk or turn count too: requests that arrive
+        # together (many POSTs in one turn of the loop) would otherwise all pass a bound none of them saw.
+        return pipe.get_write_buffer_size() + self._frames.held  # type: ignore[union-attr]
 
     async def ended(self) -> str:
         """Its stdout has ended: the server exited (the reason says how), or closed its stdout and runs on."""
