@@ -10,7 +10,10 @@ the big result took. ``off``: policy off and no guardrails (nothing reads the re
 ``default``: the default policy and guardrails, which read results. The bound the issue sets is 50 ms for every
 ping answered during the transfer.
 
-Usage: .venv/bin/python bench/large_result_pings.py [--mib 50] [--rounds 3] [--configs off default]
+Usage: .venv/bin/python bench/large_result_pings.py [--mib 50] [--rounds 3] [--configs off default] [--in-process]
+
+To see which steps hold the loop: BENCH_SERVE_ENV='{"PYTHONASYNCIODEBUG": "1"}' (variables for `bastion serve`,
+as JSON) and BENCH_KEEP_STDERR=1 (print the end of its stderr, where asyncio logs each step over 100 ms).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ def serve(tmp: Path, config_kind: str, mib: int) -> tuple[subprocess.Popen, str]
     stderr = tmp / f"{config_kind}.stderr"
     process = subprocess.Popen([BASTION, "serve", str(config), "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=stderr.open("wb"),
-                               env={**os.environ, "PYTHONUNBUFFERED": "1", **json.loads(os.environ.get("BENCH_SERVE_ENV", "{}"))})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                    **json.loads(os.environ.get("BENCH_SERVE_ENV", "{}"))})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         found = re.search(r"serving MCP on (http://[^ ]+/mcp)", stderr.read_text())
@@ -70,8 +74,9 @@ def big_call(url: str, size: int) -> tuple[float, int]:
                "mcp-method": "tools/call", "mcp-name": "raw__big"}
     with httpx.Client(timeout=600) as http:
         started = time.perf_counter()
-        answer = http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": "big", "method": "tools/call", "params": {
-            "name": "raw__big", "arguments": {"size": size}, "_meta": MODERN_META}})
+        answer = http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": "big", "method": "tools/call",
+                                                        "params": {"name": "raw__big", "arguments": {"size": size},
+                                                                   "_meta": MODERN_META}})
         took = time.perf_counter() - started
     text = answer.text
     if '"result"' not in text[:200] and '"result"' not in text[-200:]:

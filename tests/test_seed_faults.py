@@ -33,8 +33,8 @@ def _entry(marks: Path, tag: str, **extra) -> dict:
 def _config(tmp_path: Path, servers: dict, **settings) -> Path:
     config = tmp_path / "bastion.json"
     # Guardrails off: these servers run unconfined, which the default guardrails hold against a second server's call.
-    config.write_text(json.dumps({"servers": servers, "policy": "off", "guardrails": "off", "ready_timeout": READY_TIMEOUT,
-                                  "tools": {"exposure": "all"}, **settings}))
+    config.write_text(json.dumps({"servers": servers, "policy": "off", "guardrails": "off",
+                                  "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"}, **settings}))
     return config
 
 
@@ -146,10 +146,12 @@ async def test_over_http_a_server_that_stops_reading_is_refused_with_retry_after
             assert "server 'stuck' is not reading its input" in refused["error"]["message"], refused
             init = await legacy.post(served.url, headers={"accept": modern["accept"]}, json={
                 "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+                    "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"}}})
             session = {"accept": modern["accept"], "mcp-protocol-version": "2025-11-25",
                        "mcp-session-id": init.headers["mcp-session-id"]}
-            await legacy.post(served.url, headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await legacy.post(served.url, headers=session,
+                              json={"jsonrpc": "2.0", "method": "notifications/initialized"})
             again = _message(await legacy.post(served.url, headers=session, json=_call("l-1", "stuck__echo")))
             assert again["error"]["code"] == -32000 and again["error"]["data"] == {"retryAfterSeconds": 1}, again
             other = _message(await legacy.post(served.url, headers=session, json=_call(
@@ -193,7 +195,8 @@ def _died(error: dict, method: str = "tools/call") -> None:
 def test_a_server_killed_with_several_calls_pending_fails_each_at_once_and_serves_again_after(tmp_path):
     tag = f"victim-{uuid.uuid4().hex[:8]}"
     victim, marks = _killable(tmp_path, tag)
-    config = _config(tmp_path, {"victim": victim, "other": _entry(tmp_path / "other.txt", f"other-{uuid.uuid4().hex[:8]}")})
+    other = _entry(tmp_path / "other.txt", f"other-{uuid.uuid4().hex[:8]}")
+    config = _config(tmp_path, {"victim": victim, "other": other})
     client = RawClient(config)
     try:
         client.initialize()
@@ -232,7 +235,8 @@ async def test_a_server_killed_under_several_http_clients_of_both_eras_fails_eac
 
     tag = f"victim-{uuid.uuid4().hex[:8]}"
     victim, marks = _killable(tmp_path, tag)
-    config = _config(tmp_path, {"victim": victim, "other": _entry(tmp_path / "other.txt", f"other-{uuid.uuid4().hex[:8]}")})
+    other = _entry(tmp_path / "other.txt", f"other-{uuid.uuid4().hex[:8]}")
+    config = _config(tmp_path, {"victim": victim, "other": other})
     served = serve_config(config, tmp_path, tmp_path / "events.log")
     modern = {"content-type": "application/json", "accept": "application/json, text/event-stream",
               "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call"}
@@ -250,7 +254,8 @@ async def test_a_server_killed_under_several_http_clients_of_both_eras_fails_eac
             assert "victim__slow" in {tool["name"] for tool in listed.json()["result"]["tools"]}
             init = await legacy.post(served.url, headers={"accept": "application/json, text/event-stream"}, json={
                 "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+                    "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"}}})
             session = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25",
                        "mcp-session-id": init.headers["mcp-session-id"]}
             assert (await legacy.post(served.url, headers=session, json={
@@ -355,7 +360,8 @@ for line in sys.stdin:
     elif method == "tools/call" and params["name"] == "flood":
         big = "x" * 100000
         for n in range(400):  # 40 MB of log messages, far fewer than http.stream_buffer_messages
-            send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": f"{n} {big}"}})
+            send({"jsonrpc": "2.0", "method": "notifications/message",
+                  "params": {"level": "info", "data": f"{n} {big}"}})
         send({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": "flooded"}]}})
     elif method == "tools/call":
         send({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": "echoed"}]}})
@@ -389,7 +395,8 @@ async def test_a_client_that_stops_reading_its_stream_is_cut_off_at_the_byte_bou
         async with httpx2.AsyncClient(timeout=120) as http:
             init = await http.post(served.url, headers=base, json={
                 "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+                    "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"}}})
             session = init.headers["mcp-session-id"]
             assert (await http.post(served.url, headers={**base, "mcp-session-id": session,
                                                          "mcp-protocol-version": "2025-11-25"},
@@ -415,7 +422,7 @@ async def test_a_client_that_stops_reading_its_stream_is_cut_off_at_the_byte_bou
                 json={"jsonrpc": "2.0", "id": "other", "method": "tools/call",
                       "params": {"name": "flood__echo", "arguments": {}, "_meta": MODERN_META}})
             assert _message(other)["result"]["content"][0]["text"] == "echoed"
-            # 40 MB went by: Bastion held about the bound of them for the client (and 8 kept to resume), never the flood.
+            # 40 MB went by: Bastion held about the bound of them for the client (and 8 to resume), never the flood.
             grown = _peak_rss(served.process.pid) - before
             assert grown < 12 * 1024 * 1024, f"bastion's peak memory grew by {grown} bytes"
         received = bytearray()

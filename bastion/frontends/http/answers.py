@@ -65,7 +65,8 @@ class Answers:
                 came, final = exchange.first.result()
                 if not (final and came == WITHDRAWN):
                     first = came
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, byte_limit=self.settings.stream_buffer_bytes,
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes,
                            heartbeat=self.settings.heartbeat_seconds, headers=(NO_STORE, *headers),
                            notice=self.overflow_answer(exchange.request_id))
         stream.on_complete = _when_delivered(exchange, stream, forget)
@@ -86,7 +87,8 @@ class Answers:
                                          f"or it waited more than {self.settings.resume_seconds:g} s for the client "
                                          "(http.resume_seconds)")
         session.resuming(exchange)
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
                            headers=(NO_STORE, (b"mcp-session-id", session.id.encode())),
                            notice=self.overflow_answer(exchange.request_id))
         stream.on_complete = _when_delivered(exchange, stream, lambda: session.forget(exchange))
@@ -101,7 +103,8 @@ class Answers:
                           send: Send) -> None:
         """A client resuming, here, the answer stream of a call another replica ran: that replica stopped (or the
         client was sent away from it), so the stream ends at once with an error for the request, never a wait."""
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
                            headers=(NO_STORE, (b"mcp-session-id", session.id.encode())))
         stream.push(sse_event(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
             "code": -32000, "message": "the gateway replica that ran this request stopped before its answer was "

@@ -54,9 +54,10 @@ class SseStream:
     ``limit`` events (or ``byte_limit`` bytes of them) pile up unread, when ``finish`` is called, or when the client
     goes.
 
-    A client that let ``limit`` events (or ``byte_limit`` bytes) pile up is told why its stream ends: what was queued is dropped and
-    ``notice`` (an encoded event) is written instead, then the response ends. A client that is merely slow reads
-    it once it catches up; one that never reads gets its connection closed after ``notice_grace`` seconds."""
+    A client that let ``limit`` events (or ``byte_limit`` bytes) pile up is told why its stream ends: what was
+    queued is dropped and ``notice`` (an encoded event) is written instead, then the response ends. A client that
+    is merely slow reads it once it catches up; one that never reads gets its connection closed after
+    ``notice_grace`` seconds."""
 
     def __init__(self, send: AsgiSend, *, limit: int, heartbeat: float, headers: Iterable[tuple[bytes, bytes]] = (),
                  on_sent: Callable[[int], None] | None = None, notice: bytes | None = None,
