@@ -1,0 +1,206 @@
+"""The seed's faults, each through real processes: concurrent writers to one resource, a wall clock that jumps, and
+an audit trail whose disk fills mid-run.
+
+- **Writers.** Four calls in flight at once update one resource 50 times each (``tests/fixtures/writers_server.py``,
+  a thread per call, so their updates interleave); the server numbers its ``notifications/resources/updated`` in
+  ``_meta["seq"]``. Every subscriber (a handshake-era ``resources/subscribe``, a 2026-07-28 ``subscriptions/listen``
+  with ``resourceSubscriptions``), over stdio and over HTTP, gets all 200, numbered 1 to 200 in order.
+- **Clock.** ``bastion run`` under libfaketime, its wall clock jumped hours forward and back while it runs
+  (monotonic clocks left alone): a call's timeout fires after its real duration, a rate limit's bucket neither
+  refills nor empties because of the jump.
+- **Disk full.** ``bastion serve --http`` with clients calling while the trail's tmpfs fills, then frees: no crash,
+  no hang, every call answered (or refused, naming the setting, under ``on_failure = "refuse"``), and ``bastion
+  audit verify`` says intact with the gap counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx2
+import pytest
+
+from tests.http.conftest import IDENTITY_HEADER, Served, serve_config, stop_bastion
+from tests.support import FIXTURES, READY_TIMEOUT, RawClient, wait_for
+
+WRITERS = 4
+UPDATES = 50
+SERVER = "w"
+URI = "mem://counter"
+DEADLINE = 120.0
+MODERN = "2026-07-28"
+LEGACY = "2025-11-25"
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {},
+               "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+ACCEPT_BOTH = "application/json, text/event-stream"
+
+
+# ------------------------------------------------------------------------------------------ concurrent writers
+def writers_config(tmp_path: Path, **settings: Any) -> Path:
+    marks = tmp_path / "marks"
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "policy": "off", "tools": {"exposure": "all"}, "ready_timeout": READY_TIMEOUT, **settings,
+        "servers": {SERVER: {"command": sys.executable, "args": [str(FIXTURES / "writers_server.py")],
+                             "env": {"WRITERS_SERVER_MARKS": str(marks)}, "sandbox": {"writable": [str(tmp_path)]}}}}))
+    return config
+
+
+def subscribed(tmp_path: Path) -> bool:
+    marks = tmp_path / "marks"
+    return marks.exists() and f"subscribe {URI}" in marks.read_text().splitlines()
+
+
+def bump(request_id: Any, writer: str, era: str) -> dict[str, Any]:
+    params: dict[str, Any] = {"name": f"{SERVER}__bump", "arguments": {"writer": writer, "times": UPDATES}}
+    if era == MODERN:
+        params["_meta"] = MODERN_META
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+def check_order(updates: list[dict[str, Any]], answers: dict[str, list[int]]) -> None:
+    """Every update the server sent, in the order it sent them; each writer's own in the order its call said."""
+    assert all(u["uri"] == URI for u in updates)
+    assert [u["_meta"]["seq"] for u in updates] == list(range(1, WRITERS * UPDATES + 1))
+    for writer, sent in answers.items():
+        assert [u["_meta"]["seq"] for u in updates if u["_meta"]["writer"] == writer] == sent
+
+
+@pytest.mark.parametrize("era", [LEGACY, MODERN])
+def test_concurrent_writers_updates_reach_a_stdio_subscriber_in_the_servers_order(tmp_path: Path, era: str) -> None:
+    client = RawClient(writers_config(tmp_path), log=tmp_path / "bastion.stderr")
+    try:
+        if era == LEGACY:
+            client.initialize()
+            listed = client.request(1, "resources/list", {}, timeout=DEADLINE)
+            assert URI in [r["uri"] for r in listed["result"]["resources"]], listed
+            assert client.request(2, "resources/subscribe", {"uri": URI}, timeout=DEADLINE) == {
+                "jsonrpc": "2.0", "id": 2, "result": {}}
+        else:
+            client.send({"jsonrpc": "2.0", "id": "listen", "method": "subscriptions/listen", "params": {
+                "notifications": {"resourceSubscriptions": [URI]}, "_meta": MODERN_META}})
+            acknowledged = client.recv(DEADLINE)
+            assert acknowledged["method"] == "notifications/subscriptions/acknowledged", acknowledged
+            assert acknowledged["params"]["notifications"]["resourceSubscriptions"] == [URI]
+        assert wait_for(lambda: subscribed(tmp_path), DEADLINE)
+        for n in range(WRITERS):  # all in flight at once
+            client.send(bump(100 + n, f"writer-{n}", era))
+        updates: list[dict[str, Any]] = []
+        answers: dict[str, list[int]] = {}
+        while len(answers) < WRITERS or len(updates) < WRITERS * UPDATES:
+            message = client.recv(DEADLINE)
+            if message.get("method") == "notifications/resources/updated":
+                updates.append(message["params"])
+                if era == MODERN:
+                    assert message["params"]["_meta"][SUBSCRIPTION_ID] == "listen"
+            elif message.get("id") in range(100, 100 + WRITERS):
+                answers[f"writer-{message['id'] - 100}"] = json.loads(message["result"]["content"][0]["text"])
+    finally:
+        code, stderr = client.close()
+    assert code == 0, stderr
+    check_order(updates, answers)
+
+
+async def sse_messages(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON-RPC messages of an SSE response (priming events and heartbeats skipped)."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if not line:
+            if data and "".join(data):
+                yield json.loads("\n".join(data))
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+
+
+async def legacy_session(http: httpx2.AsyncClient, url: str, who: str) -> dict[str, str]:
+    headers = {IDENTITY_HEADER: who, "accept": ACCEPT_BOTH}
+    init = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+    assert init.status_code == 200, init.text
+    headers = {**headers, "mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": LEGACY}
+    done = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    assert done.status_code == 202
+    return headers
+
+
+def modern_headers(who: str, method: str, name: str | None = None) -> dict[str, str]:
+    return {IDENTITY_HEADER: who, "accept": ACCEPT_BOTH, "mcp-protocol-version": MODERN, "mcp-method": method,
+            **({"mcp-name": name} if name else {})}
+
+
+async def answer_of(response: httpx2.Response) -> dict[str, Any]:
+    if response.headers["content-type"].startswith("application/json"):
+        return json.loads(await response.aread())
+    async for message in sse_messages(response):
+        if "id" in message and "method" not in message:
+            return message
+    raise AssertionError("the answer stream ended without an answer")
+
+
+async def write(http: httpx2.AsyncClient, url: str, n: int, era: str) -> tuple[str, list[int]]:
+    """One writer's call, in a session (handshake era) or alone (2026-07-28); the sequence numbers it sent."""
+    writer = f"writer-{n}"
+    if era == LEGACY:
+        headers = await legacy_session(http, url, writer)
+    else:
+        headers = modern_headers(writer, "tools/call", f"{SERVER}__bump")
+    async with http.stream("POST", url, headers=headers, json=bump(n, writer, era)) as response:
+        answer = await answer_of(response)
+    return writer, json.loads(answer["result"]["content"][0]["text"])
+
+
+async def collect(messages: AsyncIterator[dict[str, Any]], into: list[dict[str, Any]]) -> None:
+    async for message in messages:
+        if message.get("method") == "notifications/resources/updated":
+            into.append(message)
+            if len(into) == WRITERS * UPDATES:
+                return
+
+
+async def http_writers_run(served: Served, tmp_path: Path) -> None:
+    url = served.url
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE)) as http:
+        # A handshake-era subscriber: its session's GET stream carries what it subscribed to.
+        headers = await legacy_session(http, url, "legacy-subscriber")
+        async with http.stream("GET", url, headers={**headers, "accept": "text/event-stream"}) as standing:
+            assert standing.status_code == 200
+            subscribe = await http.post(url, headers=headers, json={
+                "jsonrpc": "2.0", "id": 1, "method": "resources/subscribe", "params": {"uri": URI}})
+            assert (await answer_of(subscribe)) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+            # A 2026-07-28 subscriber: its listen stream.
+            listen = {"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen", "params": {
+                "notifications": {"resourceSubscriptions": [URI]}, "_meta": MODERN_META}}
+            async with http.stream("POST", url, headers=modern_headers("modern-subscriber", "subscriptions/listen"),
+                                   json=listen) as listening:
+                modern_messages = sse_messages(listening)
+                acknowledged = await asyncio.wait_for(anext(modern_messages), DEADLINE)
+                assert acknowledged["method"] == "notifications/subscriptions/acknowledged", acknowledged
+                assert wait_for(lambda: subscribed(tmp_path), DEADLINE)
+                legacy_updates: list[dict[str, Any]] = []
+                modern_updates: list[dict[str, Any]] = []
+                collecting = [asyncio.create_task(collect(sse_messages(standing), legacy_updates)),
+                              asyncio.create_task(collect(modern_messages, modern_updates))]
+                written = await asyncio.wait_for(asyncio.gather(
+                    *(write(http, url, n, LEGACY if n % 2 else MODERN) for n in range(WRITERS))), DEADLINE)
+                await asyncio.wait_for(asyncio.gather(*collecting), DEADLINE)
+    answers = dict(written)
+    check_order([m["params"] for m in legacy_updates], answers)
+    check_order([m["params"] for m in modern_updates], answers)
+    assert {m["params"]["_meta"][SUBSCRIPTION_ID] for m in modern_updates} == {"listen-1"}
+    assert not any(SUBSCRIPTION_ID in m["params"]["_meta"] for m in legacy_updates)
+
+
+def test_concurrent_writers_updates_reach_http_subscribers_of_both_eras_in_the_servers_order(tmp_path: Path) -> None:
+    served = serve_config(writers_config(tmp_path, http={"identity_header": IDENTITY_HEADER}), tmp_path,
+                          tmp_path / "events.log")
+    try:
+        asyncio.run(http_writers_run(served, tmp_path))
+    finally:
+        stop_bastion(served)
+    assert served.process.returncode == 0, served.stderr.read_text()
