@@ -26,6 +26,7 @@ import pytest
 
 from tests.http.conftest import IDENTITY_HEADER, Served, serve_config, stop_bastion
 from tests.support import FIXTURES, READY_TIMEOUT, RawClient, wait_for
+from tests.test_audit_failures import small_disk  # noqa: F401 - the fixture, reused
 
 WRITERS = 4
 UPDATES = 50
@@ -204,3 +205,120 @@ def test_concurrent_writers_updates_reach_http_subscribers_of_both_eras_in_the_s
     finally:
         stop_bastion(served)
     assert served.process.returncode == 0, served.stderr.read_text()
+
+
+# ------------------------------------------------------------------------------------------------ disk full
+CALLERS = 3
+
+
+async def echo_over_http(http: httpx2.AsyncClient, url: str, who: str, text: str) -> dict[str, Any]:
+    headers = modern_headers(who, "tools/call", "raw__echo")
+    async with http.stream("POST", url, headers=headers, json={"jsonrpc": "2.0", "id": text, "method": "tools/call",
+                           "params": {"name": "raw__echo", "arguments": {"text": text}, "_meta": MODERN_META}}) as r:
+        return await answer_of(r)
+
+
+class Callers:
+    """Clients that keep calling, each its next call once the last was answered; every answer kept, by phase."""
+
+    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
+        self.http, self.url = http, url
+        self.phase = "before"
+        self.answers: list[tuple[str, str, dict[str, Any]]] = []  # (phase, text, answer)
+        self._stop = asyncio.Event()
+
+    def count(self, phase: str, answered: bool = False) -> int:
+        return sum(1 for p, _, a in self.answers if p == phase and (not answered or "result" in a))
+
+    async def until(self, phase: str, at_least: int, answered: bool = False) -> None:
+        while self.count(phase, answered) < at_least:
+            await asyncio.sleep(0.02)
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._one(f"caller-{n}") for n in range(CALLERS)))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _one(self, who: str) -> None:
+        n = 0
+        while not self._stop.is_set():
+            phase, text = self.phase, f"{who}-{n}"
+            self.answers.append((phase, text, await echo_over_http(self.http, self.url, who, text)))
+            n += 1
+
+
+async def disk_fills_mid_run(served: Served, disk: Path, on_failure: str) -> Callers:
+    from tests.test_audit_failures import FAILING, RESUMED, fill, logged
+
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE)) as http:
+        callers = Callers(http, served.url)
+        running = asyncio.create_task(callers.run())
+        try:
+            await asyncio.wait_for(callers.until("before", CALLERS * 2), DEADLINE)
+            callers.phase = "full"
+            filler = await asyncio.to_thread(fill, disk)
+            await asyncio.wait_for(_logged(served.stderr, FAILING, logged), DEADLINE)
+            await asyncio.wait_for(callers.until("full", CALLERS * 3), DEADLINE)  # calls keep coming while full
+            callers.phase = "freed"
+            filler.unlink()
+            await asyncio.wait_for(_logged(served.stderr, RESUMED, logged), DEADLINE)
+            callers.phase = "resumed"
+            await asyncio.wait_for(callers.until("resumed", CALLERS * 2, answered=True), DEADLINE)
+        finally:
+            callers.stop()
+            await asyncio.wait_for(running, DEADLINE)
+    return callers
+
+
+async def _logged(log: Path, text: str, logged: Any) -> None:
+    while not logged(log, text):
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("on_failure", ["continue", "refuse"])
+def test_the_audit_trails_disk_fills_mid_run_while_http_clients_keep_calling(
+        tmp_path: Path, small_disk: Path, on_failure: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_audit_failures import calls_reached, configure, records, verify_json, verify_text
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    audit = small_disk / "trail" / "audit.jsonl"
+    config = configure(tmp_path, audit, on_failure=on_failure)
+    settings = json.loads(config.read_text())
+    config.write_text(json.dumps({**settings, "http": {"identity_header": IDENTITY_HEADER}}))
+    served = serve_config(config, tmp_path, tmp_path / "events.log")
+    try:
+        callers = asyncio.run(disk_fills_mid_run(served, small_disk, on_failure))
+        assert served.process.poll() is None, served.stderr.read_text()  # no crash
+    finally:
+        stop_bastion(served)
+    assert served.process.returncode == 0, served.stderr.read_text()
+
+    # Every call was answered: with its own text, or (refuse) with an error naming the setting and the cause.
+    refused = []
+    for phase, text, answer in callers.answers:
+        if "result" in answer:
+            assert answer["result"]["content"][0]["text"] == text, answer
+            continue
+        assert on_failure == "refuse" and phase != "before", (phase, answer)
+        error = answer["error"]
+        assert error["code"] == -32001 and error["data"]["rule"] == "policy.audit.on_failure", answer
+        assert "No space left on device" in error["message"]
+        refused.append(text)
+    assert bool(refused) == (on_failure == "refuse")
+
+    # The trail holds what was written before the disk filled and after it was freed, and counts what is missing.
+    trail = records(audit)
+    gaps = [r for r in trail if r["kind"] == "gap"]
+    assert len(gaps) == 1 and gaps[0]["lost"] >= 1 and gaps[0]["error"] == "No space left on device", gaps
+    called = {r["what"]["arguments"]["text"] for r in trail if r["kind"] == "call" and "arguments" in r["what"]}
+    # What was answered before the disk filled is on disk, but for what was still in the writer's hands (counted).
+    assert len({t for p, t, _ in callers.answers if p == "before"} - called) <= gaps[0]["lost"]
+    assert {t for p, t, _ in callers.answers if p == "resumed"} <= called
+    reached = set(calls_reached(tmp_path))  # what the server got: no refused call, every answered one
+    assert not reached & set(refused)
+    assert {t for _, t, a in callers.answers if "result" in a} <= reached
+    report = verify_json(audit)
+    assert report["status"] == "intact" and report["discontinuities"] == 1, report
+    said = verify_text(audit)
+    assert f"{gaps[0]['lost']} audit record(s) could not be written" in said and said.rstrip().endswith(": intact")
