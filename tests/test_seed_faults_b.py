@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -205,6 +206,112 @@ def test_concurrent_writers_updates_reach_http_subscribers_of_both_eras_in_the_s
     finally:
         stop_bastion(served)
     assert served.process.returncode == 0, served.stderr.read_text()
+
+
+# ------------------------------------------------------------------------------------------------ clock jump
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+JUMP_HOURS = 5
+CALL_TIMEOUT = 2.0
+
+
+def faked_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file whose offset (``+0``, ``+5h``, ``-5h``) is the wall clock of the Bastion started next; its monotonic
+    clock is left alone (``DONT_FAKE_MONOTONIC``), and read at each call (``FAKETIME_NO_CACHE``)."""
+    if not LIBFAKETIME.exists():
+        pytest.skip(f"{LIBFAKETIME} is missing: Debian's faketime package (scripts/setup.sh installs it) fakes the "
+                    f"gateway's wall clock")
+    offset = tmp_path / "faketime"
+    offset.write_text("+0\n")
+    for name, value in {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE": str(offset),
+                        "FAKETIME_NO_CACHE": "1", "DONT_FAKE_MONOTONIC": "1"}.items():
+        monkeypatch.setenv(name, value)
+    return offset
+
+
+def clock_config(tmp_path: Path, **policy: Any) -> Path:
+    from tests.test_audit_failures import PERMIT_ALL
+
+    entry = {"command": sys.executable, "args": [str(FIXTURES / "raw_server.py"), "clock-jump"],
+             "env": {"RAW_SERVER_MARKS": str(tmp_path / "marks"), "RAW_SERVER_MARK_CALLS": "1"},
+             "sandbox": {"writable": [str(tmp_path)]}, "request_timeout": CALL_TIMEOUT}
+    (tmp_path / "all.cedar").write_text(PERMIT_ALL)
+    config = tmp_path / "bastion.json"
+    config.write_text(json.dumps({
+        "servers": {"raw": entry}, "ready_timeout": READY_TIMEOUT, "tools": {"exposure": "all"},
+        "policy": {"policy_files": ["all.cedar"], "audit": {"path": str(tmp_path / "audit.jsonl")}, **policy}}))
+    return config
+
+
+def calls_marked(tmp_path: Path) -> int:
+    marks = tmp_path / "marks"
+    return sum(line.startswith("call ") for line in marks.read_text().splitlines()) if marks.exists() else 0
+
+
+def call_records(tmp_path: Path) -> list[dict[str, Any]]:
+    """The trail's tools/call records, in order."""
+    from tests.test_audit_failures import records
+
+    return [r for r in records(tmp_path / "audit.jsonl")
+            if r["kind"] == "call" and r["what"].get("method") == "tools/call"]
+
+
+def test_a_calls_timeout_runs_its_real_duration_whichever_way_the_wall_clock_jumps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    offset = faked_clock(tmp_path, monkeypatch)
+    client = RawClient(clock_config(tmp_path), log=tmp_path / "bastion.stderr")
+    try:
+        client.initialize()
+        timed_out = {}
+        for request_id, jump in ((1, f"+{JUMP_HOURS}h"), (2, f"-{JUMP_HOURS}h")):
+            started = time.monotonic()
+            client.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                         "params": {"name": "raw__slow", "arguments": {}}})
+            assert wait_for(lambda: calls_marked(tmp_path) == request_id, DEADLINE)
+            offset.write_text(jump + "\n")  # the call is at the server: now the gateway's wall clock jumps
+            answer = client.recv_response(request_id, DEADLINE)  # back: it did not wait 5 hours
+            timed_out[request_id] = time.monotonic() - started
+            assert answer["error"]["code"] == -32003, answer
+        # Forward: not at once, but after the timeout's own length.
+        assert timed_out[1] >= CALL_TIMEOUT, timed_out
+    finally:
+        code, stderr = client.close()
+    assert code == 0, stderr
+    # The jumps were real for the gateway: its audit records carry the wall clock it was shown.
+    first, second = call_records(tmp_path)
+    assert first["ts"] > time.time() + (JUMP_HOURS - 1) * 3600, first
+    assert second["ts"] < time.time() - (JUMP_HOURS - 1) * 3600, second
+    assert first["latency_ms"] >= CALL_TIMEOUT * 1000 and second["latency_ms"] >= CALL_TIMEOUT * 1000
+
+
+def test_a_rate_limits_bucket_neither_refills_nor_empties_when_the_wall_clock_jumps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    offset = faked_clock(tmp_path, monkeypatch)
+    # Three calls at once, then one every 1,000 s: five hours of wall clock would be 18 of them.
+    limit = {"scope": "tool", "match": "raw/echo", "rate": 0.001, "burst": 3}
+    client = RawClient(clock_config(tmp_path, rate_limits=[limit]), log=tmp_path / "bastion.stderr")
+    outcomes = []
+    try:
+        client.initialize()
+
+        def echo(request_id: int) -> dict[str, Any]:
+            return client.request(request_id, "tools/call", {"name": "raw__echo", "arguments": {"text": "hi"}},
+                                  timeout=DEADLINE)
+
+        outcomes.append(echo(1))
+        offset.write_text(f"-{JUMP_HOURS}h\n")  # back: a bucket that trusted it would be 18 tokens in debt
+        outcomes += [echo(2), echo(3), echo(4)]
+        offset.write_text(f"+{JUMP_HOURS}h\n")  # forward: and one that trusted this would be full again
+        outcomes += [echo(5)]
+    finally:
+        code, stderr = client.close()
+    assert code == 0, stderr
+    assert ["result" in o for o in outcomes] == [True, True, True, False, False], outcomes
+    for refused in outcomes[3:]:
+        assert refused["error"]["code"] == -32000 and "Rate limit exceeded" in refused["error"]["message"], refused
+        assert 0 < refused["error"]["data"]["retryAfterSeconds"] <= 1000, refused
+    # The gateway ran under the faked clock: the records of the calls after each jump carry it.
+    stamps = [r["ts"] for r in call_records(tmp_path)]
+    assert len(stamps) == 5 and stamps[1] < time.time() - (JUMP_HOURS - 1) * 3600 < stamps[0] < stamps[4], stamps
 
 
 # ------------------------------------------------------------------------------------------------ disk full
