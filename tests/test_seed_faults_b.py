@@ -212,6 +212,7 @@ def test_concurrent_writers_updates_reach_http_subscribers_of_both_eras_in_the_s
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 JUMP_HOURS = 5
 CALL_TIMEOUT = 2.0
+IDLE_TIMEOUT = 20.0
 
 
 def faked_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -312,6 +313,37 @@ def test_a_rate_limits_bucket_neither_refills_nor_empties_when_the_wall_clock_ju
     # The gateway ran under the faked clock: the records of the calls after each jump carry it.
     stamps = [r["ts"] for r in call_records(tmp_path)]
     assert len(stamps) == 5 and stamps[1] < time.time() - (JUMP_HOURS - 1) * 3600 < stamps[0] < stamps[4], stamps
+
+
+
+async def ping_after_jumps(served: Served, offset: Path) -> list[int]:
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE)) as http:
+        headers = await legacy_session(http, served.url, "idle")
+        statuses = []
+        for n, jump in enumerate((f"+{JUMP_HOURS}h", f"-{JUMP_HOURS}h")):
+            offset.write_text(jump + "\n")
+            if jump.startswith("+"):
+                # Quiet past one round of the reaper (every quarter of the idle timeout), far within the timeout: a
+                # reaper that trusted the wall clock would end the session now.
+                await asyncio.sleep(IDLE_TIMEOUT / 4 + 1)
+            ping = await http.post(served.url, headers=headers, json={"jsonrpc": "2.0", "id": n, "method": "ping"})
+            statuses.append(ping.status_code)
+            assert ping.json() == {"jsonrpc": "2.0", "id": n, "result": {}}, ping.text
+        return statuses
+
+
+def test_an_http_sessions_idle_timeout_is_not_ended_by_a_wall_clock_jump(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    offset = faked_clock(tmp_path, monkeypatch)
+    # 20 s idle ends a session: five hours of wall clock, forward, must not.
+    config = writers_config(tmp_path, http={"identity_header": IDENTITY_HEADER, "session_idle_timeout": IDLE_TIMEOUT})
+    served = serve_config(config, tmp_path, tmp_path / "events.log")
+    try:
+        assert asyncio.run(ping_after_jumps(served, offset)) == [200, 200]
+    finally:
+        stop_bastion(served)
+    assert served.process.returncode == 0, served.stderr.read_text()
+    assert "without requests" not in served.stderr.read_text()
 
 
 # ------------------------------------------------------------------------------------------------ disk full
