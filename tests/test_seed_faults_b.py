@@ -7,7 +7,7 @@ an audit trail whose disk fills mid-run.
   with ``resourceSubscriptions``), over stdio and over HTTP, gets all 200, numbered 1 to 200 in order.
 - **Clock.** ``bastion run`` under libfaketime, its wall clock jumped hours forward and back while it runs
   (monotonic clocks left alone): a call's timeout fires after its real duration, a rate limit's bucket neither
-  refills nor empties because of the jump.
+  refills nor empties because of the jump, and ``bastion serve``'s idle sessions are not ended by it.
 - **Disk full.** ``bastion serve --http`` with clients calling while the trail's tmpfs fills, then frees: no crash,
   no hang, every call answered (or refused, naming the setting, under ``on_failure = "refuse"``), and ``bastion
   audit verify`` says intact with the gap counted.
