@@ -63,7 +63,7 @@ class Relay:
         self._refresh = refresh
         self._identity = identity  # Bastion's own session's identity, for a notification no one client's
         # Server notifications a route has interceptors for pass them one after another, in the servers' order; one
-        # whose route is empty is delivered at once, at no cost.
+        # whose route is empty is delivered at once, at no cost, unless some are still passing (it waits its turn).
         # An answer that came after them waits for the last (``notices.pending()``): it leaves after them, as the
         # server sent it.
         self.notices = InOrder("a server")
@@ -81,7 +81,7 @@ class Relay:
         # Whose calls the server works on is read now: by the time an interceptor passes a log message on, the
         # call it belongs to may have ended.
         callers = _log_callers(upstream) if method == "notifications/message" else None
-        if route.empty:
+        if route.empty and self.notices.pending() is None:
             self._deliver_notification(upstream, method, params, pending, callers)
             return
 
@@ -89,6 +89,13 @@ class Relay:
             self._deliver_notification(upstream, passed.method, passed.params, pending, callers)
             return {}
 
+        if route.empty:
+            # Notifications with interceptors (or of a chain a reload replaced) are still on their way: this one,
+            # delivered at once, would overtake them.
+            self.notices.pass_on(deliver, GatewayRequest(method, params, self._own_session(), self._catalog,
+                                                         server=upstream.name, direction=TO_CLIENT,
+                                                         kind=NOTIFICATION, deliver=deliver))
+            return
         request = GatewayRequest(method, params, self._notice_session(pending, callers), self._catalog,
                                  server=upstream.name, direction=TO_CLIENT, kind=NOTIFICATION, deliver=deliver)
         self.notices.pass_on(route.handle, request)

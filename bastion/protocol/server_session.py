@@ -443,7 +443,12 @@ class ServerSession:
         if self.era == "legacy":
             return [Notification("notifications/resources/updated", dict(params))] if self.ready_for_notifications else []
         uri = params.get("uri")
-        return [Notification("notifications/resources/updated", {**params, "_meta": {META_SUBSCRIPTION_ID: listen_id}})
+        # The server's own _meta goes on as it came (a sequence of its own in it lets a client check the order);
+        # only the subscription id is Bastion's.
+        meta = params.get("_meta")
+        kept = meta if isinstance(meta, dict) else {}
+        return [Notification("notifications/resources/updated",
+                             {**params, "_meta": {**kept, META_SUBSCRIPTION_ID: listen_id}})
                 for listen_id, listen in self._listens.items() if uri in listen.agreed.get("resourceSubscriptions", ())]
 
     def log_message(self, params: Mapping[str, Any]) -> list[Notification]:

@@ -328,6 +328,9 @@ def test_listen_agrees_only_to_what_the_gateway_has_and_routes_by_stream() -> No
     assert s.wants("notifications/tools/list_changed") and not s.wants("notifications/prompts/list_changed")
     assert s.resource_updated({"uri": "a://1"})[0].params == {"uri": "a://1", "_meta": {META_SUBSCRIPTION_ID: "L"}}
     assert s.resource_updated({"uri": "a://2"}) == []
+    # The server's own _meta (a sequence of its own, say) goes on; only the subscription id is Bastion's.
+    assert s.resource_updated({"uri": "a://1", "_meta": {"seq": 7, META_SUBSCRIPTION_ID: "forged"}})[0].params == {
+        "uri": "a://1", "_meta": {"seq": 7, META_SUBSCRIPTION_ID: "L"}}
     # Cancelling the stream ends what it carried.
     assert s.receive(Notification("notifications/cancelled", {"requestId": "L"})) == [Cancel("L")]
     assert s.list_changed("notifications/tools/list_changed") == []
