@@ -92,6 +92,21 @@ def check_cgroups() -> Check:
     return Check("cgroups", True, f"{host.mode} delegated/writable: {where}")
 
 
+def check_gvisor() -> Check:
+    """Optional: only servers with ``sandbox.runtime = "gvisor"`` need it; a real container start, not a version."""
+    from bastion.sandbox.gvisor import find_runsc, probe
+
+    try:
+        runsc = find_runsc()
+    except SandboxUnavailable as error:
+        return Check("gvisor", False, f"{error}; needed only by servers with sandbox.runtime = \"gvisor\"")
+    ok, detail = probe(runsc)
+    if ok:
+        return Check("gvisor", True, f"{runsc.describe()}: {detail}; platform ptrace, network none")
+    return Check("gvisor", False, f"{runsc.describe()}: {detail}; servers with sandbox.runtime = \"gvisor\" "
+                                  "will not start")
+
+
 def check_landlock() -> Check:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -104,7 +119,7 @@ def check_landlock() -> Check:
 
 def diagnose() -> Report:
     report = Report(checks=[check_engine(), check_user_namespaces(), check_seccomp(), check_cgroups(),
-                            check_landlock()])
+                            check_gvisor(), check_landlock()])
     by_name = {check.name: check for check in report.checks}
     report.will_use = {
         "engine": by_name["bubblewrap"].detail if by_name["bubblewrap"].ok else "none: servers cannot be sandboxed",
@@ -112,5 +127,7 @@ def diagnose() -> Report:
         "syscall filter": "seccomp deny list" if by_name["seccomp"].ok else "none",
         "resource limits": detect_host().mode,
         "network": "off unless allowlisted; allowlisted hosts through a per-server proxy on a UNIX socket",
+        "gvisor": ("for servers with sandbox.runtime = \"gvisor\"" if by_name["gvisor"].ok
+                   else "not available: such servers are refused, never started unconfined"),
     }
     return report
