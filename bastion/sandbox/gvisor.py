@@ -39,8 +39,10 @@ WORKDIR_PREFIX = "bastion-gvisor-"
 # runsc's own processes (the run command, the Gofer, the Sentry and its ptrace stubs) are host processes and
 # threads in the server's cgroup: a host pids limit of the server's size would stop gVisor itself (the Go
 # runtime aborts when it cannot start a thread). So the server's limit is RLIMIT_NPROC inside the Sentry, which
-# counts its processes and threads as the pids controller does, and the host group gets a backstop above it.
-HOST_PIDS = lambda pids: 2 * pids + 256  # noqa: E731
+# counts its processes and threads as the pids controller does, and the host group gets a backstop above it:
+# under the ptrace platform each process of the server is a stub process on the host, and each running thread
+# holds a Sentry thread, with the Go runtime's own threads on top.
+HOST_PIDS = lambda pids: 4 * pids + 256  # noqa: E731
 # The shell runsc is started by waits for one line on its stdin before it executes runsc: by then its pid is in
 # the server's cgroup, so every process of the sandbox starts inside it. A shell's `read` takes a pipe byte by
 # byte, so nothing after that line is consumed: the server reads its stdin from the first byte Bastion writes.

@@ -207,6 +207,7 @@ async def stopped_for_memory(attacker, tool: str, arguments: dict) -> dict:
     try:
         return await attacker.call(tool, arguments)
     except ConnectionError:
+        await asyncio.wait_for(attacker.process.exited(), 30)  # its stdout can end before runsc has exited
         reason = attacker.process.termination_reason() or ""
         assert reason.startswith("killed: memory limit 512 MiB exceeded"), reason
         return {"ok": False, "stopped": reason}
