@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -277,6 +278,13 @@ async def _gvisor_leaves_nothing(attacker, token: str) -> None:
     left = await _wait_until_dead(runsc)
     kill_all(left)
     assert not left, f"gVisor processes left after shutdown: {left}"
+    assert not own_gvisor_directories(), "the container's directory (runsc's state) should be removed"
+
+
+def own_gvisor_directories() -> list[str]:
+    from bastion.sandbox.gvisor import workdir_prefix
+
+    return [entry for entry in os.listdir(tempfile.gettempdir()) if entry.startswith(workdir_prefix())]
 
 
 async def _wait_until_dead(pids: list[int], seconds: float = 5.0) -> list[int]:

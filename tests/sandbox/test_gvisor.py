@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import anyio
@@ -19,7 +20,7 @@ from mcp.client.stdio import stdio_client
 from pydantic import ValidationError
 
 from bastion.sandbox import SandboxConfig, SandboxError, spawn
-from bastion.sandbox.gvisor import WORKDIR_PREFIX, sweep_stale
+from bastion.sandbox.gvisor import WORKDIR_PREFIX, sweep_stale, workdir_prefix
 from tests.sandbox.conftest import MALICIOUS_SERVER, alive, descendants, require_gvisor
 from tests.sandbox.rpc import RpcClient
 from tests.support import BASTION, FIXTURES, READY_TIMEOUT, ROOT
@@ -98,6 +99,15 @@ async def test_the_pids_limit_refuses_forks_past_it(gvisor):
         assert (await client.call("list_dir", {"path": "/"}))["ok"], "refused, not stopped: the server still answers"
     finally:
         await client.process.terminate(grace=0.5)
+
+
+async def test_a_server_that_exits_by_itself_leaves_no_container(gvisor):
+    process = await spawn("once", "/bin/sh", ["-c", "exit 3"], {}, None, SandboxConfig(runtime="gvisor"))
+    runsc = [process.pid, *descendants(process.pid)]
+    with anyio.fail_after(60):
+        assert await process.wait() == 3
+    assert not alive(runsc)
+    assert not [entry for entry in os.listdir(tempfile.gettempdir()) if entry.startswith(workdir_prefix())]
 
 
 def _bastion_sandbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
