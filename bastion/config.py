@@ -99,6 +99,10 @@ class ServerConfig(BaseModel):
                                 "go unused before it is stopped")
     max_instances: int = Field(default=16, ge=1, description="per_identity/per_session: most instances running at "
                                "once; a caller past it is refused with -32000 and retryAfterSeconds")
+    max_queued_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="a local server that stops reading its stdin: bytes Bastion "
+        "may hold for it; past them a request to it is refused at once with -32000 and retryAfterSeconds, and the "
+        "other servers serve on")
     enabled: bool = True
     auto_approve: list[str] = Field(
         default_factory=list,
@@ -274,6 +278,10 @@ class HttpConfig(BaseModel):
     stream_buffer_messages: int = Field(
         default=1024, ge=8, description="messages one SSE stream may hold for a client that is not reading; past "
                                         "it the stream is closed")
+    stream_buffer_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=65536, description="bytes of messages one SSE stream may hold for a client that "
+        "is not reading; past them the stream is closed, as past stream_buffer_messages (one message alone always "
+        "passes)")
     replay_events: int = Field(default=256, ge=0, description="events of a GET stream kept for Last-Event-ID")
     resume_seconds: float = Field(
         default=10.0, ge=0, description="how long a 2025-11-25 call whose answer stream dropped waits for its client "

@@ -126,7 +126,7 @@ class RawClient:
         )
         if log is not None:
             stderr.close()  # the child has its own copy
-        self._buffer = b""
+        self._buffer = bytearray()
         self.skipped: list[dict] = []  # messages recv_response passed over (notifications, server requests)
 
     def send_bytes(self, data: bytes) -> None:
@@ -142,7 +142,9 @@ class RawClient:
     def recv_line(self, timeout: float = 30.0) -> bytes:
         """The next frame as the bytes Bastion wrote, without its newline."""
         deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
+        scanned = 0  # a frame of many MB arrives in many reads: each is searched once, and added without a copy
+        while (end := self._buffer.find(b"\n", scanned)) < 0:
+            scanned = len(self._buffer)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError("no message from bastion")
@@ -152,7 +154,8 @@ class RawClient:
                 if not chunk:
                     raise EOFError("bastion closed its stdout")
                 self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
+        line = bytes(self._buffer[:end])
+        del self._buffer[:end + 1]
         return line
 
     def recv_response(self, request_id, timeout: float = 30.0) -> dict:

@@ -40,7 +40,7 @@ class Client(RawClient):
         with stderr_file.open("wb") as err:
             self.proc = subprocess.Popen([BASTION, "run", *([str(config)] if config else [])],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
-        self._buffer = b""
+        self._buffer = bytearray()
         self.skipped: list[dict] = []
 
     def call(self, request_id: int, name: str, arguments: dict, *, progress_token: str | None = None,

@@ -56,6 +56,9 @@ from bastion.transport.upstream import (
 __all__ = ["Launcher", "ServerProcess", "StartRefused", "Upstream", "UpstreamListener"]
 
 CLIENT_INFO = {"name": "bastion", "version": __version__}
+# What a request refused for a server's full input is told: a server that reads again takes a backlog of a few
+# MiB within a second, and one that does not stays refused whenever the caller comes back.
+_RETRY_AFTER_FULL = 1
 
 
 class UpstreamListener(Protocol):
@@ -563,6 +566,9 @@ class Upstream:
                encode: Callable[[Any, str, Any], bytes] = jsonrpc.request_frame) -> Pending:
         """Register a request and send it; its answer arrives in ``pending.context``: an ``Answer``, or the
         ``context`` given (anything with ``settle(answer)``)."""
+        transport = self._transport
+        if transport is not None and transport.backlog() > self.config.max_queued_bytes:
+            self._refuse_full(method, transport.backlog())
         loop = self._loop
         future = Answer(loop=loop) if context is None else context
         deadline = loop.time() + timeout if timeout is not None else None
@@ -574,6 +580,14 @@ class Upstream:
             self.session.forget(pending)
             raise
         return pending
+
+    def _refuse_full(self, method: str, queued: int) -> None:
+        """A server that stopped reading its stdin gets no more requests once ``max_queued_bytes`` wait for it:
+        the caller is told to retry, rather than Bastion's memory growing with what the server never reads."""
+        raise GatewayError(jsonrpc.SERVER_BUSY, (
+            f"server {self.name!r} is not reading its input: {queued} bytes wait for it, over max_queued_bytes "
+            f"({self.config.max_queued_bytes}); {method} refused, retry in {_RETRY_AFTER_FULL} s"),
+            {"retryAfterSeconds": _RETRY_AFTER_FULL})
 
     async def _answer(self, pending: Pending) -> Response | ErrorResponse:
         try:

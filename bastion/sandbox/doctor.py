@@ -85,11 +85,19 @@ def check_seccomp() -> Check:
 
 
 def check_cgroups() -> Check:
+    """Which hierarchy the host mounts (v1, v2, hybrid) and which controllers the limits can use, and where."""
     host = detect_host()
+    hierarchy = f"hierarchy {host.hierarchy.describe()}"
     if host.mode == "rlimits":
-        return Check("cgroups", False, f"{host.note}; falling back to rlimits (memory only)")
+        return Check("cgroups", False, f"{hierarchy}; limits use rlimits (memory only): {host.note}")
     where = ", ".join(f"{controller} at {path}" for controller, path in sorted(host.dirs.items()))
-    return Check("cgroups", True, f"{host.mode} delegated/writable: {where}")
+    return Check("cgroups", True, f"{hierarchy}; limits use {host.mode} ({', '.join(sorted(host.dirs))}): {where}")
+
+
+def _limits_summary() -> str:
+    host = detect_host()
+    used = f" ({', '.join(sorted(host.dirs))})" if host.dirs else " (memory only)"
+    return f"{host.mode}{used}; cgroup hierarchy {host.hierarchy.kind}"
 
 
 def check_gvisor() -> Check:
@@ -125,7 +133,8 @@ def diagnose() -> Report:
         "engine": by_name["bubblewrap"].detail if by_name["bubblewrap"].ok else "none: servers cannot be sandboxed",
         "isolation": "user, mount, pid, ipc, uts, network and cgroup namespaces; uid 65534; no capabilities",
         "syscall filter": "seccomp deny list" if by_name["seccomp"].ok else "none",
-        "resource limits": detect_host().mode,
+        "resource limits": _limits_summary(),
+        "cgroup hierarchy": detect_host().hierarchy.kind,
         "network": "off unless allowlisted; allowlisted hosts through a per-server proxy on a UNIX socket",
         "gvisor": ("for servers with sandbox.runtime = \"gvisor\"" if by_name["gvisor"].ok
                    else "not available: such servers are refused, never started unconfined"),

@@ -41,8 +41,19 @@ FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.
 # descriptors only.
 HANDOVER_STDIN, HANDOVER_STDOUT = 3, 4
 SHELL = "/bin/sh"
-OUTER_SHIM = f'exec "$@" {HANDOVER_STDIN}<&0 {HANDOVER_STDOUT}>&1 </dev/null >/dev/null'
-INNER_SHIM = f'exec "$@" <&{HANDOVER_STDIN} >&{HANDOVER_STDOUT} {HANDOVER_STDIN}<&- {HANDOVER_STDOUT}>&-'
+# The outer shell stays bwrap's parent, holding none of the pipes once bwrap has them, so that the gateway's death
+# (SIGTERM through PR_SET_PDEATHSIG, see bound_to_gateway) kills the process group: bwrap's monitor and, in the
+# moments after bwrap clones it and before it calls setsid, the sandbox's first process too, which bwrap's own
+# --die-with-parent does not yet cover then (it is left blocked for ever, with parent pid 1).
+OUTER_SHIM = (f'trap "kill -KILL 0" TERM; exec {HANDOVER_STDIN}<&0 {HANDOVER_STDOUT}>&1 </dev/null >/dev/null; '
+              f'"$@" & exec {HANDOVER_STDIN}<&- {HANDOVER_STDOUT}>&-; wait $!')
+# The first line on the server's stdin is the gateway's go-ahead, written once the sandbox is in its groups. bwrap
+# executes the inner shell once its block fd is readable, and a dead gateway's end of that pipe reads as end of file
+# too; a sandbox whose bwrap died before bwrap's --die-with-parent took hold of it would then run the server with
+# no one to stop it. Without the go-ahead (end of file: the gateway is gone) the inner shell exits instead.
+GO_AHEAD = b"go\n"
+INNER_SHIM = (f'read -r go <&{HANDOVER_STDIN} && [ "$go" = go ] || exit 125; '
+              f'exec "$@" <&{HANDOVER_STDIN} >&{HANDOVER_STDOUT} {HANDOVER_STDIN}<&- {HANDOVER_STDOUT}>&-')
 SHIM_NAME = "bastion-sandbox"  # the shell's $0: how the inner shell names itself when the server cannot run
 
 
@@ -187,7 +198,7 @@ async def _start(argv: list[str], *, limit: int, env: dict[str, str], cwd: str |
     except BaseException:
         for fd in parent_ends:
             os.close(fd)
-        _quietly(os.kill, popen.pid, signal.SIGKILL)
+        _quietly(os.killpg, popen.pid, signal.SIGKILL)  # its own session: a sandbox's shell and bwrap too
         await asyncio.to_thread(popen.wait)
         raise
     return _Started(_Child(popen, stderr), asyncio.StreamWriter(pipe, flow, None, loop), stdout)
@@ -309,7 +320,8 @@ class ServerProcess:
         if self._limits is not None and signum == signal.SIGKILL:
             self._limits.kill_all()
         targets = [pid for pid in (self._limits.pids() if self._limits is not None else []) if pid != self.pid]
-        if self._process_group:
+        if self._process_group or signum == signal.SIGKILL:
+            # Every server starts in a session of its own; a sandbox's process group is its outer shell and bwrap.
             _quietly(os.killpg, self.pid, signum)
         for pid in targets:
             _quietly(os.kill, pid, signum)
@@ -321,11 +333,10 @@ class ServerProcess:
             if self._released:
                 return
             self._released = True
-            if self._process_group:
-                try:  # children that stayed in the group die with the server
-                    os.killpg(self.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            try:  # children that stayed in the group die with the server (a sandbox's: its shell and bwrap)
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             if self._runtime is not None:
                 await self._runtime.release()
             if self._limits is not None:
@@ -460,12 +471,22 @@ def sweep_stale_workdirs() -> None:
                 shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
 
 
-async def _read_to_eof(fd: int) -> bytes:
+async def _read_info(fd: int) -> bytes:
+    """bwrap's ``--info-fd`` JSON: complete once it parses, since the outer shell (which outlives bwrap's start and
+    cannot close a descriptor above 9) keeps a copy of the pipe open; end of file when bwrap, then the shell, ended."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
+    info = b""
     try:
-        return await reader.read()
+        while chunk := await reader.read(4096):
+            info += chunk
+            try:
+                json.loads(info)
+                break
+            except ValueError:
+                continue
+        return info
     finally:
         transport.close()
 
@@ -478,6 +499,25 @@ def _above_handover(fd: int, owned: list[int]) -> int:
     moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
     owned.append(moved)
     return moved
+
+
+def bound_to_gateway(argv: list[str]) -> list[str]:
+    """``argv`` (the outer shim) told by the kernel when the gateway dies, however it dies (SIGKILL included).
+
+    bwrap's ``--die-with-parent`` binds the sandbox to bwrap, not bwrap to the gateway: a SIGKILLed gateway left
+    bwrap, reparented to init, and the server it had already started (or, while bwrap waited on its block fd,
+    the server it then started anyway). ``setpriv --pdeathsig TERM`` sets PR_SET_PDEATHSIG, which survives the
+    exec into the shell, whose trap then kills its process group. The signal fires when the *thread* that forked
+    dies: ``_start`` runs on the event loop's thread, which lives as long as the gateway. A gateway killed after
+    the fork but before the prctl is caught by the shell: its parent is no longer the gateway then, and it exits
+    instead of starting bwrap.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return argv
+    check = f'[ "$PPID" = {os.getpid()} ] || exit 1; '
+    assert argv[:2] == [SHELL, "-c"]
+    return [setpriv, "--pdeathsig", "TERM", "--", SHELL, "-c", check + argv[2], *argv[3:]]
 
 
 async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[str, str], cwd: str | None,
@@ -507,18 +547,19 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         block_read, block_write = os.pipe()
         fds += [block_read, block_write]
         filter_fd, info_write, block_read = [_above_handover(fd, fds) for fd in (filter_fd, info_write, block_read)]
-        argv = [SHELL, "-c", OUTER_SHIM, SHIM_NAME, plan.argv[0], "--seccomp", str(filter_fd),
-                "--info-fd", str(info_write), "--block-fd", str(block_read), *plan.argv[1:]]
+        argv = bound_to_gateway([SHELL, "-c", OUTER_SHIM, SHIM_NAME, plan.argv[0], "--seccomp", str(filter_fd),
+                                 "--info-fd", str(info_write), "--block-fd", str(block_read), *plan.argv[1:]])
         started = await _start(argv, env=plan.env, limit=STREAM_LIMIT, pass_fds=(filter_fd, info_write, block_read))
         process = started.process
         for fd in fds:
             if fd != block_write:
                 os.close(fd)
         fds = [block_write]
-        info = await asyncio.wait_for(_read_to_eof(info_read), timeout=30)
+        info = await asyncio.wait_for(_read_info(info_read), timeout=30)
         try:
             child_pid = int(json.loads(info)["child-pid"])
             await limits.place(child_pid)
+            started.stdin.write(GO_AHEAD)
             os.write(block_write, b"1")  # the sandbox now executes the server
         except (ValueError, KeyError, ProcessLookupError, BrokenPipeError) as error:
             # bwrap gave up while setting up (a missing path, no user namespaces): its stderr says why.
@@ -534,7 +575,7 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
         if started is not None:
             started.stdin.close()  # stdout closes itself when the server is gone
             if started.process.returncode is None:
-                _quietly(os.kill, started.process.pid, signal.SIGKILL)
+                _quietly(os.killpg, started.process.pid, signal.SIGKILL)
                 await started.process.wait()
         if limits is not None:
             await limits.release()

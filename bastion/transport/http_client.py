@@ -246,6 +246,9 @@ class HttpTransport(EventStreams, LegacySse):
                                    else None)
 
     # -------------------------------------------------------------------------------------------- sending
+    def backlog(self) -> int:
+        return 0  # each request is a POST of its own; none waits in Bastion for the server to read it
+
     def send(self, frame: bytes) -> None:
         """Send one frame; its answer (and anything the server sends meanwhile) reaches ``on_frame``."""
         if not self.is_open:

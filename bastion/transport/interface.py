@@ -38,6 +38,10 @@ class UpstreamTransport(Protocol):
     def send(self, frame: bytes) -> None:
         """Send one frame (a JSON-RPC message, without framing), never blocking. Raises ``TransportClosed``."""
 
+    def backlog(self) -> int:
+        """Bytes sent but not yet taken by the server: what a local server that stopped reading its stdin leaves
+        in Bastion's memory (0 for a transport that holds nothing for its server)."""
+
     async def ended(self) -> str:
         """Wait until the transport has ended (the server exited, the connection dropped for good) and say why.
         Every frame that arrived has been handed to the receiver by then."""

@@ -80,6 +80,7 @@ class CoalescingWriter:
         self._transport = writer.transport  # written to directly: the stream's write only forwards to it
         self._batch = batch
         self._burst: list[bytes] | None = None
+        self.held = 0  # bytes of the frames held in the burst: a backlog of its own until they leave
         self._held_by_chunk = False  # a chunk being handled sends the held frames when it is done
 
     def write(self, frame: bytes, _message: object = None) -> None:
@@ -88,6 +89,7 @@ class CoalescingWriter:
         batch = self._batch
         if burst is not None:
             burst.append(frame)
+            self.held += len(frame)
             if batch.is_open and not self._held_by_chunk:  # held for the turn: the chunk sends them sooner
                 self._held_by_chunk = True
                 batch.hold(self)
@@ -103,6 +105,7 @@ class CoalescingWriter:
 
     def flush(self) -> None:
         self._held_by_chunk = False
+        self.held = 0
         burst, self._burst = self._burst, None
         if burst and not self._transport.is_closing():
             self._transport.write(b"".join(burst))

@@ -9,6 +9,7 @@ supervisor opens a new one to restart the server.
     transport = open_transport(name, config, launch=..., max_message_bytes=...)   # launch: how a process starts
     await transport.start(receiver)     # raises StartRefused (never retried) or any other error (retried)
     transport.send(frame)               # never blocks; raises TransportClosed once it has ended
+    transport.backlog()                 # bytes sent that the server has not taken yet (its stdin pipe is full)
     reason = await transport.ended()    # after the receiver has had the last frames
     transport.refusal()                 # after the end: why a restart cannot mend it, or None
     transport.diagnostics()             # the server's last stderr lines (or an HTTP transport's own notes)
@@ -80,6 +81,7 @@ class StdioTransport:
         self._stderr: deque[str] = deque(maxlen=DIAGNOSTICS_KEPT)
         self._process: ServerProcess | None = None
         self._frames: CoalescingWriter | None = None
+        self._pipe: asyncio.WriteTransport | None = None
         self._stdout_ended = asyncio.Event()
         self._stderr_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -103,6 +105,7 @@ class StdioTransport:
             await process.terminate()
             raise TransportClosed("closed while starting")
         self._frames = CoalescingWriter(process.stdin, self._writes)
+        self._pipe = process.stdin.transport
         self._stderr_task = asyncio.create_task(self._pump_stderr(process))
         framer = LineFramer(self._max_bytes)
         ended = self._stdout_ended
@@ -124,6 +127,14 @@ class StdioTransport:
             frames.write(frame)
         except (ConnectionError, RuntimeError) as exc:
             raise TransportClosed(str(exc)) from None
+
+    def backlog(self) -> int:
+        pipe = self._pipe
+        if pipe is None:
+            return 0
+        # The frames held to leave together at the end of this chunk or turn count too: requests that arrive
+        # together (many POSTs in one turn of the loop) would otherwise all pass a bound none of them saw.
+        return pipe.get_write_buffer_size() + self._frames.held  # type: ignore[union-attr]
 
     async def ended(self) -> str:
         """Its stdout has ended: the server exited (the reason says how), or closed its stdout and runs on."""
@@ -170,6 +181,7 @@ class StdioTransport:
         first = not self._closed
         self._closed = True
         self._frames = None
+        self._pipe = None
         process = self._process
         if process is not None:
             await process.terminate()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).parents[2]
 
@@ -23,7 +26,43 @@ def test_doctor_reports_what_it_will_use():
     names = {check["name"]: check for check in report["checks"]}
     assert set(names) == {"bubblewrap", "user namespaces", "seccomp", "cgroups", "gvisor", "landlock"}
     assert names["user namespaces"]["ok"] and "65534" in names["user namespaces"]["detail"]
-    assert report["will_use"]["resource limits"] in ("cgroup v1", "cgroup v2", "rlimits")
+    assert report["will_use"]["resource limits"].split(" (")[0] in ("cgroup v1", "cgroup v2", "rlimits")
+
+
+def _hierarchy_from_mountinfo() -> str:
+    with open("/proc/self/mountinfo") as handle:
+        types = {line.split(" - ", 1)[1].split(" ")[0] for line in handle}
+    return {(True, True): "hybrid", (True, False): "v1", (False, True): "v2"}.get(
+        ("cgroup" in types, "cgroup2" in types), "none")
+
+
+def test_doctor_names_the_cgroup_hierarchy_and_the_controllers_the_limits_use():
+    report = json.loads(bastion("doctor", "--json").stdout)
+    cgroups = next(check for check in report["checks"] if check["name"] == "cgroups")
+    assert report["will_use"]["cgroup hierarchy"] == _hierarchy_from_mountinfo()
+    assert cgroups["detail"].startswith(f"hierarchy {_hierarchy_from_mountinfo()}: ")
+    if cgroups["ok"]:
+        assert "limits use cgroup v" in cgroups["detail"] and "memory at /" in cgroups["detail"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="mounting cgroupfs needs root")
+def test_doctor_on_a_host_with_only_the_unified_hierarchy():
+    # A private mount namespace where /sys/fs/cgroup is a cgroup2 mount and nothing else, as on current systemd hosts.
+    script = ('umount -R /sys/fs/cgroup 2>/dev/null; mount -t cgroup2 none /sys/fs/cgroup && '
+              f'exec {sys.executable} -m bastion sandbox doctor --json')
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+    report = json.loads(done.stdout)
+    cgroups = next(check for check in report["checks"] if check["name"] == "cgroups")
+    assert report["will_use"]["cgroup hierarchy"] == "v2"
+    with open("/sys/fs/cgroup/unified/cgroup.controllers" if os.path.isdir("/sys/fs/cgroup/unified")
+              else "/sys/fs/cgroup/cgroup.controllers") as handle:
+        offered = set(handle.read().split())
+    if {"memory", "pids", "cpu"} <= offered:
+        assert report["will_use"]["resource limits"].startswith("cgroup v2 (cpu, memory, pids)")
+    else:  # every controller the limits need is bound to v1 on this host: the unified hierarchy cannot offer it
+        assert not cgroups["ok"] and "cgroup2 at /sys/fs/cgroup with controllers" in cgroups["detail"]
+        assert report["will_use"]["resource limits"].startswith("rlimits")
 
 
 def test_doctor_human_report_goes_to_stderr():

@@ -66,6 +66,7 @@ class Answers:
                 if not (final and came == WITHDRAWN):
                     first = came
         stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes,
                            heartbeat=self.settings.heartbeat_seconds, headers=(NO_STORE, *headers),
                            notice=self.overflow_answer(exchange.request_id))
         stream.on_complete = _when_delivered(exchange, stream, forget)
@@ -86,7 +87,8 @@ class Answers:
                                          f"or it waited more than {self.settings.resume_seconds:g} s for the client "
                                          "(http.resume_seconds)")
         session.resuming(exchange)
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
                            headers=(NO_STORE, (b"mcp-session-id", session.id.encode())),
                            notice=self.overflow_answer(exchange.request_id))
         stream.on_complete = _when_delivered(exchange, stream, lambda: session.forget(exchange))
@@ -101,7 +103,8 @@ class Answers:
                           send: Send) -> None:
         """A client resuming, here, the answer stream of a call another replica ran: that replica stopped (or the
         client was sent away from it), so the stream ends at once with an error for the request, never a wait."""
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
                            headers=(NO_STORE, (b"mcp-session-id", session.id.encode())))
         stream.push(sse_event(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
             "code": -32000, "message": "the gateway replica that ran this request stopped before its answer was "
@@ -114,16 +117,19 @@ class Answers:
     def overflow_answer(self, request_id: Any) -> bytes:
         """What ends a request's stream whose client stopped reading: the request's answer, an error saying why."""
         return sse_event(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
-            "code": -32000, "message": f"Bastion closed this stream: {self.settings.stream_buffer_messages} messages "
-                                       "waited unread for this client (http.stream_buffer_messages); the request is "
+            "code": -32000, "message": f"Bastion closed this stream: {self._unread()}; the request is "
                                        "cancelled"}}))
 
     def overflow_notice(self, consequence: str, event: str | None = None) -> bytes:
         """What ends a stream of server messages whose client stopped reading: a log message saying why."""
         return sse_event(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {
             "level": "error", "logger": "bastion",
-            "data": f"Bastion closed this stream: {self.settings.stream_buffer_messages} messages waited unread "
-                    f"for this client (http.stream_buffer_messages); {consequence}"}}), event=event)
+            "data": f"Bastion closed this stream: {self._unread()}; {consequence}"}}), event=event)
+
+    def _unread(self) -> str:
+        settings = self.settings
+        return (f"more than {settings.stream_buffer_messages} messages or {settings.stream_buffer_bytes} bytes waited "
+                "unread for this client (http.stream_buffer_messages, http.stream_buffer_bytes)")
 
     async def stream_until_gone(self, stream: SseStream, receive: Receive) -> None:
         """Run ``stream`` until it ends or its client goes, whichever comes first."""

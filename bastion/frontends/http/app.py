@@ -582,7 +582,8 @@ class HttpFrontend:
         start = event_number(resume)
         if start is None:
             start = session.outbox.delivered
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
                            headers=((b"mcp-session-id", session.id.encode()),), on_sent=session.outbox.sent,
                            notice=self.answers.overflow_notice("messages after it were dropped; open the stream again"))
         if session.streams_resumable:
@@ -604,7 +605,8 @@ class HttpFrontend:
         without one the stream begins with what comes next."""
         if start is None:
             start = await records.newest_event(session.id)
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
                            headers=((b"mcp-session-id", session.id.encode()),),
                            notice=self.answers.overflow_notice("messages after it were dropped; open the stream again"))
         if session.streams_resumable:
@@ -646,7 +648,8 @@ class HttpFrontend:
         if not accepts(headers.get("accept"), "text/event-stream"):
             raise HttpError(406, -32600, "GET /sse is text/event-stream; the Accept header refuses it")
         holder = self._holder(identity, peer)
-        stream = SseStream(send, limit=self.settings.stream_buffer_messages, heartbeat=self.settings.heartbeat_seconds,
+        stream = SseStream(send, limit=self.settings.stream_buffer_messages,
+                           byte_limit=self.settings.stream_buffer_bytes, heartbeat=self.settings.heartbeat_seconds,
                            notice=self.answers.overflow_notice("this session ends; connect again", event="message"))
         session = SseSession(self, identity, holder, stream)
         try:

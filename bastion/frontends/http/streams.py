@@ -51,19 +51,24 @@ class StreamOverflow(Exception):
 class SseStream:
     """One open SSE response. ``push`` never blocks (the gateway's send is synchronous); the writer task sends what
     was pushed, a heartbeat when there was nothing for a while, and ends the response when the client has let
-    ``limit`` events pile up unread, when ``finish`` is called, or when the client goes.
+    ``limit`` events (or ``byte_limit`` bytes of them) pile up unread, when ``finish`` is called, or when the client
+    goes.
 
-    A client that let ``limit`` events pile up is told why its stream ends: what was queued is dropped and
-    ``notice`` (an encoded event) is written instead, then the response ends. A client that is merely slow reads
-    it once it catches up; one that never reads gets its connection closed after ``notice_grace`` seconds."""
+    A client that let ``limit`` events (or ``byte_limit`` bytes) pile up is told why its stream ends: what was
+    queued is dropped and ``notice`` (an encoded event) is written instead, then the response ends. A client that
+    is merely slow reads it once it catches up; one that never reads gets its connection closed after
+    ``notice_grace`` seconds."""
 
     def __init__(self, send: AsgiSend, *, limit: int, heartbeat: float, headers: Iterable[tuple[bytes, bytes]] = (),
                  on_sent: Callable[[int], None] | None = None, notice: bytes | None = None,
-                 notice_grace: float = 5.0) -> None:
+                 notice_grace: float = 5.0, byte_limit: int | None = None) -> None:
         self._send = send
         self._queue: collections.deque[tuple[bytes, int | None]] = collections.deque()
         self._ready = asyncio.Event()
         self._limit = limit
+        # Bytes as well as events: a few huge events would hold as much memory as no count bounds.
+        self._byte_limit = byte_limit
+        self._queued_bytes = 0
         self._heartbeat = heartbeat
         self._headers = [*SSE_HEADERS, *headers]
         self._on_sent = on_sent
@@ -83,18 +88,25 @@ class SseStream:
         """Queue one encoded event; False (and the stream ends) when the client has stopped reading."""
         if self.ended.is_set() or self._finishing or self.overflowed:
             return False
-        if len(self._queue) >= self._limit:
+        if len(self._queue) >= self._limit or self._over_bytes(len(event)):
             self.overflowed = True
+            log.warning("an SSE client left %d events unread (%d bytes); its stream is closed, with a notice saying "
+                        "so", len(self._queue), self._queued_bytes)
             self._queue.clear()
-            log.warning("an SSE client left %d events unread; its stream is closed, with a notice saying so",
-                        self._limit)
+            self._queued_bytes = 0
             if self._writer is not None and self._sending:
                 self._writer.cancel()  # it waits on a socket the client does not read, maybe for ever
             self._ready.set()  # a writer waiting for events sees the overflow itself
             return False
         self._queue.append((event, seq))
+        self._queued_bytes += len(event)
         self._ready.set()
         return True
+
+    def _over_bytes(self, size: int) -> bool:
+        """Whether one more event of ``size`` bytes passes the byte bound; an event alone never does (it is within
+        max_message_bytes), only one that joins others the client has not read."""
+        return self._byte_limit is not None and bool(self._queue) and self._queued_bytes + size > self._byte_limit
 
     def finish(self) -> None:
         """End the response once what was pushed is sent."""
@@ -139,6 +151,7 @@ class SseStream:
                     await self._write(_HEARTBEAT)
                 continue
             event, seq = self._queue.popleft()
+            self._queued_bytes -= len(event)
             await self._write(event)
             if seq is not None and self._on_sent is not None:
                 self._on_sent(seq)
