@@ -269,7 +269,8 @@ def sandbox_of(config: Any) -> str | None:
     if sandbox is None or sandbox.profile == "none":
         return "none"
     network = f"egress to {', '.join(sandbox.network)}" if sandbox.network else "network off"
-    return f"{sandbox.profile}, {network}"
+    runtime = ", gVisor" if getattr(sandbox, "runtime", "bubblewrap") == "gvisor" else ""
+    return f"{sandbox.profile}{runtime}, {network}"
 
 
 def whole(snapshot: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in git bubblewrap libseccomp2 iproute2 chromium redis-server haproxy faketime; do
+for pkg in git bubblewrap libseccomp2 iproute2 chromium redis-server haproxy faketime runsc util-linux; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # kubectl for the manifests' offline checks (tests/deploy): Debian's kubernetes-client where the release has it and

@@ -29,6 +29,7 @@ def register(subparsers: Any) -> None:
         description="Run COMMAND as Bastion would run a local MCP server. Its stdin, stdout and stderr are "
                     "connected to this terminal; the exit status is the command's.")
     run.add_argument("--profile", default="default", help="default, strict or none (default: default)")
+    run.add_argument("--runtime", default="bubblewrap", help="bubblewrap or gvisor (default: bubblewrap)")
     run.add_argument("--read-only", action="append", default=[], metavar="PATH", help="grant read access")
     run.add_argument("--writable", action="append", default=[], metavar="PATH", help="grant write access")
     run.add_argument("--allow", action="append", default=[], metavar="HOST:PORT",
@@ -63,7 +64,7 @@ def run_doctor(args: argparse.Namespace) -> int:
 def config_from_args(args: argparse.Namespace) -> SandboxConfig:
     from bastion.sandbox import SandboxConfig
 
-    values: dict[str, Any] = {"profile": args.profile}
+    values: dict[str, Any] = {"profile": args.profile, "runtime": args.runtime}
     for key, given in (("read_only", args.read_only), ("writable", args.writable), ("network", args.allow),
                        ("env", args.env), ("memory", args.memory), ("cpu", args.cpu), ("pids", args.pids)):
         if given:

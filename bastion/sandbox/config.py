@@ -31,6 +31,7 @@ PROFILES: dict[str, ProfileLimits] = {
     "strict": ProfileLimits(memory=256 * MIB, cpu=0.5, pids=32),
 }
 NO_SANDBOX = "none"
+RUNTIMES = ("bubblewrap", "gvisor")
 
 
 def format_bytes(size: int) -> str:
@@ -45,13 +46,15 @@ def format_bytes(size: int) -> str:
 class SandboxConfig(BaseModel):
     """How one local (stdio) MCP server is confined.
 
-    Accepts a bare profile name as shorthand, so ``sandbox = "none"`` and
-    ``[servers.x.sandbox] profile = "default"`` both validate.
+    Accepts a bare profile or runtime name as shorthand, so ``sandbox = "none"``, ``sandbox = "gvisor"`` and
+    ``[servers.x.sandbox] profile = "default"`` all validate.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     profile: str = Field(default="default", description="'default', 'strict' or 'none' (no sandbox)")
+    runtime: str = Field(default="bubblewrap", description="'bubblewrap' (namespaces on the host kernel) or "
+                         "'gvisor' (runsc: a user-space kernel between the server and the host's)")
     read_only: tuple[str, ...] = Field(default=(), description="host paths visible read-only")
     writable: tuple[str, ...] = Field(default=(), description="host paths visible read-write")
     network: tuple[str, ...] = Field(default=(), description="egress allowlist: host:port, *.example.com:443")
@@ -64,7 +67,8 @@ class SandboxConfig(BaseModel):
     @classmethod
     def _profile_shorthand(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return {"profile": value}
+            # `sandbox = "gvisor"`: the default profile's limits under the stronger runtime.
+            return {"runtime": value} if value in RUNTIMES[1:] else {"profile": value}
         return value
 
     @field_validator("profile")
@@ -73,6 +77,13 @@ class SandboxConfig(BaseModel):
         known = sorted([*PROFILES, NO_SANDBOX])
         if value not in known:
             raise ValueError(f"unknown sandbox profile {value!r}; use one of {', '.join(known)}")
+        return value
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, value: str) -> str:
+        if value not in RUNTIMES:
+            raise ValueError(f"unknown sandbox runtime {value!r}; use one of {', '.join(RUNTIMES)}")
         return value
 
     @field_validator("read_only", "writable")
@@ -119,6 +130,10 @@ class SandboxConfig(BaseModel):
 
     @model_validator(mode="after")
     def _no_grants_without_sandbox(self) -> SandboxConfig:
+        if self.profile == NO_SANDBOX and self.runtime != "bubblewrap":
+            raise ValueError(f"runtime {self.runtime!r} confines the server but profile 'none' runs it unconfined; "
+                             "remove one of them (use profile 'default' or 'strict' with runtime "
+                             f"{self.runtime!r})")
         if self.profile == NO_SANDBOX:
             granted = [
                 key for key in ("read_only", "writable", "network", "env", "memory", "cpu", "pids")

@@ -100,6 +100,21 @@ def _limits_summary() -> str:
     return f"{host.mode}{used}; cgroup hierarchy {host.hierarchy.kind}"
 
 
+def check_gvisor() -> Check:
+    """Optional: only servers with ``sandbox.runtime = "gvisor"`` need it; a real container start, not a version."""
+    from bastion.sandbox.gvisor import find_runsc, probe
+
+    try:
+        runsc = find_runsc()
+    except SandboxUnavailable as error:
+        return Check("gvisor", False, f"{error}; needed only by servers with sandbox.runtime = \"gvisor\"")
+    ok, detail = probe(runsc)
+    if ok:
+        return Check("gvisor", True, f"{runsc.describe()}: {detail}; platform ptrace, network none")
+    return Check("gvisor", False, f"{runsc.describe()}: {detail}; servers with sandbox.runtime = \"gvisor\" "
+                                  "will not start")
+
+
 def check_landlock() -> Check:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -112,7 +127,7 @@ def check_landlock() -> Check:
 
 def diagnose() -> Report:
     report = Report(checks=[check_engine(), check_user_namespaces(), check_seccomp(), check_cgroups(),
-                            check_landlock()])
+                            check_gvisor(), check_landlock()])
     by_name = {check.name: check for check in report.checks}
     report.will_use = {
         "engine": by_name["bubblewrap"].detail if by_name["bubblewrap"].ok else "none: servers cannot be sandboxed",
@@ -121,5 +136,7 @@ def diagnose() -> Report:
         "resource limits": _limits_summary(),
         "cgroup hierarchy": detect_host().hierarchy.kind,
         "network": "off unless allowlisted; allowlisted hosts through a per-server proxy on a UNIX socket",
+        "gvisor": ("for servers with sandbox.runtime = \"gvisor\"" if by_name["gvisor"].ok
+                   else "not available: such servers are refused, never started unconfined"),
     }
     return report

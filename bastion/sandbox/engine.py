@@ -20,9 +20,10 @@ class SandboxUnavailable(RuntimeError):
 class Engine:
     path: str
     version: str
+    name: str = "bwrap"
 
     def describe(self) -> str:
-        return f"bwrap {self.version} ({self.path})"
+        return f"{self.name} {self.version} ({self.path})"
 
 
 def _version(path: str) -> str:

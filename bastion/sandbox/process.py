@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from bastion.argument_paths import granting
 from bastion.sandbox import seccomp
@@ -204,6 +204,15 @@ async def _start(argv: list[str], *, limit: int, env: dict[str, str], cwd: str |
     return _Started(_Child(popen, stderr), asyncio.StreamWriter(pipe, flow, None, loop), stdout)
 
 
+@dataclass(frozen=True)
+class RuntimeHooks:
+    """What a runtime other than bwrap does at shutdown: ask the server to stop (its SIGTERM, which a signal to
+    the process Bastion started would not reach), and remove what it keeps outside the server's processes."""
+
+    terminate: Callable[[], Awaitable[None]]
+    release: Callable[[], Awaitable[None]]
+
+
 class ServerProcess:
     """A running server: its pipes, and a shutdown that leaves nothing behind."""
 
@@ -215,6 +224,7 @@ class ServerProcess:
         proxy: EgressProxy | None = None,
         workdir: str | None = None,
         process_group: bool = False,
+        runtime: RuntimeHooks | None = None,
     ) -> None:
         process = started.process
         assert process.stderr
@@ -228,6 +238,7 @@ class ServerProcess:
         self._proxy = proxy
         self._workdir = workdir
         self._process_group = process_group
+        self._runtime = runtime
         self._reason: str | None = None
         self._released = False
         self._release_lock = asyncio.Lock()
@@ -282,7 +293,10 @@ class ServerProcess:
             except (BrokenPipeError, ConnectionResetError, RuntimeError):
                 pass
             if not await self._exits_within(grace):
-                self._signal_server(signal.SIGTERM)
+                if self._runtime is not None:
+                    await self._runtime.terminate()
+                else:
+                    self._signal_server(signal.SIGTERM)
                 if not await self._exits_within(grace):
                     self._signal_server(signal.SIGKILL)
         await asyncio.shield(self._exited)
@@ -323,6 +337,8 @@ class ServerProcess:
                 os.killpg(self.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            if self._runtime is not None:
+                await self._runtime.release()
             if self._limits is not None:
                 await self._limits.release()
             if self._proxy is not None:
@@ -338,6 +354,8 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
     mounts: list[Mount]
+    command: list[str]  # what runs inside, as the server sees it (the egress forwarder first, if any)
+    cwd: str  # the working directory inside
 
 
 def sandbox_home() -> str:
@@ -408,6 +426,7 @@ def plan_sandbox(
                    Mount("ro", f"{RUN_DIR}/forwarder.py", FORWARDER)]
         argv_inside = [sys.executable, "-I", "-S", f"{RUN_DIR}/forwarder.py", f"127.0.0.1:{PROXY_PORT}",
                        f"{RUN_DIR}/egress.sock", "--", *argv_inside]
+    command_inside = argv_inside
     argv_inside = [SHELL, "-c", INNER_SHIM, SHIM_NAME, *argv_inside]
     ordered = order_mounts(mounts)
     argv = [
@@ -421,7 +440,8 @@ def plan_sandbox(
         argv += mount.bwrap_args()
     argv += ["--remount-ro", "/", "--chdir", workdir_inside]
     return LaunchPlan(argv=argv + ["--", *argv_inside],
-                      env=sandbox_env(config, env, path_dirs, home, egress_socket is not None), mounts=ordered)
+                      env=sandbox_env(config, env, path_dirs, home, egress_socket is not None), mounts=ordered,
+                      command=command_inside, cwd=workdir_inside)
 
 
 WORKDIR_PREFIX = "bastion-sandbox-"
@@ -590,4 +610,8 @@ async def spawn(name: str, command: str, args: list[str], env: dict[str, str], c
     """Start one stdio MCP server under ``config``; the gateway's only way to start a local server."""
     if not config.sandboxed:
         return await spawn_unsandboxed(name, command, args, env, cwd)
+    if config.runtime == "gvisor":
+        from bastion.sandbox.gvisor import spawn_gvisor  # it builds on this module's parts
+
+        return await spawn_gvisor(name, command, args, env, cwd, config)
     return await spawn_sandboxed(name, command, args, env, cwd, config)

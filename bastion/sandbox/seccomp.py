@@ -214,3 +214,28 @@ def available() -> tuple[bool, str]:
         return True, f"libseccomp {libseccomp_version()} (the system's, through ctypes)"
     except Exception as error:  # a missing libseccomp.so, an unsupported arch
         return False, f"{type(error).__name__}: {error}"
+
+
+def oci_filter(network: bool) -> dict:
+    """The same deny list as an OCI ``linux.seccomp`` section, for runsc (``--oci-seccomp``), which applies it
+    inside its own kernel. Two differences, both of runsc 20221219: it answers every denied call with EPERM (it
+    ignores ``errnoRet``), and clone3 is left out, since gVisor does not implement clone3 (it answers ENOSYS,
+    which makes libc fall back to clone, as the host filter does on purpose) and EPERM there would break threads.
+    Foreign ABIs need no rule: gVisor serves none."""
+    rules: list[dict] = [{"names": [name for names in DENIED_SYSCALLS.values() for name in names],
+                          "action": "SCMP_ACT_ERRNO"}]
+    for flag in NAMESPACE_FLAGS.values():
+        rules.append({"names": ["clone"], "action": "SCMP_ACT_ERRNO",
+                      "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]})
+    for request in (TIOCSTI, TIOCLINUX):
+        rules.append({"names": ["ioctl"], "action": "SCMP_ACT_ERRNO",
+                      "args": [{"index": 1, "value": 0xFFFFFFFF, "valueTwo": request, "op": "SCMP_CMP_MASKED_EQ"}]})
+    allowed = (AF_UNIX, AF_INET, AF_INET6) if network else (AF_UNIX,)
+    highest = max(allowed)
+    for syscall in ("socket", "socketpair"):
+        rules.append({"names": [syscall], "action": "SCMP_ACT_ERRNO",
+                      "args": [{"index": 0, "value": highest, "op": "SCMP_CMP_GT"}]})
+        rules += [{"names": [syscall], "action": "SCMP_ACT_ERRNO",
+                   "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]}
+                  for family in range(0, highest) if family not in allowed]
+    return {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules}

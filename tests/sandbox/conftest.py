@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import signal
@@ -82,9 +83,30 @@ def kill_all(pids: list[int]) -> None:
             pass
 
 
-@pytest.fixture(params=["default", "none"])
+@functools.lru_cache(maxsize=1)
+def gvisor_unavailable() -> str | None:
+    """Why runsc cannot run a container on this host (its own words), or None when it can."""
+    from bastion.sandbox.engine import SandboxUnavailable
+    from bastion.sandbox.gvisor import find_runsc, probe
+
+    try:
+        ok, detail = probe(find_runsc())
+    except SandboxUnavailable as error:
+        return str(error)
+    return None if ok else detail
+
+
+def require_gvisor() -> None:
+    reason = gvisor_unavailable()
+    if reason is not None:
+        pytest.skip(f"gVisor cannot run here: {reason}")
+
+
+@pytest.fixture(params=["default", "gvisor", "none"])
 def profile(request: pytest.FixtureRequest) -> str:
-    """Every attack runs twice: it must fail in the sandbox and succeed without it."""
+    """Every attack runs under bubblewrap and gVisor, where it must fail, and unconfined, where it must succeed."""
+    if request.param == "gvisor":
+        require_gvisor()
     return request.param
 
 
@@ -92,7 +114,40 @@ def attack_config(profile: str, grants: Grants) -> SandboxConfig:
     if profile == "none":
         return SandboxConfig(profile="none")
     # Default profile; a low CPU quota keeps the CPU test meaningful on a busy two-core machine.
-    return SandboxConfig(read_only=(str(grants.read_only),), writable=(str(grants.writable),), cpu=0.1)
+    return SandboxConfig(read_only=(str(grants.read_only),), writable=(str(grants.writable),), cpu=0.1,
+                         runtime="gvisor" if profile == "gvisor" else "bubblewrap")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s child processes and theirs, from /proc: runsc's Gofer and Sentry under the process Bastion started."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, pending = [], [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie has ended: only its exit status is left to collect)."""
+    running = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    running.append(pid)
+        except OSError:
+            pass
+    return running
 
 
 @pytest.fixture

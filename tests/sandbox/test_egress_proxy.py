@@ -12,7 +12,7 @@ import pytest
 from bastion.sandbox import SandboxConfig, spawn
 from bastion.sandbox.egress import EgressProxy
 from bastion.sandbox.egress_policy import parse_allow_rule
-from tests.sandbox.conftest import MALICIOUS_SERVER
+from tests.sandbox.conftest import MALICIOUS_SERVER, require_gvisor
 from tests.sandbox.rpc import RpcClient
 
 
@@ -112,9 +112,13 @@ async def test_oversized_head_gets_400(proxy):
 
 # --- end to end, from inside a sandbox ----------------------------------------------------------------
 
-@pytest.fixture
-async def networked_attacker(origin: int):
-    config = SandboxConfig(network=(f"127.0.0.1:{origin}", INWARD_NAME))
+@pytest.fixture(params=["bubblewrap", "gvisor"])
+async def networked_attacker(request: pytest.FixtureRequest, origin: int):
+    """The same attacker under either runtime: under gVisor the proxy's socket is reached through runsc's host
+    UNIX socket support (``--host-uds=open``), by the same forwarder inside."""
+    if request.param == "gvisor":
+        require_gvisor()
+    config = SandboxConfig(network=(f"127.0.0.1:{origin}", INWARD_NAME), runtime=request.param)
     process = await spawn("malicious", sys.executable, [MALICIOUS_SERVER], {}, None, config)
     client = RpcClient(process)
     await client.initialize()
