@@ -14,8 +14,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
-
 from tests.support import READY_TIMEOUT, RawClient, pids_with_tag, raw_server, wait_for
 
 # A server's calls wait this long for their answers: an answer that comes at all, in a test waiting far less, came
