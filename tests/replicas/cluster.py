@@ -46,8 +46,9 @@ def gateway_supports_state() -> bool:
 
 
 def base_config(folder: Path, marks: Path, *, redis_url: str | None, http: dict[str, Any] | None = None,
-                replica: str) -> dict[str, Any]:
-    """The configuration every replica runs (``replica`` only names it in the counting server's marks)."""
+                replica: str, audit: Path | None = None) -> dict[str, Any]:
+    """The configuration every replica runs (``replica`` only names it in the counting server's marks; ``audit``, when
+    given, is where its audit trail goes instead of its state folder: a small disk the fault run fills)."""
     config: dict[str, Any] = {
         "ready_timeout": READY_TIMEOUT,
         "tools": {"exposure": "all"},
@@ -62,6 +63,8 @@ def base_config(folder: Path, marks: Path, *, redis_url: str | None, http: dict[
         "auth": {"api_keys": str(folder / "api_keys.json")},
         "http": {"trusted_proxies": ["127.0.0.1/32"], "heartbeat_seconds": 5, **(http or {})},
     }
+    if audit is not None:
+        config["policy"]["audit"] = {"path": str(audit)}
     if redis_url is not None:
         config["state"] = {"url": redis_url}
         # One key ring for all: a handshake-era session continues on whichever replica round robin picks.
@@ -293,6 +296,7 @@ class Cluster:
     replicas_count: int = 3
     http: dict[str, Any] = field(default_factory=dict)
     cut: str | None = None
+    audit_paths: dict[str, Path] = field(default_factory=dict)  # replica name -> its audit trail, when not the default
     with_redis: bool = field(default_factory=gateway_supports_state)
     replicas: list[Replica] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)
@@ -333,7 +337,8 @@ class Cluster:
         for name in names:
             config = self.folder / f"{name}.json"
             config.write_text(json.dumps(base_config(
-                self.folder, self.marks, redis_url=self._redis_url(name), http=self.http, replica=name)))
+                self.folder, self.marks, redis_url=self._redis_url(name), http=self.http, replica=name,
+                audit=self.audit_paths.get(name))))
             self.replicas.append(Replica(name, free_port(), config, self.folder / name, self.folder / f"{name}.stderr"))
         for replica in self.replicas:  # all starting at once: the machine's cores share the wait
             replica.launch()

@@ -5,8 +5,13 @@ whichever replica took it.
 
 Tools: ``echo`` (read-only) answers its tag; ``slow`` (read-only) marks ``start``, waits ``seconds`` (or until
 cancelled), marks ``done`` and answers its tag; ``write`` (no annotations: the default policy asks a person) answers
-its tag. Marks: ``run R <tag>`` (echo, write), ``start R <tag>``, ``done R <tag>``, ``cancelled R <tag>`` (R: the
-replica, ``COUNTING_REPLICA``), one line each, written with one append so that the copies' lines never interleave.
+its tag; ``big`` (read-only) answers a text of ``size`` characters, unmarked (the fault run's large results);
+``announce`` (read-only) sends ``count`` ``notifications/resources/updated`` for ``uri``, each carrying
+``_meta: {"writer": W, "seq": N}`` (N from 0) and ``pad`` characters of padding, then answers its tag (the fault run's
+concurrent resource writers, of the resources it lists: ``count://burst``, ``count://stall``; resources/subscribe and
+unsubscribe are answered and left to the gateway). Marks:
+``run R <tag>`` (echo, write), ``start R <tag>``, ``done R <tag>``, ``cancelled R <tag>`` (R: the replica,
+``COUNTING_REPLICA``), one line each, written with one append so that the copies' lines never interleave.
 """
 
 import json
@@ -24,7 +29,16 @@ TOOLS = [
      "inputSchema": {"type": "object", "properties": {"tag": {"type": "string"}, "seconds": {"type": "number"}},
                      "required": ["tag"]}, "annotations": READ_ONLY},
     {"name": "write", "description": "Record the tag", "inputSchema": TAG},
+    {"name": "big", "description": "Answer a text of the given size",
+     "inputSchema": {"type": "object", "properties": {"size": {"type": "integer"}}}, "annotations": READ_ONLY},
+    {"name": "announce", "description": "Announce that a resource changed, count times",
+     "inputSchema": {"type": "object", "properties": {
+         "tag": {"type": "string"}, "uri": {"type": "string"}, "writer": {"type": "string"},
+         "count": {"type": "integer"}, "pad": {"type": "integer"}}, "required": ["tag", "uri"]},
+     "annotations": READ_ONLY},
 ]
+# What ``announce`` is about: the gateway routes a subscription to the server that lists its URI.
+RESOURCES = [{"uri": "count://burst", "name": "burst"}, {"uri": "count://stall", "name": "stall"}]
 lock = threading.Lock()
 waits: dict = {}  # request id -> (token, event set by its cancellation)
 
@@ -64,10 +78,13 @@ for line in sys.stdin:
     method, rid, params = message.get("method"), message.get("id"), message.get("params") or {}
     if method == "initialize":
         send({"jsonrpc": "2.0", "id": rid, "result": {
-            "protocolVersion": params.get("protocolVersion", "2025-11-25"), "capabilities": {"tools": {}},
+            "protocolVersion": params.get("protocolVersion", "2025-11-25"),
+            "capabilities": {"tools": {}, "resources": {"subscribe": True}},
             "serverInfo": {"name": "counting", "version": "1"}}})
     elif method == "tools/list":
         send({"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS}})
+    elif method == "resources/list":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"resources": RESOURCES}})
     elif method == "notifications/cancelled":
         waiting = waits.pop(params.get("requestId"), None)
         if waiting is not None:
@@ -77,6 +94,14 @@ for line in sys.stdin:
         token = str(arguments.get("tag", ""))
         if name in ("echo", "write"):
             mark("run", token)
+            answer(rid, token)
+        elif name == "big":
+            answer(rid, "x" * int(arguments.get("size", 0)))
+        elif name == "announce":
+            writer, pad = str(arguments.get("writer", "")), "p" * int(arguments.get("pad", 0))
+            for seq in range(int(arguments.get("count", 1))):
+                send({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {
+                    "uri": arguments["uri"], "_meta": {"writer": writer, "seq": seq, **({"pad": pad} if pad else {})}}})
             answer(rid, token)
         elif name == "slow":
             cancelled = threading.Event()
