@@ -24,6 +24,7 @@ import os
 import re
 import struct
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -219,19 +220,24 @@ class SessionRecords:
         _, entries = await self.store.read_after(EVENTS_KEY + session_id, 0)
         return entries[-1][0] if entries else 0
 
-    async def events(self, session_id: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+    def events(self, session_id: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
         """The session's GET stream messages numbered after ``after`` (those kept), then each as it comes."""
-        nudges = await self.store.subscribe(EVENTS_KEY + session_id)
+        return self._follow_log(EVENTS_KEY + session_id, after)
+
+    async def _follow_log(self, key: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        """A numbered log's entries after ``after`` (those kept), then each as it is appended (a nudge on the
+        channel of the same name wakes the reader); ends when the subscription does (the store closed)."""
+        nudges = await self.store.subscribe(key)
         try:
             waiting = aiter(nudges)
             while True:
-                _, entries = await self.store.read_after(EVENTS_KEY + session_id, after)
+                _, entries = await self.store.read_after(key, after)
                 for number, frame in entries:
                     after = number
                     yield number, frame
                 try:
                     await anext(waiting)
-                except StopAsyncIteration:  # the subscription ended (the store closed): so does this
+                except StopAsyncIteration:
                     return
         finally:
             await nudges.aclose()
@@ -245,21 +251,9 @@ class SessionRecords:
 
     async def answers(self, session_id: str) -> AsyncIterator[bytes]:
         """The answers relayed for this session by other replicas, from those already kept, as they come."""
-        nudges = await self.store.subscribe(ANSWERS_KEY + session_id)
-        try:
-            seen = 0
-            waiting = aiter(nudges)
-            while True:
-                _, entries = await self.store.read_after(ANSWERS_KEY + session_id, seen)
-                for number, frame in entries:
-                    seen = number
-                    yield frame
-                try:
-                    await anext(waiting)
-                except StopAsyncIteration:  # the subscription ended (the store closed): so does this
-                    return
-        finally:
-            await nudges.aclose()
+        async with aclosing(self._follow_log(ANSWERS_KEY + session_id, 0)) as log:
+            async for _, frame in log:
+                yield frame
 
     async def relay_cancel(self, session_id: str, notification: bytes) -> None:
         """The client cancelled, here, a request of its session that another replica runs: every replica is told
