@@ -51,9 +51,9 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import httpx2  # noqa: E402
 
-from load import LEGACY, LOAD_HTTP, Legacy, Modern, Plan, Run, Tally, Wrong, check_marks  # noqa: E402
+from load import LOAD_HTTP, Legacy, Modern, Plan, Run, Tally, Wrong, check_marks  # noqa: E402
 from tests.replicas.cluster import IDENTITIES, Cluster, Replica  # noqa: E402
 
 FAULTS = ("server_kill", "server_stop", "big_results", "sse_stall", "resource_burst", "audit_full", "gateway_kill",
@@ -124,6 +124,45 @@ def tcp_peers() -> dict[str, tuple[int, int]]:
                 fields = row.split()
                 found[fields[9]] = (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16))
     return found
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+               "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def sockets_besides(pid: int, redis_port: int | None) -> dict[str, int]:
+    """A process's sockets other than its Redis connections, counted by what they are: ``tcp :LOCAL->:REMOTE
+    STATE`` (the listening port and client ports folded), ``unix``, or ``unknown``: what to look at when they are
+    not back at rest."""
+    tcp: dict[str, str] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+                tcp[fields[9]] = f"{local}->{remote} {_TCP_STATES.get(fields[3], fields[3])}"
+    unix: set[str] = set()
+    with contextlib.suppress(OSError):
+        unix = {row.split()[6] for row in Path("/proc/net/unix").read_text().splitlines()[1:] if len(row.split()) > 6}
+    kinds: dict[str, int] = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return kinds
+    for name in names:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            if not target.startswith("socket:["):
+                continue
+            inode = target[8:-1]
+            if inode in tcp:
+                if redis_port is not None and tcp[inode].split(" ")[0].endswith(f"->{redis_port}"):
+                    continue
+                what = "tcp " + tcp[inode]
+            else:
+                what = "unix" if inode in unix else "unknown"
+            kinds[what] = kinds.get(what, 0) + 1
+    return kinds
 
 
 def fd_kinds(pid: int, redis_port: int | None, peers: dict[str, tuple[int, int]]) -> dict[str, int]:
@@ -284,11 +323,12 @@ class TimedTally(Tally):
 
     def __init__(self) -> None:
         super().__init__()
-        self.timeline: list[tuple[float, str, str]] = []
+        self.timeline: list[tuple[float, float, str, str]] = []  # (began, ended, kind, what)
 
-    def error(self, kind: str, what: str) -> None:
-        self.timeline.append((time.monotonic(), kind, what))
-        super().error(kind, what)
+    def error(self, kind: str, what: str, began: float | None = None) -> None:
+        ended = time.monotonic()
+        self.timeline.append((ended if began is None else began, ended, kind, what))
+        super().error(kind, what, began)
 
 
 # --- the faults ---------------------------------------------------------------------------------------------------
@@ -589,7 +629,7 @@ def open_unread_stream(replica: Replica, headers: dict[str, str]) -> socket.sock
     stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stream.settimeout(REQUEST_BOUND)
     stream.connect(("127.0.0.1", replica.port))
-    lines = [f"GET /mcp HTTP/1.1", f"host: 127.0.0.1:{replica.port}",
+    lines = ["GET /mcp HTTP/1.1", f"host: 127.0.0.1:{replica.port}",
              *(f"{k}: {v}" for k, v in {**headers, "accept": "text/event-stream"}.items()
                if k != "content-type")]
     stream.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
@@ -723,8 +763,10 @@ def at_rest(cluster: Cluster, tag: str, started: float, baseline: dict[str, Any]
             # every other fd must be back to the baseline's count.
             pooled, base_pooled = seen["fd_kinds"]["redis"], base["fd_kinds"]["redis"]
             if seen["fds"] - pooled > base["fds"] - base_pooled + FD_SLACK:
+                redis_port = cluster.redis.port if cluster.redis is not None else None
                 off.append(f"replica {name}: {seen['fds'] - pooled} fds besides Redis connections, "
-                           f"{base['fds'] - base_pooled} at the baseline ({seen['fd_kinds']})")
+                           f"{base['fds'] - base_pooled} at the baseline ({seen['fd_kinds']}; its sockets "
+                           f"{sockets_besides(seen['pid'], redis_port)})")
             if pooled > REDIS_POOL + 2:
                 off.append(f"replica {name}: {pooled} connections to Redis, past its pool's {REDIS_POOL}")
             if seen["processes"] != base["processes"]:
@@ -805,10 +847,13 @@ def summarize(run: Run, windows: list[dict[str, Any]], started: float) -> dict[s
     classes: dict[str, int] = {}
     by_fault: dict[str, dict[str, int]] = {}
     outside, examples, outside_examples = 0, [], []
-    for at, kind, what in tally.timeline:
+    for began, at, kind, what in tally.timeline:
         cls = error_kind(what)
         classes[cls] = classes.get(cls, 0) + 1
-        owner = next((w["kind"] for w in reversed(windows) if w["start"] <= at <= w.get("end", at) + GRACE), None)
+        # A fault's error is one whose operation was under way during the fault (or its grace after): a call that
+        # waited out its whole timeout (an approval asked for while Redis restarted) ends long after the window.
+        owner = next((w["kind"] for w in reversed(windows)
+                      if w["start"] <= at and began <= w.get("end", at) + GRACE), None)
         if owner is None:
             outside += 1
             outside_examples.append(f"{at - started:.0f}s {kind}: {what[:200]}")

@@ -74,7 +74,8 @@ class Tally:
     cancelled: set[str] = field(default_factory=set)
     samples: list[dict[str, Any]] = field(default_factory=list)
 
-    def error(self, kind: str, what: str) -> None:
+    def error(self, kind: str, what: str, began: float | None = None) -> None:
+        """An operation of ``kind`` failed; ``began`` is when it started (time.monotonic()), if known."""
         self.errors[kind] += 1
         if len(self.examples) < 20:
             self.examples.append(f"{kind}: {what}"[:400])
@@ -329,7 +330,7 @@ class Run:
                     in_session = 0
                     await client.close()
             except (Wrong, httpx2.HTTPError, KeyError, ValueError) as failure:
-                self.tally.error(f"{era} {kind}", f"{type(failure).__name__}: {failure}")
+                self.tally.error(f"{era} {kind}", f"{type(failure).__name__}: {failure}", began)
                 if era == "legacy":
                     client.session, in_session = None, 0  # a session that failed once is not trusted again
             self.tally.operations[f"{era} {kind}"] += 1
