@@ -30,7 +30,7 @@ class Report:
 
     @property
     def usable(self) -> bool:
-        required = {"bubblewrap", "user namespaces", "seccomp"}
+        required = {"bubblewrap", "proc", "user namespaces", "seccomp"}
         return all(check.ok for check in self.checks if check.name in required)
 
     def as_dict(self) -> dict:
@@ -50,6 +50,21 @@ def check_engine() -> Check:
         return Check("bubblewrap", True, find_engine().describe())
     except SandboxUnavailable as error:
         return Check("bubblewrap", False, str(error))
+
+
+def check_proc() -> Check:
+    """bwrap looks its sandbox's first process up in /proc by the pid its clone returned: a /proc of another pid
+    namespace (a container given the host's) holds another process under that number, or none, and bwrap then
+    fails after its clone, at random."""
+    try:
+        seen_as = os.readlink("/proc/self")
+    except OSError as error:
+        return Check("proc", False, f"/proc is not mounted ({error.strerror}): mount one of this pid namespace")
+    if seen_as != str(os.getpid()):
+        return Check("proc", False, f"/proc belongs to another pid namespace (/proc/self is {seen_as}, this process is "
+                                    f"{os.getpid()}): sandboxes would fail to start at random; mount a /proc of this "
+                                    "pid namespace (Kubernetes: procMount Unmasked, never a hostPath of /proc)")
+    return Check("proc", True, "/proc is this pid namespace's")
 
 
 def check_user_namespaces() -> Check:
@@ -126,7 +141,7 @@ def check_landlock() -> Check:
 
 
 def diagnose() -> Report:
-    report = Report(checks=[check_engine(), check_user_namespaces(), check_seccomp(), check_cgroups(),
+    report = Report(checks=[check_engine(), check_proc(), check_user_namespaces(), check_seccomp(), check_cgroups(),
                             check_gvisor(), check_landlock()])
     by_name = {check.name: check for check in report.checks}
     report.will_use = {

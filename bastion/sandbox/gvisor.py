@@ -27,7 +27,8 @@ from bastion.sandbox.config import ProfileLimits, SandboxConfig, format_bytes
 from bastion.sandbox.egress import EgressProxy
 from bastion.sandbox.engine import Engine, SandboxUnavailable
 from bastion.sandbox.process import (
-    SHELL, STREAM_LIMIT, RuntimeHooks, SandboxError, ServerProcess, _pid_namespace, _quietly, _start, plan_sandbox,
+    SHELL, STREAM_LIMIT, RuntimeHooks, SandboxError, ServerProcess, _pid_namespace, _quietly, _start, bound_to_gateway,
+    plan_sandbox,
 )
 from bastion.sandbox.view import Mount
 
@@ -205,18 +206,6 @@ class _Container:
         await asyncio.to_thread(delete_containers, self.runsc, self.state)
 
 
-def bound_to_gateway(argv: list[str]) -> list[str]:
-    """``argv`` (the gate shell) killed by the kernel when the gateway dies, however it dies: PR_SET_PDEATHSIG
-    (``setpriv --pdeathsig KILL``) survives the shell's exec into runsc, whose Sentry and Gofer, started attached,
-    die with it. A gateway killed after the fork but before the prctl is caught by the shell: its parent is no
-    longer the gateway then, and it exits instead of starting runsc (as bubblewrap's outer shell does)."""
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        return argv
-    check = f'[ "$PPID" = {os.getpid()} ] || exit 1; '
-    return [setpriv, "--pdeathsig", "KILL", "--", SHELL, "-c", check + argv[2], *argv[3:]]
-
-
 def _prepare_bundle(workdir: str, command: str, args: list[str], env: dict[str, str], cwd: str | None,
                     config: SandboxConfig, engine: Engine, egress_socket: str | None) -> str:
     plan = plan_sandbox(engine, command, args, env, cwd, config, workdir, egress_socket)
@@ -254,7 +243,8 @@ async def spawn_gvisor(name: str, command: str, args: list[str], env: dict[str, 
         limits = await ResourceLimits.create(detect_host(), name, ProfileLimits(
             memory=wanted.memory, cpu=wanted.cpu, pids=HOST_PIDS(wanted.pids)))
         argv = bound_to_gateway([SHELL, "-c", GATE, "bastion-gvisor", runsc.path,
-                                 *runsc_flags(state, egress=proxy is not None), "run", "--bundle", bundle, container.id])
+                                 *runsc_flags(state, egress=proxy is not None), "run", "--bundle", bundle, container.id],
+                                "KILL")
         # runsc needs no secret: the server's environment is in the bundle.
         started = await _start(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, limit=STREAM_LIMIT)
         await limits.place(started.process.pid)

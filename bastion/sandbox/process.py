@@ -501,23 +501,45 @@ def _above_handover(fd: int, owned: list[int]) -> int:
     return moved
 
 
-def bound_to_gateway(argv: list[str]) -> list[str]:
-    """``argv`` (the outer shim) told by the kernel when the gateway dies, however it dies (SIGKILL included).
+def bound_to_gateway(argv: list[str], signal_name: str = "TERM") -> list[str]:
+    """``argv`` (a shell: ``sh -c SCRIPT ...``) signalled by the kernel when the gateway dies, however it dies
+    (SIGKILL included).
 
     bwrap's ``--die-with-parent`` binds the sandbox to bwrap, not bwrap to the gateway: a SIGKILLed gateway left
     bwrap, reparented to init, and the server it had already started (or, while bwrap waited on its block fd,
-    the server it then started anyway). ``setpriv --pdeathsig TERM`` sets PR_SET_PDEATHSIG, which survives the
-    exec into the shell, whose trap then kills its process group. The signal fires when the *thread* that forked
-    dies: ``_start`` runs on the event loop's thread, which lives as long as the gateway. A gateway killed after
-    the fork but before the prctl is caught by the shell: its parent is no longer the gateway then, and it exits
-    instead of starting bwrap.
+    the server it then started anyway). ``setpriv --pdeathsig`` sets PR_SET_PDEATHSIG, which survives the exec
+    into the shell: bubblewrap's outer shell traps SIGTERM and kills its process group; gVisor's gate shell execs
+    runsc, which SIGKILL ends with its Sentry and Gofer. The signal fires when the *thread* that forked dies:
+    ``_start`` runs on the event loop's thread, which lives as long as the gateway. A gateway killed after the fork
+    but before the prctl is caught by the shell: its parent is no longer the gateway then, and it exits instead
+    of starting the sandbox.
     """
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         return argv
-    check = f'[ "$PPID" = {os.getpid()} ] || exit 1; '
     assert argv[:2] == [SHELL, "-c"]
-    return [setpriv, "--pdeathsig", "TERM", "--", SHELL, "-c", check + argv[2], *argv[3:]]
+    check = f'[ "$PPID" = {os.getpid()} ] || exit 1; '
+    return [setpriv, "--pdeathsig", signal_name, "--", SHELL, "-c", check + argv[2], *argv[3:]]
+
+
+async def _setup_failure(process: _Child) -> str:
+    """What bwrap said when it gave up setting the sandbox up.
+
+    A bwrap that fails after its clone (its monitor cannot read the child's namespaces, say) leaves the sandbox's
+    first process blocked for ever, waiting for the monitor's go, holding stderr and still in the outer shell's
+    process group: the group dies first, so that stderr ends and nothing is left behind.
+    """
+    try:
+        await asyncio.wait_for(process.wait(), timeout=10)
+    except TimeoutError:
+        pass
+    _quietly(os.killpg, process.pid, signal.SIGKILL)
+    assert process.stderr is not None
+    try:
+        said = await asyncio.wait_for(process.stderr.read(), timeout=10)
+    except TimeoutError:
+        return ""
+    return said.decode(errors="replace").strip()
 
 
 async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[str, str], cwd: str | None,
@@ -563,9 +585,7 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
             os.write(block_write, b"1")  # the sandbox now executes the server
         except (ValueError, KeyError, ProcessLookupError, BrokenPipeError) as error:
             # bwrap gave up while setting up (a missing path, no user namespaces): its stderr says why.
-            await asyncio.wait_for(process.wait(), timeout=10)
-            assert process.stderr is not None
-            detail = (await process.stderr.read()).decode(errors="replace").strip()
+            detail = await _setup_failure(process)
             raise SandboxError(f"sandbox for {name!r} failed to start: {detail or error}") from error
         os.close(block_write)
         fds.remove(block_write)
@@ -574,9 +594,9 @@ async def spawn_sandboxed(name: str, command: str, args: list[str], env: dict[st
             os.close(fd)
         if started is not None:
             started.stdin.close()  # stdout closes itself when the server is gone
-            if started.process.returncode is None:
-                _quietly(os.killpg, started.process.pid, signal.SIGKILL)
-                await started.process.wait()
+            # The group may outlive the shell: a sandbox's first process, blocked, if bwrap died after its clone.
+            _quietly(os.killpg, started.process.pid, signal.SIGKILL)
+            await started.process.wait()
         if limits is not None:
             await limits.release()
         if proxy is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -42,9 +43,16 @@ if not os.path.exists(BWRAP):
 def container(data: Path, *, masked_proc: bool = False, extra: list[str] = ()) -> list[str]:
     """bwrap arguments that put a command in the image's conditions; ``data`` is the /var/lib/bastion volume."""
     if masked_proc:
-        proc = ["--proc", "/proc"]  # bwrap's /proc: /proc/sys, /proc/irq, /proc/bus... covered read-only
+        # bwrap's /proc of the container's pid namespace: /proc/sys, /proc/irq, /proc/bus... covered read-only.
+        runtime, pid_namespace, proc = [], ["--unshare-pid"], ["--proc", "/proc"]
     else:
-        proc = ["--bind", "/proc", "/proc"]  # an unmasked /proc: nothing mounted over any part of it
+        # An unmasked /proc of the container's own pid namespace, nothing mounted over any part of it: util-linux's
+        # unshare makes the namespace and mounts it, bwrap binds it. (The host's /proc in a namespace of bwrap's
+        # would not do: bwrap, nested inside, looks its sandbox's pid up in /proc, and finds another process or
+        # none, at random.)
+        user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+        runtime = ["unshare", *user, "--pid", "--fork", "--mount-proc", "--kill-child", "--"]
+        pid_namespace, proc = [], ["--bind", "/proc", "/proc"]
     binds = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for link in ("bin", "lib", "lib64", "sbin"):
         if os.path.islink(f"/{link}"):
@@ -55,7 +63,7 @@ def container(data: Path, *, masked_proc: bool = False, extra: list[str] = ()) -
     for tree in sorted({ROOT, VENV, PYTHON_HOME}, key=lambda path: len(path.parts)):
         binds += ["--ro-bind", str(tree), str(tree)]
     return [
-        BWRAP, "--unshare-user", "--uid", "10001", "--gid", "10001", "--unshare-pid", "--unshare-ipc",
+        *runtime, BWRAP, "--unshare-user", "--uid", "10001", "--gid", "10001", *pid_namespace, "--unshare-ipc",
         "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         *binds, *proc, "--dev", "/dev",
         "--tmpfs", "/tmp", "--bind", str(data), "/var/lib/bastion",
@@ -69,6 +77,29 @@ def container(data: Path, *, masked_proc: bool = False, extra: list[str] = ()) -
         "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         "--",
     ]
+
+
+def stop(process: subprocess.Popen) -> None:
+    """The container stopped as a runtime stops it: every process in its pid namespace killed, and gone on return.
+
+    unshare ignores SIGTERM while it waits for the namespace's init (bwrap), which takes from outside only the
+    signals it handles: so unshare is killed, its child gets SIGKILL (--kill-child), and the kernel kills and reaps
+    the rest of the namespace before the init itself has exited, which its pidfd tells."""
+    try:
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    except OSError:  # unshare is gone already
+        children = []
+    inits = []
+    for pid in children:
+        try:
+            inits.append(os.pidfd_open(int(pid)))
+        except ProcessLookupError:
+            pass
+    process.kill()
+    process.wait(60)
+    for init in inits:
+        assert select.select([init], [], [], 60)[0], "the container's init outlived unshare"
+        os.close(init)
 
 
 @pytest.fixture
@@ -205,8 +236,7 @@ async def test_bastion_serve_in_the_image_conditions_answers_probes_and_clients(
             result = await session.call_tool("evil__new_user_namespace", {})
             assert not result.is_error and not json.loads(result.content[0].text)["ok"]
     finally:
-        process.terminate()
-        process.wait(60)
+        stop(process)
     # The healthcheck shows failure too: nothing listens there any more.
     assert subprocess.run(container(data) + healthcheck_command(port), capture_output=True,
                           timeout=60).returncode != 0
@@ -307,8 +337,7 @@ async def test_the_configmaps_configuration_serves_on_a_real_redis_in_the_image_
             assert [(p["identity"], p["tool"]) for p in pending] == [("alice", "echo")], pending
             call.cancel()
     finally:
-        process.terminate()
-        process.wait(60)
+        stop(process)
         redis_server.close()
     trail = (data / "state" / "bastion" / "audit.jsonl").read_text()
     assert '"name":"alice"' in trail and "tools/list" in trail

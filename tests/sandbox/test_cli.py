@@ -24,7 +24,7 @@ def test_doctor_reports_what_it_will_use():
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["usable"]
     names = {check["name"]: check for check in report["checks"]}
-    assert set(names) == {"bubblewrap", "user namespaces", "seccomp", "cgroups", "gvisor", "landlock"}
+    assert set(names) == {"bubblewrap", "proc", "user namespaces", "seccomp", "cgroups", "gvisor", "landlock"}
     assert names["user namespaces"]["ok"] and "65534" in names["user namespaces"]["detail"]
     assert report["will_use"]["resource limits"].split(" (")[0] in ("cgroup v1", "cgroup v2", "rlimits")
 
