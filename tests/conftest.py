@@ -21,6 +21,9 @@ import pytest
 _STATE = tempfile.mkdtemp(prefix="bastion-test-state-")
 # Set at import, before any test module builds a configuration; subprocesses inherit it.
 os.environ["XDG_STATE_HOME"] = _STATE
+# A Python process the tests start that dies of a fatal signal (SIGABRT, SIGSEGV) writes every thread's stack to its
+# stderr first, which the failing test then shows: such a crash was once seen at a gateway's exit, with nothing said.
+os.environ["PYTHONFAULTHANDLER"] = "1"
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 _STARTED = pytest.StashKey[float]()
 if _WORKER is None:  # the controller of a parallel run, or a run without workers; workers inherit its folder
