@@ -2,7 +2,8 @@
 namespace as uid/gid 10001 with no capabilities and no_new_privs (securityContext: runAsUser 10001, capabilities
 drop ALL, allowPrivilegeEscalation false), a root file system of /usr and /etc read-only with nothing else
 writable but a data volume at /var/lib/bastion (XDG_STATE_HOME, XDG_CACHE_HOME, HOME) and /tmp (the emptyDirs),
-and the image's entry point. Bastion's sandbox then nests its own bubblewrap inside, as it does in the pod.
+and the image's entry point, in a pid namespace of its own with that namespace's /proc (util-linux's unshare makes
+both, as the runtime does for the pod). Bastion's sandbox then nests its own bubblewrap inside, as it does in the pod.
 
 What this shows: the entry point's self-check passes, and `bastion run` serves a sandboxed server to the SDK's
 client in both eras, from a read-only root, writing only to the volumes. What it does not: the container runtime's
