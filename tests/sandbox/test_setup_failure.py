@@ -10,6 +10,7 @@ use. The doctor names that condition.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import select
@@ -24,18 +25,24 @@ import pytest
 from tests.support import SANDBOX_TIERS, pids_with_tag
 
 REPO = Path(__file__).parents[2]
+RESERVED_PIDS = 300  # the kernel gives out no pid below this once it has gone round
 pytestmark = SANDBOX_TIERS[0].marks[0]
 
 
 def _free_pid_range(size: int) -> int:
-    """A first pid from which ``size`` pids are unused on the host (the top of its pid space)."""
+    """A first pid from which ``size`` pids are unused on the host: the run nearest below the last pid the host gave
+    out, where its allocator (which counts upwards) comes back only after going round its whole pid space."""
     with open("/proc/sys/kernel/pid_max") as handle:
         top = int(handle.read())
-    first = top - 2 * size
+    with open("/proc/sys/kernel/ns_last_pid") as handle:
+        last = int(handle.read())
     used = {int(entry) for entry in os.listdir("/proc") if entry.isdigit()}
-    if any(first <= pid < first + size for pid in used):
-        pytest.skip(f"the host uses pids between {first} and {first + size}")
-    return first
+    free = 0
+    for pid in itertools.chain(range(last, RESERVED_PIDS, -1), range(top - 1, last, -1)):
+        free = 0 if pid in used else free + 1
+        if free == size:
+            return pid
+    pytest.skip(f"the host has no {size} unused pids in a row")
 
 
 def _line(stream, seconds: float) -> str:
@@ -47,7 +54,7 @@ def _line(stream, seconds: float) -> str:
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is not installed (scripts/setup.sh)")
 def test_a_bwrap_that_fails_after_its_clone_fails_the_start_and_leaves_nothing(tmp_path: Path):
     tag = f"after-clone-{uuid.uuid4().hex[:8]}"
-    first = _free_pid_range(1000)
+    first = _free_pid_range(200)
     errors = tmp_path / "stderr"
     # The shell is the namespace's init: it stays until told, so that whatever the start left is still there to
     # be found (the namespace's processes die with its init).
