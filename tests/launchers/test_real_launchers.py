@@ -91,8 +91,11 @@ def run_and_close(config: Path, work) -> str:
     try:
         client.initialize()
         work(client)
-    finally:
+    except BaseException as failure:
         _, stderr = client.close()
+        failure.add_note(f"the gateway's stderr (its end):\n{stderr[-6000:]}")  # why a server never came
+        raise
+    _, stderr = client.close()
     return stderr
 
 
@@ -215,6 +218,7 @@ def test_a_lock_whose_hash_does_not_match_refuses_the_package(tmp_path: Path) ->
 
 
 def test_a_package_that_cannot_be_installed_says_why_in_the_package_clients_words(tmp_path: Path) -> None:
+    forget_what_other_files_locked()  # an earlier test's lock of an older memory server would be reused
     config = stock_file(tmp_path, {
         "missing-npm": npx("@modelcontextprotocol/server-that-does-not-exist"),
         "missing-pypi": {"command": "uvx", "args": ["mcp-server-that-does-not-exist"]},
